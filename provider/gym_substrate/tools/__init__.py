@@ -1,0 +1,1 @@
+"""Operator tools behind the `gym-substrate` command line: smoke, bench, sweep."""

@@ -1,0 +1,70 @@
+"""Shared test plumbing: marker-driven skips that name what is missing.
+
+On CI (`CI=true`, set by the CI runner) `.ci/run` installs runsc and starts Docker, so a test
+marked `runsc` or `docker` whose component is missing there fails instead of skipping: a skip
+in CI would hide a broken install step.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+_ON_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def _runsc_problem() -> str | None:
+    if shutil.which("runsc") is None:
+        return "runsc (gVisor) is not installed; run .ci/install-deps"
+    if os.geteuid() != 0:
+        return "runsc sandboxes need root"
+    return None
+
+
+def _docker_problem() -> str | None:
+    if shutil.which("docker") is None:
+        return "the docker CLI is not installed; run .ci/install-deps"
+    probe = subprocess.run(["docker", "info"], capture_output=True, timeout=20, check=False)
+    if probe.returncode != 0:
+        return "no Docker engine answers (start dockerd, as .ci/run does)"
+    return None
+
+
+def _cluster_problem() -> str | None:
+    if not os.environ.get("GYM_SUBSTRATE_STACK_CONFIG"):
+        return "no live Substrate cluster (set GYM_SUBSTRATE_STACK_CONFIG to a providerConfig file)"
+    return None
+
+
+def _pulumi_problem() -> str | None:
+    if shutil.which("pulumi") is None:
+        return "the Pulumi CLI is not installed (no package registry ships it)"
+    return None
+
+
+_CHECKS = {
+    "runsc": (_runsc_problem, True),
+    "docker": (_docker_problem, True),
+    "cluster": (_cluster_problem, False),
+    "pulumi_cli": (_pulumi_problem, False),
+}
+
+
+_problems: dict[str, str | None] = {}
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for marker, (check, required_on_ci) in _CHECKS.items():
+        if item.get_closest_marker(marker) is None:
+            continue
+        if marker not in _problems:
+            _problems[marker] = check()
+        problem = _problems[marker]
+        if problem is None:
+            continue
+        if _ON_CI and required_on_ci:
+            pytest.fail(f"CI must provide {marker}: {problem}", pytrace=False)
+        pytest.skip(problem)
