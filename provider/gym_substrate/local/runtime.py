@@ -1,0 +1,321 @@
+"""The seam between the local control plane and whatever runs an actor's sandbox.
+
+The control plane (``control.py``) owns every decision Substrate's ateapi makes: which slot an
+actor gets, which snapshot it resumes from (its latest, else the template's golden one unless
+``boot``, else a cold boot), where a snapshot is written, and what the SQLite record says. A
+runtime only does what atelet + ateom do on a node: boot, checkpoint, restore, kill. Keeping that
+split means the ``process`` and ``gvisor`` runtimes cannot disagree about lifecycle semantics,
+and a runtime is testable against a fake control plane and vice versa.
+
+Contract every runtime honours:
+
+Directories
+    * ``RuntimeConfig.runtime_dir`` belongs to the runtime alone (runsc ``--root``, bundles, logs,
+      per-actor working folders). Nothing else writes there; ``cleanup()`` may delete all of it.
+    * Snapshot directories (``dest`` arguments) are chosen by the control plane: pause snapshots
+      under ``<state_dir>/snapshots/local/``, suspend snapshots under the template's
+      ``snapshotsConfig.location`` as ``<location>/<actor_id>/<RFC3339>-<rand>/``, golden ones as
+      ``<location>/ate-golden-<template name>/<RFC3339>-<rand>/``. The directory does not exist
+      when the call starts; the runtime creates it and fills it. On failure the control plane
+      removes it, so a runtime need not clean a half-written ``dest``. The control plane deletes
+      snapshot directories (``DeleteActor``, superseded snapshots); a runtime never does.
+
+Identity and addresses
+    * ``handle`` is an opaque string the runtime invents (a runsc container id, ``pid:starttime``);
+      the control plane stores it in SQLite and hands it back to ``stop``/``checkpoint``/
+      ``adopt``/``is_alive``, also after a control-plane restart. Handles and every host-wide name
+      a runtime creates (netns, veth, container ids, cgroups) start with ``RuntimeConfig.instance``
+      so two backends on one machine never collide and ``cleanup()`` finds exactly its own.
+    * ``address`` is ``host:port`` where the actor's agent answers HTTP; it becomes the actor's
+      ``ateom_pod_ip`` and the router's upstream. It may change on every start.
+    * The agent must be able to learn its actor id at request time: gVisor bind-mounts
+      ``/run/ate/actor-id`` (rebuilt on every start/restore, as atelet does); the process runtime
+      sets ``SANDBOX_AGENT_ACTOR_ID``.
+
+Loading
+    * ``create_runtime`` imports ``gym_substrate.local.gvisor:GvisorRuntime`` (constructed as
+      ``GvisorRuntime(config: RuntimeConfig)``) and ``gvisor_problem() -> str | None`` (None when
+      runsc works here) lazily, only for ``--runtime auto|gvisor``.
+    * ``RuntimeConfig.workers`` slots are numbered 0..workers-1 and fixed for the instance's life.
+
+Calls
+    * ``start`` returns only once the template's readyz answers 200 on ``address`` (or raises
+      ``RuntimeFailure`` after ``timeout_s``, having killed what it started).
+    * ``checkpoint`` always ends with the sandbox no longer running and holding no slot resources;
+      on failure it raises ``RuntimeFailure`` (and the sandbox counts as lost: gVisor kills a
+      sandbox whose checkpoint failed).
+    * Idempotent: ``stop`` (an unknown or already-dead handle is fine), ``sweep``, ``cleanup``,
+      ``forget_actor``, ``open``, ``close``. ``prepare_template`` may be called at every ``up``.
+    * Every method may block for seconds; runtimes run blocking work off the event loop.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Protocol, runtime_checkable
+
+__all__ = [
+    "RUNTIME_NAMES",
+    "ActorSpec",
+    "CheckpointResult",
+    "Rootfs",
+    "Runtime",
+    "RuntimeConfig",
+    "RuntimeFailure",
+    "Slot",
+    "SnapshotKind",
+    "SnapshotRef",
+    "StartedSandbox",
+    "TemplateSpec",
+    "create_runtime",
+    "gvisor_problem",
+    "select_runtime",
+]
+
+
+class RuntimeFailure(Exception):
+    """A sandbox operation failed; the message says what and, where known, how to fix it."""
+
+    def __init__(self, message: str, *, sandbox_lost: bool = False) -> None:
+        super().__init__(message)
+        self.sandbox_lost = sandbox_lost
+
+
+@dataclass(frozen=True)
+class Rootfs:
+    """Where a sandbox's root filesystem comes from.
+
+    ``host``: the host's ``/`` read-only under an in-memory overlay (gVisor
+    ``--overlay2=root:memory``). ``directory``: ``path`` (absolute, existing) under the same
+    overlay. The process runtime runs on the host either way and ignores this.
+    """
+
+    kind: Literal["host", "directory"]
+    path: Path | None = None
+
+
+@dataclass(frozen=True)
+class TemplateSpec:
+    """An ActorTemplate as the runtime needs it (containers[0] only; validated by templates.py)."""
+
+    namespace: str
+    name: str
+    command: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    readyz_path: str
+    readyz_port: int
+    snapshot_location: Path
+    rootfs: Rootfs
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def digest(self) -> str:
+        """Stable hash of everything that shapes a snapshot; a golden snapshot is keyed by it."""
+        body = json.dumps(
+            {
+                "command": list(self.command),
+                "env": [list(pair) for pair in self.env],
+                "readyz": [self.readyz_path, self.readyz_port],
+                "rootfs": [self.rootfs.kind, str(self.rootfs.path or "")],
+            },
+            sort_keys=True,
+        )
+        return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class ActorSpec:
+    atespace: str
+    actor_id: str
+    template: TemplateSpec
+
+    @property
+    def key(self) -> str:
+        return f"{self.atespace}/{self.actor_id}"
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One worker of the pool: index 0..workers-1. A running actor holds exactly one."""
+
+    index: int
+
+    @property
+    def name(self) -> str:
+        return f"worker-{self.index}"
+
+
+class SnapshotKind(enum.Enum):
+    LOCAL = "local"  # PauseActor: node-local disk
+    EXTERNAL = "external"  # SuspendActor: the template's snapshot store
+    GOLDEN = "golden"  # the template's golden snapshot (in the snapshot store)
+
+
+@dataclass(frozen=True)
+class SnapshotRef:
+    kind: SnapshotKind
+    path: Path
+
+
+@dataclass(frozen=True)
+class StartedSandbox:
+    handle: str
+    address: str  # "host:port" of the agent; becomes Actor.ateom_pod_ip
+    memory_restored: bool  # True when process memory came back from a snapshot
+
+
+@dataclass(frozen=True)
+class CheckpointResult:
+    snapshot: SnapshotRef
+    # (kind, bytes) per checkpoint file, e.g. ("pages", 2900000); feeds atelet.snapshot.size.
+    files: tuple[tuple[str, int], ...] = ()
+    memory_kept: bool = True  # False when a resume from it restarts processes (process runtime)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(size for _, size in self.files)
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    runtime_dir: Path  # owned by the runtime alone
+    instance: str  # short [a-z0-9] prefix unique per state dir, stable across restarts
+    workers: int
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    """What the control plane needs from a sandbox runtime. See the module docstring."""
+
+    name: str  # "process" | "gvisor"
+    isolates: bool  # False: the actor can touch the host (process runtime)
+    memory_survives_suspend: bool
+
+    def warning(self) -> str | None:
+        """A line the CLI prints at ``up`` (e.g. the process runtime isolates nothing)."""
+        ...
+
+    async def open(self) -> None:
+        """Prepare host-wide resources (per-slot netns, ...); once per control-plane start."""
+        ...
+
+    async def close(self) -> None:
+        """Release what ``open`` holds without touching running sandboxes (they get adopted)."""
+        ...
+
+    async def prepare_template(
+        self, template: TemplateSpec, slot: Slot, dest: Path
+    ) -> CheckpointResult | None:
+        """Boot the template once on ``slot``, wait for readyz, checkpoint into ``dest``.
+
+        Returns the golden snapshot, or None when the runtime has no golden snapshots (process).
+        The slot is free again when this returns.
+        """
+        ...
+
+    async def start(
+        self,
+        actor: ActorSpec,
+        slot: Slot,
+        source: SnapshotRef | None,
+        *,
+        timeout_s: float,
+    ) -> StartedSandbox:
+        """Run ``actor`` on ``slot``: restore ``source``, or cold boot when it is None."""
+        ...
+
+    async def checkpoint(
+        self, actor: ActorSpec, handle: str, kind: SnapshotKind, dest: Path
+    ) -> CheckpointResult:
+        """Checkpoint a running sandbox into ``dest`` (LOCAL for pause, EXTERNAL for suspend).
+
+        The sandbox is stopped afterwards and its slot resources are free.
+        """
+        ...
+
+    async def stop(self, handle: str) -> None:
+        """Kill the sandbox now (no checkpoint). Idempotent."""
+        ...
+
+    async def is_alive(self, handle: str) -> bool: ...
+
+    async def adopt(
+        self, actor: ActorSpec, slot: Slot, handle: str, address: str
+    ) -> StartedSandbox | None:
+        """Take over a sandbox found after a control-plane restart; None if it is gone."""
+        ...
+
+    async def sweep(self, keep: Collection[str]) -> list[str]:
+        """Kill every sandbox of this instance whose handle is not in ``keep``; describe each."""
+        ...
+
+    async def forget_actor(self, actor: ActorSpec) -> None:
+        """Drop per-actor files the runtime keeps (DeleteActor). Idempotent."""
+        ...
+
+    async def memory_bytes(self, handle: str) -> int | None:
+        """Memory the running sandbox uses (PSS/RSS summed), for `local bench`; None if unknown."""
+        ...
+
+    async def cleanup(self) -> list[str]:
+        """Remove everything this instance made (sandboxes, netns, veths, mounts, dirs)."""
+        ...
+
+    async def leftovers(self) -> list[str]:
+        """Describe anything of this instance still on the host; [] after ``cleanup``."""
+        ...
+
+
+RUNTIME_NAMES = ("auto", "gvisor", "process")
+
+
+def gvisor_problem() -> str | None:
+    """Why the gVisor runtime cannot run here, or None when it can."""
+    try:
+        from gym_substrate.local import gvisor
+    except ImportError as exc:  # the gvisor package is built separately
+        return f"the gVisor runtime is not available in this build ({exc})"
+    problem: str | None = gvisor.gvisor_problem()
+    return problem
+
+
+def select_runtime(requested: str) -> tuple[str, str]:
+    """Resolve ``auto|gvisor|process`` to a runtime name plus a sentence saying why."""
+    if requested not in RUNTIME_NAMES:
+        raise ValueError(f"unknown runtime {requested!r}: use one of {', '.join(RUNTIME_NAMES)}")
+    if requested == "process":
+        return "process", "the process runtime was requested (--runtime process)"
+    problem = gvisor_problem()
+    if requested == "gvisor":
+        if problem is not None:
+            raise RuntimeFailure(
+                f"--runtime gvisor cannot run here: {problem}; "
+                "install runsc and run as root, or use --runtime process"
+            )
+        return "gvisor", "the gVisor runtime was requested (--runtime gvisor)"
+    if problem is None:
+        return "gvisor", "runsc works here, so actors run as gVisor sandboxes"
+    return "process", f"gVisor is unavailable ({problem}), so actors run as plain processes"
+
+
+def create_runtime(name: str, config: RuntimeConfig) -> Runtime:
+    """Build a runtime by its resolved name; implementations are imported only when used."""
+    if name == "process":
+        from gym_substrate.local.process import ProcessRuntime
+
+        process_runtime: Runtime = ProcessRuntime(config)
+        return process_runtime
+    if name == "gvisor":
+        from gym_substrate.local.gvisor import GvisorRuntime
+
+        runtime: Runtime = GvisorRuntime(config)
+        return runtime
+    raise ValueError(f"unknown runtime {name!r}: use gvisor or process")
