@@ -177,6 +177,10 @@ class CheckpointResult:
     # (kind, bytes) per checkpoint file, e.g. ("pages", 2900000); feeds atelet.snapshot.size.
     files: tuple[tuple[str, int], ...] = ()
     memory_kept: bool = True  # False when a resume from it restarts processes (process runtime)
+    # A sandbox left alive (stopped) by a LOCAL checkpoint, e.g. the process runtime's SIGSTOPped
+    # agent: the control plane keeps it out of ``sweep`` while PAUSED and ``stop``s it on
+    # DeleteActor. gVisor leaves it None (its sandbox exits after checkpointing).
+    retained_handle: str | None = None
 
     @property
     def size_bytes(self) -> int:
