@@ -1,0 +1,526 @@
+"""`SandboxEnv`: a Gymnasium env whose actions are shell commands run in a fresh sandbox.
+
+It keeps the API of agent-sandbox's seed env (constructor shape, reward/termination functions,
+`info` keys, `env_error` on sandbox failure) and fixes what that one gets wrong: the sandbox is
+released the moment an episode ends instead of at the next `reset()`; the spaces admit every
+observation (any Unicode text, empty included) and long output keeps its head *and* tail around a
+visible cut marker; stepping an ended episode raises instead of silently counting on; and the
+async provider is driven through one event loop thread per env, created lazily so the env can be
+pickled (by its constructor arguments) into `AsyncVectorEnv` workers.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import shlex
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+import gymnasium as gym
+from gymnasium.envs.registration import EnvSpec
+
+from gym_substrate.envs._loop import LoopThread
+from gym_substrate.envs._spaces import UnicodeText, sanitize
+from gym_substrate.envs.rewards import RewardFn, TerminationFn
+
+if TYPE_CHECKING:
+    from gym_substrate.types import SandboxExecResult, SandboxHandle, SandboxSpec
+
+__all__ = [
+    "ACTION_MAX_LENGTH",
+    "ENV_ID",
+    "MIN_OBS_LENGTH",
+    "READY_OBSERVATION",
+    "SandboxEnv",
+    "SandboxProviderLike",
+    "build_observation",
+]
+
+logger = logging.getLogger(__name__)
+
+ENV_ID: Final = "gym_substrate/Sandbox-v0"
+PROVIDER_NAME: Final = "substrate"
+READY_OBSERVATION: Final = "Sandbox ready."
+ACTION_MAX_LENGTH: Final = 16384
+"""Longest command, in characters: 4 UTF-8 bytes each stays under Linux's 128 KiB argv limit."""
+MIN_OBS_LENGTH: Final = 64
+"""Smallest `max_obs_length`: room for some head, some tail and the cut marker."""
+TIMEOUT_EXIT_CODE: Final = 124
+"""Exit code reported when a command outlived `step_timeout_s` (as coreutils `timeout` does)."""
+EXEC_GRACE_S: Final = 60.0
+"""How long past `step_timeout_s` the env waits for the provider before declaring an env error."""
+RELEASE_TIMEOUT_S: Final = 120.0
+
+
+class SandboxProviderLike(Protocol):
+    """The part of NeMo Gym's `SandboxProvider` protocol the env drives."""
+
+    async def create(self, spec: SandboxSpec) -> SandboxHandle: ...
+
+    async def exec(
+        self,
+        handle: SandboxHandle,
+        command: str,
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout_s: int | float | None = None,
+        user: str | int | None = None,
+    ) -> SandboxExecResult: ...
+
+    async def close(self, handle: SandboxHandle) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+def _cut_marker(cut: int) -> str:
+    return f"\n[... {cut} characters cut ...]\n"
+
+
+def build_observation(stdout: str, stderr: str, max_length: int) -> str:
+    """stdout, then `[stderr]` and stderr when there is any, cut to `max_length` characters.
+
+    A cut keeps the first and the last part (a command's own banner and its final error are both
+    usually what matters) around a marker that says how much is missing.
+    """
+    parts = [stdout] if stdout else []
+    if stderr:
+        parts.append("[stderr]\n" + stderr)
+    text = "\n".join(parts)
+    if len(text) > max_length:
+        cut = len(text) - max_length
+        while True:  # the marker's length depends on the number it prints; settle it
+            marker = _cut_marker(cut)
+            new_cut = len(text) - (max_length - len(marker))
+            if new_cut == cut:
+                break
+            cut = new_cut
+        keep = max_length - len(marker)
+        head = keep - keep // 2
+        tail = keep - head
+        text = text[:head] + marker + (text[len(text) - tail :] if tail else "")
+    return sanitize(text)
+
+
+def _rebuild(cls: type[SandboxEnv], kwargs: dict[str, Any]) -> SandboxEnv:
+    return cls(**kwargs)
+
+
+def _check_number(name: str, value: Any, *, integer: bool, minimum: float) -> None:
+    kinds: tuple[type, ...] = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        kind = "an integer" if integer else "a number"
+        raise TypeError(f"SandboxEnv({name}=...) must be {kind}, got {value!r}")
+    if not math.isfinite(value) or value < minimum:
+        raise ValueError(f"SandboxEnv({name}=...) must be >= {minimum:g}, got {value!r}")
+
+
+def _shell_argv(shell: Any) -> list[str] | None:
+    if shell is None:
+        return None
+    if isinstance(shell, str):
+        argv = shlex.split(shell)
+        if len(argv) == 1:
+            argv.append("-c")
+    elif isinstance(shell, Sequence) and all(isinstance(a, str) for a in shell):
+        argv = list(shell)
+    else:
+        raise TypeError(
+            "SandboxEnv(shell=...) must be a program such as 'bash', a command prefix such as "
+            f"'bash -lc', or a list such as ['bash', '-lc'], got {shell!r}"
+        )
+    if not argv or not all(argv):
+        raise ValueError(f"SandboxEnv(shell=...) must not be empty, got {shell!r}")
+    return argv
+
+
+def _provider_config(provider: Mapping[Any, Any]) -> dict[str, Any]:
+    keys = list(provider)
+    if keys != [PROVIDER_NAME]:
+        raise ValueError(
+            "SandboxEnv(provider=...) as a mapping must have exactly one key, "
+            f"{PROVIDER_NAME!r}, holding the provider config (as in a NeMo Gym `sandbox:` block), "
+            f"got keys {keys!r}"
+        )
+    config = provider[PROVIDER_NAME]
+    if config is None:
+        return {}
+    if not isinstance(config, Mapping):
+        raise TypeError(
+            f"SandboxEnv(provider={{{PROVIDER_NAME!r}: ...}}) must map to the provider config "
+            f"(a mapping), got {type(config).__name__}"
+        )
+    bad = [k for k in config if not isinstance(k, str)]
+    if bad:
+        raise TypeError(f"provider config keys must be strings, got {bad!r}")
+    return copy.deepcopy(dict(config))
+
+
+class _Runtime:
+    """What an env must release: its loop thread, its provider and its current sandbox.
+
+    Kept apart from the env so a `weakref.finalize` can release them without referencing the env.
+    """
+
+    def __init__(self, config: dict[str, Any] | None, instance: SandboxProviderLike | None):
+        self.loop = LoopThread()
+        self.config = config
+        self.provider: SandboxProviderLike | None = instance
+        self.owns_provider = instance is None
+        self.handle: SandboxHandle | None = None
+
+    async def _provider(self) -> SandboxProviderLike:
+        if self.provider is None:
+            from gym_substrate.nemo import SubstrateProvider
+
+            self.provider = SubstrateProvider(**(self.config or {}))
+        return self.provider
+
+    def create(self, spec: SandboxSpec) -> SandboxHandle:
+        async def _create() -> SandboxHandle:
+            return await (await self._provider()).create(spec)
+
+        self.handle = self.loop.run(_create())
+        return self.handle
+
+    def exec(
+        self,
+        command: str,
+        *,
+        cwd: str | None,
+        env: dict[str, str] | None,
+        timeout_s: float,
+    ) -> SandboxExecResult:
+        handle = self.handle
+        assert handle is not None
+
+        async def _exec() -> SandboxExecResult:
+            provider = await self._provider()
+            return await provider.exec(handle, command, cwd=cwd, env=env, timeout_s=timeout_s)
+
+        return self.loop.run(_exec(), timeout=timeout_s + EXEC_GRACE_S)
+
+    def release(self) -> None:
+        """Close the current sandbox, if any. Raises what the provider raised."""
+        handle, self.handle = self.handle, None
+        if handle is None or self.provider is None:
+            return
+        provider = self.provider
+        self.loop.run(provider.close(handle), timeout=RELEASE_TIMEOUT_S)
+
+    def shutdown(self) -> None:
+        """Release the sandbox, close an owned provider, stop the loop. Never raises."""
+        if self.loop.closed:
+            return
+        if not self.loop.started:
+            # Never used in this process (e.g. built in a parent and pickled to a worker): there
+            # is nothing of ours to release here, and a forked copy's handle is the parent's.
+            self.handle = None
+            self.loop.close()
+            return
+        try:
+            self.release()
+        except Exception as exc:
+            logger.warning("SandboxEnv: releasing the sandbox failed (it may be leaked): %s", exc)
+        provider = self.provider
+        if self.owns_provider and provider is not None:
+            try:
+                self.loop.run(provider.aclose(), timeout=RELEASE_TIMEOUT_S)
+            except Exception as exc:
+                logger.warning("SandboxEnv: closing the provider failed: %s", exc)
+        self.loop.close()
+
+
+def _finalize(runtime: _Runtime) -> None:
+    if runtime.handle is not None and runtime.loop.started:
+        logger.warning("SandboxEnv was not closed; releasing its sandbox now")
+    runtime.shutdown()
+
+
+class SandboxEnv(gym.Env[str, str]):
+    """Each episode in a fresh sandbox; each action a shell command; each observation its output.
+
+    `provider` is a NeMo Gym style mapping with one key, `{"substrate": {...provider config...}}`
+    (the env builds the provider in its own event loop and closes it in `close()`; this form also
+    pickles, which `AsyncVectorEnv` needs), or a provider instance that the caller owns and closes.
+    """
+
+    metadata: dict[str, Any] = {"render_modes": ["ansi"]}  # noqa: RUF012 - gymnasium's API
+
+    def __init__(
+        self,
+        reward_fn: RewardFn,
+        termination_fn: TerminationFn,
+        provider: Mapping[str, Any] | SandboxProviderLike,
+        *,
+        image: str | None = None,
+        template: str | None = None,
+        max_episode_steps: int = 20,
+        step_timeout_s: float = 60,
+        max_obs_length: int = 4096,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        shell: str | Sequence[str] | None = None,
+        render_mode: str | None = None,
+    ) -> None:
+        if not isinstance(reward_fn, RewardFn):
+            raise TypeError(f"reward_fn must be a RewardFn instance, got {type(reward_fn)!r}")
+        if not isinstance(termination_fn, TerminationFn):
+            raise TypeError(
+                f"termination_fn must be a TerminationFn instance, got {type(termination_fn)!r}"
+            )
+        config: dict[str, Any] | None = None
+        instance: SandboxProviderLike | None = None
+        if isinstance(provider, Mapping):
+            config = _provider_config(provider)
+        elif all(callable(getattr(provider, m, None)) for m in ("create", "exec", "close")):
+            instance = provider
+        else:
+            raise TypeError(
+                "SandboxEnv(provider=...) must be a mapping {'substrate': {...provider config...}} "
+                f"or a sandbox provider instance (with create/exec/close), got {type(provider)!r}"
+            )
+        for name, value in (("image", image), ("template", template), ("cwd", cwd)):
+            if value is not None and (not isinstance(value, str) or not value):
+                raise TypeError(f"SandboxEnv({name}=...) must be a non-empty string or None")
+        if template is not None and template.count("/") != 1:
+            raise ValueError(
+                f"SandboxEnv(template=...) must be 'namespace/name', got {template!r}"
+            )
+        _check_number("max_episode_steps", max_episode_steps, integer=True, minimum=1)
+        _check_number("step_timeout_s", step_timeout_s, integer=False, minimum=0.001)
+        _check_number("max_obs_length", max_obs_length, integer=True, minimum=MIN_OBS_LENGTH)
+        exec_env: dict[str, str] | None = None
+        if env is not None:
+            if not isinstance(env, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+            ):
+                raise TypeError("SandboxEnv(env=...) must map variable names to string values")
+            exec_env = dict(env)
+        shell_argv = _shell_argv(shell)
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(
+                f"SandboxEnv(render_mode=...) must be None or one of "
+                f"{self.metadata['render_modes']}, got {render_mode!r}"
+            )
+
+        self.reward_fn = reward_fn
+        self.termination_fn = termination_fn
+        self.image = image
+        self.template = template
+        self.max_episode_steps = int(max_episode_steps)
+        self.step_timeout_s = float(step_timeout_s)
+        self.max_obs_length = int(max_obs_length)
+        self.cwd = cwd
+        self.exec_env = exec_env
+        self.shell = shell_argv
+        self.render_mode = render_mode
+
+        self.observation_space = UnicodeText(self.max_obs_length, min_length=0)
+        self.action_space = UnicodeText(ACTION_MAX_LENGTH, min_length=0, allow_nul=False)
+
+        self._init_kwargs: dict[str, Any] = {
+            "reward_fn": reward_fn,
+            "termination_fn": termination_fn,
+            "provider": {PROVIDER_NAME: config} if config is not None else provider,
+            "image": image,
+            "template": template,
+            "max_episode_steps": max_episode_steps,
+            "step_timeout_s": step_timeout_s,
+            "max_obs_length": max_obs_length,
+            "cwd": cwd,
+            "env": exec_env,
+            "shell": shell,
+            "render_mode": render_mode,
+        }
+        if config is not None:
+            # Built directly (not by gym.make, which overwrites this): still describe how to make
+            # another one, and say that a sandbox's steps are not reproducible from a seed.
+            self.spec = EnvSpec(
+                id=ENV_ID,
+                entry_point="gym_substrate.envs.env:SandboxEnv",
+                nondeterministic=True,
+                order_enforce=False,
+                disable_env_checker=True,
+                kwargs=dict(self._init_kwargs),
+            )
+
+        self._runtime = _Runtime(config, instance)
+        self._finalizer = weakref.finalize(self, _finalize, self._runtime)
+        self._closed = False
+        self._in_episode = False
+        self._ended_as: str | None = None
+        self._step_count = 0
+        self._task: Any = ""
+        self._last_render: str | None = None
+
+    # -- pickling: by constructor, so a worker process builds its own loop and provider -------
+    def __reduce__(self) -> tuple[Any, ...]:
+        if not self._runtime.owns_provider:
+            raise TypeError(
+                "a SandboxEnv built around a provider instance cannot be pickled; pass the "
+                "provider as a mapping {'substrate': {...}} so each process builds its own"
+            )
+        return (_rebuild, (type(self), dict(self._init_kwargs)))
+
+    # -- gymnasium API ----------------------------------------------------------------------
+    @property
+    def sandbox_id(self) -> str | None:
+        """The id of the current episode's sandbox, or None between episodes."""
+        handle = self._runtime.handle
+        return None if handle is None else handle.sandbox_id
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """Release any previous sandbox and create a fresh one for a new episode.
+
+        `options={"task": ...}` passes the task to the reward and termination functions. The
+        seed only seeds `np_random`: a sandbox's behaviour cannot be replayed from it.
+        """
+        super().reset(seed=seed)
+        self._check_open()
+        if options is None:
+            options = {}
+        if not isinstance(options, Mapping):
+            raise TypeError(f"reset(options=...) must be a mapping or None, got {options!r}")
+        unknown = sorted(set(options) - {"task"})
+        if unknown:
+            raise ValueError(f"reset(options=...) has unknown keys {unknown}; allowed: ['task']")
+        task = options.get("task", "")
+
+        self._in_episode = False
+        self._release_quietly()
+        from gym_substrate.types import SandboxSpec
+
+        spec = SandboxSpec(
+            image=self.image,
+            provider_options={"template": self.template} if self.template else {},
+        )
+        handle = self._runtime.create(spec)
+        self._task = task
+        self._step_count = 0
+        self._ended_as = None
+        self.reward_fn.reset(task)
+        self.termination_fn.reset(task)
+        self._in_episode = True
+        self._last_render = READY_OBSERVATION
+        return READY_OBSERVATION, {"sandbox_id": handle.sandbox_id, "task": copy.deepcopy(task)}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Run `action` in the sandbox; see the class docs for the observation and `info`."""
+        self._check_open()
+        if not self._in_episode:
+            if self._ended_as is not None:
+                raise RuntimeError(
+                    f"This episode has ended ({self._ended_as}) and its sandbox was released; "
+                    "call reset() to start a new one."
+                )
+            raise RuntimeError("Call reset() before step().")
+        if not isinstance(action, str):
+            raise TypeError(f"action must be a str (a shell command), got {type(action)!r}")
+        if action not in self.action_space:
+            raise ValueError(
+                f"action is outside the action space: at most {ACTION_MAX_LENGTH} characters, "
+                "no NUL character, no lone surrogate"
+            )
+        self._step_count += 1
+        started = time.monotonic()
+        error_type: str | None = None
+        try:
+            result = self._runtime.exec(
+                self._command(action), cwd=self.cwd, env=self.exec_env, timeout_s=self.step_timeout_s
+            )
+        except Exception as exc:
+            logger.warning("Failed to run action in sandbox %s: %r", self.sandbox_id, exc)
+            stdout, stderr = "", f"{type(exc).__name__}: {exc}"
+            exit_code, env_error, error_type = -1, True, "sandbox"
+        else:
+            stdout, stderr = result.stdout or "", result.stderr or ""
+            error_type = result.error_type
+            if error_type is None:
+                exit_code, env_error = int(result.return_code), False
+            elif error_type == "timeout":
+                # The command's own doing (it ran too long), not a sandbox failure.
+                exit_code, env_error = TIMEOUT_EXIT_CODE, False
+                if not stderr:
+                    stderr = f"command timed out after {self.step_timeout_s:g} s"
+            else:
+                exit_code, env_error = -1, True
+                logger.warning(
+                    "Sandbox %s failed to run an action (%s): %s",
+                    self.sandbox_id,
+                    error_type,
+                    stderr,
+                )
+        elapsed_ms = int((time.monotonic() - started) * 1000)
+
+        obs = build_observation(stdout, stderr, self.max_obs_length)
+        info: dict[str, Any] = {
+            "exit_code": exit_code,
+            "stdout": stdout,
+            "stderr": stderr,
+            "elapsed_ms": elapsed_ms,
+            "step": self._step_count,
+            "env_error": env_error,
+            "error_type": error_type,
+        }
+        reward = float(self.reward_fn(action, obs, info, self._task))
+        terminated = bool(self.termination_fn(obs, info, self._task))
+        truncated = self._step_count >= self.max_episode_steps
+        self._last_render = f"$ {action}\n{obs}\n[exit code {exit_code}]"
+        if terminated or truncated:
+            self._in_episode = False
+            self._ended_as = "terminated" if terminated else "truncated"
+            try:
+                self._runtime.release()
+            except Exception as exc:
+                logger.warning("SandboxEnv: releasing the sandbox failed (may be leaked): %s", exc)
+                info["release_error"] = f"{type(exc).__name__}: {exc}"
+        return obs, reward, terminated, truncated, info
+
+    def render(self) -> str | None:  # type: ignore[override]
+        """With `render_mode="ansi"`: the last command, its observation and its exit code."""
+        if self.render_mode != "ansi":
+            return None
+        return self._last_render
+
+    def close(self) -> None:
+        """Release the sandbox, close the provider if the env built it, stop the loop thread.
+
+        Idempotent; after it, `reset()` and `step()` raise.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._in_episode = False
+        self._finalizer.detach()
+        self._runtime.shutdown()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("This SandboxEnv is closed; create a new one.")
+
+    def _command(self, action: str) -> str:
+        if self.shell is None:
+            return action
+        return shlex.join(self.shell) + " " + shlex.quote(action)
+
+    def _release_quietly(self) -> None:
+        try:
+            self._runtime.release()
+        except Exception as exc:
+            logger.warning("SandboxEnv: releasing the previous sandbox failed: %s", exc)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("running" if self._in_episode else "idle")
+        return f"<SandboxEnv {state} sandbox={self.sandbox_id!r} step={self._step_count}>"
