@@ -1,7 +1,138 @@
-"""gym-substrate: Agent Substrate as the sandbox backend for NeMo Gym and Gymnasium."""
+"""gym-substrate: Agent Substrate as the sandbox backend for NeMo Gym and Gymnasium.
+
+The public API is flat: `from gym_substrate import SubstrateProvider, ConnectionConfig, ...`.
+Implementation modules are private (`_config`, `_errors`, `_grpc`, ...). Names are resolved on
+first access (PEP 562), so `import gym_substrate` (e.g. by the CLI) pulls in neither grpc nor
+aiohttp; each exported class gets `__module__ = "gym_substrate"` so reprs show the public path.
+"""
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gym_substrate._config import (
+        ConnectionConfig,
+        CreateConfig,
+        ExecConfig,
+        LifecycleConfig,
+        MetricsConfig,
+        ProviderOptions,
+        RetryConfig,
+        TLSConfig,
+        TokenConfig,
+    )
+    from gym_substrate._errors import (
+        ActorMismatchError,
+        ActorNotFoundError,
+        ActorUnavailableError,
+        AgentError,
+        AgentResponseError,
+        AgentTransportError,
+        AlreadyExistsError,
+        CloseError,
+        ConfigError,
+        ControlPlaneError,
+        NoFreeWorkersError,
+        ProviderClosedError,
+        RetryError,
+        RouterError,
+        SubstrateCreateError,
+        SubstrateCreateVerificationError,
+        SubstrateError,
+        TransferError,
+        TransientControlPlaneError,
+    )
+    from gym_substrate.nemo import SANDBOX_RUNTIME_RETURN_CODE, SubstrateActor, SubstrateProvider
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "SANDBOX_RUNTIME_RETURN_CODE",
+    "ActorMismatchError",
+    "ActorNotFoundError",
+    "ActorUnavailableError",
+    "AgentError",
+    "AgentResponseError",
+    "AgentTransportError",
+    "AlreadyExistsError",
+    "CloseError",
+    "ConfigError",
+    "ConnectionConfig",
+    "ControlPlaneError",
+    "CreateConfig",
+    "ExecConfig",
+    "LifecycleConfig",
+    "MetricsConfig",
+    "NoFreeWorkersError",
+    "ProviderClosedError",
+    "ProviderOptions",
+    "RetryConfig",
+    "RetryError",
+    "RouterError",
+    "SubstrateActor",
+    "SubstrateCreateError",
+    "SubstrateCreateVerificationError",
+    "SubstrateError",
+    "SubstrateProvider",
+    "TLSConfig",
+    "TokenConfig",
+    "TransferError",
+    "TransientControlPlaneError",
+    "__version__",
+]
+
+_EXPORTS: dict[str, str] = {}
+for _module, _names in {
+    "gym_substrate._config": (
+        "ConnectionConfig",
+        "CreateConfig",
+        "ExecConfig",
+        "LifecycleConfig",
+        "MetricsConfig",
+        "ProviderOptions",
+        "RetryConfig",
+        "TLSConfig",
+        "TokenConfig",
+    ),
+    "gym_substrate._errors": (
+        "ActorMismatchError",
+        "ActorNotFoundError",
+        "ActorUnavailableError",
+        "AgentError",
+        "AgentResponseError",
+        "AgentTransportError",
+        "AlreadyExistsError",
+        "CloseError",
+        "ConfigError",
+        "ControlPlaneError",
+        "NoFreeWorkersError",
+        "ProviderClosedError",
+        "RetryError",
+        "RouterError",
+        "SubstrateCreateError",
+        "SubstrateCreateVerificationError",
+        "SubstrateError",
+        "TransferError",
+        "TransientControlPlaneError",
+    ),
+    "gym_substrate.nemo": ("SANDBOX_RUNTIME_RETURN_CODE", "SubstrateActor", "SubstrateProvider"),
+}.items():
+    for _name in _names:
+        _EXPORTS[_name] = _module
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gym_substrate' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    if isinstance(value, type):
+        value.__module__ = "gym_substrate"
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

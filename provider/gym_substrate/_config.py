@@ -1,0 +1,414 @@
+"""Provider configuration: one frozen dataclass per YAML section, validated on construction.
+
+Gym calls `SubstrateProvider(**yaml_block)`, so every sub-key of the `substrate:` block arrives as a
+keyword and is coerced here from a mapping (or a ready dataclass, or None for defaults). Errors
+name the YAML path (`connection.tls.ca_file`), because the user's fix is in a YAML file, not in
+Python. Nothing here touches the network or the filesystem, so a bad config fails fast and a good
+one costs nothing until the first call.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal, TypeVar, cast
+from urllib.parse import urlsplit
+
+from gym_substrate._errors import ConfigError
+
+__all__ = [
+    "ConnectionConfig",
+    "CreateConfig",
+    "ExecConfig",
+    "LifecycleConfig",
+    "MetricsConfig",
+    "ProviderOptions",
+    "RetryConfig",
+    "TLSConfig",
+    "TokenConfig",
+    "coerce_section",
+    "default_ledger_path",
+]
+
+IdlePolicy = Literal["never", "pause", "suspend"]
+PauseMode = Literal["pause", "suspend"]
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+C = TypeVar("C")
+
+
+def _fail(path: str, message: str) -> ConfigError:
+    return ConfigError(f"{path}: {message}")
+
+
+def _number(
+    path: str,
+    value: Any,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    positive: bool = False,
+    integer: bool = False,
+) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _fail(path, f"expected a number, got {type(value).__name__} {value!r}")
+    if integer and not float(value).is_integer():
+        raise _fail(path, f"expected a whole number, got {value!r}")
+    if math.isnan(value) or math.isinf(value):
+        raise _fail(path, f"expected a finite number, got {value!r}")
+    if positive and value <= 0:
+        raise _fail(path, f"must be > 0, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise _fail(path, f"must be >= {minimum:g}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise _fail(path, f"must be <= {maximum:g}, got {value!r}")
+    return float(value)
+
+
+def _string(path: str, value: Any, *, allow_empty: bool = False) -> str:
+    if not isinstance(value, str):
+        raise _fail(path, f"expected a string, got {type(value).__name__} {value!r}")
+    if not allow_empty and not value.strip():
+        raise _fail(path, "must not be empty")
+    return value
+
+
+def _choice(path: str, value: Any, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise _fail(path, f"must be one of {', '.join(choices)}; got {value!r}")
+    return cast(str, value)
+
+
+def _template_ref(path: str, value: Any) -> str:
+    text = _string(path, value)
+    ns, sep, name = text.partition("/")
+    if not sep or not _DNS_LABEL.match(ns) or not _DNS_LABEL.match(name):
+        raise _fail(
+            path, f"expected an ActorTemplate as 'namespace/name' (DNS labels), got {text!r}"
+        )
+    return text
+
+
+def _atespace(path: str, value: Any) -> str:
+    text = _string(path, value)
+    if not _DNS_LABEL.match(text):
+        raise _fail(path, f"an atespace must be a DNS-1123 label (a-z, 0-9, '-'), got {text!r}")
+    return text
+
+
+def coerce_section(cls: type[C], value: Any, path: str) -> C:
+    """Build section `cls` from a dataclass instance, a mapping, or None (all defaults)."""
+    if isinstance(value, cls):
+        return value
+    if value is None:
+        value = {}
+    if not isinstance(value, Mapping):
+        raise _fail(path, f"expected a mapping, got {type(value).__name__} {value!r}")
+    names = [f.name for f in fields(cast(Any, cls)) if f.init and not f.name.startswith("_")]
+    unknown = sorted(str(k) for k in value if k not in names)
+    if unknown:
+        raise _fail(
+            path,
+            f"unknown key(s) {', '.join(unknown)}; allowed keys: {', '.join(names)}",
+        )
+    kwargs = dict(value)
+    kwargs["_path"] = path
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:  # a required key is missing
+        missing = [n for n in names if n not in value]
+        raise _fail(path, f"missing required key(s): {', '.join(missing)}") from exc
+
+
+@dataclass(frozen=True)
+class TokenConfig:
+    """Bearer token for ateapi in jwt mode: exactly one of `file`, `env`, `value`.
+
+    A `file` is re-read on every call, so a projected service-account token can rotate.
+    """
+
+    file: str | None = None
+    env: str | None = None
+    value: str | None = field(default=None, repr=False)
+    _path: str = field(default="connection.token", repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        given = [k for k in ("file", "env", "value") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise _fail(self._path, "set exactly one of file, env or value")
+        for key in given:
+            _string(f"{self._path}.{key}", getattr(self, key))
+
+    def read(self) -> str:
+        """Return the current token (re-reading the file or environment each time)."""
+        if self.file is not None:
+            return Path(self.file).read_text().strip()
+        if self.env is not None:
+            token = os.environ.get(self.env)
+            if not token:
+                raise ConfigError(f"{self._path}.env: environment variable {self.env} is not set")
+            return token.strip()
+        return cast(str, self.value).strip()
+
+
+@dataclass(frozen=True)
+class TLSConfig:
+    """How to verify ateapi: a pinned CA (`ca_file` or `ca_pem`) or `plaintext` (local backend)."""
+
+    ca_file: str | None = None
+    ca_pem: str | None = field(default=None, repr=False)
+    server_name: str = "api.ate-system.svc"
+    plaintext: bool = False
+    _path: str = field(default="connection.tls", repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.plaintext, bool):
+            raise _fail(
+                f"{self._path}.plaintext", f"expected true or false, got {self.plaintext!r}"
+            )
+        if self.ca_file is not None and self.ca_pem is not None:
+            raise _fail(self._path, "set ca_file or ca_pem, not both")
+        if self.plaintext and (self.ca_file is not None or self.ca_pem is not None):
+            raise _fail(self._path, "plaintext: true cannot be combined with ca_file or ca_pem")
+        if self.ca_file is not None:
+            _string(f"{self._path}.ca_file", self.ca_file)
+        if self.ca_pem is not None and "BEGIN CERTIFICATE" not in _string(
+            f"{self._path}.ca_pem", self.ca_pem
+        ):
+            raise _fail(
+                f"{self._path}.ca_pem", "expected a PEM block (-----BEGIN CERTIFICATE-----)"
+            )
+        _string(f"{self._path}.server_name", self.server_name)
+
+
+@dataclass(frozen=True)
+class ConnectionConfig:
+    """Where Substrate is: ateapi (gRPC) and the router (HTTP); hashable, it keys shared pools."""
+
+    api: str
+    router: str
+    atespace: str = "gym"
+    tls: TLSConfig = field(default_factory=TLSConfig)
+    token: TokenConfig | None = None
+    request_timeout_s: float = 30.0
+    _path: str = field(default="connection", repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        p = self._path
+        api = _string(f"{p}.api", self.api)
+        host, sep, port = api.rpartition(":")
+        if "://" in api or not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise _fail(
+                f"{p}.api", f"expected host:port of ateapi (e.g. 127.0.0.1:7443), got {api!r}"
+            )
+        router = _string(f"{p}.router", self.router).rstrip("/")
+        parts = urlsplit(router)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise _fail(
+                f"{p}.router", f"expected an http(s) URL of the router, got {self.router!r}"
+            )
+        object.__setattr__(self, "router", router)
+        _atespace(f"{p}.atespace", self.atespace)
+        object.__setattr__(self, "tls", coerce_section(TLSConfig, self.tls, f"{p}.tls"))
+        if self.token is not None:
+            object.__setattr__(self, "token", coerce_section(TokenConfig, self.token, f"{p}.token"))
+        object.__setattr__(
+            self,
+            "request_timeout_s",
+            _number(f"{p}.request_timeout_s", self.request_timeout_s, positive=True),
+        )
+
+
+@dataclass(frozen=True)
+class RetryConfig:
+    """Backoff for control-plane calls: full-jitter exponential, capped, under a deadline."""
+
+    initial: float = 0.2
+    maximum: float = 2.0
+    multiplier: float = 2.0
+    deadline: float = 60.0
+    _path: str = field(default="create.retry", repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        p = self._path
+        for key in ("initial", "maximum", "deadline"):
+            object.__setattr__(self, key, _number(f"{p}.{key}", getattr(self, key), positive=True))
+        object.__setattr__(
+            self, "multiplier", _number(f"{p}.multiplier", self.multiplier, minimum=1.0)
+        )
+        if self.maximum < self.initial:
+            raise _fail(
+                f"{p}.maximum", f"must be >= initial ({self.initial:g}), got {self.maximum:g}"
+            )
+
+
+@dataclass(frozen=True)
+class CreateConfig:
+    """How sandboxes are made: which ActorTemplate, and how long to wait for a worker."""
+
+    template: str = "default/sandbox"
+    image_templates: Mapping[str, str] = field(default_factory=dict)
+    ready_timeout_s: float = 120.0
+    retry: RetryConfig = field(default_factory=RetryConfig)
+    _path: str = field(default="create", repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        p = self._path
+        _template_ref(f"{p}.template", self.template)
+        if not isinstance(self.image_templates, Mapping):
+            raise _fail(f"{p}.image_templates", "expected a mapping of image -> namespace/name")
+        mapping: dict[str, str] = {}
+        for image, ref in self.image_templates.items():
+            key = _string(f"{p}.image_templates", image)
+            mapping[key] = _template_ref(f"{p}.image_templates[{key!r}]", ref)
+        object.__setattr__(self, "image_templates", mapping)
+        object.__setattr__(
+            self,
+            "ready_timeout_s",
+            _number(f"{p}.ready_timeout_s", self.ready_timeout_s, positive=True),
+        )
+        object.__setattr__(self, "retry", coerce_section(RetryConfig, self.retry, f"{p}.retry"))
+
+
+@dataclass(frozen=True)
+class ExecConfig:
+    """Command execution and file transfer through the agent's job API."""
+
+    default_timeout_s: float = 180.0
+    poll_wait_s: float = 8.0
+    shell: str = "/bin/sh"
+    concurrency: int = 64
+    timeout_margin_s: float = 5.0
+    transfer_chunk_bytes: int = 8 * 1024 * 1024
+    _path: str = field(default="exec", repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        p = self._path
+        object.__setattr__(
+            self,
+            "default_timeout_s",
+            _number(f"{p}.default_timeout_s", self.default_timeout_s, positive=True),
+        )
+        object.__setattr__(
+            self,
+            "poll_wait_s",
+            _number(f"{p}.poll_wait_s", self.poll_wait_s, minimum=0.0, maximum=8.0),
+        )
+        shell = _string(f"{p}.shell", self.shell)
+        if not shell.startswith("/"):
+            raise _fail(f"{p}.shell", f"must be an absolute path, got {shell!r}")
+        object.__setattr__(
+            self,
+            "concurrency",
+            int(_number(f"{p}.concurrency", self.concurrency, minimum=1, integer=True)),
+        )
+        object.__setattr__(
+            self,
+            "timeout_margin_s",
+            _number(f"{p}.timeout_margin_s", self.timeout_margin_s, minimum=0.0),
+        )
+        object.__setattr__(
+            self,
+            "transfer_chunk_bytes",
+            int(
+                _number(
+                    f"{p}.transfer_chunk_bytes",
+                    self.transfer_chunk_bytes,
+                    minimum=64 * 1024,
+                    maximum=64 * 1024 * 1024,
+                    integer=True,
+                )
+            ),
+        )
+
+
+def default_ledger_path() -> str:
+    """`$XDG_STATE_HOME/gym-substrate/ledger.jsonl` (or `~/.local/state/...`)."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "state"
+    )
+    return os.path.join(base, "gym-substrate", "ledger.jsonl")
+
+
+@dataclass(frozen=True)
+class LifecycleConfig:
+    """What happens between calls and at the end: idle parking, ledger, time to live."""
+
+    idle_policy: IdlePolicy = "never"
+    idle_after_s: float = 5.0
+    ledger: str | None = field(default_factory=default_ledger_path)
+    ttl_s: float | None = None
+    close_timeout_s: float = 60.0
+    _path: str = field(default="lifecycle", repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        p = self._path
+        _choice(f"{p}.idle_policy", self.idle_policy, ("never", "pause", "suspend"))
+        object.__setattr__(
+            self, "idle_after_s", _number(f"{p}.idle_after_s", self.idle_after_s, positive=True)
+        )
+        if self.ledger is not None:
+            object.__setattr__(
+                self, "ledger", os.path.expanduser(_string(f"{p}.ledger", self.ledger))
+            )
+        if self.ttl_s is not None:
+            object.__setattr__(self, "ttl_s", _number(f"{p}.ttl_s", self.ttl_s, positive=True))
+        object.__setattr__(
+            self,
+            "close_timeout_s",
+            _number(f"{p}.close_timeout_s", self.close_timeout_s, positive=True),
+        )
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """Opt-in Prometheus endpoint; `port: null` (the default) serves nothing."""
+
+    port: int | None = None
+    host: str = "127.0.0.1"
+    _path: str = field(default="metrics", repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.port is not None:
+            object.__setattr__(
+                self,
+                "port",
+                int(
+                    _number(f"{self._path}.port", self.port, minimum=0, maximum=65535, integer=True)
+                ),
+            )
+        _string(f"{self._path}.host", self.host)
+
+
+@dataclass(frozen=True)
+class ProviderOptions:
+    """`SandboxSpec.provider_options` accepted by this provider."""
+
+    template: str | None = None
+    atespace: str | None = None
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any] | None) -> ProviderOptions:
+        if not options:
+            return cls()
+        if not isinstance(options, Mapping):
+            raise TypeError(f"provider_options must be a mapping, got {type(options).__name__}")
+        allowed = ("atespace", "template")
+        unknown = sorted(str(k) for k in options if k not in allowed)
+        if unknown:
+            raise ValueError(
+                f"Unknown substrate provider_options key(s): {', '.join(unknown)}. "
+                f"Expected keys: {', '.join(allowed)}"
+            )
+        template = options.get("template")
+        atespace = options.get("atespace")
+        if template is not None:
+            _template_ref("provider_options.template", template)
+        if atespace is not None:
+            _atespace("provider_options.atespace", atespace)
+        return cls(template=template, atespace=atespace)

@@ -1,0 +1,213 @@
+"""One exception tree for the provider, and the two places foreign errors are translated.
+
+Callers catch at whatever level they care about; grpc and aiohttp errors never escape this package
+raw. `translate_grpc_error` (used only by `_grpc.ControlPlane`) and `translate_http_errors` (used
+only by `_agent_client.AgentClient`) are the single crossing points; both chain the original with
+`raise ... from exc`.
+
+    SubstrateError
+    ├── ConfigError (+ ValueError)                 bad YAML / constructor input; names the path
+    ├── ProviderClosedError (+ RuntimeError)       the provider was used after aclose()
+    ├── ControlPlaneError                          a gRPC call to ateapi failed
+    │   ├── ActorNotFoundError                     NOT_FOUND
+    │   ├── AlreadyExistsError                     ALREADY_EXISTS
+    │   ├── NoFreeWorkersError                     FAILED_PRECONDITION "no free workers"
+    │   └── TransientControlPlaneError             UNAVAILABLE, ABORTED, DEADLINE_EXCEEDED,
+    │                                              RESOURCE_EXHAUSTED (retried by policy)
+    ├── AgentError                                 an HTTP call through the router failed
+    │   ├── AgentTransportError (+ ConnectionError)  reset, refused, read timeout
+    │   ├── RouterError                            router 5xx/404: the actor was not reached
+    │   │   └── ActorUnavailableError              router 503: the actor has no worker
+    │   └── AgentResponseError                     the agent answered 4xx/5xx (has `code`)
+    │       └── ActorMismatchError                 409 actor_mismatch: wrong sandbox reached
+    ├── TransferError (+ OSError)                  upload/download failed or sha256 mismatch
+    ├── RetryError                                 a retry deadline ran out (chained to the cause)
+    ├── CloseError (+ RuntimeError)                close() could not delete the actor
+    └── SubstrateCreateError (+ SandboxCreateError)
+        └── SubstrateCreateVerificationError (+ SandboxCreateVerificationError)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+
+from gym_substrate.types import SandboxCreateError, SandboxCreateVerificationError
+
+__all__ = [
+    "ActorMismatchError",
+    "ActorNotFoundError",
+    "ActorUnavailableError",
+    "AgentError",
+    "AgentResponseError",
+    "AgentTransportError",
+    "AlreadyExistsError",
+    "CloseError",
+    "ConfigError",
+    "ControlPlaneError",
+    "NoFreeWorkersError",
+    "ProviderClosedError",
+    "RetryError",
+    "RouterError",
+    "SubstrateCreateError",
+    "SubstrateCreateVerificationError",
+    "SubstrateError",
+    "TransferError",
+    "TransientControlPlaneError",
+    "translate_grpc_error",
+    "translate_http_errors",
+]
+
+
+class SubstrateError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+class ConfigError(SubstrateError, ValueError):
+    """A configuration value is missing, unknown or invalid; the message names its YAML path."""
+
+
+class ProviderClosedError(SubstrateError, RuntimeError):
+    """The provider was used after `aclose()`."""
+
+
+class ControlPlaneError(SubstrateError):
+    """A gRPC call to Substrate's control plane (ateapi) failed."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: grpc.StatusCode | None = None,
+        method: str = "",
+        details: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.method = method
+        self.details = details
+
+
+class ActorNotFoundError(ControlPlaneError):
+    """The actor (or atespace) does not exist."""
+
+
+class AlreadyExistsError(ControlPlaneError):
+    """The actor or atespace already exists."""
+
+
+class NoFreeWorkersError(ControlPlaneError):
+    """Every worker is busy; the resume can succeed later."""
+
+
+class TransientControlPlaneError(ControlPlaneError):
+    """A transient control-plane failure that the retry policy retries."""
+
+
+class AgentError(SubstrateError):
+    """An HTTP call to the sandbox agent (through the router) failed."""
+
+
+class AgentTransportError(AgentError, ConnectionError):
+    """The connection failed or broke before a full response arrived."""
+
+
+class RouterError(AgentError):
+    """The router answered instead of the agent (5xx or 404): the actor was not reached."""
+
+    def __init__(self, message: str, *, status: int, body: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
+
+
+class ActorUnavailableError(RouterError):
+    """Router 503: the actor has no worker right now (it must be resumed)."""
+
+
+class AgentResponseError(AgentError):
+    """The agent answered with an error object `{"error": {"code", "message"}}`."""
+
+    def __init__(self, message: str, *, status: int, code: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+class ActorMismatchError(AgentResponseError):
+    """The request reached a sandbox other than the one the handle names."""
+
+
+class TransferError(SubstrateError, OSError):
+    """A file upload or download failed or did not verify; no partial target is left."""
+
+
+class RetryError(SubstrateError):
+    """Retries ran out before the operation succeeded; `__cause__` is the last failure."""
+
+    def __init__(self, message: str, cause: BaseException | None) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+    def __str__(self) -> str:
+        base = super().__str__()
+        return f"{base}; last exception: {self.cause}" if self.cause is not None else base
+
+
+class CloseError(SubstrateError, RuntimeError):
+    """`close()` could not bring the actor to deletion (recorded in the ledger)."""
+
+
+class SubstrateCreateError(SubstrateError, SandboxCreateError):
+    """`create()` failed; any actor it made was cleaned up (or logged as possibly leaked)."""
+
+
+class SubstrateCreateVerificationError(SubstrateCreateError, SandboxCreateVerificationError):
+    """The actor started but its agent never answered `/readyz` in time."""
+
+
+_TRANSIENT_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    }
+)
+
+
+def translate_grpc_error(exc: grpc.RpcError, method: str) -> ControlPlaneError:
+    """Map a grpc error to the most specific `ControlPlaneError` (the gRPC crossing point)."""
+    code_fn: Any = getattr(exc, "code", None)
+    details_fn: Any = getattr(exc, "details", None)
+    code: grpc.StatusCode | None = code_fn() if callable(code_fn) else None
+    details: str = (details_fn() if callable(details_fn) else "") or ""
+    name = code.name if code is not None else "UNKNOWN"
+    message = f"{method}: {name}: {details}" if details else f"{method}: {name}"
+    cls: type[ControlPlaneError] = ControlPlaneError
+    if code == grpc.StatusCode.NOT_FOUND:
+        cls = ActorNotFoundError
+    elif code == grpc.StatusCode.ALREADY_EXISTS:
+        cls = AlreadyExistsError
+    elif code == grpc.StatusCode.FAILED_PRECONDITION and "no free worker" in details.lower():
+        cls = NoFreeWorkersError
+    elif code in _TRANSIENT_CODES:
+        cls = TransientControlPlaneError
+    return cls(message, code=code, method=method, details=details)
+
+
+@contextlib.contextmanager
+def translate_http_errors(what: str) -> Iterator[None]:
+    """Turn aiohttp/OS/timeout errors raised inside the block into `AgentTransportError`."""
+    import aiohttp
+
+    try:
+        yield
+    except SubstrateError:
+        raise
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        detail = str(exc) or type(exc).__name__
+        raise AgentTransportError(f"{what}: {detail}") from exc

@@ -1,0 +1,112 @@
+"""An append-only record of the actors a provider created, so none is lost for good.
+
+Substrate has no server-side TTL and nothing deletes an idle actor, so a crashed trainer leaves
+actors holding snapshots (and, if running, workers) forever. Each provider appends one JSON line
+per event (`created`, `deleted`, `close_failed`) under an advisory lock; `gym-substrate sweep`
+folds the file into the set of live actors and deletes those past their TTL or whose creating
+process is gone. Appends are tiny and line-atomic, so concurrent trainers can share one file.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Ledger", "LedgerEntry"]
+
+log = logging.getLogger("gym_substrate.ledger")
+
+
+@dataclass
+class LedgerEntry:
+    """The folded state of one actor in the ledger."""
+
+    actor_id: str
+    atespace: str
+    api: str
+    created_at: float
+    ttl_s: float | None
+    pid: int
+    host: str
+    template: str = ""
+    state: str = "created"  # created | deleted | close_failed
+    error: str = ""
+
+    def expired(self, now: float) -> bool:
+        return self.ttl_s is not None and now > self.created_at + self.ttl_s
+
+    def orphaned(self) -> bool:
+        """True when the creating process (on this host) no longer exists."""
+        if self.host != socket.gethostname():
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+
+class Ledger:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def append(self, event: str, **fields: Any) -> None:
+        record = {
+            "event": event,
+            "time": time.time(),
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            **fields,
+        }
+        line = (json.dumps(record, sort_keys=True) + "\n").encode()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+        except OSError as exc:  # the ledger must never break a rollout
+            log.warning("could not write ledger %s: %s", self.path, exc)
+
+    def entries(self) -> dict[tuple[str, str, str], LedgerEntry]:
+        """Fold the ledger into one entry per (api, atespace, actor_id)."""
+        result: dict[tuple[str, str, str], LedgerEntry] = {}
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return result
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                key = (rec["api"], rec["atespace"], rec["actor_id"])
+            except (ValueError, KeyError, TypeError):
+                log.warning("%s:%d: skipping unreadable ledger line", self.path, number)
+                continue
+            if rec.get("event") == "created":
+                result[key] = LedgerEntry(
+                    actor_id=rec["actor_id"],
+                    atespace=rec["atespace"],
+                    api=rec["api"],
+                    created_at=float(rec.get("time", 0.0)),
+                    ttl_s=rec.get("ttl_s"),
+                    pid=int(rec.get("pid", 0)),
+                    host=str(rec.get("host", "")),
+                    template=str(rec.get("template", "")),
+                )
+            elif key in result:
+                result[key].state = str(rec.get("event"))
+                result[key].error = str(rec.get("error", ""))
+        return result
