@@ -1,0 +1,128 @@
+"""Command line entry point: `sandbox-agent` / `python -m sandbox_agent`.
+
+Only argparse and the agent's own modules are imported before the socket is bound, because the
+time from process start to the first answered /readyz is part of every cold actor start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+
+from . import __version__
+
+__all__ = ["main", "serve"]
+
+log = logging.getLogger("sandbox_agent")
+
+
+def _default_port() -> int:
+    raw = os.environ.get("SANDBOX_AGENT_PORT")
+    if raw is None or raw == "":
+        return 80
+    if not raw.isdecimal() or not 0 <= int(raw) <= 65535:
+        sys.exit(f"sandbox-agent: SANDBOX_AGENT_PORT must be a port number 0..65535, got {raw!r}")
+    return int(raw)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sandbox-agent",
+        description="HTTP agent that runs commands and moves files inside a sandbox (contract v1).",
+    )
+    parser.add_argument("--host", default="0.0.0.0", help="address to bind (default 0.0.0.0)")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="TCP port (default 80, or env SANDBOX_AGENT_PORT); 0 picks a free port",
+    )
+    parser.add_argument(
+        "--token-file",
+        default=None,
+        help="file holding the bearer token every request except GET /readyz must carry "
+        "(default: env SANDBOX_AGENT_TOKEN; no token disables auth)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="log level on stderr (debug adds command text)",
+    )
+    parser.add_argument("--version", action="version", version=f"sandbox-agent {__version__}")
+    return parser
+
+
+def _read_token(parser: argparse.ArgumentParser, token_file: str | None) -> str | None:
+    if token_file is None:
+        return os.environ.get("SANDBOX_AGENT_TOKEN") or None
+    try:
+        with open(token_file, encoding="utf-8") as fh:
+            token = fh.read().strip()
+    except OSError as exc:
+        parser.error(f"cannot read --token-file {token_file}: {exc.strerror}")
+    if not token:
+        parser.error(f"--token-file {token_file} is empty; put the token in it")
+    return token
+
+
+async def serve(config: object) -> None:
+    """Serve until SIGTERM/SIGINT, then kill running jobs and exit."""
+    from aiohttp import web
+
+    from ._config import AgentConfig
+    from .app import create_app
+
+    assert isinstance(config, AgentConfig)
+    app = create_app(config)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=3.0)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port, backlog=1024, reuse_address=True)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        log.error("cannot listen on %s:%d: %s", config.host, config.port, exc.strerror or exc)
+        raise SystemExit(1) from None
+    host, port = config.host, config.port
+    for addr in runner.addresses:
+        if isinstance(addr, tuple):
+            host, port = addr[0], addr[1]
+            break
+    log.info("sandbox-agent %s listening on http://%s:%d", __version__, host, port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+        log.info("signal received: killing running jobs and exiting")
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    port = args.port if args.port is not None else _default_port()
+    token = _read_token(parser, args.token_file)
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from ._config import AgentConfig
+
+    try:
+        config = AgentConfig(host=args.host, port=port, token=token)
+    except ValueError as exc:
+        parser.error(str(exc))
+    asyncio.run(serve(config))
+
+
+if __name__ == "__main__":
+    main()

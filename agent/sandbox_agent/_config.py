@@ -1,0 +1,40 @@
+"""The agent's settings as one frozen value, so `create_app(config)` needs no module globals."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["AgentConfig", "ACTOR_ID_FILE", "ACTOR_ID_ENV", "MiB"]
+
+MiB = 1024 * 1024
+ACTOR_ID_FILE = "/run/ate/actor-id"
+ACTOR_ID_ENV = "SANDBOX_AGENT_ACTOR_ID"
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """Everything `create_app` needs. Defaults are the contract's values."""
+
+    host: str = "0.0.0.0"
+    port: int = 80
+    token: str | None = None
+    actor_id_file: str = ACTOR_ID_FILE
+    max_upload_bytes: int = 64 * MiB
+    max_json_bytes: int = 16 * MiB
+    max_running_jobs: int = 256
+    job_retention_s: float = 600.0
+    job_retention_count: int = 1024
+    job_hard_cap: int = 16384
+    kill_grace_s: float = 2.0
+    restore_jump_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            msg = f"port must be 0..65535, got {self.port}"
+            raise ValueError(msg)
+        if self.token is not None and not self.token:
+            msg = "token must not be empty (omit it to disable auth)"
+            raise ValueError(msg)
+        if self.max_running_jobs < 1:
+            msg = "max_running_jobs must be >= 1"
+            raise ValueError(msg)

@@ -1,0 +1,333 @@
+"""Files over HTTP: chunked atomic uploads, ranged downloads, stat.
+
+Why chunked: the router cuts every request at 10 s, so a large file travels as several PUTs of at
+most 64 MiB each. Chunks land in a hidden temporary sibling of the target (same directory, so the
+final rename is atomic on one filesystem); only `final=true` fsyncs and renames it into place. A
+reader therefore never sees a half-written file, and a failed or abandoned upload leaves the old
+file untouched. A chunk that fails midway is cut back to its `offset`, so the client can simply
+resend it.
+
+All file-system calls run in the default thread pool. Upload bodies are gathered into ~1 MiB
+batches that one thread writes (pwritev) and hashes while the loop receives the next batch;
+downloads use `loop.sendfile`, which is zero-copy on a plain socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import stat
+from typing import Any
+
+from aiohttp import web
+
+from ._errors import ApiError
+
+__all__ = ["FileHandlers", "UPLOAD_SUFFIX"]
+
+UPLOAD_SUFFIX = ".sandbox-agent-upload"
+_BATCH = 1024 * 1024
+_HASH_READ = 4 * 1024 * 1024
+
+
+def _bad(message: str) -> ApiError:
+    return ApiError(400, "bad_request", message)
+
+
+def _path_param(request: web.Request) -> str:
+    path = request.query.get("path")
+    if path is None or path == "":
+        raise _bad("query parameter path is required, e.g. ?path=/tmp/data.bin")
+    if not path.startswith("/"):
+        raise _bad(f"path must be absolute (start with /), got {path!r}")
+    if "\x00" in path:
+        raise _bad("path must not contain NUL characters")
+    return os.path.normpath(path)
+
+
+def _int_param(request: web.Request, name: str, default: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    if not raw.isdecimal() or len(raw) > 18:
+        raise _bad(f"{name} must be a non-negative integer, got {raw!r}")
+    return int(raw)
+
+
+def _bool_param(request: web.Request, name: str, default: bool) -> bool:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    value = raw.lower()
+    if value in ("true", "1"):
+        return True
+    if value in ("false", "0"):
+        return False
+    raise _bad(f"{name} must be true or false, got {raw!r}")
+
+
+def _mode_param(request: web.Request) -> int:
+    raw = request.query.get("mode")
+    if raw is None:
+        return 0o644
+    text = raw[2:] if raw[:2].lower() == "0o" else raw
+    if not text or len(text) > 4 or any(c not in "01234567" for c in text):
+        raise _bad(f"mode must be octal permission bits such as 0644 or 755, got {raw!r}")
+    return int(text, 8)
+
+
+def _os_error(exc: OSError, path: str) -> ApiError:
+    if isinstance(exc, FileNotFoundError):
+        return ApiError(404, "not_found", f"{path} does not exist")
+    if isinstance(exc, IsADirectoryError):
+        return _bad(f"{path} is a directory; pass the path of a file")
+    if isinstance(exc, NotADirectoryError):
+        return _bad(f"a parent of {path} is not a directory")
+    if isinstance(exc, PermissionError):
+        return ApiError(403, "permission_denied", f"permission denied on {path}: {exc.strerror}")
+    return ApiError(500, "internal", f"file system error on {path}: {exc.strerror or exc}")
+
+
+def _tmp_path(path: str) -> str:
+    head, tail = os.path.split(path)
+    return os.path.join(head, f".{tail}{UPLOAD_SUFFIX}")
+
+
+# ----- blocking helpers, run in the thread pool -----
+
+
+def _open_upload(path: str, offset: int) -> int:
+    if os.path.isdir(path):
+        raise IsADirectoryError(21, "Is a directory", path)
+    tmp = _tmp_path(path)
+    if offset == 0:
+        os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
+        return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        msg = f"no upload in progress for {path} (offset {offset}); start the upload with offset=0"
+        raise ApiError(409, "offset_mismatch", msg) from None
+    size = os.fstat(fd).st_size
+    if offset > size:
+        os.close(fd)
+        msg = (
+            f"offset {offset} is past the {size} bytes received so far for {path}; "
+            f"resume with offset={size}"
+        )
+        raise ApiError(409, "offset_mismatch", msg)
+    return fd
+
+
+def _write_batch(fd: int, chunks: list[bytes], pos: int, hasher: Any) -> None:
+    views = [memoryview(c) for c in chunks]
+    while views:
+        written = os.pwritev(fd, views, pos)
+        pos += written
+        while views and written >= len(views[0]):
+            written -= len(views[0])
+            views.pop(0)
+        if views and written:
+            views[0] = views[0][written:]
+    if hasher is not None:
+        for chunk in chunks:
+            hasher.update(chunk)
+
+
+def _hash_file(fd: int) -> str:
+    hasher = hashlib.sha256()
+    pos = 0
+    while True:
+        data = os.pread(fd, _HASH_READ, pos)
+        if not data:
+            return hasher.hexdigest()
+        hasher.update(data)
+        pos += len(data)
+
+
+def _finish_upload(fd: int, path: str, end: int, final: bool, mode: int, hasher: Any) -> str | None:
+    os.ftruncate(fd, end)
+    if not final:
+        return None
+    os.fchmod(fd, mode)
+    os.fsync(fd)
+    digest = hasher.hexdigest() if hasher is not None else _hash_file(fd)
+    os.rename(_tmp_path(path), path)
+    return str(digest)
+
+
+def _abort_upload(fd: int, offset: int) -> None:
+    with contextlib.suppress(OSError):
+        os.ftruncate(fd, offset)
+
+
+def _open_read(path: str) -> tuple[int, os.stat_result]:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    if stat.S_ISDIR(st.st_mode):
+        os.close(fd)
+        raise IsADirectoryError(21, "Is a directory", path)
+    return fd, st
+
+
+def _stat(path: str) -> dict[str, Any]:
+    st = os.lstat(path)
+    if stat.S_ISREG(st.st_mode):
+        kind = "file"
+    elif stat.S_ISDIR(st.st_mode):
+        kind = "dir"
+    elif stat.S_ISLNK(st.st_mode):
+        kind = "symlink"
+    else:
+        kind = "other"
+    return {
+        "path": path,
+        "type": kind,
+        "size": st.st_size,
+        "mode": stat.S_IMODE(st.st_mode),
+        "mtime": st.st_mtime,
+    }
+
+
+def _parse_range(header: str, size: int) -> tuple[int, int] | None:
+    """(start, end inclusive) for a single `bytes=` range; None if it cannot be satisfied."""
+    unit, _, spec = header.partition("=")
+    if unit.strip().lower() != "bytes" or "," in spec:
+        raise _bad("Range must be a single range such as bytes=0-1023, bytes=1024- or bytes=-512")
+    first, dash, last = spec.strip().partition("-")
+    if not dash or not (first.isdecimal() or last.isdecimal()):
+        raise _bad(f"malformed Range header {header!r}; use bytes=START-END")
+    if (first and not first.isdecimal()) or (last and not last.isdecimal()):
+        raise _bad(f"malformed Range header {header!r}; use bytes=START-END")
+    if not first:  # suffix: the last N bytes
+        count = int(last)
+        if count == 0 or size == 0:
+            return None
+        return max(0, size - count), size - 1
+    start = int(first)
+    end = int(last) if last else size - 1
+    if end < start:
+        raise _bad(f"malformed Range header {header!r}: END is before START")
+    if start >= size:
+        return None
+    return start, min(end, size - 1)
+
+
+class FileHandlers:
+    """The /v1/files and /v1/stat handlers, bound to one upload size limit."""
+
+    def __init__(self, max_upload_bytes: int) -> None:
+        self._max = max_upload_bytes
+
+    def _too_large(self) -> ApiError:
+        return ApiError(
+            413,
+            "too_large",
+            f"request body exceeds {self._max} bytes; split the file into chunks "
+            "with offset= and final=false, then final=true on the last one",
+        )
+
+    async def put(self, request: web.Request) -> web.Response:
+        path = _path_param(request)
+        offset = _int_param(request, "offset", 0)
+        final = _bool_param(request, "final", True)
+        mode = _mode_param(request)
+        length = request.content_length
+        if length is not None and length > self._max:
+            raise self._too_large()
+        loop = asyncio.get_running_loop()
+        try:
+            fd = await loop.run_in_executor(None, _open_upload, path, offset)
+        except OSError as exc:
+            raise _os_error(exc, path) from None
+        hasher = hashlib.sha256() if offset == 0 and final else None
+        pos = offset
+        received = 0
+        pending: asyncio.Future[None] | None = None
+        batch: list[bytes] = []
+        batch_len = 0
+        try:
+            while True:
+                chunk = await request.content.readany()
+                if not chunk:
+                    break
+                received += len(chunk)
+                if received > self._max:
+                    raise self._too_large()
+                batch.append(chunk)
+                batch_len += len(chunk)
+                if batch_len >= _BATCH:
+                    if pending is not None:
+                        await pending
+                    pending = loop.run_in_executor(None, _write_batch, fd, batch, pos, hasher)
+                    pos += batch_len
+                    batch, batch_len = [], 0
+            if pending is not None:
+                await pending
+                pending = None
+            if batch:
+                await loop.run_in_executor(None, _write_batch, fd, batch, pos, hasher)
+                pos += batch_len
+            digest = await loop.run_in_executor(
+                None, _finish_upload, fd, path, pos, final, mode, hasher
+            )
+        except BaseException as exc:
+            if pending is not None:
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(pending)
+            await loop.run_in_executor(None, _abort_upload, fd, offset)
+            if isinstance(exc, OSError):
+                raise _os_error(exc, path) from None
+            raise
+        finally:
+            await loop.run_in_executor(None, os.close, fd)
+        return web.json_response({"path": path, "size": pos, "sha256": digest})
+
+    async def get(self, request: web.Request) -> web.StreamResponse:
+        path = _path_param(request)
+        loop = asyncio.get_running_loop()
+        try:
+            fd, st = await loop.run_in_executor(None, _open_read, path)
+        except OSError as exc:
+            raise _os_error(exc, path) from None
+        fobj = os.fdopen(fd, "rb", buffering=0)  # wraps the fd opened off the loop; closed below
+        try:
+            size = st.st_size
+            status, start, count = 200, 0, size
+            headers = {"Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
+            range_header = request.headers.get("Range")
+            if range_header is not None:
+                parsed = _parse_range(range_header, size)
+                if parsed is None:
+                    raise ApiError(
+                        416,
+                        "range_not_satisfiable",
+                        f"Range {range_header!r} is outside the file's {size} bytes",
+                        headers={"Content-Range": f"bytes */{size}"},
+                    )
+                start, end = parsed
+                count = end - start + 1
+                status = 206
+                headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+            resp = web.StreamResponse(status=status, headers=headers)
+            resp.content_length = count
+            await resp.prepare(request)
+            if request.method != "HEAD" and count:
+                transport = request.transport
+                if transport is None:
+                    raise ConnectionResetError("client disconnected")
+                await loop.sendfile(transport, fobj, start, count)
+            await resp.write_eof()
+            return resp
+        finally:
+            fobj.close()
+
+    async def stat(self, request: web.Request) -> web.Response:
+        path = _path_param(request)
+        try:
+            info = await asyncio.get_running_loop().run_in_executor(None, _stat, path)
+        except OSError as exc:
+            raise _os_error(exc, path) from None
+        return web.json_response(info)

@@ -1,0 +1,719 @@
+"""Exec as jobs: a command may outlive the router's 10 s cut, so every exec is a job to poll.
+
+Design choices:
+- Processes are spawned with `subprocess.Popen` (vfork + exec, the same call asyncio's own
+  subprocess support makes) in a new session, so the job's process group id is its leader's pid
+  and one `killpg` reaches children and grandchildren. Descendants that left the group with
+  `setsid` are found through /proc while the leader is alive and signalled as well.
+- Pipes are read with `loop.add_reader` on raw non-blocking fds and the exit is observed through
+  a pidfd, which avoids asyncio's per-process transports and child-watcher threads: the
+  per-exec overhead on top of fork/exec stays in the tens of microseconds.
+- Output is kept as a head and a tail of at most `max_output_bytes` together; the middle is
+  dropped as it streams in, so memory per job is bounded whatever the command prints.
+- A job finishes when its leader has exited and both pipes reached EOF; if a background child
+  still holds a pipe 0.1 s after the leader exited, the pipes are closed and the job finishes.
+- Finished jobs are retained for `job_retention_s` or the newest `job_retention_count`, whichever
+  keeps more, and never more than `job_hard_cap` in total.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import errno
+import math
+import os
+import pwd
+import re
+import secrets
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ._config import AgentConfig, MiB
+from ._errors import ApiError
+
+__all__ = ["ExecSpec", "Job", "JobManager", "parse_exec_request", "DEFAULT_PATH"]
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+ID_RE = re.compile(r"[A-Za-z0-9._-]{1,128}\Z")
+DEFAULT_MAX_OUTPUT = 16 * MiB
+MAX_OUTPUT_LIMIT = 64 * MiB
+_EXEC_KEYS = (
+    "id",
+    "command",
+    "shell",
+    "cwd",
+    "env",
+    "timeout_s",
+    "stdin",
+    "user",
+    "max_output_bytes",
+)
+# Variables that configure the agent itself and must not leak into commands.
+_PRIVATE_ENV = ("SANDBOX_AGENT_TOKEN",)
+_READ_SIZE = 256 * 1024
+_DRAIN_GRACE_S = 0.1
+
+
+def _bad(message: str) -> ApiError:
+    return ApiError(400, "bad_request", message)
+
+
+def _check_text(value: str, what: str) -> None:
+    if "\x00" in value:
+        raise _bad(f"{what} must not contain NUL characters")
+
+
+@dataclass(frozen=True, slots=True)
+class ExecSpec:
+    """A validated exec request; equality is what "the same body" means for idempotency."""
+
+    command: str | tuple[str, ...]
+    shell: str
+    cwd: str | None
+    env: tuple[tuple[str, str], ...]
+    timeout_s: float | None
+    stdin: str | None
+    user: str | int | None
+    max_output_bytes: int
+
+    @property
+    def argv(self) -> list[str]:
+        if isinstance(self.command, str):
+            return [self.shell, "-c", self.command]
+        return list(self.command)
+
+
+def parse_exec_request(body: Any) -> tuple[str | None, ExecSpec]:
+    """Validate a POST /v1/exec body; returns (client id or None, spec) or raises 400."""
+    if not isinstance(body, dict):
+        raise _bad('the body must be a JSON object such as {"command": "echo hi"}')
+    unknown = sorted(set(body) - set(_EXEC_KEYS))
+    if unknown:
+        raise _bad(f"unknown field(s) {unknown}; allowed fields: {list(_EXEC_KEYS)}")
+
+    job_id = body.get("id")
+    if job_id is not None and (not isinstance(job_id, str) or not ID_RE.match(job_id)):
+        raise _bad("id must be a string matching [A-Za-z0-9._-]{1,128}, or omitted")
+
+    if "command" not in body:
+        raise _bad("command is required: a string (run by the shell) or a list of strings (argv)")
+    raw_cmd = body["command"]
+    command: str | tuple[str, ...]
+    if isinstance(raw_cmd, str):
+        if not raw_cmd.strip():
+            raise _bad("command must not be empty")
+        _check_text(raw_cmd, "command")
+        command = raw_cmd
+    elif isinstance(raw_cmd, list):
+        if not raw_cmd or not all(isinstance(a, str) for a in raw_cmd):
+            raise _bad("command as a list must be a non-empty list of strings (argv)")
+        if not raw_cmd[0]:
+            raise _bad("command[0] (the program) must not be empty")
+        for arg in raw_cmd:
+            _check_text(arg, "command arguments")
+        command = tuple(raw_cmd)
+    else:
+        raise _bad("command must be a string (run by the shell) or a list of strings (argv)")
+
+    shell = body.get("shell")
+    if shell is None:
+        shell = "/bin/sh"
+    elif not isinstance(shell, str) or not shell:
+        raise _bad('shell must be a non-empty string such as "/bin/bash"')
+    _check_text(shell, "shell")
+
+    cwd = body.get("cwd")
+    if cwd is not None:
+        if not isinstance(cwd, str) or not cwd.startswith("/"):
+            raise _bad("cwd must be an absolute path (starting with /) or null")
+        _check_text(cwd, "cwd")
+
+    raw_env = body.get("env")
+    env: tuple[tuple[str, str], ...] = ()
+    if raw_env is not None:
+        if not isinstance(raw_env, dict):
+            raise _bad("env must be an object mapping variable names to string values")
+        for name, value in raw_env.items():
+            if not name or "=" in name or "\x00" in name:
+                raise _bad(f"env name {name!r} is invalid: non-empty, without '=' or NUL")
+            if not isinstance(value, str):
+                raise _bad(f"env value for {name!r} must be a string")
+            _check_text(value, f"env value for {name!r}")
+        env = tuple(sorted(raw_env.items()))
+
+    timeout = body.get("timeout_s")
+    timeout_s: float | None = None
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+            raise _bad("timeout_s must be a number of seconds > 0, or null for no timeout")
+        timeout_s = float(timeout)
+        if not math.isfinite(timeout_s) or timeout_s <= 0 or timeout_s > 1e8:
+            raise _bad("timeout_s must be a number of seconds > 0 (and finite), or null")
+
+    stdin = body.get("stdin")
+    if stdin is not None and not isinstance(stdin, str):
+        raise _bad("stdin must be a string (sent to the command's standard input) or null")
+
+    raw_user = body.get("user")
+    user: str | int | None = None
+    if raw_user is not None:
+        if isinstance(raw_user, bool):
+            raise _bad("user must be a user name, a numeric uid, or null")
+        if isinstance(raw_user, int):
+            if not 0 <= raw_user <= 0xFFFFFFFE:
+                raise _bad("user as a uid must be between 0 and 4294967294")
+            user = raw_user
+        elif isinstance(raw_user, str) and raw_user:
+            _check_text(raw_user, "user")
+            user = int(raw_user) if raw_user.isdecimal() else raw_user
+        else:
+            raise _bad("user must be a user name, a numeric uid, or null")
+
+    max_out = body.get("max_output_bytes")
+    if max_out is None:
+        max_out = DEFAULT_MAX_OUTPUT
+    elif isinstance(max_out, bool) or not isinstance(max_out, int):
+        raise _bad("max_output_bytes must be an integer number of bytes per stream")
+    if not 0 <= max_out <= MAX_OUTPUT_LIMIT:
+        raise _bad(f"max_output_bytes must be between 0 and {MAX_OUTPUT_LIMIT} (64 MiB)")
+
+    spec = ExecSpec(
+        command=command,
+        shell=shell,
+        cwd=cwd,
+        env=env,
+        timeout_s=timeout_s,
+        stdin=stdin,
+        user=user,
+        max_output_bytes=max_out,
+    )
+    return job_id, spec
+
+
+class _Output:
+    """Head plus rolling tail of one stream; at most `limit` bytes are ever held."""
+
+    __slots__ = ("head", "tail", "head_limit", "tail_limit", "total", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.head_limit = limit // 2
+        self.tail_limit = limit - self.head_limit
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def feed(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.head_limit - len(self.head)
+        view = memoryview(data)
+        if room > 0:
+            self.head += view[:room]
+            view = view[room:]
+        if view:
+            self.tail += view
+            excess = len(self.tail) - self.tail_limit
+            if excess > 0:
+                del self.tail[:excess]
+
+    def render(self) -> tuple[str, bool]:
+        if self.total <= self.limit:
+            if not self.tail:
+                return self.head.decode("utf-8", "replace"), False
+            return (self.head + self.tail).decode("utf-8", "replace"), False
+        dropped = self.total - len(self.head) - len(self.tail)
+        marker = f"\n[... sandbox-agent: {dropped} bytes truncated ...]\n"
+        text = self.head.decode("utf-8", "replace") + marker + self.tail.decode("utf-8", "replace")
+        return text, True
+
+
+class Job:
+    """One exec; mutable state owned by the JobManager on the event loop."""
+
+    __slots__ = (
+        "id",
+        "spec",
+        "state",
+        "exit_code",
+        "signal",
+        "error",
+        "started_at",
+        "_t0",
+        "_t1",
+        "out",
+        "err",
+        "done",
+        "proc",
+        "pgid",
+        "kill_reason",
+        "returncode",
+        "open_fds",
+        "extra_pids",
+        "handles",
+        "pidfd",
+        "_rendered",
+    )
+
+    def __init__(self, job_id: str, spec: ExecSpec) -> None:
+        self.id = job_id
+        self.spec = spec
+        self.state = "running"
+        self.exit_code: int | None = None
+        self.signal: int | None = None
+        self.error: str | None = None
+        self.started_at = time.time()
+        self._t0 = time.monotonic()
+        self._t1: float | None = None
+        self.out = _Output(spec.max_output_bytes)
+        self.err = _Output(spec.max_output_bytes)
+        self.done = asyncio.Event()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.pgid = 0
+        self.kill_reason: str | None = None
+        self.returncode: int | None = None
+        self.open_fds: list[int] = []
+        self.extra_pids: set[int] = set()
+        self.handles: list[asyncio.TimerHandle] = []
+        self.pidfd = -1
+        self._rendered: dict[str, Any] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self._t1 is not None
+
+    def mark_finished(self) -> None:
+        self._t1 = time.monotonic()
+
+    def to_json(self) -> dict[str, Any]:
+        if self._rendered is not None:
+            return self._rendered
+        stdout, out_trunc = self.out.render()
+        stderr, err_trunc = self.err.render()
+        end = self._t1 if self._t1 is not None else time.monotonic()
+        doc = {
+            "id": self.id,
+            "state": self.state,
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "stdout": stdout,
+            "stderr": stderr,
+            "stdout_truncated": out_trunc,
+            "stderr_truncated": err_trunc,
+            "started_at": self.started_at,
+            "duration_ms": round((end - self._t0) * 1000.0, 3),
+            "error": self.error,
+        }
+        if self._t1 is not None:
+            self._rendered = doc
+        return doc
+
+
+@dataclass(frozen=True, slots=True)
+class _Credentials:
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    home: str | None
+    name: str | None
+
+
+def _resolve_user(user: str | int) -> _Credentials:
+    """Look a user up in the image's passwd database (blocking: run it in a thread)."""
+    if isinstance(user, int):
+        try:
+            entry = pwd.getpwuid(user)
+        except KeyError:
+            # A uid without a passwd entry gets the same number as its group and no extras.
+            return _Credentials(user, user, (), None, None)
+        return _Credentials(
+            user,
+            entry.pw_gid,
+            tuple(os.getgrouplist(entry.pw_name, entry.pw_gid)),
+            entry.pw_dir,
+            entry.pw_name,
+        )
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        msg = (
+            f"unknown user {user!r}: not in this sandbox's /etc/passwd; pass a numeric uid instead"
+        )
+        raise _bad(msg) from None
+    groups = tuple(os.getgrouplist(entry.pw_name, entry.pw_gid))
+    return _Credentials(entry.pw_uid, entry.pw_gid, groups, entry.pw_dir, entry.pw_name)
+
+
+def _descendants(root: int) -> set[int]:
+    """Pids below `root` in the process tree, read from /proc (blocking: run it in a thread)."""
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return set()
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 1:
+            children[int(fields[1])].append(int(name))
+    found: set[int] = set()
+    stack = [root]
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    return found
+
+
+def _failure_message(exc: OSError, spec: ExecSpec) -> str:
+    target = exc.filename
+    if spec.cwd is not None and target == spec.cwd:
+        if isinstance(exc, FileNotFoundError):
+            return f"cwd {spec.cwd!r} does not exist; create it first or pass another cwd"
+        if isinstance(exc, NotADirectoryError):
+            return f"cwd {spec.cwd!r} is not a directory"
+        return f"cannot enter cwd {spec.cwd!r}: {exc.strerror}"
+    program = spec.argv[0]
+    if isinstance(exc, FileNotFoundError):
+        return f"command not found: {program!r} (not an existing path or on PATH)"
+    if isinstance(exc, PermissionError):
+        if spec.user is not None and exc.errno == errno.EPERM:
+            return f"cannot switch to user {spec.user!r}: only an agent running as root can"
+        return f"permission denied running {program!r}: {exc.strerror}"
+    return f"could not start {program!r}: {exc.strerror or exc}"
+
+
+class JobManager:
+    """Owns every job of one agent; all methods run on the event loop thread."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self._config = config
+        self._jobs: dict[str, Job] = {}
+        self._finished: collections.deque[tuple[float, str]] = collections.deque()
+        self._running = 0
+        self._closing = False
+
+    # ----- public API used by the HTTP handlers -----
+
+    def get(self, job_id: str) -> Job | None:
+        return self._jobs.get(job_id)
+
+    @property
+    def running(self) -> int:
+        return self._running
+
+    async def submit(self, job_id: str | None, spec: ExecSpec) -> Job:
+        """Start a job, or return the existing one for a repeated id with the same spec."""
+        if job_id is not None:
+            existing = self._check_existing(job_id, spec)
+            if existing is not None:
+                return existing
+        creds = None
+        if spec.user is not None:
+            creds = await asyncio.get_running_loop().run_in_executor(None, _resolve_user, spec.user)
+        # No await from here on: check, insert and spawn happen atomically on the loop, so two
+        # concurrent requests with one id can never start two processes.
+        if job_id is None:
+            job_id = secrets.token_hex(12)
+        else:
+            existing = self._check_existing(job_id, spec)
+            if existing is not None:
+                return existing
+        if self._closing:
+            raise ApiError(503, "shutting_down", "the agent is shutting down; retry elsewhere")
+        if self._running >= self._config.max_running_jobs:
+            raise ApiError(
+                429,
+                "too_many_jobs",
+                f"{self._running} jobs are running (limit {self._config.max_running_jobs}); "
+                "wait for some to finish or DELETE them",
+            )
+        job = Job(job_id, spec)
+        self._jobs[job_id] = job
+        self._spawn(job, creds)
+        self._evict()
+        return job
+
+    async def wait(self, job: Job, seconds: float) -> None:
+        """Return when the job is finished or after `seconds`, whichever comes first."""
+        if job.done.is_set() or seconds <= 0:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await job.done.wait()
+
+    async def kill(self, job: Job) -> Job:
+        """Kill the job's process group (TERM, then KILL after the grace); idempotent."""
+        if not job.finished:
+            self._start_kill(job, "killed")
+            await self.wait(job, self._config.kill_grace_s + 3.0)
+        return job
+
+    async def shutdown(self) -> None:
+        """Kill every running job and wait for them (used on SIGTERM)."""
+        self._closing = True
+        running = [job for job in self._jobs.values() if not job.finished]
+        for job in running:
+            self._start_kill(job, "killed")
+        if running:
+            await asyncio.gather(*(self.wait(j, self._config.kill_grace_s + 3.0) for j in running))
+
+    # ----- internals -----
+
+    def _check_existing(self, job_id: str, spec: ExecSpec) -> Job | None:
+        existing = self._jobs.get(job_id)
+        if existing is None:
+            return None
+        if existing.spec != spec:
+            raise ApiError(
+                409,
+                "id_conflict",
+                f"job id {job_id!r} is already used by a different request; "
+                "reuse an id only to retry the identical request, or pick a new id",
+            )
+        return existing
+
+    def _child_env(self, spec: ExecSpec, creds: _Credentials | None) -> dict[str, str]:
+        env = dict(os.environ)
+        for name in _PRIVATE_ENV:
+            env.pop(name, None)
+        env.setdefault("PATH", DEFAULT_PATH)
+        if creds is not None:
+            if creds.home:
+                env["HOME"] = creds.home
+            if creds.name:
+                env["USER"] = env["LOGNAME"] = creds.name
+        env.update(spec.env)
+        return env
+
+    def _spawn(self, job: Job, creds: _Credentials | None) -> None:
+        spec = job.spec
+        kwargs: dict[str, Any] = {}
+        if creds is not None:
+            kwargs = {"user": creds.uid, "group": creds.gid, "extra_groups": list(creds.groups)}
+        try:
+            proc = subprocess.Popen(
+                spec.argv,
+                stdin=subprocess.PIPE if spec.stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=spec.cwd,
+                env=self._child_env(spec, creds),
+                start_new_session=True,
+                **kwargs,
+            )
+        except OSError as exc:
+            job.state = "failed"
+            job.error = _failure_message(exc, spec)
+            job.mark_finished()
+            job.done.set()
+            self._finished.append((time.monotonic(), job.id))
+            return
+        except (ValueError, subprocess.SubprocessError) as exc:
+            job.state = "failed"
+            job.error = f"could not start {spec.argv[0]!r}: {exc}"
+            job.mark_finished()
+            job.done.set()
+            self._finished.append((time.monotonic(), job.id))
+            return
+
+        self._running += 1
+        loop = asyncio.get_running_loop()
+        job.proc = proc
+        job.pgid = proc.pid
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        for stream, sink in ((proc.stdout, job.out), (proc.stderr, job.err)):
+            fd = stream.fileno()
+            os.set_blocking(fd, False)
+            job.open_fds.append(fd)
+            loop.add_reader(fd, self._on_readable, job, fd, sink)
+        if spec.stdin is not None:
+            assert proc.stdin is not None
+            self._feed_stdin(job, proc.stdin.fileno(), spec.stdin.encode("utf-8"))
+        try:
+            job.pidfd = os.pidfd_open(proc.pid)
+        except (OSError, AttributeError):
+            job.pidfd = -1
+            loop.create_task(self._poll_exit(job))
+        else:
+            loop.add_reader(job.pidfd, self._on_exit, job)
+        if spec.timeout_s is not None:
+            job.handles.append(loop.call_later(spec.timeout_s, self._start_kill, job, "timeout"))
+
+    def _feed_stdin(self, job: Job, fd: int, data: bytes) -> None:
+        os.set_blocking(fd, False)
+        view = memoryview(data)
+        loop = asyncio.get_running_loop()
+
+        def close() -> None:
+            with contextlib.suppress(OSError):
+                loop.remove_writer(fd)
+            assert job.proc is not None
+            assert job.proc.stdin is not None
+            with contextlib.suppress(OSError):
+                job.proc.stdin.close()
+
+        def write() -> None:
+            nonlocal view
+            try:
+                while view:
+                    view = view[os.write(fd, view) :]
+            except BlockingIOError:
+                loop.add_writer(fd, write)
+                return
+            except OSError:  # EPIPE: the command closed stdin early
+                pass
+            close()
+
+        write()
+
+    def _on_readable(self, job: Job, fd: int, sink: _Output) -> None:
+        try:
+            data = os.read(fd, _READ_SIZE)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            sink.feed(data)
+            return
+        self._close_fd(job, fd)
+        if not job.open_fds and job.returncode is not None:
+            self._finish(job)
+
+    def _close_fd(self, job: Job, fd: int) -> None:
+        asyncio.get_running_loop().remove_reader(fd)
+        job.open_fds.remove(fd)
+        proc = job.proc
+        assert proc is not None
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None and not stream.closed and stream.fileno() == fd:
+                stream.close()
+
+    def _on_exit(self, job: Job) -> None:
+        proc = job.proc
+        assert proc is not None
+        rc = proc.poll()
+        if rc is None:  # spurious wake-up; the pidfd stays registered
+            return
+        loop = asyncio.get_running_loop()
+        if job.pidfd >= 0:
+            loop.remove_reader(job.pidfd)
+            os.close(job.pidfd)
+            job.pidfd = -1
+        self._leader_exited(job, rc)
+
+    async def _poll_exit(self, job: Job) -> None:
+        """Fallback for kernels without pidfd_open: poll with a growing interval."""
+        proc = job.proc
+        assert proc is not None
+        delay = 0.0005
+        while (rc := proc.poll()) is None:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        self._leader_exited(job, rc)
+
+    def _leader_exited(self, job: Job, rc: int) -> None:
+        job.returncode = rc
+        if job.kill_reason is not None:
+            self._signal(job, signal.SIGKILL)  # nothing of a killed job outlives it
+        if not job.open_fds:
+            self._finish(job)
+        else:
+            loop = asyncio.get_running_loop()
+            job.handles.append(loop.call_later(_DRAIN_GRACE_S, self._drain_and_finish, job))
+
+    def _drain_and_finish(self, job: Job) -> None:
+        if job.finished:
+            return
+        for fd in list(job.open_fds):
+            sink = job.out if self._is_stdout(job, fd) else job.err
+            with contextlib.suppress(OSError):
+                while data := os.read(fd, _READ_SIZE):
+                    sink.feed(data)
+            self._close_fd(job, fd)
+        self._finish(job)
+
+    @staticmethod
+    def _is_stdout(job: Job, fd: int) -> bool:
+        proc = job.proc
+        return proc is not None and proc.stdout is not None and proc.stdout.fileno() == fd
+
+    def _finish(self, job: Job) -> None:
+        if job.finished:
+            return
+        for handle in job.handles:
+            handle.cancel()
+        job.handles.clear()
+        rc = job.returncode
+        assert rc is not None
+        if rc < 0:
+            job.signal = -rc
+        else:
+            job.exit_code = rc
+        job.state = job.kill_reason or "exited"
+        job.mark_finished()
+        self._running -= 1
+        self._finished.append((time.monotonic(), job.id))
+        job.done.set()
+
+    def _start_kill(self, job: Job, reason: str) -> None:
+        if job.finished or job.kill_reason is not None or job.proc is None:
+            return
+        job.kill_reason = reason
+        self._signal(job, signal.SIGTERM)
+        loop = asyncio.get_running_loop()
+        loop.create_task(self._kill_escaped(job, signal.SIGTERM))
+        job.handles.append(
+            loop.call_later(self._config.kill_grace_s, self._signal, job, signal.SIGKILL)
+        )
+
+    async def _kill_escaped(self, job: Job, sig: int) -> None:
+        """Signal descendants that left the job's process group (setsid, daemonised)."""
+        if job.returncode is not None or job.proc is None:
+            return
+        found = await asyncio.get_running_loop().run_in_executor(None, _descendants, job.proc.pid)
+        escaped = set()
+        for pid in found:
+            try:
+                if os.getpgid(pid) != job.pgid:
+                    escaped.add(pid)
+            except ProcessLookupError:
+                continue
+        job.extra_pids |= escaped
+        for pid in escaped:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+
+    def _signal(self, job: Job, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(job.pgid, sig)
+        for pid in job.extra_pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+
+    def _evict(self) -> None:
+        """Drop finished jobs beyond both the retention window and the newest-N guarantee."""
+        cfg = self._config
+        now = time.monotonic()
+        finished = self._finished
+        while finished:
+            t_done, job_id = finished[0]
+            keep_by_age = now - t_done < cfg.job_retention_s
+            keep_by_count = len(finished) <= cfg.job_retention_count
+            if (keep_by_age or keep_by_count) and len(finished) <= cfg.job_hard_cap:
+                break
+            finished.popleft()
+            self._jobs.pop(job_id, None)

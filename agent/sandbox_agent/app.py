@@ -1,0 +1,237 @@
+"""The HTTP surface of the agent (contract v1), built by `create_app(config)` with no globals.
+
+One middleware does all cross-cutting work in a single pass, because it runs on every request
+and the agent's per-exec overhead budget is a fraction of a millisecond: the access log line,
+restore detection, bearer-token auth, the actor-id guard, and turning every failure into the
+contract's JSON error body (never a stack trace).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from . import __version__
+from ._config import ACTOR_ID_ENV, AgentConfig
+from ._errors import ApiError, error_response
+from ._files import FileHandlers
+from ._identity import Identity, read_actor_id
+from ._jobs import JobManager, parse_exec_request
+from ._openapi import openapi_document
+
+__all__ = ["create_app", "JOBS_KEY", "CONFIG_KEY"]
+
+log = logging.getLogger("sandbox_agent")
+access_log = logging.getLogger("sandbox_agent.access")
+
+CONFIG_KEY = web.AppKey("config", AgentConfig)
+JOBS_KEY = web.AppKey("jobs", JobManager)
+IDENTITY_KEY = web.AppKey("identity", Identity)
+
+ACTOR_HEADER = "X-Sandbox-Actor-Id"
+MAX_WAIT_S = 8.0
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+_STATUS_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    411: "length_required",
+    413: "too_large",
+    415: "unsupported_media_type",
+    416: "range_not_satisfiable",
+    429: "too_many_requests",
+    500: "internal",
+    503: "unavailable",
+}
+
+
+def _http_exception_response(exc: web.HTTPException) -> web.StreamResponse:
+    status = exc.status
+    code = _STATUS_CODES.get(status, "bad_request" if status < 500 else "internal")
+    headers: dict[str, str] = {}
+    if status == 404:
+        message = "no such endpoint; see GET /v1/openapi.json for the API"
+    elif status == 405:
+        allowed = exc.headers.get("Allow", "")
+        headers["Allow"] = allowed
+        message = f"method not allowed here; allowed: {allowed}"
+    elif status == 413:
+        message = "request body too large; JSON bodies are limited, upload files in chunks"
+    else:
+        message = exc.reason or "request failed"
+    return error_response(status, code, message, headers)
+
+
+def _wait_param(request: web.Request) -> float:
+    raw = request.query.get("wait")
+    if raw is None:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value <= MAX_WAIT_S:
+        msg = f"wait must be a number of seconds from 0 to {MAX_WAIT_S:g}, got {raw!r}"
+        raise ApiError(400, "bad_request", msg)
+    return value
+
+
+def create_app(config: AgentConfig | None = None) -> web.Application:
+    """Build the agent's aiohttp application for `config` (defaults: the contract's values)."""
+    config = config or AgentConfig()
+    jobs = JobManager(config)
+    identity = Identity(config.restore_jump_s)
+    files = FileHandlers(config.max_upload_bytes)
+    token = config.token.encode() if config.token else None
+    loop_ref: list[asyncio.AbstractEventLoop] = []
+
+    async def current_actor_id() -> str | None:
+        if not loop_ref:
+            loop_ref.append(asyncio.get_running_loop())
+        actor_id = await loop_ref[0].run_in_executor(
+            None, read_actor_id, config.actor_id_file, ACTOR_ID_ENV
+        )
+        identity.observe_actor_id(actor_id)
+        return actor_id
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        start = time.perf_counter()
+        resp: web.StreamResponse | None = None
+        try:
+            identity.check_clock()
+            if token is not None and not (request.path == "/readyz" and request.method == "GET"):
+                given = request.headers.get("Authorization", "")
+                if not (
+                    given.startswith("Bearer ")
+                    and hmac.compare_digest(given[7:].strip().encode(), token)
+                ):
+                    raise ApiError(
+                        401,
+                        "unauthorized",
+                        "missing or wrong bearer token; send Authorization: Bearer <token>",
+                        headers={"WWW-Authenticate": "Bearer"},
+                    )
+            claimed = request.headers.get(ACTOR_HEADER)
+            if claimed is not None:
+                actual = await current_actor_id()
+                if actual is not None and claimed != actual:
+                    raise ApiError(
+                        409,
+                        "actor_mismatch",
+                        f"this sandbox is actor {actual!r}, not {claimed!r}; the request was "
+                        "not executed (stale address?)",
+                    )
+            resp = await handler(request)
+        except ApiError as exc:
+            resp = error_response(exc.status, exc.code, exc.message, exc.headers)
+        except web.HTTPException as exc:
+            resp = _http_exception_response(exc)
+        except asyncio.CancelledError:
+            raise
+        except (ConnectionResetError, BrokenPipeError):
+            access_log.info("%s %s client disconnected", request.method, request.path)
+            raise
+        except Exception:
+            log.exception("internal error on %s %s", request.method, request.path)
+            resp = error_response(
+                500, "internal", "internal agent error; the agent log has the details"
+            )
+        access_log.info(
+            "%s %s %d %.2fms",
+            request.method,
+            request.path,
+            resp.status,
+            (time.perf_counter() - start) * 1000.0,
+        )
+        return resp
+
+    async def readyz(request: web.Request) -> web.Response:
+        actor_id = await current_actor_id()
+        return web.json_response(
+            {
+                "status": "ok",
+                "agent_version": __version__,
+                "actor_id": actor_id,
+                "boot_id": identity.boot_id,
+                "uptime_s": round(identity.uptime_s, 3),
+            }
+        )
+
+    doc_body = json.dumps(openapi_document(), indent=2).encode()
+
+    async def openapi(request: web.Request) -> web.Response:
+        return web.Response(body=doc_body, content_type="application/json")
+
+    async def read_json(request: web.Request) -> Any:
+        body = await request.read()
+        if not body:
+            raise ApiError(400, "bad_request", "the body must be a JSON object, got nothing")
+        try:
+            return json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ApiError(400, "bad_request", f"the body is not valid JSON: {exc}") from None
+
+    async def exec_start(request: web.Request) -> web.Response:
+        wait = _wait_param(request)
+        job_id, spec = parse_exec_request(await read_json(request))
+        log.debug("exec %s: %r", job_id, spec.argv)
+        job = await jobs.submit(job_id, spec)
+        await jobs.wait(job, wait)
+        return web.json_response(job.to_json(), status=200 if job.finished else 202)
+
+    def job_or_404(request: web.Request) -> Any:
+        job_id = request.match_info["job_id"]
+        job = jobs.get(job_id)
+        if job is None:
+            raise ApiError(
+                404,
+                "not_found",
+                f"no job {job_id!r}: never started here, or finished long ago and dropped",
+            )
+        return job
+
+    async def exec_get(request: web.Request) -> web.Response:
+        wait = _wait_param(request)
+        job = job_or_404(request)
+        await jobs.wait(job, wait)
+        return web.json_response(job.to_json())
+
+    async def exec_delete(request: web.Request) -> web.Response:
+        job = await jobs.kill(job_or_404(request))
+        return web.json_response(job.to_json())
+
+    async def on_startup(app: web.Application) -> None:
+        await current_actor_id()
+
+    async def on_shutdown(app: web.Application) -> None:
+        await jobs.shutdown()
+
+    app = web.Application(middlewares=[middleware], client_max_size=config.max_json_bytes)
+    app[CONFIG_KEY] = config
+    app[JOBS_KEY] = jobs
+    app[IDENTITY_KEY] = identity
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/v1/openapi.json", openapi)
+    app.router.add_post("/v1/exec", exec_start)
+    app.router.add_get("/v1/exec/{job_id}", exec_get)
+    app.router.add_delete("/v1/exec/{job_id}", exec_delete)
+    app.router.add_put("/v1/files", files.put)
+    app.router.add_get("/v1/files", files.get)
+    app.router.add_get("/v1/stat", files.stat)
+    app.on_startup.append(on_startup)
+    app.on_shutdown.append(on_shutdown)
+    return app
