@@ -1,0 +1,124 @@
+"""`gym-substrate render`: write what a stack would apply, without Pulumi or a cluster.
+
+For GitOps users and for review. Objects that need a value only `pulumi up` produces (image
+digests, the ateom image, staged microVM asset checksums) are rendered where a stand-in keeps
+them meaningful (the WorkerPool keeps Substrate's own `ko://` reference, which `ko resolve`
+replaces) and listed as skipped otherwise, so nothing silently differs from what Pulumi applies.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from gym_substrate.infra import objects, scripts
+from gym_substrate.infra.config import ConfigError, StackConfig, load_stack_file, stack_file
+
+__all__ = ["render", "render_stack"]
+
+STACKS = ("kind-gvisor", "kind-microvm", "host-gvisor", "host-microvm")
+
+
+def _repo_root() -> Path:
+    for base in (Path.cwd(), *Path.cwd().parents):
+        if (base / "Pulumi.yaml").is_file() and (base / "infra" / "stacks").is_dir():
+            return base
+    return Path(__file__).resolve().parents[3]
+
+
+def _file_name(index: int, obj: dict[str, Any]) -> str:
+    meta = obj["metadata"]
+    ns = f"{meta['namespace']}-" if meta.get("namespace") else ""
+    return f"{index:02d}-{obj['kind'].lower()}-{ns}{meta['name']}.yaml".replace(":", "-")
+
+
+def render_stack(cfg: StackConfig, out: Path) -> tuple[list[Path], list[str]]:
+    """Write the stack's static objects and scripts under `out`; return (files, skipped)."""
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    skipped: list[str] = []
+
+    def write(rel: str, text: str) -> None:
+        path = out / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        written.append(path)
+
+    ko_ateom = f"ko://github.com/agent-substrate/substrate/cmd/ateom-{cfg.runtime}"
+    objs: list[dict[str, Any]] = [objects.local_registry_hosting(cfg), objects.pool_namespace(cfg)]
+    if cfg.runtime == "gvisor":
+        objs.append(objects.sandbox_config(cfg))
+    else:
+        skipped.append("SandboxConfig microvm: its asset sha256 values come from staging the "
+                       "kata assets at `pulumi up`")
+    objs.append(objects.worker_pool(cfg, ko_ateom))
+    objs.extend(objects.nodeport_services(cfg))
+    if cfg.observability.enabled:
+        objs.extend(objects.observability_objects(cfg))
+    for i, obj in enumerate(objs):
+        write(f"kubernetes/{_file_name(i, obj)}", yaml.safe_dump(obj, sort_keys=False))
+    for wl in cfg.workloads:
+        skipped.append(f"ActorTemplate for workload {wl.name!r}: its name and image carry the "
+                       "digests of images built at `pulumi up`")
+    if cfg.observability.enabled:
+        write("dashboards/sandbox-lifecycle.json", json.dumps(objects.dashboard(cfg), indent=2))
+    write("kind-config.yaml", yaml.safe_dump(scripts.kind_config(cfg), sort_keys=False))
+    steps: dict[str, str] = {}
+    if cfg.host is not None:
+        steps["00-host-prep-root.sh"] = scripts.host_prep_root_script(cfg)
+        steps["01-host-install-tools.sh"] = scripts.host_install_tools_script(cfg)
+        steps["02-host-sshd-priority.sh"] = scripts.host_sshd_priority_script(cfg)
+    steps["10-kind-create.sh"] = scripts.kind_create_script(cfg)
+    steps["20-substrate-build.sh"] = scripts.substrate_build_script(cfg)
+    steps["21-substrate-install.sh"] = scripts.substrate_install_script(cfg)
+    if cfg.runtime == "microvm":
+        steps["30-runtime-node-label.sh"] = scripts.node_label_script(cfg)
+        steps["31-runtime-microvm-assets.sh"] = scripts.microvm_assets_script(cfg)
+    steps["40-pool-wait.sh"] = scripts.pool_wait_script(cfg)
+    steps["90-substrate-delete.sh"] = scripts.substrate_delete_script(cfg)
+    steps["91-kind-delete.sh"] = scripts.kind_delete_script(cfg)
+    if cfg.host is not None:
+        steps["95-host-wipe.sh"] = scripts.host_wipe_script(cfg)
+        steps["96-host-revert-root.sh"] = scripts.host_revert_root_script(cfg)
+    for name, text in steps.items():
+        write(f"scripts/{name}", "#!/usr/bin/env bash\n" + text)
+    write("SKIPPED.txt", "".join(f"- {s}\n" for s in skipped))
+    return written, skipped
+
+
+@click.command()
+@click.option("--stack", "stack", type=click.Choice(STACKS), help="A stack in infra/stacks.")
+@click.option("--stack-file", "stack_file_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="A Pulumi.<stack>.yaml file (instead of --stack).")
+@click.option("--out", "out", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Directory to write into (created if missing).")
+@click.option("--json", "as_json", is_flag=True, help="Print the written files as JSON.")
+def render(stack: str | None, stack_file_path: Path | None, out: Path, as_json: bool) -> None:
+    """Write the Kubernetes objects, kind config and scripts a stack applies."""
+    if (stack is None) == (stack_file_path is None):
+        raise click.UsageError("give exactly one of --stack or --stack-file")
+    path = stack_file_path or stack_file(_repo_root(), stack or "")
+    try:
+        cfg = load_stack_file(path)
+    except ConfigError as exc:
+        raise click.ClickException(f"{path}: {exc}") from exc
+    files, skipped = render_stack(cfg, out)
+    if as_json:
+        click.echo(json.dumps({"stack": str(path), "files": [str(f) for f in files],
+                               "skipped": skipped}, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"rendered {path.name} -> {out}")
+    table.add_column("file")
+    for f in files:
+        table.add_row(str(f.relative_to(out)))
+    console = Console()
+    console.print(table)
+    for s in skipped:
+        console.print(f"[yellow]skipped[/yellow] {s}")
