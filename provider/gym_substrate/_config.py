@@ -55,6 +55,11 @@ def _number(
     positive: bool = False,
     integer: bool = False,
 ) -> float:
+    if isinstance(value, str):  # `${oc.env:...}` always resolves to a string
+        try:
+            value = float(value) if "." in value or "e" in value.lower() else int(value)
+        except ValueError:
+            raise _fail(path, f"expected a number, got {value!r}") from None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _fail(path, f"expected a number, got {type(value).__name__} {value!r}")
     if integer and not float(value).is_integer():
@@ -68,6 +73,14 @@ def _number(
     if maximum is not None and value > maximum:
         raise _fail(path, f"must be <= {maximum:g}, got {value!r}")
     return float(value)
+
+
+def _bool(path: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"  # `${oc.env:...}` resolves to a string
+    raise _fail(path, f"expected true or false, got {value!r}")
 
 
 def _string(path: str, value: Any, *, allow_empty: bool = False) -> str:
@@ -167,10 +180,7 @@ class TLSConfig:
     _path: str = field(default="connection.tls", repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.plaintext, bool):
-            raise _fail(
-                f"{self._path}.plaintext", f"expected true or false, got {self.plaintext!r}"
-            )
+        object.__setattr__(self, "plaintext", _bool(f"{self._path}.plaintext", self.plaintext))
         if self.ca_file is not None and self.ca_pem is not None:
             raise _fail(self._path, "set ca_file or ca_pem, not both")
         if self.plaintext and (self.ca_file is not None or self.ca_pem is not None):

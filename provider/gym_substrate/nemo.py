@@ -27,6 +27,7 @@ import errno
 import hashlib
 import logging
 import os
+import shlex
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -316,7 +317,9 @@ class SubstrateProvider:
                     f"actor {actor.actor_id} did not become ready within {ready_timeout:g} s: {exc}"
                 ) from exc
             if spec.workdir:
-                result = await self.exec(handle, f"mkdir -p '{spec.workdir}'", timeout_s=30)
+                result = await self.exec(
+                    handle, f"mkdir -p {shlex.quote(spec.workdir)}", timeout_s=30
+                )
                 if result.return_code != 0:
                     raise SubstrateCreateError(
                         f"could not create workdir {spec.workdir}: {result.stderr}"
@@ -711,9 +714,17 @@ class SubstrateProvider:
             raise
 
     async def _remote_sha256(self, handle: SandboxHandle, path: str) -> str | None:
-        """The sandbox-side sha256 of `path`, when the agent can tell us (None otherwise)."""
-        del handle, path
-        return None
+        """The sandbox-side sha256 of `path` via `sha256sum`, or None if the image lacks it.
+
+        The agent's GET carries no digest, so the end-to-end check asks the sandbox itself;
+        without `sha256sum` the size and mtime checks around the transfer still apply.
+        """
+        result = await self.exec(handle, f"sha256sum -- {shlex.quote(path)}", timeout_s=120)
+        if result.return_code != 0 or not result.stdout:
+            if result.return_code not in (126, 127):
+                log.info("sha256sum of %s failed: %s", path, result.stderr)
+            return None
+        return result.stdout.split()[0]
 
     async def _with_http_retry(self, handle: SandboxHandle, call: Any, *, what: str) -> Any:
         """Retry an idempotent agent request through resets, 502/504 and (after resume) 503."""
