@@ -22,7 +22,16 @@ ACTIONS = UnicodeText(16384, min_length=0, allow_nul=False)
 
 @pytest.mark.parametrize(
     "text",
-    ["", "\x00", "tab\tnewline\n\r", "\x1b[31mred\x1b[0m", "héllo wörld", "日本語", "🙂🚀", "\ufffd"],
+    [
+        "",
+        "\x00",
+        "tab\tnewline\n\r",
+        "\x1b[31mred\x1b[0m",
+        "héllo wörld",
+        "日本語",
+        "🙂🚀",
+        "\ufffd",
+    ],
 )
 def test_observation_space_admits_any_text(text: str) -> None:
     assert text in OBS

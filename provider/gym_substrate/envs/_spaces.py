@@ -142,13 +142,15 @@ class UnicodeText(Text):
         if mask is not None:
             length, m = self._validate_mask(mask, np.int8, "mask")
             if m is not None:
-                if not np.any(m):
+                counts = np.asarray(m, dtype=np.float64)
+                if not counts.any():
                     if self.min_length == 0:
                         return ""
                     raise ValueError("the character mask is all zero but min_length > 0")
-                weights = m / np.sum(m)
+                weights = counts / counts.sum()
         elif probability is not None:
-            length, weights = self._validate_mask(probability, np.float64, "probability")
+            length, p = self._validate_mask(probability, np.float64, "probability")
+            weights = None if p is None else np.asarray(p, dtype=np.float64)
         if length is None:
             length = int(self.np_random.integers(self.min_length, self.max_length + 1))
         n = len(self._chars)

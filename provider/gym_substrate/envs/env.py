@@ -111,11 +111,11 @@ def _rebuild(cls: type[SandboxEnv], kwargs: dict[str, Any]) -> SandboxEnv:
 
 
 def _check_number(name: str, value: Any, *, integer: bool, minimum: float) -> None:
-    kinds: tuple[type, ...] = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds):
+    ok = isinstance(value, int) if integer else isinstance(value, int | float)
+    if isinstance(value, bool) or not ok:
         kind = "an integer" if integer else "a number"
         raise TypeError(f"SandboxEnv({name}=...) must be {kind}, got {value!r}")
-    if not math.isfinite(value) or value < minimum:
+    if not math.isfinite(float(value)) or float(value) < minimum:
         raise ValueError(f"SandboxEnv({name}=...) must be >= {minimum:g}, got {value!r}")
 
 
@@ -288,9 +288,7 @@ class SandboxEnv(gym.Env[str, str]):
             if value is not None and (not isinstance(value, str) or not value):
                 raise TypeError(f"SandboxEnv({name}=...) must be a non-empty string or None")
         if template is not None and template.count("/") != 1:
-            raise ValueError(
-                f"SandboxEnv(template=...) must be 'namespace/name', got {template!r}"
-            )
+            raise ValueError(f"SandboxEnv(template=...) must be 'namespace/name', got {template!r}")
         _check_number("max_episode_steps", max_episode_steps, integer=True, minimum=1)
         _check_number("step_timeout_s", step_timeout_s, integer=False, minimum=0.001)
         _check_number("max_obs_length", max_obs_length, integer=True, minimum=MIN_OBS_LENGTH)
@@ -433,7 +431,10 @@ class SandboxEnv(gym.Env[str, str]):
         error_type: str | None = None
         try:
             result = self._runtime.exec(
-                self._command(action), cwd=self.cwd, env=self.exec_env, timeout_s=self.step_timeout_s
+                self._command(action),
+                cwd=self.cwd,
+                env=self.exec_env,
+                timeout_s=self.step_timeout_s,
             )
         except Exception as exc:
             logger.warning("Failed to run action in sandbox %s: %r", self.sandbox_id, exc)
