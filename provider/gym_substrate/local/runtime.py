@@ -270,7 +270,9 @@ class Runtime(Protocol):
         ...
 
     async def cleanup(self) -> list[str]:
-        """Remove everything this instance made (sandboxes, netns, veths, mounts, dirs)."""
+        """Remove every sandbox and host-wide resource of this instance (netns, veths, mounts,
+        scratch dirs). Per-actor data a PAUSED/SUSPENDED actor's snapshot still needs (e.g. the
+        process runtime's working folders) stays until ``forget_actor``."""
         ...
 
     async def leftovers(self) -> list[str]:

@@ -1,0 +1,409 @@
+"""`LocalBackend`: control plane + router + runtime in one process, as an async context manager.
+
+This is the in-process API the CLI, the provider's tests and the env's tools share, so a test
+gets exactly what `gym-substrate local up` serves. A state folder belongs to one backend at a
+time (an flock on `backend.lock`); `backend.json` beside it tells `local down`/`status` where the
+running backend listens. Leaving the context stops every sandbox (`local down` semantics); only a
+crash leaves sandboxes behind, and the next start adopts them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import grpc
+from aiohttp import web
+
+from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
+from gym_substrate.local.control import ControlPlane, ControlServicer, SessionIdentityServicer
+from gym_substrate.local.metrics import Metrics
+from gym_substrate.local.router import Router, json_error
+from gym_substrate.local.runtime import (
+    Runtime,
+    RuntimeConfig,
+    TemplateSpec,
+    create_runtime,
+    select_runtime,
+)
+from gym_substrate.local.store import Store
+from gym_substrate.local.templates import TemplateError, default_template, parse_template_yaml
+
+__all__ = [
+    "BackendError",
+    "LocalBackend",
+    "cleanup_state_dir",
+    "default_state_dir",
+    "read_backend_info",
+    "state_leftovers",
+]
+
+log = logging.getLogger(__name__)
+
+STATE_ENV = "GYM_SUBSTRATE_STATE_DIR"
+
+
+class BackendError(RuntimeError):
+    """The backend cannot start or stop; the message says why and what to do."""
+
+
+def default_state_dir() -> Path:
+    env = os.environ.get(STATE_ENV)
+    if env:
+        return Path(env).expanduser()
+    return Path("~/.local/state/gym-substrate").expanduser()
+
+
+def instance_name(state_dir: Path) -> str:
+    digest = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()
+    return "gs" + digest[:6]
+
+
+def read_backend_info(state_dir: Path) -> dict[str, Any] | None:
+    """What a running backend wrote to `backend.json`, or None if none is running there."""
+    try:
+        info: dict[str, Any] = json.loads((state_dir / "backend.json").read_text())
+    except (OSError, ValueError):
+        return None
+    pid = int(info.get("pid", 0))
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError, ValueError):
+        return None
+    return info
+
+
+def _runtime_for_state(state_dir: Path) -> Runtime | None:
+    store_path = state_dir / "state.db"
+    if not store_path.exists():
+        return None
+    store = Store(store_path)
+    try:
+        name = store.get_meta("runtime")
+        instance = store.get_meta("instance") or instance_name(state_dir)
+        workers = int(store.get_meta("workers") or "1")
+    finally:
+        store.close()
+    if not name:
+        return None
+    config = RuntimeConfig(state_dir / "runtime" / name, instance, workers)
+    return create_runtime(name, config)
+
+
+async def cleanup_state_dir(state_dir: Path) -> list[str]:
+    """Remove every sandbox a (crashed) backend of this state folder left behind."""
+    runtime = _runtime_for_state(state_dir)
+    if runtime is None:
+        return []
+    removed = await runtime.cleanup()
+    await runtime.close()
+    return removed
+
+
+async def state_leftovers(state_dir: Path) -> list[str]:
+    """Anything of this state folder's backend still on the host (for leak checks)."""
+    runtime = _runtime_for_state(state_dir)
+    if runtime is None:
+        return []
+    found = await runtime.leftovers()
+    await runtime.close()
+    return found
+
+
+class LocalBackend:
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        runtime: str = "auto",
+        workers: int = 4,
+        api_port: int = 0,
+        router_port: int = 0,
+        router_timeout_s: float = 10.0,
+        start_timeout_s: float = 60.0,
+    ) -> None:
+        if workers < 1 or workers > 250:
+            raise ValueError(f"workers must be between 1 and 250, got {workers}")
+        for label, port in (("api_port", api_port), ("router_port", router_port)):
+            if not 0 <= port <= 65535:
+                raise ValueError(f"{label} must be 0..65535, got {port}")
+        if router_timeout_s <= 0:
+            raise ValueError(f"router_timeout_s must be > 0, got {router_timeout_s}")
+        self.state_dir = Path(state_dir).expanduser()
+        self.requested_runtime = runtime
+        self.workers = workers
+        self._api_port = api_port
+        self._router_port = router_port
+        self.router_timeout_s = router_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self.runtime_name = ""
+        self.runtime_reason = ""
+        self.runtime: Runtime | None = None
+        self.plane: ControlPlane | None = None
+        self.metrics = Metrics()
+        self._store: Store | None = None
+        self._server: grpc.aio.Server | None = None
+        self._router: Router | None = None
+        self._lock_fd: int | None = None
+        self.api_port = 0
+        self.router_port = 0
+
+    # ------------------------------------------------------------------ addresses
+    @property
+    def api_address(self) -> str:
+        return f"127.0.0.1:{self.api_port}"
+
+    @property
+    def router_url(self) -> str:
+        return f"http://127.0.0.1:{self.router_port}"
+
+    def provider_config(self) -> dict[str, Any]:
+        """The `connection:` block of the NeMo Gym provider config for this backend."""
+        return {"api": self.api_address, "router": self.router_url, "tls": {"plaintext": True}}
+
+    # ------------------------------------------------------------------ lifecycle
+    async def __aenter__(self) -> LocalBackend:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    def _lock(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.state_dir / "backend.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            info = read_backend_info(self.state_dir) or {}
+            raise BackendError(
+                f"another backend (pid {info.get('pid', '?')}) already uses {self.state_dir}; "
+                f"stop it with `gym-substrate local down --state-dir {self.state_dir}` or pick "
+                "another --state-dir"
+            ) from None
+        self._lock_fd = fd
+
+    async def start(self) -> None:
+        self._lock()
+        try:
+            await self._start()
+        except BaseException:
+            await self._teardown(stop_sandboxes=True)
+            raise
+
+    async def _start(self) -> None:
+        name, reason = select_runtime(self.requested_runtime)
+        self.runtime_name, self.runtime_reason = name, reason
+        store = Store(self.state_dir / "state.db")
+        self._store = store
+        instance = store.get_meta("instance") or instance_name(self.state_dir)
+        store.set_meta("instance", instance)
+        previous = store.get_meta("runtime")
+        if previous and previous != name:
+            log.warning(
+                "this state folder last ran the %s runtime; cleaning up its sandboxes before "
+                "starting the %s runtime (running actors fall back to their last snapshot)",
+                previous,
+                name,
+            )
+            with contextlib.suppress(Exception):
+                old = create_runtime(
+                    previous, RuntimeConfig(self.state_dir / "runtime" / previous, instance, 1)
+                )
+                await old.cleanup()
+                await old.close()
+        store.set_meta("runtime", name)
+        store.set_meta("workers", str(self.workers))
+        config = RuntimeConfig(self.state_dir / "runtime" / name, instance, self.workers)
+        self.runtime = create_runtime(name, config)
+        warning = self.runtime.warning()
+        if warning:
+            log.warning("%s", warning)
+        self.plane = ControlPlane(
+            store,
+            self.runtime,
+            state_dir=self.state_dir,
+            instance=instance,
+            workers=self.workers,
+            metrics=self.metrics,
+            start_timeout_s=self.start_timeout_s,
+        )
+        await self.plane.start([default_template(self.state_dir / "snapshots" / "store")])
+
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        pb_grpc.add_ControlServicer_to_server(  # type: ignore[no-untyped-call]
+            ControlServicer(self.plane), server
+        )
+        pb_grpc.add_SessionIdentityServicer_to_server(  # type: ignore[no-untyped-call]
+            SessionIdentityServicer(), server
+        )
+        port = server.add_insecure_port(f"127.0.0.1:{self._api_port}")
+        if port == 0:
+            raise BackendError(
+                f"cannot listen on 127.0.0.1:{self._api_port} for the API; pick another --api-port"
+            )
+        await server.start()
+        self._server = server
+        self.api_port = port
+
+        self._router = Router(
+            self.plane,
+            self.metrics,
+            timeout_s=self.router_timeout_s,
+            admin={
+                ("POST", "/_local/templates"): self._add_template,
+                ("GET", "/_local/status"): self._status,
+            },
+        )
+        try:
+            self.router_port = await self._router.start("127.0.0.1", self._router_port)
+        except OSError as exc:
+            raise BackendError(
+                f"cannot listen on 127.0.0.1:{self._router_port} for the router ({exc}); pick "
+                "another --router-port"
+            ) from exc
+        info = {
+            "pid": os.getpid(),
+            "api": self.api_address,
+            "router": self.router_url,
+            "runtime": name,
+            "instance": instance,
+            "workers": self.workers,
+            "started_at": time.time(),
+        }
+        tmp = self.state_dir / "backend.json.tmp"
+        tmp.write_text(json.dumps(info))
+        tmp.replace(self.state_dir / "backend.json")
+
+    async def stop(self) -> None:
+        await self._teardown(stop_sandboxes=True)
+
+    async def detach(self) -> None:
+        """Stop serving but leave sandboxes running for the next start to adopt."""
+        await self._teardown(stop_sandboxes=False)
+
+    async def _teardown(self, *, stop_sandboxes: bool) -> None:
+        if self._router is not None:
+            await self._router.close()
+            self._router = None
+        if self._server is not None:
+            await self._server.stop(grace=1.0)
+            self._server = None
+        if self.plane is not None:
+            if stop_sandboxes:
+                await self.plane.shutdown()
+            else:
+                await self.plane.detach()
+            self.plane = None
+        elif self.runtime is not None:
+            await self.runtime.close()
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+        with contextlib.suppress(OSError):
+            info = json.loads((self.state_dir / "backend.json").read_text())
+            if info.get("pid") == os.getpid():
+                (self.state_dir / "backend.json").unlink()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # ------------------------------------------------------------------ admin endpoints
+    async def _add_template(self, request: web.Request) -> web.StreamResponse:
+        assert self.plane is not None
+        body = await request.read()
+        try:
+            text = body.decode()
+            template = parse_template_yaml(text, source=request.query.get("source", "<request>"))
+        except (UnicodeDecodeError, TemplateError) as exc:
+            return json_error(400, "bad_request", str(exc))
+        changed = await self.plane.add_template(template)
+        golden = self.plane.golden(template.key)
+        return web.json_response(
+            {
+                "template": template.key,
+                "changed": changed,
+                "golden_snapshot": golden.path if golden else None,
+            }
+        )
+
+    async def _status(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response(self.status())
+
+    def status(self) -> dict[str, Any]:
+        """Workers, actors and templates as plain data (for `local status`)."""
+        plane = self.plane
+        if plane is None:
+            raise BackendError("the backend is not running")
+        workers = []
+        for worker, actor in plane.workers_list():
+            workers.append(
+                {
+                    "worker": plane.worker_pod(worker.slot),
+                    "version": worker.version,
+                    "actor": actor.key if actor else "",
+                    "address": actor.address if actor else "",
+                    "status": actor.status if actor else "FREE",
+                }
+            )
+        actors, token = plane.list_actors(0, "", "")
+        while token:
+            more, token = plane.list_actors(0, token, "")
+            actors += more
+        templates = []
+        for key, template in sorted(plane.templates.items()):
+            golden = plane.golden(key)
+            templates.append(
+                {
+                    "template": key,
+                    "rootfs": template.rootfs.kind,
+                    "snapshots": str(template.snapshot_location),
+                    "golden_snapshot": golden.path if golden else "",
+                }
+            )
+        return {
+            "runtime": self.runtime_name,
+            "runtime_reason": self.runtime_reason,
+            "api": self.api_address,
+            "router": self.router_url,
+            "state_dir": str(self.state_dir),
+            "workers": workers,
+            "actors": [
+                {
+                    "atespace": a.atespace,
+                    "actor": a.actor_id,
+                    "template": f"{a.template_namespace}/{a.template_name}",
+                    "status": a.status,
+                    "version": a.version,
+                    "address": a.address,
+                    "worker": plane.worker_pod(a.slot) if a.slot is not None else "",
+                    "snapshot": a.snapshot_path,
+                }
+                for a in actors
+            ],
+            "templates": templates,
+            "atespaces": plane.list_atespaces(),
+        }
+
+
+def load_template_file(path: Path) -> TemplateSpec:
+    """Read and validate a template file (used by `local templates add`)."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise TemplateError(f"{path}: cannot read it ({exc.strerror})") from exc
+    return parse_template_yaml(text, source=str(path), base_dir=path.parent.resolve())

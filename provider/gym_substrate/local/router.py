@@ -1,0 +1,304 @@
+"""The router: Substrate's Host-based HTTP entry to actors, as one aiohttp reverse proxy.
+
+It mirrors atenet (reference/substrate.md §4): `Host: <actor>.<atespace>.actors.resources.
+substrate.ate.dev[:port]` picks the actor, a suspended or paused actor is resumed on demand
+(deduplicated per actor, ABORTED retried with backoff inside a 15 s budget), resume errors map
+to the same HTTP statuses and bodies, and every request is cut at the route timeout (10 s by
+default, like Envoy's route timeout) so clients meet the real limit here. Bodies stream both ways
+and upstream connections are pooled keep-alive (aiohttp sets TCP_NODELAY), because the router
+sits on the latency path of every exec. Requests whose Host is this machine (127.0.0.1,
+localhost) reach the backend's own endpoints instead: /metrics, /readyz, /_local/*.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import logging
+import random
+import re
+import time
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+import grpc
+from aiohttp import web
+
+from gym_substrate.local.control import RUNNING, ApiError, ControlPlane
+from gym_substrate.local.metrics import CONTENT_TYPE, Metrics
+from gym_substrate.local.store import ActorRecord
+
+__all__ = ["ACTOR_DOMAIN", "Router", "actor_host", "parse_host"]
+
+log = logging.getLogger(__name__)
+
+ACTOR_DOMAIN = "actors.resources.substrate.ate.dev"
+_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_HOP_BY_HOP = frozenset(
+    h.lower()
+    for h in (
+        "Connection",
+        "Keep-Alive",
+        "Proxy-Authenticate",
+        "Proxy-Authorization",
+        "Proxy-Connection",
+        "TE",
+        "Trailer",
+        "Transfer-Encoding",
+        "Upgrade",
+        "Host",
+    )
+)
+_RESUME_BUDGET_S = 15.0
+_CHUNK = 256 * 1024
+
+AdminHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def actor_host(actor_id: str, atespace: str) -> str:
+    return f"{actor_id}.{atespace}.{ACTOR_DOMAIN}"
+
+
+def parse_host(host: str) -> tuple[str, str] | str:
+    """(actor_id, atespace) from a Host header, or the reason it is not an actor's host."""
+    name = host
+    if name.startswith("["):
+        name = name.partition("]")[0] + "]"
+    elif name.count(":") == 1:
+        name = name.partition(":")[0]
+    name = name.rstrip(".").lower()
+    suffix = "." + ACTOR_DOMAIN
+    if not name.endswith(suffix):
+        return f"not under {ACTOR_DOMAIN}"
+    labels = name[: -len(suffix)].split(".")
+    if len(labels) != 2:
+        return "want <actor_id>.<atespace>." + ACTOR_DOMAIN
+    actor_id, atespace = labels
+    for label in labels:
+        if len(label) > 63 or not _LABEL.match(label):
+            return f"{label!r} is not a DNS-1123 label"
+    return actor_id, atespace
+
+
+def _is_local_host(host: str) -> bool:
+    name = host
+    if name.startswith("["):
+        name = name[1:].partition("]")[0]
+    elif name.count(":") == 1:
+        name = name.partition(":")[0]
+    if name in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def _text(status: int, body: str) -> web.Response:
+    return web.Response(status=status, text=body, content_type="text/plain")
+
+
+_GRPC_TO_HTTP = {
+    grpc.StatusCode.NOT_FOUND: (404, 'actor "{id}" not found', "not_found"),
+    grpc.StatusCode.FAILED_PRECONDITION: (503, 'actor "{id}" unavailable: {msg}', "error"),
+    grpc.StatusCode.UNAVAILABLE: (503, 'actor "{id}" unavailable', "error"),
+    grpc.StatusCode.DEADLINE_EXCEEDED: (504, 'actor "{id}" request timed out', "error"),
+    grpc.StatusCode.ABORTED: (503, 'actor "{id}" unavailable: {msg}', "error"),
+}
+
+
+class Router:
+    def __init__(
+        self,
+        plane: ControlPlane,
+        metrics: Metrics,
+        *,
+        timeout_s: float = 10.0,
+        admin: dict[tuple[str, str], AdminHandler] | None = None,
+    ) -> None:
+        if timeout_s <= 0:
+            raise ValueError("router timeout must be > 0 seconds")
+        self.plane = plane
+        self.metrics = metrics
+        self.timeout_s = timeout_s
+        self.admin = dict(admin or {})
+        self._resumes: dict[str, asyncio.Task[ActorRecord]] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def start(self, host: str, port: int) -> int:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0, use_dns_cache=False),
+            auto_decompress=False,
+            timeout=aiohttp.ClientTimeout(total=None),
+            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+        )
+        app = web.Application(client_max_size=0, handler_args={"max_field_size": 65536})
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, backlog=1024, reuse_address=True)
+        await site.start()
+        server = site._server
+        assert isinstance(server, asyncio.base_events.Server)
+        self.port = int(server.sockets[0].getsockname()[1])
+        return self.port
+
+    async def close(self) -> None:
+        for task in self._resumes.values():
+            task.cancel()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    # ------------------------------------------------------------------ request path
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        host = request.headers.get("Host", "")
+        parsed = parse_host(host)
+        if isinstance(parsed, str):
+            if _is_local_host(host):
+                return await self._local(request)
+            return _text(404, f'invalid host "{host}": {parsed}')
+        actor_id, atespace = parsed
+        started = time.perf_counter()
+        outcome = "error"
+        template = ("", "")
+        try:
+            record = self.plane.lookup(atespace, actor_id)
+            if record is None or record.status != RUNNING or not record.address:
+                try:
+                    record = await self._resume(atespace, actor_id)
+                except ApiError as exc:
+                    status, body, outcome = _GRPC_TO_HTTP.get(
+                        exc.code, (500, 'error resuming actor "{id}"', "error")
+                    )
+                    return _text(status, body.format(id=actor_id, msg=exc.message))
+            template = (record.template_namespace, record.template_name)
+            response = await self._proxy(request, record)
+            outcome = "ok"
+            return response
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        finally:
+            self.metrics.route_duration.labels(template[0], template[1], outcome).observe(
+                time.perf_counter() - started
+            )
+
+    async def _resume(self, atespace: str, actor_id: str) -> ActorRecord:
+        key = f"{atespace}/{actor_id}"
+        task = self._resumes.get(key)
+        if task is None or task.done():
+            task = asyncio.get_running_loop().create_task(
+                self._resume_with_retry(atespace, actor_id)
+            )
+            self._resumes[key] = task
+            task.add_done_callback(lambda _t: self._resumes.pop(key, None))
+        return await asyncio.shield(task)
+
+    async def _resume_with_retry(self, atespace: str, actor_id: str) -> ActorRecord:
+        deadline = time.monotonic() + _RESUME_BUDGET_S
+        delay = 0.2
+        while True:
+            try:
+                return await asyncio.wait_for(
+                    self.plane.resume_actor(atespace, actor_id),
+                    timeout=max(0.1, deadline - time.monotonic()),
+                )
+            except ApiError as exc:
+                if exc.code != grpc.StatusCode.ABORTED or time.monotonic() + delay > deadline:
+                    raise
+            except TimeoutError:
+                raise ApiError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED, "resume exceeded its budget"
+                ) from None
+            await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+            delay *= 1.5
+
+    async def _proxy(self, request: web.Request, record: ActorRecord) -> web.StreamResponse:
+        assert self._session is not None
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+        url = f"http://{record.address}{request.raw_path}"
+        has_body = request.body_exists
+        response: web.StreamResponse | None = None
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                for attempt in (0, 1):
+                    try:
+                        upstream_cm = self._session.request(
+                            request.method,
+                            url,
+                            headers=headers,
+                            data=request.content if has_body else None,
+                            allow_redirects=False,
+                            compress=None,
+                        )
+                        upstream = await upstream_cm.__aenter__()
+                    except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                        # a pooled keep-alive connection died with its sandbox; retry once on a
+                        # fresh one when no body bytes were consumed
+                        if attempt == 0 and not has_body:
+                            continue
+                        raise
+                    break
+                try:
+                    response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+                    for name, value in upstream.headers.items():
+                        if name.lower() not in _HOP_BY_HOP:
+                            response.headers.add(name, value)
+                    if upstream.headers.get("Content-Length") is None and request.version >= (
+                        1,
+                        1,
+                    ):
+                        response.enable_chunked_encoding()
+                    await response.prepare(request)
+                    async for chunk in upstream.content.iter_chunked(_CHUNK):
+                        await response.write(chunk)
+                    await response.write_eof()
+                finally:
+                    await upstream_cm.__aexit__(None, None, None)
+                return response
+        except TimeoutError:
+            if response is None or not response.prepared:
+                return _text(504, "upstream request timeout")
+            # headers already went out: all we can do is cut the connection, as Envoy does
+            if request.transport is not None:
+                request.transport.close()
+            return response
+        except aiohttp.ClientError as exc:
+            if response is not None and response.prepared:
+                if request.transport is not None:
+                    request.transport.close()
+                return response
+            log.info("upstream %s for %s failed: %s", record.address, record.key, exc)
+            return _text(503, "upstream connect error or disconnect/reset before headers")
+
+    # ------------------------------------------------------------------ local endpoints
+    async def _local(self, request: web.Request) -> web.StreamResponse:
+        path = request.path
+        if path == "/metrics" and request.method == "GET":
+            return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+        if path == "/readyz" and request.method == "GET":
+            return web.json_response({"status": "ok"})
+        handler = self.admin.get((request.method, path))
+        if handler is not None:
+            return await handler(request)
+        return _text(
+            404,
+            f'invalid host "{request.headers.get("Host", "")}": not under {ACTOR_DOMAIN} '
+            "(this address serves /metrics and /readyz; send actor traffic with "
+            "Host: <actor>.<atespace>." + ACTOR_DOMAIN + ")",
+        )
+
+
+def json_error(status: int, code: str, message: str) -> web.Response:
+    return web.Response(
+        status=status,
+        text=json.dumps({"error": {"code": code, "message": message}}),
+        content_type="application/json",
+    )
