@@ -1,0 +1,13 @@
+"""gVisor (runsc) sandboxes for the local backend, with the workarounds gvisor-local.md needs.
+
+Layers, lowest first: ``net`` (per-slot netns + veth, machine-wide address leases), ``bundle``
+(OCI specs), ``runsc`` (async CLI wrappers), ``host`` (finding leftovers), ``probe``
+(``gvisor_problem``), ``runtime`` (``GvisorRuntime``, the control plane's runtime seam).
+"""
+
+from __future__ import annotations
+
+from gym_substrate.local.gvisor.probe import gvisor_problem
+from gym_substrate.local.gvisor.runtime import GvisorRuntime, default_agent_command
+
+__all__ = ["GvisorRuntime", "default_agent_command", "gvisor_problem"]

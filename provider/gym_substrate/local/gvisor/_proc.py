@@ -1,0 +1,111 @@
+"""Async subprocess calls with hard timeouts, for `ip` and `runsc`.
+
+Every call gets its own session so a timed-out command can be killed with all its children, and
+a command whose detached children inherit stdout (``runsc run --detach``) writes to a log file
+instead of a pipe: a pipe would keep ``communicate()`` waiting until the sandbox exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["CommandError", "CommandResult", "run_command", "tail"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    args: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class CommandError(Exception):
+    """A host command failed or timed out; the message carries its argv and output."""
+
+    def __init__(self, message: str, result: CommandResult | None = None) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+def tail(text: str, lines: int = 6) -> str:
+    kept = [line for line in text.strip().splitlines() if line.strip()][-lines:]
+    return " | ".join(kept)
+
+
+def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+async def run_command(
+    args: Sequence[str],
+    *,
+    timeout_s: float,
+    input_text: str | None = None,
+    log_path: Path | None = None,
+    check: bool = True,
+) -> CommandResult:
+    """Run ``args``; with ``log_path`` stdout+stderr are appended there and read back after.
+
+    Raises CommandError on a non-zero exit (when ``check``) and always on a timeout, after
+    killing the command's whole process group.
+    """
+    argv = tuple(str(a) for a in args)
+    log_offset = 0
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("ab") as sink:
+            log_offset = sink.tell()
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=sink,
+                stderr=sink,
+                start_new_session=True,
+            )
+    else:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE if input_text is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
+    try:
+        if log_path is not None:
+            await asyncio.wait_for(proc.wait(), timeout_s)
+            out_b, err_b = b"", b""
+        else:
+            data = input_text.encode() if input_text is not None else None
+            out_b, err_b = await asyncio.wait_for(proc.communicate(data), timeout_s)
+    except (TimeoutError, asyncio.CancelledError) as exc:
+        _kill_group(proc)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(proc.wait(), 5)
+        if isinstance(exc, asyncio.CancelledError):
+            raise
+        raise CommandError(f"`{' '.join(argv[:6])}` timed out after {timeout_s:g} s") from None
+    stdout = out_b.decode(errors="replace")
+    stderr = err_b.decode(errors="replace")
+    if log_path is not None:
+        with log_path.open("rb") as src:
+            src.seek(log_offset)
+            stderr = src.read(65536).decode(errors="replace")
+    assert proc.returncode is not None
+    result = CommandResult(argv, proc.returncode, stdout, stderr)
+    if check and proc.returncode != 0:
+        raise CommandError(
+            f"`{' '.join(argv[:8])}` exited with {proc.returncode}: {tail(stderr or stdout)}",
+            result,
+        )
+    return result

@@ -1,0 +1,149 @@
+"""Host-side bookkeeping: finding (and removing) what sandboxes leave on the machine.
+
+runsc's own state can be lost (a killed control plane, a deleted state dir), so leftovers are
+found from the kernel's point of view too: processes whose command line names our runsc
+``--root``, cgroups named after our container ids, mounts under our runtime dir. Names all start
+with the backend's instance prefix, which makes this exact and safe next to other backends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+__all__ = [
+    "CGROUP_ROOT",
+    "children_of",
+    "find_cgroups",
+    "find_mounts",
+    "find_processes",
+    "kill_processes",
+    "pss_bytes",
+    "remove_cgroups",
+    "unmount",
+]
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def _pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def find_processes(runsc_root: Path) -> list[tuple[int, str]]:
+    """Processes (runsc CLI, sandbox, gofer) started with ``--root=<runsc_root>``."""
+    flag = f"--root={runsc_root}"
+    found = []
+    for pid in _pids():
+        argv = _cmdline(pid)
+        if flag in argv:
+            found.append((pid, " ".join(argv)[:160]))
+    return found
+
+
+def children_of(pids: set[int]) -> set[int]:
+    """``pids`` plus all their descendants (systrap stubs are children of the sandbox)."""
+    parent: dict[int, int] = {}
+    for pid in _pids():
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 1:
+            parent[pid] = int(fields[1])
+    result = set(pids)
+    changed = True
+    while changed:
+        changed = False
+        for pid, ppid in parent.items():
+            if ppid in result and pid not in result:
+                result.add(pid)
+                changed = True
+    return result
+
+
+def kill_processes(pids: list[int], *, wait_s: float = 5.0) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in pids):
+        time.sleep(0.02)
+
+
+def _cgroup_bases() -> list[Path]:
+    if not CGROUP_ROOT.is_dir():
+        return []
+    if (CGROUP_ROOT / "cgroup.controllers").exists():  # cgroup v2: one unified tree
+        return [CGROUP_ROOT]
+    return [p for p in sorted(CGROUP_ROOT.iterdir()) if p.is_dir() and not p.is_symlink()]
+
+
+def find_cgroups(instance: str) -> list[Path]:
+    """Cgroups named after this instance's container ids (``<instance>-...``)."""
+    pattern = re.compile(rf"^{re.escape(instance)}-")
+    found = []
+    for base in _cgroup_bases():
+        with contextlib.suppress(OSError):
+            found += [p for p in sorted(base.iterdir()) if p.is_dir() and pattern.match(p.name)]
+    return found
+
+
+def remove_cgroups(paths: list[Path]) -> list[Path]:
+    """rmdir each (deepest first); returns the ones that could not be removed."""
+    stuck = []
+    for path in paths:
+        subdirs = sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
+        for sub in [*subdirs, path]:
+            with contextlib.suppress(FileNotFoundError):
+                try:
+                    sub.rmdir()
+                except OSError:
+                    stuck.append(sub)
+    return stuck
+
+
+def find_mounts(needles: list[str]) -> list[str]:
+    """Mount points in the host mount namespace whose path contains one of ``needles``."""
+    found = []
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        parts = line.split()
+        if len(parts) > 4 and any(n in parts[4] for n in needles):
+            found.append(parts[4])
+    return found
+
+
+def unmount(path: str) -> None:
+    subprocess.run(["umount", "-l", path], capture_output=True, timeout=20, check=False)
+
+
+def pss_bytes(pids: set[int]) -> int:
+    """Proportional set size summed over ``pids`` (smaps_rollup), in bytes."""
+    total = 0
+    for pid in pids:
+        try:
+            text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            continue
+        match = re.search(r"^Pss:\s+(\d+) kB", text, re.MULTILINE)
+        if match:
+            total += int(match.group(1)) * 1024
+    return total

@@ -1,0 +1,218 @@
+"""Thin async wrappers around the `runsc` CLI, one state root per backend.
+
+The wrappers encode gvisor-local.md's hard-won rules so callers cannot forget them:
+``run``/``restore`` go through a private mount namespace with an empty tmpfs over
+``/proc/sys/net`` (workaround 1, google/gvisor#10704), sandboxes always get
+``--net-disconnect-ok`` (otherwise an open TCP connection fails the checkpoint, and a failed
+checkpoint kills the sandbox), and ids are checked so one never is a prefix of another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gym_substrate.local.gvisor._proc import CommandError, CommandResult, run_command, tail
+
+__all__ = ["ContainerState", "Runsc", "RunscError", "check_container_id"]
+
+log = logging.getLogger(__name__)
+
+# runsc accepts [\w+.-]; we also forbid nothing else, but require a fixed-width random tail so
+# that no id is ever a prefix of another (runsc matches ids by prefix).
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*\.[0-9a-f]{8}$")
+
+_MASK_SCRIPT = 'mount -t tmpfs -o size=4k,mode=0555 gsnetmask /proc/sys/net && exec "$0" "$@"'
+
+
+class RunscError(Exception):
+    """A runsc command failed; ``output`` holds the tail of what it printed."""
+
+    def __init__(self, message: str, output: str = "") -> None:
+        super().__init__(message)
+        self.output = output
+
+
+def check_container_id(cid: str) -> str:
+    if not _ID_RE.match(cid) or len(cid) > 200:
+        raise ValueError(
+            f"container id {cid!r} must look like <name>.<8 hex digits> "
+            "(a fixed-width tail keeps ids from being prefixes of each other)"
+        )
+    return cid
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    id: str
+    status: str  # "creating" | "created" | "running" | "stopped" | "paused"
+    pid: int
+    bundle: str
+
+
+class Runsc:
+    """runsc bound to one ``--root`` state directory and one set of sandbox flags."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        binary: str | None = None,
+        platform: str | None = None,
+        extra_flags: Sequence[str] = (),
+    ) -> None:
+        self.root = root
+        found = binary or shutil.which("runsc")
+        if found is None:
+            raise RunscError("runsc is not installed: apt-get install -t bookworm-backports runsc")
+        self.binary = found
+        self._platform = platform
+        self._extra = tuple(extra_flags)
+
+    # -- flags -------------------------------------------------------------------------------
+    def _base(self) -> list[str]:
+        return [self.binary, f"--root={self.root}"]
+
+    def sandbox_flags(self, network: str = "sandbox") -> list[str]:
+        flags = [
+            f"--network={network}",
+            "--overlay2=root:memory",
+            "--net-disconnect-ok",
+        ]
+        if self._platform:
+            flags.append(f"--platform={self._platform}")
+        return flags + list(self._extra)
+
+    def _masked(self, args: Sequence[str]) -> list[str]:
+        return ["unshare", "-m", "--propagation", "private", "sh", "-c", _MASK_SCRIPT, *args]
+
+    async def _call(
+        self, args: Sequence[str], *, timeout_s: float, log_path: Path | None = None
+    ) -> CommandResult:
+        try:
+            return await run_command(args, timeout_s=timeout_s, log_path=log_path)
+        except CommandError as exc:
+            output = exc.result.stderr if exc.result else ""
+            raise RunscError(str(exc), tail(output, 12)) from None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def run(
+        self, bundle: Path, cid: str, *, log_path: Path, timeout_s: float, network: str = "sandbox"
+    ) -> None:
+        check_container_id(cid)
+        self.root.mkdir(parents=True, exist_ok=True)
+        args = [
+            *self._base(),
+            *self.sandbox_flags(network),
+            "run",
+            "--detach",
+            f"--bundle={bundle}",
+            cid,
+        ]
+        await self._call(self._masked(args), timeout_s=timeout_s, log_path=log_path)
+
+    async def restore(
+        self, bundle: Path, cid: str, image: Path, *, log_path: Path, timeout_s: float
+    ) -> None:
+        check_container_id(cid)
+        self.root.mkdir(parents=True, exist_ok=True)
+        args = [
+            *self._base(),
+            *self.sandbox_flags(),
+            "restore",
+            "--detach",
+            f"--image-path={image}",
+            f"--bundle={bundle}",
+            cid,
+        ]
+        await self._call(self._masked(args), timeout_s=timeout_s, log_path=log_path)
+
+    async def checkpoint(
+        self, cid: str, image: Path, *, compression: str = "none", timeout_s: float
+    ) -> None:
+        args = [
+            *self._base(),
+            "checkpoint",
+            f"--image-path={image}",
+            f"--compression={compression}",
+            cid,
+        ]
+        await self._call(args, timeout_s=timeout_s)
+
+    async def state(self, cid: str, *, timeout_s: float = 10.0) -> ContainerState | None:
+        """The container's state, or None when runsc does not know it."""
+        result = await run_command([*self._base(), "state", cid], timeout_s=timeout_s, check=False)
+        if result.returncode != 0:
+            return None
+        try:
+            data: dict[str, Any] = json.loads(result.stdout)
+        except ValueError:
+            return None
+        if data.get("id") != cid:  # a prefix match on another id: treat as unknown
+            return None
+        return ContainerState(
+            id=cid,
+            status=str(data.get("status", "")),
+            pid=int(data.get("pid") or -1),
+            bundle=str(data.get("bundle", "")),
+        )
+
+    async def list(self, *, timeout_s: float = 15.0) -> list[ContainerState]:
+        if not self.root.is_dir():
+            return []
+        result = await run_command(
+            [*self._base(), "list", "-format=json"], timeout_s=timeout_s, check=False
+        )
+        if result.returncode != 0:
+            raise RunscError(f"runsc list failed: {tail(result.stderr)}")
+        data = json.loads(result.stdout or "null") or []
+        return [
+            ContainerState(
+                id=str(item.get("id")),
+                status=str(item.get("status", "")),
+                pid=int(item.get("pid") or -1),
+                bundle=str(item.get("bundle", "")),
+            )
+            for item in data
+        ]
+
+    async def kill(self, cid: str, signal: str = "KILL", *, timeout_s: float = 10.0) -> bool:
+        result = await run_command(
+            [*self._base(), "kill", cid, signal], timeout_s=timeout_s, check=False
+        )
+        return result.returncode == 0
+
+    async def delete(self, cid: str, *, force: bool = False, timeout_s: float = 30.0) -> bool:
+        """Delete ``cid``; False (and no exception) when runsc refused or did not know it."""
+        args = [*self._base(), "delete"]
+        if force:
+            args.append("--force")
+        result = await run_command([*args, cid], timeout_s=timeout_s, check=False)
+        if result.returncode != 0:
+            log.debug("runsc delete %s: %s", cid, tail(result.stderr))
+        return result.returncode == 0
+
+    async def destroy(self, cid: str, *, timeout_s: float = 30.0) -> None:
+        """Make ``cid`` gone, running or not: SIGKILL, wait for stopped, delete (force last)."""
+        deadline = time.monotonic() + timeout_s
+        state = await self.state(cid)
+        if state is None:
+            return
+        if state.status in {"running", "paused", "created"}:
+            await self.kill(cid, "KILL")
+        while time.monotonic() < deadline:
+            state = await self.state(cid)
+            if state is None:
+                return
+            if state.status == "stopped" and await self.delete(cid):
+                return
+            await asyncio.sleep(0.05)
+        await self.delete(cid, force=True, timeout_s=max(5.0, deadline - time.monotonic()))
