@@ -2,7 +2,8 @@
 
 Gym resolves `${oc.env:VAR,default}` with OmegaConf before it calls the provider; the tools must
 accept the very same file, and OmegaConf is not a runtime dependency, so this module implements
-exactly that one resolver. Like OmegaConf's, it yields strings (`null` -> None); the config coerces them.
+exactly that one resolver. Like OmegaConf's, it yields strings (`null` -> None) that the
+config coerces.
 """
 
 from __future__ import annotations

@@ -318,7 +318,7 @@ class SubstrateProvider:
                 ) from exc
             if spec.workdir:
                 result = await self.exec(
-                    handle, f"mkdir -p {shlex.quote(spec.workdir)}", timeout_s=30
+                    handle, f"mkdir -p {shlex.quote(spec.workdir)}", cwd="/", timeout_s=30
                 )
                 if result.return_code != 0:
                     raise SubstrateCreateError(
