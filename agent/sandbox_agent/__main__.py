@@ -48,6 +48,12 @@ def _parser() -> argparse.ArgumentParser:
         "(default: env SANDBOX_AGENT_TOKEN; no token disables auth)",
     )
     parser.add_argument(
+        "--actor-id-file",
+        default=None,
+        help="file holding this sandbox's actor id, read on every request that needs it "
+        "(default /run/ate/actor-id; env SANDBOX_AGENT_ACTOR_ID is the fallback)",
+    )
+    parser.add_argument(
         "--log-level",
         default="info",
         choices=["debug", "info", "warning", "error"],
@@ -115,10 +121,15 @@ def main(argv: list[str] | None = None) -> None:
         level=getattr(logging, args.log_level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    from ._config import AgentConfig
+    from ._config import ACTOR_ID_FILE, AgentConfig
 
     try:
-        config = AgentConfig(host=args.host, port=port, token=token)
+        config = AgentConfig(
+            host=args.host,
+            port=port,
+            token=token,
+            actor_id_file=args.actor_id_file or ACTOR_ID_FILE,
+        )
     except ValueError as exc:
         parser.error(str(exc))
     asyncio.run(serve(config))

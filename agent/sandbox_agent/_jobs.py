@@ -22,6 +22,7 @@ import asyncio
 import collections
 import contextlib
 import errno
+import logging
 import math
 import os
 import pwd
@@ -37,6 +38,8 @@ from ._config import AgentConfig, MiB
 from ._errors import ApiError
 
 __all__ = ["ExecSpec", "Job", "JobManager", "parse_exec_request", "DEFAULT_PATH"]
+
+log = logging.getLogger("sandbox_agent.jobs")
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ID_RE = re.compile(r"[A-Za-z0-9._-]{1,128}\Z")
@@ -276,7 +279,7 @@ class Job:
         self.pgid = 0
         self.kill_reason: str | None = None
         self.returncode: int | None = None
-        self.open_fds: list[int] = []
+        self.open_fds: dict[int, tuple[_Output, Any]] = {}
         self.extra_pids: set[int] = set()
         self.handles: list[asyncio.TimerHandle] = []
         self.pidfd = -1
@@ -403,6 +406,7 @@ class JobManager:
         self._finished: collections.deque[tuple[float, str]] = collections.deque()
         self._running = 0
         self._closing = False
+        self._tasks: set[asyncio.Task[None]] = set()
 
     # ----- public API used by the HTTP handlers -----
 
@@ -537,7 +541,7 @@ class JobManager:
         for stream, sink in ((proc.stdout, job.out), (proc.stderr, job.err)):
             fd = stream.fileno()
             os.set_blocking(fd, False)
-            job.open_fds.append(fd)
+            job.open_fds[fd] = (sink, stream)
             loop.add_reader(fd, self._on_readable, job, fd, sink)
         if spec.stdin is not None:
             assert proc.stdin is not None
@@ -546,7 +550,9 @@ class JobManager:
             job.pidfd = os.pidfd_open(proc.pid)
         except (OSError, AttributeError):
             job.pidfd = -1
-            loop.create_task(self._poll_exit(job))
+            task = loop.create_task(self._poll_exit(job))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         else:
             loop.add_reader(job.pidfd, self._on_exit, job)
         if spec.timeout_s is not None:
@@ -595,12 +601,8 @@ class JobManager:
 
     def _close_fd(self, job: Job, fd: int) -> None:
         asyncio.get_running_loop().remove_reader(fd)
-        job.open_fds.remove(fd)
-        proc = job.proc
-        assert proc is not None
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None and not stream.closed and stream.fileno() == fd:
-                stream.close()
+        _, stream = job.open_fds.pop(fd)
+        stream.close()
 
     def _on_exit(self, job: Job) -> None:
         proc = job.proc
@@ -638,18 +640,12 @@ class JobManager:
     def _drain_and_finish(self, job: Job) -> None:
         if job.finished:
             return
-        for fd in list(job.open_fds):
-            sink = job.out if self._is_stdout(job, fd) else job.err
+        for fd, (sink, _) in list(job.open_fds.items()):
             with contextlib.suppress(OSError):
                 while data := os.read(fd, _READ_SIZE):
                     sink.feed(data)
             self._close_fd(job, fd)
         self._finish(job)
-
-    @staticmethod
-    def _is_stdout(job: Job, fd: int) -> bool:
-        proc = job.proc
-        return proc is not None and proc.stdout is not None and proc.stdout.fileno() == fd
 
     def _finish(self, job: Job) -> None:
         if job.finished:
@@ -673,29 +669,32 @@ class JobManager:
         if job.finished or job.kill_reason is not None or job.proc is None:
             return
         job.kill_reason = reason
-        self._signal(job, signal.SIGTERM)
-        loop = asyncio.get_running_loop()
-        loop.create_task(self._kill_escaped(job, signal.SIGTERM))
-        job.handles.append(
-            loop.call_later(self._config.kill_grace_s, self._signal, job, signal.SIGKILL)
-        )
+        task = asyncio.get_running_loop().create_task(self._kill_sequence(job))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
-    async def _kill_escaped(self, job: Job, sig: int) -> None:
-        """Signal descendants that left the job's process group (setsid, daemonised)."""
-        if job.returncode is not None or job.proc is None:
-            return
-        found = await asyncio.get_running_loop().run_in_executor(None, _descendants, job.proc.pid)
-        escaped = set()
-        for pid in found:
+    async def _kill_sequence(self, job: Job) -> None:
+        """TERM the group and any escaped descendants, KILL them after the grace period.
+
+        Descendants that left the job's process group (setsid, daemonised) can only be found
+        while the leader is alive, so the /proc scan runs before the first signal.
+        """
+        loop = asyncio.get_running_loop()
+        if job.returncode is None and job.proc is not None:
             try:
-                if os.getpgid(pid) != job.pgid:
-                    escaped.add(pid)
-            except ProcessLookupError:
-                continue
-        job.extra_pids |= escaped
-        for pid in escaped:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
+                found = await loop.run_in_executor(None, _descendants, job.proc.pid)
+            except Exception:  # the scan is best effort; the group kill below still runs
+                log.exception("scanning the process tree of job %s failed", job.id)
+                found = set()
+            for pid in found:
+                with contextlib.suppress(ProcessLookupError):
+                    if os.getpgid(pid) != job.pgid:
+                        job.extra_pids.add(pid)
+        self._signal(job, signal.SIGTERM)
+        if not job.finished:
+            job.handles.append(
+                loop.call_later(self._config.kill_grace_s, self._signal, job, signal.SIGKILL)
+            )
 
     def _signal(self, job: Job, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -41,20 +41,14 @@ MAX_WAIT_S = 8.0
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+# aiohttp's own HTTP exceptions mapped onto the contract's error codes (see _openapi.py).
 _STATUS_CODES = {
-    400: "bad_request",
     401: "unauthorized",
-    403: "forbidden",
+    403: "permission_denied",
     404: "not_found",
     405: "method_not_allowed",
-    409: "conflict",
-    411: "length_required",
     413: "too_large",
-    415: "unsupported_media_type",
     416: "range_not_satisfiable",
-    429: "too_many_requests",
-    500: "internal",
-    503: "unavailable",
 }
 
 

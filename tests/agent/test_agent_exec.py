@@ -1,0 +1,306 @@
+"""Contract tests for exec jobs against the real agent process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+
+def _alive(pid: int) -> bool:
+    """True if `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rfind(b")") + 2 :].split()[0] != b"Z"
+
+
+def test_string_command_runs_in_shell_and_reports_output(agent: Any, check_schema: Any) -> None:
+    resp = agent.exec(command="echo out; echo err >&2; exit 3")
+    assert resp.status == 200
+    job = resp.json()
+    check_schema(job, "Job")
+    assert job["state"] == "exited"
+    assert job["exit_code"] == 3
+    assert job["signal"] is None
+    assert job["stdout"] == "out\n"
+    assert job["stderr"] == "err\n"
+    assert job["stdout_truncated"] is False
+    assert job["error"] is None
+    assert job["duration_ms"] >= 0
+
+
+def test_list_command_is_argv_without_shell(agent: Any) -> None:
+    job = agent.exec(command=["printf", "%s|", "a b", "$HOME"]).json()
+    assert job["stdout"] == "a b|$HOME|"
+
+
+def test_shell_cwd_env_and_stdin(agent: Any, tmp_path: Path) -> None:
+    job = agent.exec(
+        command='echo "$0 $(pwd) $FOO"; cat',
+        shell="/bin/bash",
+        cwd=str(tmp_path),
+        env={"FOO": "bar baz"},
+        stdin="line1\nline2\n",
+    ).json()
+    assert job["stdout"] == f"/bin/bash {tmp_path} bar baz\nline1\nline2\n"
+
+
+def test_large_stdin_is_streamed(agent: Any) -> None:
+    data = "x" * (3 * 1024 * 1024)
+    job = agent.exec(command="wc -c", stdin=data).json()
+    assert job["stdout"].strip() == str(len(data))
+
+
+def test_agent_token_is_not_leaked_to_commands(agent_factory: Any) -> None:
+    secret_agent = agent_factory(env={"SANDBOX_AGENT_TOKEN": "s3cret"})
+    headers = {"Authorization": "Bearer s3cret"}
+    resp = secret_agent.request(
+        "POST", "/v1/exec?wait=8", json_body={"command": "env"}, headers=headers
+    )
+    assert resp.status == 200
+    assert "s3cret" not in resp.json()["stdout"]
+    assert "PATH=" in resp.json()["stdout"]
+
+
+def test_user_by_name_and_uid(agent: Any) -> None:
+    job = agent.exec(command="id -u; id -g; id -G", user="nobody").json()
+    assert job["state"] == "exited", job
+    uid, gid, groups = job["stdout"].split("\n")[:3]
+    assert uid == "65534"
+    assert "0" not in groups.split(), "root's groups must not leak to the user"
+    assert gid != "0"
+    job = agent.exec(command=["id", "-u"], user=4321).json()
+    assert job["stdout"].strip() == "4321"
+
+
+def test_unknown_user_is_400(agent: Any) -> None:
+    resp = agent.exec(command="true", user="no-such-user-xyz")
+    assert resp.status == 400
+    assert resp.json()["error"]["code"] == "bad_request"
+    assert "no-such-user-xyz" in resp.json()["error"]["message"]
+
+
+def test_failed_to_start(agent: Any, tmp_path: Path) -> None:
+    job = agent.exec(command=["definitely-not-a-command-xyz"]).json()
+    assert job["state"] == "failed"
+    assert job["exit_code"] is None
+    assert "not found" in job["error"]
+    job = agent.exec(command="true", cwd=str(tmp_path / "missing")).json()
+    assert job["state"] == "failed"
+    assert "does not exist" in job["error"]
+
+
+def test_wait_zero_returns_202_then_get_waits(agent: Any) -> None:
+    resp = agent.exec(wait=0, command="sleep 0.3; echo done")
+    assert resp.status == 202
+    job = resp.json()
+    assert job["state"] == "running"
+    assert job["exit_code"] is None
+    resp = agent.request("GET", f"/v1/exec/{job['id']}?wait=0")
+    assert resp.status == 200
+    assert resp.json()["state"] == "running"
+    resp = agent.request("GET", f"/v1/exec/{job['id']}?wait=8")
+    assert resp.status == 200
+    assert resp.json()["state"] == "exited"
+    assert resp.json()["stdout"] == "done\n"
+
+
+def test_wait_returns_202_when_job_outlives_it(agent: Any) -> None:
+    resp = agent.exec(wait=0.2, command="sleep 5")
+    assert resp.status == 202
+    job = agent.request("DELETE", f"/v1/exec/{resp.json()['id']}").json()
+    assert job["state"] == "killed"
+
+
+@pytest.mark.parametrize("wait", ["-1", "8.5", "abc", "nan", "inf"])
+def test_bad_wait_is_400(agent: Any, wait: str) -> None:
+    resp = agent.request("POST", f"/v1/exec?wait={wait}", json_body={"command": "true"})
+    assert resp.status == 400
+    assert "wait" in resp.json()["error"]["message"]
+    resp = agent.request("GET", f"/v1/exec/nope?wait={wait}")
+    assert resp.status == 400
+
+
+def test_unknown_job_is_404(agent: Any) -> None:
+    for method in ("GET", "DELETE"):
+        resp = agent.request(method, "/v1/exec/no-such-job")
+        assert resp.status == 404
+        assert resp.json()["error"]["code"] == "not_found"
+
+
+def test_idempotent_id_runs_once(agent: Any, tmp_path: Path) -> None:
+    marker = tmp_path / "runs"
+    body = {"id": "idem-1", "command": f"echo run >> {marker}; sleep 0.2; echo ok"}
+    first = agent.exec(wait=0, **body)
+    again = agent.exec(wait=8, **body)
+    third = agent.exec(wait=8, **body)
+    assert first.json()["id"] == again.json()["id"] == third.json()["id"] == "idem-1"
+    assert again.json()["stdout"] == "ok\n"
+    assert marker.read_text() == "run\n", "the same id must never start a second process"
+    conflict = agent.exec(id="idem-1", command=f"echo other >> {marker}")
+    assert conflict.status == 409
+    assert conflict.json()["error"]["code"] == "id_conflict"
+    assert marker.read_text() == "run\n"
+
+
+async def test_concurrent_same_id_starts_one_process(agent: Any, tmp_path: Path) -> None:
+    marker = tmp_path / "runs"
+    body = {"id": "idem-concurrent", "command": f"echo run >> {marker}"}
+    url = f"http://127.0.0.1:{agent.port}/v1/exec?wait=8"
+    async with aiohttp.ClientSession() as session:
+
+        async def post() -> dict[str, Any]:
+            async with session.post(url, json=body) as resp:
+                assert resp.status == 200
+                return dict(await resp.json())
+
+        jobs = await asyncio.gather(*(post() for _ in range(16)))
+    assert {j["id"] for j in jobs} == {"idem-concurrent"}
+    assert marker.read_text() == "run\n"
+
+
+def test_missing_id_gets_fresh_ids(agent: Any) -> None:
+    ids = {agent.exec(command="true").json()["id"] for _ in range(5)}
+    assert len(ids) == 5
+
+
+def test_head_and_tail_truncation(agent: Any, check_schema: Any) -> None:
+    # 10,000 numbered lines (58,890 bytes), kept: 1,000 bytes of head and tail together.
+    job = agent.exec(command="seq 1 10000; seq 1 3 >&2", max_output_bytes=1000).json()
+    check_schema(job, "Job")
+    assert job["stdout_truncated"] is True
+    assert job["stderr_truncated"] is False
+    assert job["stderr"] == "1\n2\n3\n"
+    out = job["stdout"]
+    assert out.startswith("1\n2\n3\n")
+    assert out.endswith("9999\n10000\n")
+    assert "truncated" in out
+    head, _, tail = out.partition("\n[... sandbox-agent:")
+    assert len(head.encode()) + len(tail.split("...]\n", 1)[1].encode()) <= 1000
+    assert len(out) < 1000 + 80
+
+
+def test_large_output_is_bounded_by_default_limit(agent: Any) -> None:
+    # 40 MiB of output against a 16 MiB default limit per stream.
+    job = agent.exec(command="head -c 41943040 /dev/zero | tr '\\0' a").json()
+    assert job["state"] == "exited"
+    assert job["stdout_truncated"] is True
+    assert 16 * 1024 * 1024 <= len(job["stdout"]) < 16 * 1024 * 1024 + 100
+
+
+def test_timeout_kills_whole_process_tree(agent: Any, tmp_path: Path) -> None:
+    script = (
+        f"cd {tmp_path}; "
+        "sleep 300 & echo $! > child; "
+        "(sleep 300 & echo $! > grandchild; wait) & "
+        "setsid sleep 300 & echo $! > escaped; "
+        "(trap '' TERM; sleep 300) & echo $! > stubborn; "
+        "sleep 0.2; echo started; wait"
+    )
+    start = time.monotonic()
+    job = agent.exec(command=script, timeout_s=1).json()
+    assert job["state"] == "timeout"
+    assert job["exit_code"] is None
+    assert job["signal"] in (15, 9)
+    assert job["stdout"] == "started\n"
+    assert time.monotonic() - start < 8
+    pids = [int((tmp_path / name).read_text()) for name in ("child", "grandchild", "escaped")]
+    pids.append(int((tmp_path / "stubborn").read_text()))
+    deadline = time.monotonic() + 5
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [p for p in pids if _alive(p)] == [], "a descendant outlived the timed-out job"
+
+
+def test_delete_kills_and_is_idempotent(agent: Any, tmp_path: Path) -> None:
+    job = agent.exec(wait=0, command=f"sleep 300 & echo $! > {tmp_path}/pid; wait").json()
+    deadline = time.monotonic() + 5
+    while not (tmp_path / "pid").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    pid = int((tmp_path / "pid").read_text())
+    killed = agent.request("DELETE", f"/v1/exec/{job['id']}").json()
+    assert killed["state"] == "killed"
+    assert killed["signal"] == 15
+    again = agent.request("DELETE", f"/v1/exec/{job['id']}")
+    assert again.status == 200
+    assert again.json()["state"] == "killed"
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid)
+    done = agent.exec(command="true").json()
+    unchanged = agent.request("DELETE", f"/v1/exec/{done['id']}").json()
+    assert unchanged["state"] == "exited"
+
+
+def test_delete_escalates_to_sigkill_after_grace(agent: Any) -> None:
+    job = agent.exec(wait=0, command="trap '' TERM; sleep 300 & wait; sleep 300").json()
+    time.sleep(0.2)
+    start = time.monotonic()
+    killed = agent.request("DELETE", f"/v1/exec/{job['id']}").json()
+    elapsed = time.monotonic() - start
+    assert killed["state"] == "killed"
+    assert killed["signal"] == 9
+    assert 1.5 < elapsed < 6
+
+
+def test_background_process_does_not_hold_job_open(agent: Any) -> None:
+    job = agent.exec(command="sleep 30 & echo started").json()
+    assert job["state"] == "exited"
+    assert job["stdout"] == "started\n"
+
+
+async def test_64_concurrent_jobs(agent: Any) -> None:
+    url = f"http://127.0.0.1:{agent.port}/v1/exec?wait=8"
+    connector = aiohttp.TCPConnector(limit=64)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def run(i: int) -> dict[str, Any]:
+            body = {"command": f"sleep 0.5; echo job-{i}"}
+            async with session.post(url, json=body) as resp:
+                assert resp.status == 200
+                return dict(await resp.json())
+
+        start = time.monotonic()
+        jobs = await asyncio.gather(*(run(i) for i in range(64)))
+        elapsed = time.monotonic() - start
+    assert [j["stdout"] for j in jobs] == [f"job-{i}\n" for i in range(64)]
+    assert all(j["state"] == "exited" and j["exit_code"] == 0 for j in jobs)
+    assert len({j["id"] for j in jobs}) == 64
+    assert elapsed < 8, "jobs must run concurrently, not one after another"
+
+
+def test_finished_jobs_remain_readable(agent: Any) -> None:
+    job = agent.exec(command="echo keep").json()
+    for _ in range(3):
+        again = agent.request("GET", f"/v1/exec/{job['id']}").json()
+        assert again == job
+
+
+def test_job_processes_are_reaped(agent: Any) -> None:
+    pid = agent.proc.pid
+    for _ in range(10):
+        agent.exec(command="true")
+    children = [
+        p
+        for p in os.listdir("/proc")
+        if p.isdigit() and _ppid(int(p)) == pid and not _alive(int(p))
+    ]
+    assert children == [], "finished jobs left zombies behind"
+
+
+def _ppid(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return -1
+    return int(stat[stat.rfind(b")") + 2 :].split()[1])
