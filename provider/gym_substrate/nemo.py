@@ -867,7 +867,6 @@ class SubstrateProvider:
                 METRICS.parked.dec()
             METRICS.running.dec()
             self._record("deleted", actor)
-        self._states.pop((actor.atespace, actor.actor_id), None)
 
     async def _teardown(self, actor: SubstrateActor) -> None:
         """Drive the actor to SUSPENDED, waiting out transitions, then DeleteActor."""

@@ -1,0 +1,260 @@
+"""Fixtures for the provider tests: a real local backend plus two fault injectors in front of it.
+
+`GrpcFaultProxy` is a gRPC server that forwards every `ateapi.Control` call to the backend unless
+a fault is queued for that method; `HttpFaultProxy` does the same for the router. Both count calls
+so tests can assert what the provider did (e.g. "ResumeActor was called after the 503"). The
+provider under test only ever sees the proxies' addresses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+import grpc.aio
+import pytest
+from aiohttp import web
+
+from gym_substrate import SubstrateProvider
+from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
+
+TEMPLATE = "local/sandbox"
+_METHODS = (
+    "GetActor", "CreateActor", "UpdateActor", "SuspendActor", "PauseActor", "ResumeActor",
+    "DeleteActor", "ListWorkers", "ListActors", "CreateAtespace", "GetAtespace", "ListAtespaces",
+    "DeleteAtespace", "DebugClear",
+)
+
+
+@dataclass
+class GrpcFault:
+    code: grpc.StatusCode
+    details: str = ""
+    after_forward: bool = False  # forward the call, then report the fault (lost response)
+
+
+class GrpcFaultProxy:
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.faults: dict[str, list[GrpcFault]] = defaultdict(list)
+        self.calls: dict[str, int] = defaultdict(int)
+        self.random_fault: Callable[[str], GrpcFault | None] | None = None
+        self._server: grpc.aio.Server | None = None
+        self._channel: grpc.aio.Channel | None = None
+        self.address = ""
+
+    def inject(self, method: str, code: grpc.StatusCode, details: str = "", *,
+               times: int = 1, after_forward: bool = False) -> None:
+        self.faults[method].extend([GrpcFault(code, details, after_forward)] * times)
+
+    async def start(self) -> None:
+        self._channel = grpc.aio.insecure_channel(self.upstream)
+        stub = pb_grpc.ControlStub(self._channel)
+        servicer = type("Forwarder", (), {})()
+        for method in _METHODS:
+            setattr(servicer, method, self._forwarder(method, getattr(stub, method)))
+        self._server = grpc.aio.server()
+        pb_grpc.add_ControlServicer_to_server(servicer, self._server)
+        port = self._server.add_insecure_port("127.0.0.1:0")
+        await self._server.start()
+        self.address = f"127.0.0.1:{port}"
+
+    def _forwarder(self, method: str, call: Any) -> Any:
+        async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            self.calls[method] += 1
+            fault = self.faults[method].pop(0) if self.faults[method] else None
+            if fault is None and self.random_fault is not None:
+                fault = self.random_fault(method)
+            if fault is not None and not fault.after_forward:
+                await context.abort(fault.code, fault.details)
+            try:
+                response = await call(request)
+            except grpc.aio.AioRpcError as exc:
+                await context.abort(exc.code(), exc.details() or "")
+            if fault is not None:
+                await context.abort(fault.code, fault.details)
+            return response
+
+        return handler
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            await self._server.stop(None)
+        if self._channel is not None:
+            await self._channel.close()
+
+
+@dataclass
+class HttpFault:
+    """`kind`: "reset_before" (drop the connection, nothing forwarded), "reset_after"
+    (forward, then drop the connection instead of answering), or "status" (answer `status`
+    as the router would, nothing forwarded)."""
+
+    kind: str
+    status: int = 503
+    method: str = ""
+    path_prefix: str = ""
+
+
+@dataclass
+class HttpFaultProxy:
+    upstream: str
+    faults: list[HttpFault] = field(default_factory=list)
+    seen: list[tuple[str, str]] = field(default_factory=list)
+    random_fault: Callable[[str, str], HttpFault | None] | None = None
+    url: str = ""
+    _runner: web.AppRunner | None = None
+    _session: aiohttp.ClientSession | None = None
+
+    def inject(self, kind: str, *, method: str = "", path_prefix: str = "", status: int = 503,
+               times: int = 1) -> None:
+        self.faults.extend([HttpFault(kind, status, method, path_prefix)] * times)
+
+    def _take(self, method: str, path: str) -> HttpFault | None:
+        for i, f in enumerate(self.faults):
+            if (not f.method or f.method == method) and path.startswith(f.path_prefix):
+                return self.faults.pop(i)
+        if self.random_fault is not None:
+            return self.random_fault(method, path)
+        return None
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(auto_decompress=False)
+        app = web.Application(client_max_size=128 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.url = f"http://127.0.0.1:{port}"
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.seen.append((request.method, request.path))
+        fault = self._take(request.method, request.path)
+        if fault is not None and fault.kind == "status":
+            return web.Response(status=fault.status, text=f"injected {fault.status}",
+                                content_type="text/plain")
+        if fault is not None and fault.kind == "reset_before":
+            assert request.transport is not None
+            request.transport.abort()
+            raise ConnectionResetError
+        assert self._session is not None
+        body = await request.read()
+        headers = {k: v for k, v in request.headers.items()
+                   if k.lower() not in ("content-length", "transfer-encoding", "connection")}
+        async with self._session.request(request.method, self.upstream + request.path_qs,
+                                         data=body, headers=headers) as resp:
+            payload = await resp.read()
+            if fault is not None and fault.kind == "reset_after":
+                assert request.transport is not None
+                request.transport.abort()
+                raise ConnectionResetError
+            out_headers = {k: v for k, v in resp.headers.items()
+                           if k.lower() in ("content-type", "content-range", "accept-ranges")}
+            return web.Response(status=resp.status, body=payload, headers=out_headers)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+
+@dataclass
+class Stack:
+    backend: Any
+    grpc_proxy: GrpcFaultProxy
+    http_proxy: HttpFaultProxy
+    tmp: Path
+
+    def kwargs(self, **overrides: Any) -> dict[str, Any]:
+        """Provider kwargs pointing at the proxies, with fast timings for tests."""
+        conn = {"api": self.grpc_proxy.address, "router": self.http_proxy.url,
+                "tls": {"plaintext": True}, "request_timeout_s": 10}
+        cfg: dict[str, Any] = {
+            "connection": conn,
+            "create": {"template": TEMPLATE, "ready_timeout_s": 20,
+                       "retry": {"initial": 0.01, "maximum": 0.1, "deadline": 10}},
+            "exec": {"poll_wait_s": 2, "timeout_margin_s": 2},
+            "lifecycle": {"ledger": str(self.tmp / "ledger.jsonl"), "close_timeout_s": 20},
+        }
+        for key, value in overrides.items():
+            if isinstance(value, dict) and isinstance(cfg.get(key), dict):
+                cfg[key] = {**cfg[key], **value}
+            else:
+                cfg[key] = value
+        return cfg
+
+    def provider(self, **overrides: Any) -> SubstrateProvider:
+        return SubstrateProvider(**self.kwargs(**overrides))
+
+    async def actors(self, atespace: str = "gym") -> list[str]:
+        from gym_substrate._grpc import ControlPlane, create_channel
+        from gym_substrate._config import ConnectionConfig
+
+        conn = ConnectionConfig(api=self.backend.api_address, router=self.backend.router_url,
+                                tls={"plaintext": True})  # type: ignore[arg-type]
+        channel = create_channel(conn)
+        try:
+            return [a.actor_id for a in await ControlPlane(channel, conn).list_actors(atespace)]
+        finally:
+            await channel.close()
+
+
+@contextlib.asynccontextmanager
+async def make_stack(tmp: Path, *, workers: int = 4, runtime: str = "process") -> AsyncIterator[
+        Stack]:
+    from gym_substrate.local import LocalBackend
+
+    async with LocalBackend(tmp / "state", runtime=runtime, workers=workers) as backend:
+        gproxy = GrpcFaultProxy(backend.api_address)
+        hproxy = HttpFaultProxy(backend.router_url)
+        await gproxy.start()
+        await hproxy.start()
+        try:
+            yield Stack(backend, gproxy, hproxy, tmp)
+        finally:
+            await hproxy.stop()
+            await gproxy.stop()
+
+
+@pytest.fixture
+async def stack(tmp_path: Path) -> AsyncIterator[Stack]:
+    async with make_stack(tmp_path) as s:
+        yield s
+
+
+@pytest.fixture
+def marker_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "markers"
+    d.mkdir()
+    os.chmod(d, 0o777)
+    return d
+
+
+def count_runs(marker: Path) -> int:
+    return len(marker.read_text().splitlines()) if marker.exists() else 0
+
+
+@pytest.fixture
+def run_counter() -> Callable[[Path], int]:
+    return count_runs
+
+
+async def gather_limited(n: int, coros: list[Any]) -> list[Any]:
+    sem = asyncio.Semaphore(n)
+
+    async def one(c: Any) -> Any:
+        async with sem:
+            return await c
+
+    return await asyncio.gather(*(one(c) for c in coros))

@@ -1,0 +1,180 @@
+"""The provider against the real local backend (process runtime): every method and capability."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from gym_substrate import SubstrateActor, SubstrateCreateError, TransferError
+from gym_substrate import _shared
+from gym_substrate.types import SandboxSpec, SandboxStatus
+
+from .conftest import Stack, make_stack
+
+
+async def test_lifecycle_every_method(stack: Stack, tmp_path: Path) -> None:
+    provider = stack.provider()
+    work = str(tmp_path / "work")
+    handle = await provider.create(SandboxSpec(workdir=work, env={"A": "1"},
+                                               files={f"{work}/f.txt": "hello\n"}))
+    assert handle.provider_name == "substrate"
+    assert isinstance(handle.raw, SubstrateActor) and handle.raw.status == "RUNNING"
+
+    r = await provider.exec(handle, "cat f.txt; echo $A $B; pwd", env={"B": "2"})
+    assert (r.return_code, r.stdout, r.error_type) == (0, f"hello\n1 2\n{work}\n", None)
+    r = await provider.exec(handle, "pwd", cwd="/")
+    assert r.stdout == "/\n"
+    r = await provider.exec(handle, "echo bad >&2; exit 7")
+    assert (r.return_code, r.stderr, r.error_type) == (7, "bad\n", None)
+    r = await provider.exec(handle, "sleep 20", timeout_s=0.5)
+    assert (r.return_code, r.error_type) == (125, "timeout")
+
+    src = tmp_path / "src.bin"
+    data = os.urandom(3 * 1024 * 1024 + 17)
+    src.write_bytes(data)
+    os.chmod(src, 0o755)
+    await provider.upload_file(handle, src, f"{work}/up.bin")
+    r = await provider.exec(handle, "stat -c %a up.bin")
+    assert r.stdout == "755\n"
+    dst = tmp_path / "out" / "down.bin"
+    await provider.download_file(handle, f"{work}/up.bin", dst)
+    assert hashlib.sha256(dst.read_bytes()).digest() == hashlib.sha256(data).digest()
+    assert [p.name for p in dst.parent.iterdir()] == ["down.bin"]
+
+    assert await provider.status(handle) == SandboxStatus.RUNNING
+    ep = await provider.endpoint(handle, 80)
+    assert ep.endpoint == stack.http_proxy.url + "/" and ep.headers["Host"].startswith(
+        handle.sandbox_id + ".gym.")
+    with pytest.raises(ValueError, match="only to port 80"):
+        await provider.endpoint(handle, 8080)
+
+    old_raw = handle.raw
+    await provider.pause(handle)
+    assert await provider.status(handle) == SandboxStatus.PAUSED
+    assert handle.raw.status == "PAUSED"
+    await provider.resume(handle)
+    assert handle.raw is not old_raw and handle.raw.status == "RUNNING"
+    r = await provider.exec(handle, "cat f.txt")
+    assert r.stdout == "hello\n"
+
+    await provider.close(handle)
+    await provider.close(handle)
+    assert await provider.status(handle) == SandboxStatus.STOPPED
+    assert await stack.actors() == []
+    ledger = [json.loads(x)["event"] for x in (tmp_path / "ledger.jsonl").read_text().splitlines()]
+    assert ledger == ["created", "deleted"]
+    await provider.aclose()
+    await provider.aclose()
+
+
+async def test_connect_from_descriptor_and_exec_transparently_resumes(stack: Stack) -> None:
+    a, b = stack.provider(), stack.provider()
+    handle = await a.create(SandboxSpec(env={"X": "y"}))
+    await a.pause(handle)
+    desc = json.loads(json.dumps(await a.serialize_handle(handle)))
+    other = await b.connect({**desc, "ports": [80]})
+    assert await b.status(other) == SandboxStatus.PAUSED
+    r = await b.exec(other, "echo $X")  # parked: resumed over gRPC first
+    assert (r.return_code, r.stdout) == (0, "y\n")
+    assert await b.status(other) == SandboxStatus.RUNNING
+    await b.close(other)
+    await a.close(handle)  # already gone: NOT_FOUND is success
+    with pytest.raises(ValueError, match="unknown descriptor key"):
+        await b.connect({"sandbox_id": "x", "bogus": 1})
+    await a.aclose()
+    await b.aclose()
+
+
+async def test_create_rejects_bad_specs_before_allocating(stack: Stack) -> None:
+    p = stack.provider(create={"image_templates": {"python:3.12": "local/sandbox"}})
+    for spec, message in [
+        (SandboxSpec(image="ubuntu:24.04"), "configured images: python:3.12"),
+        (SandboxSpec(entrypoint=["/bin/x"]), "entrypoint is not supported"),
+        (SandboxSpec(ports=[8080]), "forwards only to port 80"),
+        (SandboxSpec(provider_options={"nope": 1}), "Expected keys: atespace, template"),
+        (SandboxSpec(provider_options={"template": "missing/tmpl"}), "could not create actor"),
+    ]:
+        with pytest.raises(SubstrateCreateError, match=message):
+            await p.create(spec)
+    assert stack.grpc_proxy.calls["ResumeActor"] == 0
+    handle = await p.create(SandboxSpec(image="python:3.12"))
+    await p.close(handle)
+    assert await stack.actors() == []
+    await p.aclose()
+
+
+async def test_channel_and_pool_shared_per_loop_and_released(stack: Stack) -> None:
+    before = _shared.shared_count()
+    providers = [stack.provider() for _ in range(3)]
+    handles = await asyncio.gather(*(p.create(SandboxSpec()) for p in providers))
+    assert _shared.shared_count() == before + 1
+    assert len({id(p._res) for p in providers}) == 1
+    for p, h in zip(providers, handles, strict=True):
+        await p.close(h)
+        await p.aclose()
+    assert _shared.shared_count() == before
+
+
+async def test_failed_download_leaves_no_partial_target(stack: Stack, tmp_path: Path) -> None:
+    p = stack.provider(create={"ready_timeout_s": 1})
+    handle = await p.create(SandboxSpec())
+    target = tmp_path / "d" / "t.bin"
+    with pytest.raises(TransferError, match="no such file"):
+        await p.download_file(handle, str(tmp_path / "missing"), target)
+    src = tmp_path / "big.bin"
+    src.write_bytes(os.urandom(1024 * 1024))
+    await p.upload_file(handle, src, str(tmp_path / "remote.bin"))
+    stack.http_proxy.inject("reset_before", method="GET", path_prefix="/v1/files", times=1000)
+    with pytest.raises(TransferError):
+        await p.download_file(handle, str(tmp_path / "remote.bin"), target)
+    assert list(target.parent.iterdir()) == []
+    stack.http_proxy.faults.clear()
+    await p.close(handle)
+    await p.aclose()
+
+
+async def test_idle_policy_lets_16_rollouts_share_4_workers(tmp_path: Path) -> None:
+    async with make_stack(tmp_path, workers=4) as stack:
+        provider = stack.provider(
+            create={"ready_timeout_s": 60, "retry": {"initial": 0.02, "maximum": 0.2,
+                                                     "deadline": 60}},
+            lifecycle={"idle_policy": "suspend", "idle_after_s": 0.1},
+        )
+
+        async def rollout(i: int) -> list[str]:
+            h = await provider.create(SandboxSpec())
+            outs = []
+            for turn in range(3):
+                r = await provider.exec(h, f"echo {i}-{turn} >> turns; cat turns | wc -l")
+                assert r.return_code == 0, r
+                outs.append(r.stdout.strip())
+                await asyncio.sleep(0.4)  # the "model" thinks; the actor gets parked
+            await provider.close(h)
+            return outs
+
+        results = await asyncio.wait_for(asyncio.gather(*(rollout(i) for i in range(16))), 200)
+        assert results == [["1", "2", "3"]] * 16  # state survived every park/resume
+        assert stack.grpc_proxy.calls["SuspendActor"] >= 16
+        assert await stack.actors() == []
+        await provider.aclose()
+
+
+async def test_metrics_endpoint_serves_counters(stack: Stack) -> None:
+    import aiohttp
+
+    from gym_substrate._metrics import serve_metrics
+
+    p = stack.provider(metrics={"port": 0})
+    h = await p.create(SandboxSpec())
+    await p.exec(h, "true")
+    port = serve_metrics("127.0.0.1", 0)
+    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/metrics") as resp:
+        text = await resp.text()
+    assert "gym_substrate_execs_total" in text and "gym_substrate_exec_seconds_bucket" in text
+    await p.close(h)
+    await p.aclose()
