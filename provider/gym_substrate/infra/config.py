@@ -73,8 +73,11 @@ class _Section:
         if raw is None:
             raw = {}
         if not isinstance(raw, Mapping):
-            raise _fail(path, f"expected a mapping, got {type(raw).__name__}",
-                        f"write `{path}:` as a YAML mapping of keys")
+            raise _fail(
+                path,
+                f"expected a mapping, got {type(raw).__name__}",
+                f"write `{path}:` as a YAML mapping of keys",
+            )
         self.path = path
         self.raw: Mapping[str, Any] = raw
         self.used: set[str] = set()
@@ -86,17 +89,24 @@ class _Section:
         self.used.add(key)
         if key not in self.raw or self.raw[key] is None:
             if required:
-                raise _fail(self.sub(key), "is required but missing",
-                            fix or f"set `{self.sub(key)}` in the stack file")
+                raise _fail(
+                    self.sub(key),
+                    "is required but missing",
+                    fix or f"set `{self.sub(key)}` in the stack file",
+                )
             return default
         return self.raw[key]
 
-    def string(self, key: str, default: str | None = None, *, required: bool = False,
-               fix: str = "") -> str:
+    def string(
+        self, key: str, default: str | None = None, *, required: bool = False, fix: str = ""
+    ) -> str:
         value = self.get(key, default, required=required, fix=fix)
         if not isinstance(value, str) or not value:
-            raise _fail(self.sub(key), f"expected a non-empty string, got {value!r}",
-                        fix or f"set `{self.sub(key)}` to a string")
+            raise _fail(
+                self.sub(key),
+                f"expected a non-empty string, got {value!r}",
+                fix or f"set `{self.sub(key)}` to a string",
+            )
         return value
 
     def opt_string(self, key: str) -> str | None:
@@ -104,8 +114,11 @@ class _Section:
         if value is None:
             return None
         if not isinstance(value, str) or not value:
-            raise _fail(self.sub(key), f"expected a non-empty string, got {value!r}",
-                        f"set `{self.sub(key)}` to a string or remove it")
+            raise _fail(
+                self.sub(key),
+                f"expected a non-empty string, got {value!r}",
+                f"set `{self.sub(key)}` to a string or remove it",
+            )
         return value
 
     def integer(self, key: str, default: int, lo: int, hi: int) -> int:
@@ -113,8 +126,11 @@ class _Section:
         if isinstance(value, str) and value.strip().isdigit():
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-            raise _fail(self.sub(key), f"expected an integer in [{lo}, {hi}], got {value!r}",
-                        f"set `{self.sub(key)}` to a whole number between {lo} and {hi}")
+            raise _fail(
+                self.sub(key),
+                f"expected an integer in [{lo}, {hi}], got {value!r}",
+                f"set `{self.sub(key)}` to a whole number between {lo} and {hi}",
+            )
         return value
 
     def boolean(self, key: str, default: bool) -> bool:
@@ -122,32 +138,44 @@ class _Section:
         if isinstance(value, str) and value.lower() in {"true", "false"}:
             value = value.lower() == "true"
         if not isinstance(value, bool):
-            raise _fail(self.sub(key), f"expected true or false, got {value!r}",
-                        f"set `{self.sub(key)}` to true or false")
+            raise _fail(
+                self.sub(key),
+                f"expected true or false, got {value!r}",
+                f"set `{self.sub(key)}` to true or false",
+            )
         return value
 
     def choice(self, key: str, default: str, choices: tuple[str, ...]) -> str:
         value = self.get(key, default)
         if value not in choices:
-            raise _fail(self.sub(key), f"unknown value {value!r}",
-                        f"set `{self.sub(key)}` to one of: {', '.join(choices)}")
+            raise _fail(
+                self.sub(key),
+                f"unknown value {value!r}",
+                f"set `{self.sub(key)}` to one of: {', '.join(choices)}",
+            )
         return str(value)
 
     def done(self) -> None:
         unknown = sorted(set(self.raw) - self.used)
         if unknown:
             where = self.sub(unknown[0])
-            raise _fail(where, "is not a known key",
-                        f"remove it or correct the spelling; known keys under "
-                        f"`{self.path or 'the project'}`: {', '.join(sorted(self.used))}")
+            raise _fail(
+                where,
+                "is not a known key",
+                f"remove it or correct the spelling; known keys under "
+                f"`{self.path or 'the project'}`: {', '.join(sorted(self.used))}",
+            )
 
 
 def _digest_image(section: _Section, key: str, default: str | None = None) -> str:
     value = section.string(key, default)
     if not _DIGEST.search(value):
-        raise _fail(section.sub(key), f"{value!r} is a tag, but a digest is required",
-                    "pin it as `<image>@sha256:<64 hex>` (get the digest with "
-                    "`docker buildx imagetools inspect <image>`)")
+        raise _fail(
+            section.sub(key),
+            f"{value!r} is a tag, but a digest is required",
+            "pin it as `<image>@sha256:<64 hex>` (get the digest with "
+            "`docker buildx imagetools inspect <image>`)",
+        )
     return value
 
 
@@ -158,8 +186,11 @@ def _versioned_image(section: _Section, key: str, default: str) -> str:
         return value
     name, _, tag = value.rpartition(":")
     if not name or "/" in tag or tag == "latest" or not re.search(r"[0-9]", tag):
-        raise _fail(section.sub(key), f"{value!r} is not pinned",
-                    "use an exact version tag (e.g. `:v3.5.3`) or `@sha256:<digest>`")
+        raise _fail(
+            section.sub(key),
+            f"{value!r} is not pinned",
+            "use an exact version tag (e.g. `:v3.5.3`) or `@sha256:<digest>`",
+        )
     return value
 
 
@@ -167,16 +198,22 @@ def _quantity(section: _Section, key: str, default: str) -> str:
     value = section.get(key, default)
     value = str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
     if not isinstance(value, str) or not _QUANTITY.match(value):
-        raise _fail(section.sub(key), f"{value!r} is not a Kubernetes quantity",
-                    f"write it like `1`, `500m`, `4Gi` for `{section.sub(key)}`")
+        raise _fail(
+            section.sub(key),
+            f"{value!r} is not a Kubernetes quantity",
+            f"write it like `1`, `500m`, `4Gi` for `{section.sub(key)}`",
+        )
     return value
 
 
 def _label(section: _Section, key: str, default: str) -> str:
     value = section.string(key, default)
     if not _DNS_LABEL.match(value):
-        raise _fail(section.sub(key), f"{value!r} is not a DNS-1123 label",
-                    "use lower-case letters, digits and '-', at most 63 characters")
+        raise _fail(
+            section.sub(key),
+            f"{value!r} is not a DNS-1123 label",
+            "use lower-case letters, digits and '-', at most 63 characters",
+        )
     return value
 
 
@@ -222,8 +259,11 @@ class SubstrateConfig:
 
     @property
     def overlay(self) -> str:
-        return "manifests/ate-install/kind-jwt" if self.auth_mode == "jwt" else (
-            "manifests/ate-install/kind")
+        return (
+            "manifests/ate-install/kind-jwt"
+            if self.auth_mode == "jwt"
+            else ("manifests/ate-install/kind")
+        )
 
 
 @dataclass(frozen=True)
@@ -312,8 +352,9 @@ class StackConfig:
         return f"./cmd/ateom-{self.runtime}"
 
     @classmethod
-    def from_mapping(cls, raw: Mapping[str, Any], *, secrets: frozenset[str] = frozenset()
-                     ) -> StackConfig:
+    def from_mapping(
+        cls, raw: Mapping[str, Any], *, secrets: frozenset[str] = frozenset()
+    ) -> StackConfig:
         """Validate the project's config keys (without the `gym-substrate:` prefix).
 
         `secrets` names the secret keys that are set (their values never reach this object).
@@ -337,30 +378,45 @@ class StackConfig:
         )
         c.done()
         if runtime == "microvm" and not cluster.kvm:
-            raise _fail("cluster.kvm", "runtime 'microvm' needs /dev/kvm on the node host, "
-                        "but cluster.kvm is false",
-                        "on a host where `ls -l /dev/kvm` shows the device, set "
-                        "`gym-substrate:cluster: {kvm: true}`; otherwise use "
-                        "`gym-substrate:runtime: gvisor`")
+            raise _fail(
+                "cluster.kvm",
+                "runtime 'microvm' needs /dev/kvm on the node host, but cluster.kvm is false",
+                "on a host where `ls -l /dev/kvm` shows the device, set "
+                "`gym-substrate:cluster: {kvm: true}`; otherwise use "
+                "`gym-substrate:runtime: gvisor`",
+            )
 
         host: HostConfig | None = None
         tools = ToolVersions()
         if target == "host":
-            h = _Section("host", top.get("host", required=True,
-                                         fix="add `gym-substrate:host: {address: ..., user: ...}`"))
+            h = _Section(
+                "host",
+                top.get(
+                    "host", required=True, fix="add `gym-substrate:host: {address: ..., user: ...}`"
+                ),
+            )
             host = HostConfig(
-                address=h.string("address", required=True,
-                                 fix="set `host.address` to the borrowed host's IP or DNS name"),
-                user=h.string("user", required=True,
-                              fix="set `host.user` to an SSH user with passwordless sudo"),
+                address=h.string(
+                    "address",
+                    required=True,
+                    fix="set `host.address` to the borrowed host's IP or DNS name",
+                ),
+                user=h.string(
+                    "user",
+                    required=True,
+                    fix="set `host.user` to an SSH user with passwordless sudo",
+                ),
                 port=h.integer("port", 22, 1, 65535),
                 api_port=h.integer("apiPort", 6443, 1024, 65535),
                 sshd_cpu_weight=h.integer("sshdCpuWeight", 10000, 1, 10000),
             )
             h.done()
             if "sshPrivateKey" not in secrets:
-                raise _fail("sshPrivateKey", "is required for target 'host' but missing",
-                            "run `pulumi config set --secret sshPrivateKey < ~/.ssh/id_ed25519`")
+                raise _fail(
+                    "sshPrivateKey",
+                    "is required for target 'host' but missing",
+                    "run `pulumi config set --secret sshPrivateKey < ~/.ssh/id_ed25519`",
+                )
             t = _Section("tools", top.get("tools"))
             tools = ToolVersions(
                 docker=t.string("docker", "docker.io"),
@@ -371,15 +427,21 @@ class StackConfig:
             )
             t.done()
         elif top.get("host") is not None:
-            raise _fail("host", "is only used with target 'host'",
-                        "remove `host` or set `gym-substrate:target: host`")
+            raise _fail(
+                "host",
+                "is only used with target 'host'",
+                "remove `host` or set `gym-substrate:target: host`",
+            )
 
         s = _Section("substrate", top.get("substrate"))
         commit = s.string("commit", SUBSTRATE_COMMIT)
         if not _COMMIT.match(commit):
-            raise _fail("substrate.commit", f"{commit!r} is not a full commit id",
-                        "pin the Substrate checkout by its 40-character commit hash "
-                        "(`git rev-parse HEAD`), not a branch or tag")
+            raise _fail(
+                "substrate.commit",
+                f"{commit!r} is not a full commit id",
+                "pin the Substrate checkout by its 40-character commit hash "
+                "(`git rev-parse HEAD`), not a branch or tag",
+            )
         substrate = SubstrateConfig(
             repo=s.string("repo", SUBSTRATE_REPO),
             commit=commit,
@@ -389,9 +451,11 @@ class StackConfig:
         )
         s.done()
         if substrate.path is not None and target == "host":
-            raise _fail("substrate.path", "a local checkout cannot be used on a borrowed host",
-                        "remove `substrate.path`; the host clones `substrate.repo` at "
-                        "`substrate.commit`")
+            raise _fail(
+                "substrate.path",
+                "a local checkout cannot be used on a borrowed host",
+                "remove `substrate.path`; the host clones `substrate.repo` at `substrate.commit`",
+            )
 
         p = _Section("pool", top.get("pool"))
         pool = PoolConfig(
@@ -408,39 +472,60 @@ class StackConfig:
         mount = a.choice("mount", "derived-image", ("derived-image", "image-volume"))
         args = a.get("args", list(AgentConfig.args))
         if not isinstance(args, list) or not all(isinstance(x, str) for x in args):
-            raise _fail("agent.args", f"expected a list of strings, got {args!r}",
-                        "write e.g. `args: [--host, 0.0.0.0, --port, \"80\"]`")
-        agent = AgentConfig(mount=mount, args=tuple(args),
-                            build_script=a.string("buildScript", AgentConfig.build_script),
-                            dockerfile=a.string("dockerfile", AgentConfig.dockerfile))
+            raise _fail(
+                "agent.args",
+                f"expected a list of strings, got {args!r}",
+                'write e.g. `args: [--host, 0.0.0.0, --port, "80"]`',
+            )
+        agent = AgentConfig(
+            mount=mount,
+            args=tuple(args),
+            build_script=a.string("buildScript", AgentConfig.build_script),
+            dockerfile=a.string("dockerfile", AgentConfig.dockerfile),
+        )
         a.done()
 
-        workloads_raw = top.get("workloads", required=True,
-                                fix="list at least one workload, e.g. "
-                                    "`workloads: [{name: python, image: python:3.12-slim}]`")
+        workloads_raw = top.get(
+            "workloads",
+            required=True,
+            fix="list at least one workload, e.g. "
+            "`workloads: [{name: python, image: python:3.12-slim}]`",
+        )
         if not isinstance(workloads_raw, list) or not workloads_raw:
-            raise _fail("workloads", "expected a non-empty list",
-                        "list at least one `{name: ..., image: ...}` entry")
+            raise _fail(
+                "workloads",
+                "expected a non-empty list",
+                "list at least one `{name: ..., image: ...}` entry",
+            )
         workloads: list[WorkloadConfig] = []
         for i, item in enumerate(workloads_raw):
             w = _Section(f"workloads[{i}]", item)
             image = w.string("image", required=True)
-            if image.endswith(":latest") or image.rsplit("/", 1)[-1].find(":") < 0 and "@" not in image:
-                raise _fail(w.sub("image"), f"{image!r} has no version",
-                            "give a tag (`python:3.12-slim`, resolved to a digest at `pulumi up`) "
-                            "or a digest (`image@sha256:...`); `latest` is not allowed")
-            workloads.append(WorkloadConfig(name=_label(w, "name", ""), image=image,
-                                            env=_env(w, "env")))
+            untagged = ":" not in image.rsplit("/", 1)[-1] and "@" not in image
+            if image.endswith(":latest") or untagged:
+                raise _fail(
+                    w.sub("image"),
+                    f"{image!r} has no version",
+                    "give a tag (`python:3.12-slim`, resolved to a digest at `pulumi up`) "
+                    "or a digest (`image@sha256:...`); `latest` is not allowed",
+                )
+            workloads.append(
+                WorkloadConfig(name=_label(w, "name", ""), image=image, env=_env(w, "env"))
+            )
             w.done()
         names = [wl.name for wl in workloads]
         if len(set(names)) != len(names):
-            raise _fail("workloads", f"duplicate workload names {names}",
-                        "give every workload a distinct `name`")
+            raise _fail(
+                "workloads",
+                f"duplicate workload names {names}",
+                "give every workload a distinct `name`",
+            )
 
         tp = _Section("templates", top.get("templates"))
         templates = TemplatesConfig(
-            ready_timeout_s=tp.integer("readyTimeoutSeconds",
-                                       600 if runtime == "microvm" else 300, 30, 7200),
+            ready_timeout_s=tp.integer(
+                "readyTimeoutSeconds", 600 if runtime == "microvm" else 300, 30, 7200
+            ),
             pause_image=_digest_image(tp, "pauseImage", PAUSE_IMAGE),
             env=_env(tp, "env") or TemplatesConfig.env,
         )
@@ -455,19 +540,29 @@ class StackConfig:
             atespace=_label(ac, "atespace", "gym"),
         )
         ac.done()
-        ports = [access.api_node_port, access.router_node_port, access.grafana_node_port,
-                 access.prometheus_node_port]
+        ports = [
+            access.api_node_port,
+            access.router_node_port,
+            access.grafana_node_port,
+            access.prometheus_node_port,
+        ]
         if len(set(ports)) != len(ports):
-            raise _fail("access", f"node ports collide: {ports}",
-                        "give the API, router, Grafana and Prometheus distinct nodePorts")
+            raise _fail(
+                "access",
+                f"node ports collide: {ports}",
+                "give the API, router, Grafana and Prometheus distinct nodePorts",
+            )
 
         o = _Section("observability", top.get("observability"))
         targets = o.get("providerTargets", [])
         if not isinstance(targets, list) or not all(
-                isinstance(x, str) and re.match(r"^[^\s:/]+:[0-9]{1,5}$", x) for x in targets):
-            raise _fail("observability.providerTargets", f"expected host:port strings, "
-                        f"got {targets!r}", "list the provider metrics endpoints as "
-                        "`[\"172.18.0.1:9464\"]`")
+            isinstance(x, str) and re.match(r"^[^\s:/]+:[0-9]{1,5}$", x) for x in targets
+        ):
+            raise _fail(
+                "observability.providerTargets",
+                f"expected host:port strings, got {targets!r}",
+                'list the provider metrics endpoints as `["172.18.0.1:9464"]`',
+            )
         observability = ObservabilityConfig(
             enabled=o.boolean("enabled", True),
             namespace=_label(o, "namespace", "gym-observability"),
@@ -477,26 +572,44 @@ class StackConfig:
         )
         o.done()
         top.done()
-        return cls(target=target, runtime=runtime, cluster=cluster, substrate=substrate,
-                   pool=pool, agent=agent, workloads=tuple(workloads), templates=templates,
-                   access=access, observability=observability, host=host, tools=tools)
+        return cls(
+            target=target,
+            runtime=runtime,
+            cluster=cluster,
+            substrate=substrate,
+            pool=pool,
+            agent=agent,
+            workloads=tuple(workloads),
+            templates=templates,
+            access=access,
+            observability=observability,
+            host=host,
+            tools=tools,
+        )
 
 
 def _version(section: _Section, key: str, default: str) -> str:
     value = section.string(key, default)
     if not _VERSION.match(value):
-        raise _fail(section.sub(key), f"{value!r} is not an exact version",
-                    "pin an exact release such as `v0.32.0` or `1.26.3`")
+        raise _fail(
+            section.sub(key),
+            f"{value!r} is not an exact version",
+            "pin an exact release such as `v0.32.0` or `1.26.3`",
+        )
     return value
 
 
 def _env(section: _Section, key: str) -> tuple[tuple[str, str], ...]:
     value = section.get(key, {})
     if not isinstance(value, Mapping) or not all(
-            isinstance(k, str) and re.match(r"^[ -<>-~]+$", k) and isinstance(v, str | int | float)
-            for k, v in value.items()):
-        raise _fail(section.sub(key), f"expected a mapping of NAME: value, got {value!r}",
-                    "write env as `{NAME: value}` with printable names without '='")
+        isinstance(k, str) and re.match(r"^[ -<>-~]+$", k) and isinstance(v, str | int | float)
+        for k, v in value.items()
+    ):
+        raise _fail(
+            section.sub(key),
+            f"expected a mapping of NAME: value, got {value!r}",
+            "write env as `{NAME: value}` with printable names without '='",
+        )
     return tuple((str(k), str(v)) for k, v in value.items())
 
 
@@ -515,7 +628,7 @@ def parse_config_values(values: Mapping[str, Any]) -> tuple[dict[str, Any], froz
     for full_key, value in values.items():
         if not full_key.startswith(prefix):
             continue
-        key = full_key[len(prefix):]
+        key = full_key[len(prefix) :]
         if key in SECRET_KEYS:
             secrets.add(key)
             continue
@@ -535,8 +648,10 @@ def load_stack_file(path: Path) -> StackConfig:
     targets a host, since render never touches the host.
     """
     if not path.is_file():
-        raise ConfigError(f"stack file {path} does not exist. Fix: pick one of the stacks in "
-                          f"{path.parent} (Pulumi.<stack>.yaml)")
+        raise ConfigError(
+            f"stack file {path} does not exist. Fix: pick one of the stacks in "
+            f"{path.parent} (Pulumi.<stack>.yaml)"
+        )
     doc = yaml.safe_load(path.read_text()) or {}
     values = doc.get("config") or {}
     if not isinstance(values, Mapping):

@@ -33,6 +33,7 @@ __all__ = [
     "provider_config",
     "sandbox_config",
     "template_name",
+    "to_yaml",
     "worker_pool",
 ]
 
@@ -44,12 +45,18 @@ API_SERVER_NAME = "api.ate-system.svc"
 # gVisor runsc release pinned by the Substrate commit this project installs
 # (manifests/ate-install/sandboxconfig-gvisor.yaml at 86e138f6).
 RUNSC_ASSETS = {
-    "amd64": {"runsc": {
-        "url": "gs://gvisor/releases/release/20260622/x86_64/runsc",
-        "sha256": "f18a948bf9c8bbb54eb998549a3a8d719a1c7de2efbe8fdd2ff0ee5fecd06f19"}},
-    "arm64": {"runsc": {
-        "url": "gs://gvisor/releases/release/20260622/aarch64/runsc",
-        "sha256": "62eee121f8c188e347c428acc96f111568ede3be37b906046b6f28bbe2cc40c0"}},
+    "amd64": {
+        "runsc": {
+            "url": "gs://gvisor/releases/release/20260622/x86_64/runsc",
+            "sha256": "f18a948bf9c8bbb54eb998549a3a8d719a1c7de2efbe8fdd2ff0ee5fecd06f19",
+        }
+    },
+    "arm64": {
+        "runsc": {
+            "url": "gs://gvisor/releases/release/20260622/aarch64/runsc",
+            "sha256": "62eee121f8c188e347c428acc96f111568ede3be37b906046b6f28bbe2cc40c0",
+        }
+    },
 }
 MICROVM_ASSET_FILES = {
     "cloud-hypervisor": "cloud-hypervisor",
@@ -67,7 +74,8 @@ def manifests_dir() -> Path:
         if (candidate / "workerpool.yaml").is_file():
             return candidate
     raise FileNotFoundError(
-        f"manifests/ not found next to {here} or at the repo root; reinstall gym-substrate")
+        f"manifests/ not found next to {here} or at the repo root; reinstall gym-substrate"
+    )
 
 
 @cache
@@ -81,8 +89,11 @@ def _manifest(name: str) -> list[Obj]:
 
 
 def pool_namespace(cfg: StackConfig) -> Obj:
-    return {"apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": cfg.pool.namespace, "labels": dict(PART_OF)}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": cfg.pool.namespace, "labels": dict(PART_OF)},
+    }
 
 
 def worker_pool(cfg: StackConfig, ateom_image: str) -> Obj:
@@ -105,8 +116,17 @@ def worker_pool(cfg: StackConfig, ateom_image: str) -> Obj:
     return pool
 
 
-_SUFFIX = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
-           "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40}
+_SUFFIX = {
+    "m": 1e-3,
+    "k": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "Ki": 2.0**10,
+    "Mi": 2.0**20,
+    "Gi": 2.0**30,
+    "Ti": 2.0**40,
+}
 
 
 def _quantity_value(q: str) -> float:
@@ -116,29 +136,47 @@ def _quantity_value(q: str) -> float:
     return float(q)
 
 
-def sandbox_config(cfg: StackConfig, virtiofsd_sha256: str = "0" * 64,
-                   asset_sha256: Mapping[str, str] | None = None) -> Obj:
+def sandbox_config(
+    cfg: StackConfig,
+    virtiofsd_sha256: str = "0" * 64,
+    asset_sha256: Mapping[str, str] | None = None,
+) -> Obj:
     """`gvisor-default` (the pinned runsc) or `microvm` (kata assets staged in the bucket)."""
     if cfg.runtime == "gvisor":
-        return {"apiVersion": "ate.dev/v1alpha1", "kind": "SandboxConfig",
-                "metadata": {"name": "gvisor-default", "labels": dict(PART_OF)},
-                "spec": {"sandboxClass": "gvisor", "default": True,
-                         "assets": copy.deepcopy(RUNSC_ASSETS)}}
+        return {
+            "apiVersion": "ate.dev/v1alpha1",
+            "kind": "SandboxConfig",
+            "metadata": {"name": "gvisor-default", "labels": dict(PART_OF)},
+            "spec": {
+                "sandboxClass": "gvisor",
+                "default": True,
+                "assets": copy.deepcopy(RUNSC_ASSETS),
+            },
+        }
     sums = dict(asset_sha256 or {})
     sums.setdefault("virtiofsd", virtiofsd_sha256)
     assets = {
-        name: {"url": f"gs://{cfg.substrate.bucket}/kata-assets/{fname}",
-               "sha256": sums.get(name, "0" * 64)}
+        name: {
+            "url": f"gs://{cfg.substrate.bucket}/kata-assets/{fname}",
+            "sha256": sums.get(name, "0" * 64),
+        }
         for name, fname in MICROVM_ASSET_FILES.items()
     }
-    return {"apiVersion": "ate.dev/v1alpha1", "kind": "SandboxConfig",
-            "metadata": {"name": "microvm", "labels": dict(PART_OF)},
-            "spec": {"sandboxClass": "microvm", "default": True,
-                     "assets": {"amd64": assets, "arm64": copy.deepcopy(assets)}}}
+    return {
+        "apiVersion": "ate.dev/v1alpha1",
+        "kind": "SandboxConfig",
+        "metadata": {"name": "microvm", "labels": dict(PART_OF)},
+        "spec": {
+            "sandboxClass": "microvm",
+            "default": True,
+            "assets": {"amd64": assets, "arm64": copy.deepcopy(assets)},
+        },
+    }
 
 
-def _template_spec(cfg: StackConfig, workload: WorkloadConfig, *, image: str,
-                   agent_image: str | None) -> Obj:
+def _template_spec(
+    cfg: StackConfig, workload: WorkloadConfig, *, image: str, agent_image: str | None
+) -> Obj:
     agent = cfg.agent
     env = dict(cfg.templates.env)
     env.update(dict(workload.env))
@@ -160,8 +198,12 @@ def _template_spec(cfg: StackConfig, workload: WorkloadConfig, *, image: str,
         # For Substrate versions whose ActorTemplate accepts image volumes (not the pinned one).
         binary_dir = agent.binary_path.rsplit("/", 1)[0]
         container["volumeMounts"] = [{"name": "sandbox-agent", "mountPath": binary_dir}]
-        spec["volumes"] = [{"name": "sandbox-agent",
-                            "image": {"reference": agent_image, "pullPolicy": "IfNotPresent"}}]
+        spec["volumes"] = [
+            {
+                "name": "sandbox-agent",
+                "image": {"reference": agent_image, "pullPolicy": "IfNotPresent"},
+            }
+        ]
     return spec
 
 
@@ -172,8 +214,9 @@ def template_name(workload: str, spec: Mapping[str, Any]) -> str:
     return f"{workload}-{digest}"
 
 
-def actor_template(cfg: StackConfig, workload: WorkloadConfig, *, image: str,
-                   agent_image: str | None = None) -> Obj:
+def actor_template(
+    cfg: StackConfig, workload: WorkloadConfig, *, image: str, agent_image: str | None = None
+) -> Obj:
     """The ActorTemplate for one workload.
 
     `image` is the container image by digest: the derived image (workload + agent) in
@@ -182,11 +225,18 @@ def actor_template(cfg: StackConfig, workload: WorkloadConfig, *, image: str,
     spec = _template_spec(cfg, workload, image=image, agent_image=agent_image)
     name = template_name(workload.name, spec)
     spec["snapshotsConfig"]["location"] = (
-        f"gs://{cfg.substrate.bucket}/{cfg.pool.namespace}/{name}/")
-    return {"apiVersion": "ate.dev/v1alpha1", "kind": "ActorTemplate",
-            "metadata": {"name": name, "namespace": cfg.pool.namespace,
-                         "labels": {**PART_OF, "gym-substrate/workload": workload.name}},
-            "spec": spec}
+        f"gs://{cfg.substrate.bucket}/{cfg.pool.namespace}/{name}/"
+    )
+    return {
+        "apiVersion": "ate.dev/v1alpha1",
+        "kind": "ActorTemplate",
+        "metadata": {
+            "name": name,
+            "namespace": cfg.pool.namespace,
+            "labels": {**PART_OF, "gym-substrate/workload": workload.name},
+        },
+        "spec": spec,
+    }
 
 
 def nodeport_services(cfg: StackConfig) -> list[Obj]:
@@ -197,11 +247,15 @@ def nodeport_services(cfg: StackConfig) -> list[Obj]:
 
 
 def local_registry_hosting(cfg: StackConfig) -> Obj:
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "local-registry-hosting", "namespace": "kube-public"},
-            "data": {"localRegistryHosting.v1":
-                     f'host: "localhost:{cfg.cluster.registry_port}"\n'
-                     'help: "https://kind.sigs.k8s.io/docs/user/local-registry/"\n'}}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "local-registry-hosting", "namespace": "kube-public"},
+        "data": {
+            "localRegistryHosting.v1": f'host: "localhost:{cfg.cluster.registry_port}"\n'
+            'help: "https://kind.sigs.k8s.io/docs/user/local-registry/"\n'
+        },
+    }
 
 
 def dashboard(cfg: StackConfig) -> Obj:
@@ -220,28 +274,43 @@ def prometheus_config(cfg: StackConfig) -> str:
     depend on how the OTel exporter negotiates UTF-8 names.
     """
     relabel = [
-        {"source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"],
-         "action": "keep", "regex": "true"},
-        {"source_labels": ["__address__", "__meta_kubernetes_pod_annotation_prometheus_io_port"],
-         "action": "replace", "regex": r"([^:]+)(?::\d+)?;(\d+)", "replacement": "$1:$2",
-         "target_label": "__address__"},
+        {
+            "source_labels": ["__meta_kubernetes_pod_annotation_prometheus_io_scrape"],
+            "action": "keep",
+            "regex": "true",
+        },
+        {
+            "source_labels": ["__address__", "__meta_kubernetes_pod_annotation_prometheus_io_port"],
+            "action": "replace",
+            "regex": r"([^:]+)(?::\d+)?;(\d+)",
+            "replacement": "$1:$2",
+            "target_label": "__address__",
+        },
         {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
         {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
         {"source_labels": ["__meta_kubernetes_pod_node_name"], "target_label": "node"},
         {"action": "labelmap", "regex": "__meta_kubernetes_pod_label_(.+)"},
     ]
-    scrape: list[Obj] = [{
-        "job_name": "substrate",
-        "metric_name_validation_scheme": "legacy",
-        "kubernetes_sd_configs": [{"role": "pod", "namespaces": {"names": ["ate-system"]}}],
-        "relabel_configs": relabel,
-    }]
+    scrape: list[Obj] = [
+        {
+            "job_name": "substrate",
+            "metric_name_validation_scheme": "legacy",
+            "kubernetes_sd_configs": [{"role": "pod", "namespaces": {"names": ["ate-system"]}}],
+            "relabel_configs": relabel,
+        }
+    ]
     if cfg.observability.provider_targets:
-        scrape.append({"job_name": "gym-substrate-provider",
-                       "metric_name_validation_scheme": "legacy",
-                       "static_configs": [{"targets": list(cfg.observability.provider_targets)}]})
-    doc = {"global": {"scrape_interval": "15s", "evaluation_interval": "15s"},
-           "scrape_configs": scrape}
+        scrape.append(
+            {
+                "job_name": "gym-substrate-provider",
+                "metric_name_validation_scheme": "legacy",
+                "static_configs": [{"targets": list(cfg.observability.provider_targets)}],
+            }
+        )
+    doc = {
+        "global": {"scrape_interval": "15s", "evaluation_interval": "15s"},
+        "scrape_configs": scrape,
+    }
     return yaml.safe_dump(doc, sort_keys=False)
 
 
@@ -256,84 +325,199 @@ def observability_objects(cfg: StackConfig) -> list[Obj]:
             m["namespace"] = ns
         return m
 
-    def deployment(name: str, image: str, port: int, args: list[str], mounts: list[Obj],
-                   volumes: list[Obj], sa: str | None = None, probe: str = "/") -> Obj:
+    def deployment(
+        name: str,
+        image: str,
+        port: int,
+        args: list[str],
+        mounts: list[Obj],
+        volumes: list[Obj],
+        sa: str | None = None,
+        probe: str = "/",
+    ) -> Obj:
         pod: Obj = {
-            "containers": [{
-                "name": name, "image": image, "args": args,
-                "ports": [{"name": "http", "containerPort": port}],
-                "volumeMounts": mounts,
-                "readinessProbe": {"httpGet": {"path": probe, "port": port}},
-                "resources": {"requests": {"cpu": "100m", "memory": "128Mi"},
-                              "limits": {"memory": "1Gi"}},
-            }],
+            "containers": [
+                {
+                    "name": name,
+                    "image": image,
+                    "args": args,
+                    "ports": [{"name": "http", "containerPort": port}],
+                    "volumeMounts": mounts,
+                    "readinessProbe": {"httpGet": {"path": probe, "port": port}},
+                    "resources": {
+                        "requests": {"cpu": "100m", "memory": "128Mi"},
+                        "limits": {"memory": "1Gi"},
+                    },
+                }
+            ],
             "volumes": volumes,
         }
         if sa:
             pod["serviceAccountName"] = sa
-        return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta(name),
-                "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
-                         "template": {"metadata": {"labels": {"app": name, **labels}},
-                                      "spec": pod}}}
+        return {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": meta(name),
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": name}},
+                "template": {"metadata": {"labels": {"app": name, **labels}}, "spec": pod},
+            },
+        }
 
     def service(name: str, port: int, node_port: int) -> Obj:
-        return {"apiVersion": "v1", "kind": "Service", "metadata": meta(name),
-                "spec": {"type": "NodePort", "selector": {"app": name},
-                         "ports": [{"name": "http", "port": port, "targetPort": port,
-                                    "nodePort": node_port}]}}
+        return {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": meta(name),
+            "spec": {
+                "type": "NodePort",
+                "selector": {"app": name},
+                "ports": [
+                    {"name": "http", "port": port, "targetPort": port, "nodePort": node_port}
+                ],
+            },
+        }
 
-    datasources = yaml.safe_dump({"apiVersion": 1, "datasources": [{
-        "name": "Prometheus", "type": "prometheus", "uid": "prometheus", "access": "proxy",
-        "url": f"http://prometheus.{ns}.svc:9090", "isDefault": True}]})
-    providers = yaml.safe_dump({"apiVersion": 1, "providers": [{
-        "name": "gym-substrate", "folder": "gym-substrate", "type": "file",
-        "disableDeletion": True, "options": {"path": "/var/lib/grafana/dashboards"}}]})
+    datasources = yaml.safe_dump(
+        {
+            "apiVersion": 1,
+            "datasources": [
+                {
+                    "name": "Prometheus",
+                    "type": "prometheus",
+                    "uid": "prometheus",
+                    "access": "proxy",
+                    "url": f"http://prometheus.{ns}.svc:9090",
+                    "isDefault": True,
+                }
+            ],
+        }
+    )
+    providers = yaml.safe_dump(
+        {
+            "apiVersion": 1,
+            "providers": [
+                {
+                    "name": "gym-substrate",
+                    "folder": "gym-substrate",
+                    "type": "file",
+                    "disableDeletion": True,
+                    "options": {"path": "/var/lib/grafana/dashboards"},
+                }
+            ],
+        }
+    )
     return [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": meta(ns, namespaced=False)},
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta("prometheus")},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-         "metadata": meta("gym-substrate-prometheus", namespaced=False),
-         "rules": [{"apiGroups": [""], "resources": ["pods", "endpoints", "services"],
-                    "verbs": ["get", "list", "watch"]}]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-         "metadata": meta("gym-substrate-prometheus", namespaced=False),
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                     "name": "gym-substrate-prometheus"},
-         "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": ns}]},
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta("prometheus-config"),
-         "data": {"prometheus.yml": prometheus_config(cfg)}},
-        deployment("prometheus", cfg.observability.prometheus_image, 9090,
-                   ["--config.file=/etc/prometheus/prometheus.yml",
-                    "--storage.tsdb.path=/prometheus", "--storage.tsdb.retention.time=7d"],
-                   [{"name": "config", "mountPath": "/etc/prometheus"},
-                    {"name": "data", "mountPath": "/prometheus"}],
-                   [{"name": "config", "configMap": {"name": "prometheus-config"}},
-                    {"name": "data", "emptyDir": {}}],
-                   sa="prometheus", probe="/-/ready"),
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": meta("gym-substrate-prometheus", namespaced=False),
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["pods", "endpoints", "services"],
+                    "verbs": ["get", "list", "watch"],
+                }
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": meta("gym-substrate-prometheus", namespaced=False),
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "gym-substrate-prometheus",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": ns}],
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": meta("prometheus-config"),
+            "data": {"prometheus.yml": prometheus_config(cfg)},
+        },
+        deployment(
+            "prometheus",
+            cfg.observability.prometheus_image,
+            9090,
+            [
+                "--config.file=/etc/prometheus/prometheus.yml",
+                "--storage.tsdb.path=/prometheus",
+                "--storage.tsdb.retention.time=7d",
+            ],
+            [
+                {"name": "config", "mountPath": "/etc/prometheus"},
+                {"name": "data", "mountPath": "/prometheus"},
+            ],
+            [
+                {"name": "config", "configMap": {"name": "prometheus-config"}},
+                {"name": "data", "emptyDir": {}},
+            ],
+            sa="prometheus",
+            probe="/-/ready",
+        ),
         service("prometheus", 9090, cfg.access.prometheus_node_port),
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta("grafana-provisioning"),
-         "data": {"datasources.yaml": datasources, "dashboards.yaml": providers}},
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta("grafana-dashboards"),
-         "data": {"sandbox-lifecycle.json": json.dumps(dashboard(cfg), indent=2)}},
-        deployment("grafana", cfg.observability.grafana_image, 3000, [],
-                   [{"name": "datasources", "mountPath": "/etc/grafana/provisioning/datasources"},
-                    {"name": "dashboard-providers",
-                     "mountPath": "/etc/grafana/provisioning/dashboards"},
-                    {"name": "dashboards", "mountPath": "/var/lib/grafana/dashboards"}],
-                   [{"name": "datasources", "configMap": {
-                       "name": "grafana-provisioning",
-                       "items": [{"key": "datasources.yaml", "path": "datasources.yaml"}]}},
-                    {"name": "dashboard-providers", "configMap": {
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": meta("grafana-provisioning"),
+            "data": {"datasources.yaml": datasources, "dashboards.yaml": providers},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": meta("grafana-dashboards"),
+            "data": {"sandbox-lifecycle.json": json.dumps(dashboard(cfg), indent=2)},
+        },
+        deployment(
+            "grafana",
+            cfg.observability.grafana_image,
+            3000,
+            [],
+            [
+                {"name": "datasources", "mountPath": "/etc/grafana/provisioning/datasources"},
+                {
+                    "name": "dashboard-providers",
+                    "mountPath": "/etc/grafana/provisioning/dashboards",
+                },
+                {"name": "dashboards", "mountPath": "/var/lib/grafana/dashboards"},
+            ],
+            [
+                {
+                    "name": "datasources",
+                    "configMap": {
                         "name": "grafana-provisioning",
-                        "items": [{"key": "dashboards.yaml", "path": "dashboards.yaml"}]}},
-                    {"name": "dashboards", "configMap": {"name": "grafana-dashboards"}}],
-                   probe="/api/health"),
+                        "items": [{"key": "datasources.yaml", "path": "datasources.yaml"}],
+                    },
+                },
+                {
+                    "name": "dashboard-providers",
+                    "configMap": {
+                        "name": "grafana-provisioning",
+                        "items": [{"key": "dashboards.yaml", "path": "dashboards.yaml"}],
+                    },
+                },
+                {"name": "dashboards", "configMap": {"name": "grafana-dashboards"}},
+            ],
+            probe="/api/health",
+        ),
         service("grafana", 3000, cfg.access.grafana_node_port),
     ]
 
 
-def provider_config(cfg: StackConfig, *, api: str, router: str, ca_pem: str,
-                    templates: Mapping[str, str], token_file: str | None) -> Obj:
+def provider_config(
+    cfg: StackConfig,
+    *,
+    api: str,
+    router: str,
+    ca_pem: str,
+    templates: Mapping[str, str],
+    token_file: str | None,
+) -> Obj:
     """The NeMo Gym `sandbox:` block for the `substrate` provider (issue 4 §2 keys).
 
     `templates` maps each configured workload image to its `namespace/name` template; the first
@@ -348,7 +532,27 @@ def provider_config(cfg: StackConfig, *, api: str, router: str, ca_pem: str,
     if cfg.substrate.auth_mode == "jwt" and token_file:
         connection["token"] = {"file": token_file}
     first = cfg.workloads[0].image
-    return {"sandbox": {"substrate": {
-        "connection": connection,
-        "create": {"template": templates[first], "image_templates": dict(templates)},
-    }}}
+    return {
+        "sandbox": {
+            "substrate": {
+                "connection": connection,
+                "create": {"template": templates[first], "image_templates": dict(templates)},
+            }
+        }
+    }
+
+
+class _BlockDumper(yaml.SafeDumper):
+    """Multi-line strings (the CA PEM) as `|` blocks, so the output pastes cleanly."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_BlockDumper.add_representer(str, _str)
+
+
+def to_yaml(doc: Obj) -> str:
+    return yaml.dump(doc, Dumper=_BlockDumper, sort_keys=False)

@@ -53,8 +53,10 @@ def render_stack(cfg: StackConfig, out: Path) -> tuple[list[Path], list[str]]:
     if cfg.runtime == "gvisor":
         objs.append(objects.sandbox_config(cfg))
     else:
-        skipped.append("SandboxConfig microvm: its asset sha256 values come from staging the "
-                       "kata assets at `pulumi up`")
+        skipped.append(
+            "SandboxConfig microvm: its asset sha256 values come from staging the "
+            "kata assets at `pulumi up`"
+        )
     objs.append(objects.worker_pool(cfg, ko_ateom))
     objs.extend(objects.nodeport_services(cfg))
     if cfg.observability.enabled:
@@ -62,8 +64,10 @@ def render_stack(cfg: StackConfig, out: Path) -> tuple[list[Path], list[str]]:
     for i, obj in enumerate(objs):
         write(f"kubernetes/{_file_name(i, obj)}", yaml.safe_dump(obj, sort_keys=False))
     for wl in cfg.workloads:
-        skipped.append(f"ActorTemplate for workload {wl.name!r}: its name and image carry the "
-                       "digests of images built at `pulumi up`")
+        skipped.append(
+            f"ActorTemplate for workload {wl.name!r}: its name and image carry the "
+            "digests of images built at `pulumi up`"
+        )
     if cfg.observability.enabled:
         write("dashboards/sandbox-lifecycle.json", json.dumps(objects.dashboard(cfg), indent=2))
     write("kind-config.yaml", yaml.safe_dump(scripts.kind_config(cfg), sort_keys=False))
@@ -92,10 +96,19 @@ def render_stack(cfg: StackConfig, out: Path) -> tuple[list[Path], list[str]]:
 
 @click.command()
 @click.option("--stack", "stack", type=click.Choice(STACKS), help="A stack in infra/stacks.")
-@click.option("--stack-file", "stack_file_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="A Pulumi.<stack>.yaml file (instead of --stack).")
-@click.option("--out", "out", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Directory to write into (created if missing).")
+@click.option(
+    "--stack-file",
+    "stack_file_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A Pulumi.<stack>.yaml file (instead of --stack).",
+)
+@click.option(
+    "--out",
+    "out",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory to write into (created if missing).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the written files as JSON.")
 def render(stack: str | None, stack_file_path: Path | None, out: Path, as_json: bool) -> None:
     """Write the Kubernetes objects, kind config and scripts a stack applies."""
@@ -108,8 +121,11 @@ def render(stack: str | None, stack_file_path: Path | None, out: Path, as_json: 
         raise click.ClickException(f"{path}: {exc}") from exc
     files, skipped = render_stack(cfg, out)
     if as_json:
-        click.echo(json.dumps({"stack": str(path), "files": [str(f) for f in files],
-                               "skipped": skipped}, indent=2))
+        click.echo(
+            json.dumps(
+                {"stack": str(path), "files": [str(f) for f in files], "skipped": skipped}, indent=2
+            )
+        )
         return
     from rich.console import Console
     from rich.table import Table

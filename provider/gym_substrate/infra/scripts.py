@@ -38,7 +38,9 @@ __all__ = [
     "substrate_delete_script",
     "substrate_install_script",
     "template_wait_script",
+    "pinned_workload_script",
     "token_script",
+    "tree_hash",
 ]
 
 REGISTRY = "kind-registry"  # Substrate's atelet rewrites localhost registries to kind-registry:5000
@@ -85,8 +87,10 @@ class Paths:
         return self.cfg.substrate.path or f"{self.workdir}/substrate"
 
     def env(self) -> str:
-        return (f'WORKDIR="{self.workdir}"\nexport KUBECONFIG="{self.kubeconfig}"\n'
-                f'mkdir -p "$WORKDIR"\n')
+        return (
+            f'WORKDIR="{self.workdir}"\nexport KUBECONFIG="{self.kubeconfig}"\n'
+            f'mkdir -p "$WORKDIR"\n'
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -112,8 +116,11 @@ def kind_config(cfg: StackConfig) -> dict[str, object]:
         "kind": "Cluster",
         "apiVersion": "kind.x-k8s.io/v1alpha4",
         "name": cfg.cluster.name,
-        "featureGates": {"ClusterTrustBundle": True, "ClusterTrustBundleProjection": True,
-                         "PodCertificateRequest": True},
+        "featureGates": {
+            "ClusterTrustBundle": True,
+            "ClusterTrustBundleProjection": True,
+            "PodCertificateRequest": True,
+        },
         "runtimeConfig": {"certificates.k8s.io/v1beta1": "true"},
         "nodes": [node],
     }
@@ -121,10 +128,14 @@ def kind_config(cfg: StackConfig) -> dict[str, object]:
         # The operator's machine talks to the API server at the host's address: listen on all
         # interfaces and put that address into the serving certificate.
         doc["networking"] = {"apiServerAddress": "0.0.0.0", "apiServerPort": cfg.host.api_port}
-        doc["kubeadmConfigPatches"] = [yaml.safe_dump({
-            "kind": "ClusterConfiguration",
-            "apiServer": {"certSANs": [cfg.host.address, "127.0.0.1", "localhost"]},
-        })]
+        doc["kubeadmConfigPatches"] = [
+            yaml.safe_dump(
+                {
+                    "kind": "ClusterConfiguration",
+                    "apiServer": {"certSANs": [cfg.host.address, "127.0.0.1", "localhost"]},
+                }
+            )
+        ]
     return doc
 
 
@@ -139,10 +150,14 @@ def kind_create_script(cfg: StackConfig) -> str:
             "if ! docker run --rm --device /dev/kvm busybox:1.36 true; then\n"
             "  echo 'runtime microvm: /dev/kvm is not usable by Docker on this host. Enable "
             "virtualization (ls -l /dev/kvm) or set gym-substrate:runtime gvisor.' >&2\n"
-            "  exit 1\nfi\n")
+            "  exit 1\nfi\n"
+        )
     return (
-        _PREAMBLE + _STDOUT_TO_FD3 + p.env() + kvm +
-        f"# Local registry: Substrate's atelet pulls localhost:{port} images from "
+        _PREAMBLE
+        + _STDOUT_TO_FD3
+        + p.env()
+        + kvm
+        + f"# Local registry: Substrate's atelet pulls localhost:{port} images from "
         f"{REGISTRY}:5000.\n"
         f"if ! docker inspect {REGISTRY} >/dev/null 2>&1; then\n"
         f"  docker run -d --restart=always --name {REGISTRY} -p 127.0.0.1:{port}:5000 "
@@ -158,15 +173,18 @@ def kind_create_script(cfg: StackConfig) -> str:
         "else\n"
         f'  kind get kubeconfig --name {name} > "$KUBECONFIG"\n'
         "fi\n"
-        + (f'sed -i "s#server: https://0.0.0.0:#server: https://127.0.0.1:#" "$KUBECONFIG"\n'
-           if cfg.host is not None else "")
+        + (
+            'sed -i "s#server: https://0.0.0.0:#server: https://127.0.0.1:#" "$KUBECONFIG"\n'
+            if cfg.host is not None
+            else ""
+        )
         + f"for node in $(kind get nodes --name {name}); do\n"
-        "  # gVisor actors reach pods through proxy ARP on the node (hack/create-kind-cluster.sh).\n"
-        "  docker exec \"$node\" sysctl -w net.ipv4.conf.all.proxy_arp=1\n"
-        f"  docker exec \"$node\" mkdir -p /etc/containerd/certs.d/localhost:{port}\n"
-        f"  printf '[host.\"http://{REGISTRY}:5000\"]\\n' | docker exec -i \"$node\" "
+        "  # gVisor actors reach pods through proxy ARP (hack/create-kind-cluster.sh).\n"
+        '  docker exec "$node" sysctl -w net.ipv4.conf.all.proxy_arp=1\n'
+        f'  docker exec "$node" mkdir -p /etc/containerd/certs.d/localhost:{port}\n'
+        f'  printf \'[host."http://{REGISTRY}:5000"]\\n\' | docker exec -i "$node" '
         f"tee /etc/containerd/certs.d/localhost:{port}/hosts.toml >/dev/null\n"
-        + ("  docker exec \"$node\" chmod 666 /dev/kvm\n" if cfg.runtime == "microvm" else "")
+        + ('  docker exec "$node" chmod 666 /dev/kvm\n' if cfg.runtime == "microvm" else "")
         + "done\n"
         f"if [ \"$(docker inspect -f '{{{{json .NetworkSettings.Networks.kind}}}}' {REGISTRY})\" "
         "= null ]; then\n"
@@ -181,8 +199,10 @@ def kubeconfig_script(cfg: StackConfig) -> str:
     p = Paths(cfg)
     rewrite = ""
     if cfg.host is not None:
-        rewrite = (f" | sed -e 's#server: https://[^ ]*#server: "
-                   f"https://{cfg.host.address}:{cfg.host.api_port}#'")
+        rewrite = (
+            f" | sed -e 's#server: https://[^ ]*#server: "
+            f"https://{cfg.host.address}:{cfg.host.api_port}#'"
+        )
     return _PREAMBLE + p.env() + f"kind get kubeconfig --name {cfg.cluster.name}{rewrite}\n"
 
 
@@ -190,12 +210,11 @@ def kind_delete_script(cfg: StackConfig) -> str:
     p = Paths(cfg)
     name = cfg.cluster.name
     return (
-        _PREAMBLE + p.env() +
-        f"kind delete cluster --name {name} || true\n"
+        _PREAMBLE + p.env() + f"kind delete cluster --name {name} || true\n"
         # Only the registry this stack created goes; one that existed before stays.
         f'if [ -f "$WORKDIR/registry-created" ] && [ "$(docker inspect -f '
-        f"'{{{{index .Config.Labels \"gym-substrate/cluster\"}}}}' {REGISTRY} 2>/dev/null)\" "
-        f'= {name} ]; then\n'
+        f'\'{{{{index .Config.Labels "gym-substrate/cluster"}}}}\' {REGISTRY} 2>/dev/null)" '
+        f"= {name} ]; then\n"
         f"  docker rm -f {REGISTRY}\n"
         '  rm -f "$WORKDIR/registry-created"\n'
         "fi\n"
@@ -222,17 +241,18 @@ def substrate_build_script(cfg: StackConfig) -> str:
             f'if [ "$(git -C "$SRC" rev-parse HEAD)" != {s.commit} ]; then\n'
             f'  echo "substrate.path $SRC is at $(git -C "$SRC" rev-parse HEAD), but '
             f'substrate.commit is {s.commit}: run git -C $SRC checkout {s.commit}" >&2\n'
-            "  exit 1\nfi\n")
+            "  exit 1\nfi\n"
+        )
     else:
         checkout = (
             f'SRC="{p.src}"\n'
             f'[ -d "$SRC/.git" ] || git clone --filter=blob:none {shlex.quote(s.repo)} "$SRC"\n'
             f'git -C "$SRC" cat-file -e {s.commit}^{{commit}} 2>/dev/null || '
             f'git -C "$SRC" fetch origin {s.commit}\n'
-            f'git -C "$SRC" -c advice.detachedHead=false checkout --detach {s.commit}\n')
+            f'git -C "$SRC" -c advice.detachedHead=false checkout --detach {s.commit}\n'
+        )
     return (
-        _PREAMBLE + _STDOUT_TO_FD3 + p.env() + checkout +
-        'cd "$SRC"\n'
+        _PREAMBLE + _STDOUT_TO_FD3 + p.env() + checkout + 'cd "$SRC"\n'
         f"export KO_DOCKER_REPO=localhost:{cfg.cluster.registry_port}\n"
         'export KO_DEFAULTPLATFORMS="linux/$(go env GOARCH)"\n'
         f'mkdir -p "{p.rendered}"\n'
@@ -251,8 +271,7 @@ def substrate_install_script(cfg: StackConfig) -> str:
     p = Paths(cfg)
     r = p.rendered
     return (
-        _PREAMBLE + _STDOUT_TO_FD3 + p.env() +
-        f'SRC="{p.src}"\ncd "$SRC"\n'
+        _PREAMBLE + _STDOUT_TO_FD3 + p.env() + f'SRC="{p.src}"\ncd "$SRC"\n'
         'ate() { go run ./cmd/kubectl-ate "$@"; }\n'
         'absent() { ! kubectl -n "$1" get "$2" "$3" >/dev/null 2>&1; }\n'
         "# 1-3: CRDs (+ ClusterRole ate-controller), the SandboxConfig admission policy.\n"
@@ -276,11 +295,11 @@ def substrate_install_script(cfg: StackConfig) -> str:
         '--name "$pool" --secret-namespace podcertificate-controller-system --ca-id=1\n'
         "done\n"
         "if absent ate-system secret valkey-ca-certs; then\n"
-        '  TMP=$(mktemp -d)\n'
+        "  TMP=$(mktemp -d)\n"
         "  kubectl -n podcertificate-controller-system get secret service-dns-ca-pool "
         "-o jsonpath='{.data.pool}' | base64 -d | jq -r '.CAs[0].RootCertificateDER' "
         '| base64 -d | openssl x509 -inform DER -outform PEM > "$TMP/ca.crt"\n'
-        '  kubectl -n ate-system create secret generic valkey-ca-certs '
+        "  kubectl -n ate-system create secret generic valkey-ca-certs "
         '--from-file=ca.crt="$TMP/ca.crt"\n'
         '  rm -rf "$TMP"\n'
         "fi\n"
@@ -335,25 +354,32 @@ def _bucket_script(cfg: StackConfig) -> str:
         "--image=amazon/aws-cli:2.17.0 --env=AWS_ACCESS_KEY_ID=rustfsadmin "
         "--env=AWS_SECRET_ACCESS_KEY=rustfsadmin --env=AWS_REGION=us-east-1 -- "
         f"s3api create-bucket --bucket {b} --endpoint-url http://rustfs.ate-system.svc:9000 "
-        "|| true\n")
+        "|| true\n"
+    )
 
 
 def substrate_ca_script(cfg: StackConfig) -> str:
     """Prints the PEM clients pin (the servicedns ClusterTrustBundle)."""
-    return (_PREAMBLE + Paths(cfg).env() +
-            "kubectl get clustertrustbundle servicedns.podcert.ate.dev:identity:primary-bundle "
-            "-o jsonpath='{.spec.trustBundle}'\n")
+    return (
+        _PREAMBLE
+        + Paths(cfg).env()
+        + "kubectl get clustertrustbundle servicedns.podcert.ate.dev:identity:primary-bundle "
+        "-o jsonpath='{.spec.trustBundle}'\n"
+    )
 
 
 def token_script(cfg: StackConfig, duration_h: int = 24) -> str:
     """jwt mode: a bearer token for SA ate-system/ate-client, written to a file the provider
     re-reads on every call (re-run `pulumi up` or this command to refresh it)."""
     p = Paths(cfg)
-    return (_PREAMBLE + p.env() +
-            "kubectl -n ate-system create token ate-client --audience=api.ate-system.svc "
-            f'--duration={duration_h}h > "{p.token_file}.tmp"\n'
-            f'chmod 600 "{p.token_file}.tmp" && mv "{p.token_file}.tmp" "{p.token_file}"\n'
-            f'echo "{p.token_file}"\n')
+    return (
+        _PREAMBLE
+        + p.env()
+        + "kubectl -n ate-system create token ate-client --audience=api.ate-system.svc "
+        f'--duration={duration_h}h > "{p.token_file}.tmp"\n'
+        f'chmod 600 "{p.token_file}.tmp" && mv "{p.token_file}.tmp" "{p.token_file}"\n'
+        f'echo "{p.token_file}"\n'
+    )
 
 
 def substrate_delete_script(cfg: StackConfig) -> str:
@@ -362,8 +388,9 @@ def substrate_delete_script(cfg: StackConfig) -> str:
     p = Paths(cfg)
     r = p.rendered
     return (
-        "set -uo pipefail\n" + p.env() +
-        'kubectl version --request-timeout=5s >/dev/null 2>&1 || exit 0\n'
+        "set -uo pipefail\n"
+        + p.env()
+        + "kubectl version --request-timeout=5s >/dev/null 2>&1 || exit 0\n"
         f'[ -f "{r}/substrate.yaml" ] && kubectl delete -f "{r}/substrate.yaml" '
         "--ignore-not-found --timeout=180s\n"
         f'[ -f "{r}/podcert.yaml" ] && kubectl delete -f "{r}/podcert.yaml" '
@@ -386,8 +413,9 @@ def substrate_delete_script(cfg: StackConfig) -> str:
 def node_label_script(cfg: StackConfig) -> str:
     """microVM: label and check every node (WorkerPool pods select ate.dev/sandboxClass)."""
     return (
-        _PREAMBLE + Paths(cfg).env() +
-        f"for node in $(kind get nodes --name {cfg.cluster.name}); do\n"
+        _PREAMBLE
+        + Paths(cfg).env()
+        + f"for node in $(kind get nodes --name {cfg.cluster.name}); do\n"
         '  docker exec "$node" test -c /dev/kvm || { echo "node $node has no /dev/kvm: the '
         'microvm runtime needs KVM on the host (ls -l /dev/kvm)" >&2; exit 1; }\n'
         "done\n"
@@ -439,8 +467,9 @@ def agent_image_script(cfg: StackConfig, src_dir: str, source_hash: str) -> str:
     )
 
 
-def derived_image_script(cfg: StackConfig, workload_name: str, workload_image: str,
-                         agent_image: str) -> str:
+def derived_image_script(
+    cfg: StackConfig, workload_name: str, workload_image: str, agent_image: str
+) -> str:
     """Resolve the workload's digest, then `FROM <workload>@<digest>` + the agent binary.
 
     Prints one JSON line: {"workload": <pinned workload>, "image": <pinned derived image>}.
@@ -449,62 +478,74 @@ def derived_image_script(cfg: StackConfig, workload_name: str, workload_image: s
     binary = cfg.agent.binary_path
     wl = shlex.quote(workload_image)
     return (
-        _PREAMBLE + _STDOUT_TO_FD3 +
-        f"docker pull {wl}\n"
+        _PREAMBLE + _STDOUT_TO_FD3 + f"docker pull {wl}\n"
         "PINNED=$(docker inspect --format '{{range .RepoDigests}}{{println .}}{{end}}' "
         f"{wl} | head -n1)\n"
         '[ -n "$PINNED" ] || { echo "no registry digest for ' + workload_image + '" >&2; '
         "exit 1; }\n"
-        "TAG=$(printf '%s %s' \"$PINNED\" " + shlex.quote(agent_image)
+        "TAG=$(printf '%s %s' \"$PINNED\" "
+        + shlex.quote(agent_image)
         + " | sha256sum | cut -c1-16)\n"
         f"printf 'FROM %s\\nCOPY --from=%s {binary} {binary}\\n' \"$PINNED\" "
         f"{shlex.quote(agent_image)} | docker build -t {repo}:$TAG -\n"
         f"docker push {repo}:$TAG\n"
         "IMAGE=$(docker inspect --format '{{range .RepoDigests}}{{println .}}{{end}}' "
         f"{repo}:$TAG | grep -m1 '^{repo}@sha256:')\n"
-        "printf '{\"workload\": \"%s\", \"image\": \"%s\"}\\n' \"$PINNED\" \"$IMAGE\" >&3\n"
+        'printf \'{"workload": "%s", "image": "%s"}\\n\' "$PINNED" "$IMAGE" >&3\n'
     )
 
 
 def pinned_workload_script(workload_image: str) -> str:
     """image-volume mode: only the workload's digest is needed."""
     wl = shlex.quote(workload_image)
-    return (_PREAMBLE + _STDOUT_TO_FD3 + f"docker pull {wl} >&2\n"
-            "docker inspect --format '{{range .RepoDigests}}{{println .}}{{end}}' "
-            f"{wl} | head -n1 >&3\n")
+    return (
+        _PREAMBLE + _STDOUT_TO_FD3 + f"docker pull {wl} >&2\n"
+        "docker inspect --format '{{range .RepoDigests}}{{println .}}{{end}}' "
+        f"{wl} | head -n1 >&3\n"
+    )
 
 
 def pool_wait_script(cfg: StackConfig) -> str:
-    return (_PREAMBLE + Paths(cfg).env() +
-            f"kubectl -n {cfg.pool.namespace} rollout status "
-            f"deployment/{cfg.pool.name}-deployment --timeout=300s\n")
+    return (
+        _PREAMBLE + Paths(cfg).env() + f"kubectl -n {cfg.pool.namespace} rollout status "
+        f"deployment/{cfg.pool.name}-deployment --timeout=300s\n"
+    )
 
 
 def template_wait_script(cfg: StackConfig, template: str) -> str:
     """Ready means the golden snapshot exists; `Failed` is never set, hence the timeout."""
     t = cfg.templates.ready_timeout_s
-    return (_PREAMBLE + Paths(cfg).env() +
-            f"if ! kubectl -n {cfg.pool.namespace} wait --for=condition=Ready "
-            f"actortemplate/{template} --timeout={t}s; then\n"
-            f"  kubectl -n {cfg.pool.namespace} get actortemplate/{template} -o yaml >&2\n"
-            f"  echo 'template {template} not Ready after {t}s: check the atelet and "
-            f"{cfg.pool.name}-deployment pod logs' >&2\n"
-            "  exit 1\nfi\n"
-            f"echo {template}\n")
+    return (
+        _PREAMBLE
+        + Paths(cfg).env()
+        + f"if ! kubectl -n {cfg.pool.namespace} wait --for=condition=Ready "
+        f"actortemplate/{template} --timeout={t}s; then\n"
+        f"  kubectl -n {cfg.pool.namespace} get actortemplate/{template} -o yaml >&2\n"
+        f"  echo 'template {template} not Ready after {t}s: check the atelet and "
+        f"{cfg.pool.name}-deployment pod logs' >&2\n"
+        "  exit 1\nfi\n"
+        f"echo {template}\n"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # Borrowed host: record, prepare, and put back
 
-_SYSCTLS = ("fs.inotify.max_user_watches", "fs.inotify.max_user_instances",
-            "net.ipv4.ip_forward", "vm.max_map_count")
+_SYSCTLS = (
+    "fs.inotify.max_user_watches",
+    "fs.inotify.max_user_instances",
+    "net.ipv4.ip_forward",
+    "vm.max_map_count",
+)
 _PACKAGES = ("docker.io", "git", "jq", "openssl", "curl", "ca-certificates", "tar")
-_FILES = ("/etc/ssh/sshd_config", "/etc/sysctl.d/90-gym-substrate.conf",
-          "/etc/systemd/system/ssh.service.d/90-gym-substrate.conf",
-          "/etc/systemd/system/sshd.service.d/90-gym-substrate.conf",
-          "/etc/docker/daemon.json")
-_BINARIES = ("/usr/local/bin/kind", "/usr/local/bin/kubectl", "/usr/local/bin/ko",
-             "/usr/local/go")
+_FILES = (
+    "/etc/ssh/sshd_config",
+    "/etc/sysctl.d/90-gym-substrate.conf",
+    "/etc/systemd/system/ssh.service.d/90-gym-substrate.conf",
+    "/etc/systemd/system/sshd.service.d/90-gym-substrate.conf",
+    "/etc/docker/daemon.json",
+)
+_BINARIES = ("/usr/local/bin/kind", "/usr/local/bin/kubectl", "/usr/local/bin/ko", "/usr/local/go")
 _SERVICES = ("docker", "containerd", "ssh", "sshd")
 
 
@@ -521,13 +562,13 @@ def host_prep_root_script(cfg: StackConfig) -> str:
         'if [ -f "$STATE/complete" ]; then echo "state already recorded" >&2; exit 0; fi\n'
         'sudo mkdir -p "$STATE/files"\n'
         "dpkg-query -W -f='${Package}\\n' | sort | sudo tee \"$STATE/packages\" >/dev/null\n"
-        f"for k in {' '.join(_SYSCTLS)}; do echo \"$k=$(sysctl -n $k)\"; done "
+        f'for k in {" ".join(_SYSCTLS)}; do echo "$k=$(sysctl -n $k)"; done '
         '| sudo tee "$STATE/sysctls" >/dev/null\n'
         f"for f in {files}; do\n"
         '  if [ -e "$f" ]; then sudo cp -a --parents "$f" "$STATE/files/"; '
         'echo "$f" ; fi\n'
         'done | sudo tee "$STATE/files.present" >/dev/null\n'
-        f"for b in {' '.join(_BINARIES)}; do [ -e \"$b\" ] && echo \"$b\"; done "
+        f'for b in {" ".join(_BINARIES)}; do [ -e "$b" ] && echo "$b"; done '
         '| sudo tee "$STATE/binaries.present" >/dev/null || true\n'
         f"for s in {' '.join(_SERVICES)}; do\n"
         '  echo "$s $(systemctl is-enabled "$s" 2>/dev/null || echo absent) '
@@ -544,8 +585,7 @@ def host_install_tools_script(cfg: StackConfig) -> str:
     pkgs = " ".join(p for p in _PACKAGES if p != "docker.io") + f" {t.docker}"
     go = t.go.lstrip("v")
     return (
-        _PREAMBLE +
-        'ARCH=$(dpkg --print-architecture)\n'
+        _PREAMBLE + "ARCH=$(dpkg --print-architecture)\n"
         "export DEBIAN_FRONTEND=noninteractive\n"
         "sudo apt-get update -qq\n"
         f"sudo apt-get install -y -qq {pkgs}\n"
@@ -554,7 +594,7 @@ def host_install_tools_script(cfg: StackConfig) -> str:
         "printf 'fs.inotify.max_user_watches=524288\\nfs.inotify.max_user_instances=512\\n' "
         "| sudo tee /etc/sysctl.d/90-gym-substrate.conf >/dev/null\n"
         "sudo sysctl --system >/dev/null\n"
-        'TMP=$(mktemp -d)\ntrap \'rm -rf "$TMP"\' EXIT\n'
+        "TMP=$(mktemp -d)\ntrap 'rm -rf \"$TMP\"' EXIT\n"
         f'curl -fsSLo "$TMP/kind" "https://kind.sigs.k8s.io/dl/{t.kind}/kind-linux-$ARCH"\n'
         f'curl -fsSLo "$TMP/kubectl" "https://dl.k8s.io/release/{t.kubectl}/bin/linux/$ARCH/kubectl"\n'
         'sudo install -m 0755 "$TMP/kind" /usr/local/bin/kind\n'
@@ -564,7 +604,7 @@ def host_install_tools_script(cfg: StackConfig) -> str:
         '  sudo rm -rf /usr/local/go && sudo tar -C /usr/local -xzf "$TMP/go.tgz"\n'
         "fi\n"
         "sudo ln -sf /usr/local/go/bin/go /usr/local/bin/go\n"
-        f"sudo env GOBIN=/usr/local/bin GOPATH=\"$TMP/gopath\" /usr/local/go/bin/go install "
+        f'sudo env GOBIN=/usr/local/bin GOPATH="$TMP/gopath" /usr/local/go/bin/go install '
         f"github.com/google/ko@{t.ko}\n"
         "kind version && kubectl version --client && go version && ko version\n"
     )
@@ -576,11 +616,10 @@ def host_sshd_priority_script(cfg: StackConfig) -> str:
     w = cfg.host.sshd_cpu_weight
     dropin = f"[Service]\\nCPUWeight={w}\\nOOMScoreAdjust=-1000\\nNice=-10\\n"
     return (
-        _PREAMBLE +
-        "UNIT=ssh; systemctl cat ssh >/dev/null 2>&1 || UNIT=sshd\n"
+        _PREAMBLE + "UNIT=ssh; systemctl cat ssh >/dev/null 2>&1 || UNIT=sshd\n"
         'sudo mkdir -p "/etc/systemd/system/$UNIT.service.d"\n'
         f"printf '{dropin}' | sudo tee \"/etc/systemd/system/$UNIT.service.d/"
-        "90-gym-substrate.conf\" >/dev/null\n"
+        '90-gym-substrate.conf" >/dev/null\n'
         "sudo systemctl daemon-reload\n"
         # The running sshd keeps existing sessions; restart applies the weight to new ones.
         'sudo systemctl restart "$UNIT"\n'
@@ -592,8 +631,9 @@ def host_wipe_script(cfg: StackConfig) -> str:
     """Destroy step 1: the cluster, the registry, the images and volumes this stack made."""
     p = Paths(cfg)
     return (
-        "set -uo pipefail\n" + p.env() +
-        f"command -v kind >/dev/null && kind delete cluster --name {cfg.cluster.name}\n"
+        "set -uo pipefail\n"
+        + p.env()
+        + f"command -v kind >/dev/null && kind delete cluster --name {cfg.cluster.name}\n"
         "if command -v docker >/dev/null; then\n"
         f"  docker rm -f {REGISTRY} 2>/dev/null\n"
         "  docker ps -aq --filter label=created-by=gym-substrate | xargs -r docker rm -f\n"
@@ -634,19 +674,19 @@ def host_revert_root_script(cfg: StackConfig) -> str:
         f"for b in {bins}; do\n"
         '  grep -qx "$b" "$STATE/binaries.present" || sudo rm -rf "$b"\n'
         "done\n"
-        'sudo rm -f /usr/local/bin/go\n'
+        "sudo rm -f /usr/local/bin/go\n"
         "NEW=$(comm -13 \"$STATE/packages\" <(dpkg-query -W -f='${Package}\\n' | sort))\n"
         'if [ -n "$NEW" ]; then sudo DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq $NEW; '
         "sudo apt-get autoremove -y -qq; fi\n"
         'while IFS== read -r k v; do sudo sysctl -qw "$k=$v" || true; done < "$STATE/sysctls"\n'
         "sudo systemctl daemon-reload\n"
-        'while read -r s enabled active; do\n'
+        "while read -r s enabled active; do\n"
         '  case "$enabled" in enabled) sudo systemctl enable "$s" 2>/dev/null || true;;\n'
         '    disabled) sudo systemctl disable "$s" 2>/dev/null || true;; esac\n'
         '  case "$active" in active) sudo systemctl restart "$s" 2>/dev/null || true;;\n'
         '    *) sudo systemctl stop "$s" 2>/dev/null || true;; esac\n'
         'done < "$STATE/services"\n'
-        'if getent group docker >/dev/null; then\n'
+        "if getent group docker >/dev/null; then\n"
         '  for u in $(getent group docker | cut -d: -f4 | tr , " "); do\n'
         '    tr , "\\n" < "$STATE/docker-group" | grep -qx "$u" || sudo gpasswd -d "$u" docker\n'
         "  done\nfi\n"
@@ -654,3 +694,17 @@ def host_revert_root_script(cfg: StackConfig) -> str:
         f'rmdir "{Paths(cfg).workdir}" 2>/dev/null || true\n'
         "echo reverted\n"
     )
+
+
+def tree_hash(root: str, subdirs: tuple[str, ...] = ("agent",)) -> str:
+    """Content hash of the agent sources: the image tag, so a source change rebuilds the image."""
+    import hashlib
+    from pathlib import Path
+
+    h = hashlib.sha256()
+    base = Path(root)
+    for sub in subdirs:
+        for path in sorted((base / sub).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                h.update(str(path.relative_to(base)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]

@@ -1,0 +1,140 @@
+"""gym-substrate stack: read and validate the config, build the components, export outputs.
+
+Nothing else happens here: objects and scripts come from `gym_substrate.infra`, wiring from
+`substrate_infra`. A bad config key stops the program before any resource is registered, so
+`pulumi preview` reports it with the key and the fix.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pulumi
+from pulumi.runtime import config as runtime_config
+from pulumi_command import remote
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from substrate_infra import (  # noqa: E402
+    Access,
+    ActorTemplates,
+    AgentImage,
+    BorrowedHost,
+    KindCluster,
+    Observability,
+    Runner,
+    Runtime,
+    SubstrateInstall,
+    WorkerPool,
+)
+from substrate_infra.components import (  # noqa: E402
+    AccessArgs,
+    AgentImageArgs,
+    ClusterArgs,
+    HostArgs,
+    InstallArgs,
+    ObservabilityArgs,
+    PoolArgs,
+    RuntimeArgs,
+    TemplatesArgs,
+)
+
+from gym_substrate.infra import objects  # noqa: E402
+from gym_substrate.infra.config import (  # noqa: E402
+    PROJECT,
+    ConfigError,
+    StackConfig,
+    parse_config_values,
+)
+from gym_substrate.infra.scripts import Paths  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+raw, secrets = parse_config_values(
+    {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
+)
+try:
+    cfg = StackConfig.from_mapping(raw, secrets=secrets)
+except ConfigError as exc:
+    raise pulumi.RunError(str(exc)) from None
+
+runner = Runner(cwd=str(REPO_ROOT))
+host: BorrowedHost | None = None
+if cfg.host is not None:
+    connection = remote.ConnectionArgs(
+        host=cfg.host.address,
+        user=cfg.host.user,
+        port=cfg.host.port,
+        private_key=pulumi.Config(PROJECT).require_secret("sshPrivateKey"),
+    )
+    host = BorrowedHost("host", HostArgs(cfg=cfg, connection=connection))
+    runner = host.runner
+
+cluster = KindCluster("cluster", ClusterArgs(cfg=cfg, runner=runner))
+install = SubstrateInstall("substrate", InstallArgs(cfg=cfg, runner=runner, cluster=cluster))
+runtime = Runtime(
+    "runtime", RuntimeArgs(cfg=cfg, runner=runner, provider=cluster.provider, install=install)
+)
+pool = WorkerPool(
+    "pool",
+    PoolArgs(
+        cfg=cfg,
+        runner=runner,
+        provider=cluster.provider,
+        ateom_image=install.ateom_image,
+        runtime=runtime,
+    ),
+)
+agent = AgentImage(
+    "agent", AgentImageArgs(cfg=cfg, runner=runner, repo_root=REPO_ROOT, cluster=cluster)
+)
+templates = ActorTemplates(
+    "templates",
+    TemplatesArgs(
+        cfg=cfg,
+        runner=runner,
+        provider=cluster.provider,
+        agent_image=agent.image,
+        pool=pool,
+        install=install,
+        agent=agent,
+        cluster_ready=cluster,
+    ),
+)
+Access("access", AccessArgs(cfg=cfg, provider=cluster.provider, install=install))
+if cfg.observability.enabled:
+    Observability(
+        "observability", ObservabilityArgs(cfg=cfg, provider=cluster.provider, install=install)
+    )
+
+api = f"127.0.0.1:{cfg.access.api_node_port}"
+router = f"http://127.0.0.1:{cfg.access.router_node_port}"
+token_file = (
+    Paths(cfg).token_file.replace("${HOME}", str(Path.home())) if cfg.host is None else None
+)
+pulumi.export("kubeconfig", cluster.kubeconfig)
+pulumi.export("apiAddress", api)
+pulumi.export("routerUrl", router)
+pulumi.export(
+    "grafanaUrl",
+    f"http://127.0.0.1:{cfg.access.grafana_node_port}" if cfg.observability.enabled else None,
+)
+pulumi.export("caPem", install.ca_pem)
+pulumi.export("templates", templates.names)
+provider_config = pulumi.Output.all(install.ca_pem, templates.names).apply(
+    lambda v: objects.to_yaml(
+        objects.provider_config(
+            cfg, api=api, router=router, ca_pem=v[0], templates=v[1], token_file=token_file
+        )
+    )
+)
+pulumi.export("providerConfig", provider_config)
+if cfg.host is not None:
+    ports = [cfg.access.api_node_port, cfg.access.router_node_port]
+    if cfg.observability.enabled:
+        ports += [cfg.access.grafana_node_port, cfg.access.prometheus_node_port]
+    forwards = " ".join(f"-L {p}:127.0.0.1:{p}" for p in ports)
+    pulumi.export(
+        "sshTunnel", f"ssh -N {forwards} -p {cfg.host.port} {cfg.host.user}@{cfg.host.address}"
+    )

@@ -1,0 +1,189 @@
+"""Fixtures for the infrastructure tests: repo paths, stack configs, and a Pulumi mock harness.
+
+The harness runs the real `infra/__main__.py` once per stack file under `pulumi.runtime.set_mocks`
+and records every registration request (type, name, parent, dependencies, secret outputs),
+which is what the component tests assert on. Command resources get canned stdout standing in for
+what the scripts print on a real machine.
+"""
+
+from __future__ import annotations
+
+import json
+import runpy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gym_substrate.infra.config import StackConfig, load_stack_file, stack_file
+
+REPO = Path(__file__).resolve().parents[2]
+STACKS = ("kind-gvisor", "kind-microvm", "host-gvisor", "host-microvm")
+CRD_DIR = REPO.parent / "shared" / "substrate-crds"
+ATEOM = "localhost:5001/ateom-gvisor@sha256:" + "a" * 64
+AGENT = "localhost:5001/gym-substrate/sandbox-agent@sha256:" + "b" * 64
+DERIVED = "localhost:5001/gym-substrate/python@sha256:" + "c" * 64
+PINNED = "python@sha256:" + "d" * 64
+CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\n"
+KUBECONFIG = "apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n"
+SSH_KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nfake\n-----END OPENSSH PRIVATE KEY-----\n"
+
+
+def stack_config(stack: str) -> StackConfig:
+    return load_stack_file(stack_file(REPO, stack))
+
+
+def stack_values(stack: str) -> dict[str, Any]:
+    doc = yaml.safe_load(stack_file(REPO, stack).read_text())
+    return dict(doc["config"])
+
+
+@pytest.fixture(params=STACKS)
+def stack(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@dataclass
+class Registration:
+    typ: str
+    name: str
+    urn: str
+    parent: str
+    dependencies: list[str]
+    inputs: dict[str, Any]
+    secret_outputs: list[str]
+    delete_before_replace: bool
+
+
+@dataclass
+class StackRun:
+    registrations: list[Registration]
+    outputs: dict[str, Any]
+    secrets: dict[str, bool]
+    globals: dict[str, Any] = field(repr=False)
+
+    def by_name(self, name: str) -> Registration:
+        found = [r for r in self.registrations if r.name == name]
+        assert len(found) == 1, (name, [r.name for r in self.registrations])
+        return found[0]
+
+    def of_type(self, typ: str) -> list[Registration]:
+        return [r for r in self.registrations if r.typ == typ]
+
+    def urn(self, name: str) -> str:
+        return self.by_name(name).urn
+
+
+def _stdout(name: str, inputs: dict[str, Any]) -> str:
+    if name == "build":
+        return ATEOM + "\n"
+    if name == "kubeconfig":
+        return KUBECONFIG
+    if name == "ca":
+        return CA_PEM
+    if name == "agent-image":
+        return AGENT + "\n"
+    if name.startswith("image-"):
+        create = str(inputs.get("create", ""))
+        if "COPY --from" in create:
+            return json.dumps({"workload": PINNED, "image": DERIVED}) + "\n"
+        return PINNED + "\n"
+    if name == "microvm-assets":
+        return json.dumps(
+            {
+                k: "e" * 64
+                for k in (
+                    "cloud-hypervisor",
+                    "virtiofsd",
+                    "kata-kernel",
+                    "kata-image",
+                    "kata-config",
+                )
+            }
+        )
+    if name == "client-token":
+        return "/root/.gym-substrate/substrate/ate-client.token\n"
+    return "ok\n"
+
+
+def run_stack(stack: str, overrides: dict[str, Any] | None = None) -> StackRun:
+    import pulumi
+    from pulumi.runtime import mocks as pm
+
+    registrations: list[Registration] = []
+
+    class Mocks(pm.Mocks):
+        def new_resource(self, args: pm.MockResourceArgs) -> tuple[str, dict[str, Any]]:
+            outputs = dict(args.inputs)
+            if args.typ.startswith("command:"):
+                outputs["stdout"] = _stdout(args.name, args.inputs)
+            return f"{args.name}-id", outputs
+
+        def call(self, args: pm.MockCallArgs) -> dict[str, Any]:
+            return {}
+
+    class Monitor(pm.MockMonitor):
+        def RegisterResource(self, request: Any) -> Any:  # noqa: N802 (gRPC method name)
+            from pulumi.runtime import rpc
+
+            response = super().RegisterResource(request)
+            registrations.append(
+                Registration(
+                    typ=request.type,
+                    name=request.name,
+                    urn=response.urn,
+                    parent=request.parent,
+                    dependencies=list(request.dependencies),
+                    inputs=rpc.deserialize_properties(request.object),
+                    secret_outputs=list(request.additionalSecretOutputs),
+                    delete_before_replace=bool(request.deleteBeforeReplace),
+                )
+            )
+            return response
+
+    mocks = Mocks()
+    pm.set_mocks(mocks, project="gym-substrate", stack=stack, preview=False, monitor=Monitor(mocks))
+    values = stack_values(stack)
+    values.update(overrides or {})
+    config = {k: v if isinstance(v, str) else json.dumps(v) for k, v in values.items()}
+    secret_keys: list[str] = []
+    if values.get("gym-substrate:target") == "host" and "gym-substrate:sshPrivateKey" not in values:
+        config["gym-substrate:sshPrivateKey"] = SSH_KEY
+        secret_keys.append("gym-substrate:sshPrivateKey")
+    pulumi.runtime.set_all_config(config, secret_keys)
+
+    result: dict[str, Any] = {}
+    secrets: dict[str, bool] = {}
+    program_globals: dict[str, Any] = {}
+
+    @pulumi.runtime.test  # type: ignore[misc]
+    def program() -> Any:
+        program_globals.update(
+            runpy.run_path(str(REPO / "infra" / "__main__.py"), run_name="__main__")
+        )
+        g = program_globals
+        kubeconfig = g["cluster"].kubeconfig
+        checks = {
+            "kubeconfig": kubeconfig,
+            "ca": g["install"].ca_pem,
+            "templates": g["templates"].names,
+            "ateom": g["install"].ateom_image,
+            "agent": g["agent"].image,
+            "providerConfig": g["provider_config"],
+        }
+
+        def keep(values: dict[str, Any]) -> None:
+            result.update(values)
+
+        async def secret_flags() -> dict[str, bool]:
+            return {"kubeconfig": await kubeconfig.is_secret()}
+
+        return pulumi.Output.all(
+            pulumi.Output.all(**checks).apply(keep),
+            pulumi.Output.from_input(secret_flags()).apply(secrets.update),
+        )
+
+    program()
+    return StackRun(registrations, result, secrets, program_globals)
