@@ -1,0 +1,208 @@
+"""Fault injection: each injected gRPC code or HTTP failure yields the documented result.
+
+Faults come from the proxies in conftest (a forwarding gRPC server and an aiohttp reverse proxy in
+front of the router), so the provider, the backend and the agent are all real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+import grpc
+import pytest
+
+from gym_substrate import SubstrateCreateError, SubstrateCreateVerificationError
+from gym_substrate.types import SandboxSpec, SandboxStatus
+
+from .conftest import GrpcFault, HttpFault, Stack, count_runs, make_stack
+
+TRANSIENT = [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED,
+             grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED]
+
+
+@pytest.mark.parametrize("code", TRANSIENT, ids=lambda c: c.name)
+async def test_create_retries_transient_codes_with_the_same_actor_id(stack: Stack,
+                                                                     code: grpc.StatusCode) -> None:
+    g = stack.grpc_proxy
+    g.inject("CreateAtespace", code)
+    g.inject("CreateActor", code, after_forward=True)  # landed, but the reply was lost
+    g.inject("ResumeActor", code, times=2)
+    p = stack.provider()
+    handle = await p.create(SandboxSpec())
+    assert g.calls["CreateAtespace"] == 2
+    assert g.calls["CreateActor"] == 2  # retried with the same id: ALREADY_EXISTS -> GetActor
+    assert g.calls["GetActor"] >= 1
+    assert g.calls["ResumeActor"] == 3
+    assert await stack.actors() == [handle.sandbox_id]
+    await p.close(handle)
+    await p.aclose()
+
+
+async def test_no_free_workers_is_retried_until_ready(stack: Stack) -> None:
+    stack.grpc_proxy.inject("ResumeActor", grpc.StatusCode.FAILED_PRECONDITION,
+                            "no free workers available", times=5)
+    p = stack.provider()
+    handle = await p.create(SandboxSpec())
+    assert stack.grpc_proxy.calls["ResumeActor"] == 6
+    await p.close(handle)
+    await p.aclose()
+
+
+async def test_internal_on_resume_fails_create_and_cleans_up(stack: Stack) -> None:
+    stack.grpc_proxy.inject("ResumeActor", grpc.StatusCode.INTERNAL,
+                            "workflow failed at step CallAteletRestore")
+    p = stack.provider()
+    with pytest.raises(SubstrateCreateError, match="CallAteletRestore") as info:
+        await p.create(SandboxSpec())
+    assert info.value.__cause__ is not None
+    assert await stack.actors() == []
+    assert stack.grpc_proxy.calls["DeleteActor"] == 1
+    await p.aclose()
+
+
+async def test_resume_that_never_gets_a_worker_times_out_as_verification_error(
+        stack: Stack) -> None:
+    stack.grpc_proxy.inject("ResumeActor", grpc.StatusCode.FAILED_PRECONDITION,
+                            "no free workers available", times=10_000)
+    p = stack.provider(create={"ready_timeout_s": 0.5})
+    with pytest.raises(SubstrateCreateVerificationError, match="did not become ready"):
+        await p.create(SandboxSpec())
+    stack.grpc_proxy.faults.clear()
+    assert await stack.actors() == []
+    await p.aclose()
+
+
+@pytest.mark.parametrize(
+    ("kind", "method", "path"),
+    [("reset_after", "POST", "/v1/exec"), ("reset_before", "POST", "/v1/exec"),
+     ("reset_after", "GET", "/v1/exec/"), ("reset_before", "GET", "/v1/exec/")],
+    ids=["reset-after-submit", "reset-before-submit", "reset-after-poll", "reset-before-poll"],
+)
+async def test_connection_resets_never_run_a_command_twice(stack: Stack, tmp_path: Path,
+                                                           kind: str, method: str,
+                                                           path: str) -> None:
+    p = stack.provider(exec={"poll_wait_s": 0.2})
+    handle = await p.create(SandboxSpec())
+    marker = tmp_path / "runs"
+    stack.http_proxy.inject(kind, method=method, path_prefix=path, times=2)
+    r = await p.exec(handle, f"echo run >> {marker}; sleep 0.6; echo done")
+    assert (r.return_code, r.stdout) == (0, "done\n")
+    assert count_runs(marker) == 1
+    await p.close(handle)
+    await p.aclose()
+
+
+@pytest.mark.parametrize("status", [502, 504])
+async def test_router_gateway_errors_are_retried(stack: Stack, tmp_path: Path,
+                                                 status: int) -> None:
+    p = stack.provider()
+    handle = await p.create(SandboxSpec())
+    marker = tmp_path / "runs"
+    stack.http_proxy.inject("status", status=status, method="POST", path_prefix="/v1/exec",
+                            times=3)
+    r = await p.exec(handle, f"echo run >> {marker}; echo ok")
+    assert (r.return_code, r.stdout) == (0, "ok\n")
+    assert count_runs(marker) == 1
+    await p.close(handle)
+    await p.aclose()
+
+
+async def test_router_503_resumes_over_grpc_then_resubmits(stack: Stack, tmp_path: Path) -> None:
+    p = stack.provider()
+    handle = await p.create(SandboxSpec())
+    resumes = stack.grpc_proxy.calls["ResumeActor"]
+    marker = tmp_path / "runs"
+    stack.http_proxy.inject("status", status=503, method="POST", path_prefix="/v1/exec")
+    r = await p.exec(handle, f"echo run >> {marker}; echo ok")
+    assert (r.return_code, r.stdout) == (0, "ok\n")
+    assert stack.grpc_proxy.calls["ResumeActor"] == resumes + 1
+    assert count_runs(marker) == 1
+    await p.close(handle)
+    await p.aclose()
+
+
+async def test_actor_deleted_behind_the_providers_back(stack: Stack) -> None:
+    p, other = stack.provider(), stack.provider()
+    handle = await p.create(SandboxSpec())
+    await other._teardown(handle.raw)  # someone else deletes it
+    r = await p.exec(handle, "echo hi")
+    assert (r.return_code, r.error_type) == (125, "sandbox")
+    assert r.stderr and "not found" in r.stderr.lower()
+    assert await p.status(handle) == SandboxStatus.STOPPED
+    await p.close(handle)  # NOT_FOUND is success
+    for prov in (p, other):
+        await prov.aclose()
+
+
+async def test_status_maps_control_plane_errors_to_unknown(stack: Stack) -> None:
+    p = stack.provider()
+    handle = await p.create(SandboxSpec())
+    stack.grpc_proxy.inject("GetActor", grpc.StatusCode.UNAVAILABLE)
+    assert await p.status(handle) == SandboxStatus.UNKNOWN
+    await p.close(handle)
+    await p.aclose()
+
+
+async def test_close_retries_transient_errors_and_waits_out_transitions(stack: Stack) -> None:
+    p = stack.provider()
+    handle = await p.create(SandboxSpec())
+    stack.grpc_proxy.inject("SuspendActor", grpc.StatusCode.ABORTED, times=2)
+    stack.grpc_proxy.inject("DeleteActor", grpc.StatusCode.UNAVAILABLE, after_forward=True)
+    await p.close(handle)
+    assert await stack.actors() == []
+    await p.aclose()
+
+
+async def test_200_rollouts_with_random_faults_leak_nothing_and_never_double_run(
+        tmp_path: Path) -> None:
+    rng = random.Random(7)
+    retryable = [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED]
+
+    def grpc_fault(method: str) -> GrpcFault | None:
+        if method in ("ListActors", "GetActor") or rng.random() > 0.08:
+            return None
+        return GrpcFault(rng.choice(retryable), "injected", after_forward=rng.random() < 0.5)
+
+    def http_fault(method: str, path: str) -> HttpFault | None:
+        if path == "/readyz" or rng.random() > 0.08:
+            return None
+        kind = rng.choice(["reset_before", "reset_after", "status"])
+        return HttpFault(kind, status=rng.choice([502, 503, 504]))
+
+    async with make_stack(tmp_path, workers=8) as stack:
+        stack.grpc_proxy.random_fault = grpc_fault
+        stack.http_proxy.random_fault = http_fault
+        provider = stack.provider(exec={"poll_wait_s": 1})
+        markers = tmp_path / "m"
+        markers.mkdir()
+        failures: list[str] = []
+
+        async def rollout(i: int) -> None:
+            try:
+                h = await provider.create(SandboxSpec())
+            except SubstrateCreateError as exc:  # allowed, but must not leak
+                failures.append(f"create {i}: {exc}")
+                return
+            try:
+                r = await provider.exec(h, f"echo x >> {markers}/{i}; echo {i}")
+                assert r.return_code == 0 and r.stdout == f"{i}\n", r
+            finally:
+                await provider.close(h)
+
+        sem = asyncio.Semaphore(8)
+
+        async def limited(i: int) -> None:
+            async with sem:
+                await rollout(i)
+
+        await asyncio.wait_for(asyncio.gather(*(limited(i) for i in range(200))), 240)
+        stack.grpc_proxy.random_fault = None
+        stack.http_proxy.random_fault = None
+        assert await stack.actors() == []
+        runs = [count_runs(markers / str(i)) for i in range(200)]
+        assert max(runs) == 1, "a command ran twice"
+        assert sum(runs) + len(failures) == 200
+        assert len(failures) <= 10, failures
+        await provider.aclose()
