@@ -1,0 +1,54 @@
+"""Fixtures for the local backend's tests.
+
+`runtime_name` is the seam for running the runtime-agnostic tests against other runtimes: it is
+"process" here (fast, no root); a gVisor run parametrizes it with "gvisor" and the `runsc` marker.
+Every backend fixture ends with a leak check, so a test that leaves a sandbox behind fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+import pytest
+
+from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
+from gym_substrate.local import LocalBackend
+from gym_substrate.local.backend import state_leftovers
+
+
+@pytest.fixture
+def runtime_name() -> str:
+    return "process"
+
+
+@pytest.fixture
+def backend_options() -> dict[str, Any]:
+    """Override in a test module to change workers or the router timeout."""
+    return {"workers": 2, "router_timeout_s": 10.0}
+
+
+@pytest.fixture
+async def backend(
+    tmp_path: Path, runtime_name: str, backend_options: dict[str, Any]
+) -> AsyncIterator[LocalBackend]:
+    state = tmp_path / "state"
+    async with LocalBackend(state, runtime=runtime_name, **backend_options) as started:
+        yield started
+    assert await state_leftovers(state) == []
+
+
+@pytest.fixture
+async def stub(backend: LocalBackend) -> AsyncIterator[Any]:
+    channel = grpc.aio.insecure_channel(backend.api_address)
+    yield pb_grpc.ControlStub(channel)
+    await channel.close()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        yield session

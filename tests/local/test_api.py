@@ -1,0 +1,310 @@
+"""ateapi.Control over gRPC: every RPC and illegal transition answers Substrate's status code."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from local_helpers import host, make_actor, ref, status_code
+
+from gym_substrate.ateapi import ateapi_pb2 as pb
+from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
+from gym_substrate.local import LocalBackend
+
+S = pb.Actor.Status
+C = grpc.StatusCode
+
+
+async def test_atespaces(stub: Any) -> None:
+    created = await stub.CreateAtespace(pb.CreateAtespaceRequest(name="team-a"))
+    assert created.atespace.name == "team-a"
+    assert await status_code(stub.CreateAtespace(pb.CreateAtespaceRequest(name="team-a"))) == (
+        C.ALREADY_EXISTS
+    )
+    for bad in ("", "Team", "a_b", "-a", "a" * 64):
+        assert await status_code(stub.CreateAtespace(pb.CreateAtespaceRequest(name=bad))) == (
+            C.INVALID_ARGUMENT
+        ), bad
+    got = await stub.GetAtespace(pb.GetAtespaceRequest(name="team-a"))
+    assert got.atespace.name == "team-a"
+    assert await status_code(stub.GetAtespace(pb.GetAtespaceRequest(name="nope"))) == C.NOT_FOUND
+    await make_actor(stub, "x1", atespace="team-a")
+    listed = await stub.ListAtespaces(pb.ListAtespacesRequest())
+    assert [a.name for a in listed.atespaces] == ["team-a"]
+    assert await status_code(stub.DeleteAtespace(pb.DeleteAtespaceRequest(name="team-a"))) == (
+        C.FAILED_PRECONDITION
+    )
+    await stub.DeleteActor(pb.DeleteActorRequest(actor_ref=ref("x1", "team-a")))
+    await stub.DeleteAtespace(pb.DeleteAtespaceRequest(name="team-a"))
+    assert await status_code(stub.DeleteAtespace(pb.DeleteAtespaceRequest(name="team-a"))) == (
+        C.NOT_FOUND
+    )
+
+
+async def test_create_actor_errors(stub: Any) -> None:
+    actor = await make_actor(stub, "a1")
+    assert (actor.status, actor.version, actor.atespace) == (S.STATUS_SUSPENDED, 1, "t")
+    assert (actor.actor_template_namespace, actor.actor_template_name) == ("local", "sandbox")
+    assert actor.ateom_pod_ip == "" and actor.worker_pool_name == ""
+
+    def create(name: str, atespace: str = "t", tpl: str = "sandbox") -> Any:
+        return stub.CreateActor(
+            pb.CreateActorRequest(
+                actor_ref=ref(name, atespace),
+                actor_template_namespace="local",
+                actor_template_name=tpl,
+            )
+        )
+
+    assert await status_code(create("a1")) == C.ALREADY_EXISTS
+    # Substrate's create_actor.go: FAILED_PRECONDITION for a missing template or atespace
+    assert await status_code(create("a2", tpl="nope")) == C.FAILED_PRECONDITION
+    assert await status_code(create("a2", atespace="nope")) == C.FAILED_PRECONDITION
+    for bad in ("", "A1", "a.b", "a_b", "x-", "a" * 64):
+        assert await status_code(create(bad)) == C.INVALID_ARGUMENT, bad
+    bad_selector = pb.CreateActorRequest(
+        actor_ref=ref("a3"),
+        actor_template_namespace="local",
+        actor_template_name="sandbox",
+        worker_selector=pb.Selector(match_labels={"bad key!": "v"}),
+    )
+    assert await status_code(stub.CreateActor(bad_selector)) == C.INVALID_ARGUMENT
+    listed = await stub.ListActors(pb.ListActorsRequest())
+    assert [a.actor_id for a in listed.actors] == ["a1"]  # nothing half-created
+
+
+async def test_get_and_missing_actor(stub: Any) -> None:
+    await make_actor(stub, "a1")
+    got = await stub.GetActor(pb.GetActorRequest(actor_ref=ref("a1")))
+    assert got.actor.actor_id == "a1"
+    for call in (
+        stub.GetActor(pb.GetActorRequest(actor_ref=ref("zz"))),
+        stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("zz"))),
+        stub.PauseActor(pb.PauseActorRequest(actor_ref=ref("zz"))),
+        stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("zz"))),
+        stub.DeleteActor(pb.DeleteActorRequest(actor_ref=ref("zz"))),
+        stub.UpdateActor(pb.UpdateActorRequest(actor_ref=ref("zz"))),
+    ):
+        assert await status_code(call) == C.NOT_FOUND
+    assert await status_code(stub.GetActor(pb.GetActorRequest(actor_ref=ref("")))) == (
+        C.INVALID_ARGUMENT
+    )
+    assert await status_code(stub.GetActor(pb.GetActorRequest(actor_ref=ref("a1", "")))) == (
+        C.INVALID_ARGUMENT
+    )
+
+
+async def test_list_actors_paging(stub: Any) -> None:
+    for index in range(5):
+        await make_actor(stub, f"p{index}", atespace="one")
+    await make_actor(stub, "q0", atespace="two")
+    seen: list[str] = []
+    token = ""
+    pages = 0
+    while True:
+        page = await stub.ListActors(pb.ListActorsRequest(page_size=2, page_token=token))
+        seen += [f"{a.atespace}/{a.actor_id}" for a in page.actors]
+        pages += 1
+        token = page.next_page_token
+        if not token:
+            break
+    assert pages == 3
+    assert sorted(seen) == sorted({*seen}) and len(seen) == 6
+    only = await stub.ListActors(pb.ListActorsRequest(atespace="two"))
+    assert [a.actor_id for a in only.actors] == ["q0"]
+    for size in (-1, 1001):
+        assert await status_code(stub.ListActors(pb.ListActorsRequest(page_size=size))) == (
+            C.INVALID_ARGUMENT
+        )
+    assert (
+        await status_code(stub.ListActors(pb.ListActorsRequest(page_token="%%%not-a-token")))
+        == C.INVALID_ARGUMENT
+    )
+
+
+async def test_lifecycle_transitions_and_versions(stub: Any, backend: LocalBackend) -> None:
+    await make_actor(stub, "life")
+    r = ref("life")
+    # illegal from SUSPENDED
+    assert await status_code(stub.PauseActor(pb.PauseActorRequest(actor_ref=r))) == (
+        C.FAILED_PRECONDITION
+    )
+    # suspend is idempotent when already SUSPENDED
+    same = await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=r))
+    assert same.actor.status == S.STATUS_SUSPENDED
+    running = (await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=r))).actor
+    assert running.status == S.STATUS_RUNNING
+    assert running.ateom_pod_ip and running.worker_pool_name == "local"
+    assert running.ateom_pod_name and running.ateom_pod_uid
+    again = (await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=r))).actor
+    assert again.version == running.version  # idempotent, no write
+    assert await status_code(stub.DeleteActor(pb.DeleteActorRequest(actor_ref=r))) == (
+        C.FAILED_PRECONDITION
+    )
+    workers = (await stub.ListWorkers(pb.ListWorkersRequest())).workers
+    assert len(workers) == 2
+    busy = [w for w in workers if w.actor_id]
+    assert [(w.actor_id, w.actor_atespace, w.actor_template) for w in busy] == [
+        ("life", "t", "sandbox")
+    ]
+    assert busy[0].worker_pod == running.ateom_pod_name
+
+    paused = (await stub.PauseActor(pb.PauseActorRequest(actor_ref=r))).actor
+    assert paused.status == S.STATUS_PAUSED and paused.version > running.version
+    assert paused.latest_snapshot_info.type == pb.SNAPSHOT_TYPE_LOCAL
+    assert paused.ateom_pod_ip == "" and paused.worker_pool_name == ""
+    assert (await stub.PauseActor(pb.PauseActorRequest(actor_ref=r))).actor.status == (
+        S.STATUS_PAUSED
+    )
+    # Substrate cannot suspend a paused actor (no active worker): resume first
+    assert await status_code(stub.SuspendActor(pb.SuspendActorRequest(actor_ref=r))) == (
+        C.FAILED_PRECONDITION
+    )
+    assert await status_code(stub.DeleteActor(pb.DeleteActorRequest(actor_ref=r))) == (
+        C.FAILED_PRECONDITION
+    )
+    resumed = (await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=r))).actor
+    assert resumed.status == S.STATUS_RUNNING and resumed.version > paused.version
+    suspended = (await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=r))).actor
+    assert suspended.status == S.STATUS_SUSPENDED
+    info = suspended.latest_snapshot_info
+    assert info.type == pb.SNAPSHOT_TYPE_EXTERNAL
+    snapshot = Path(info.external.snapshot_uri_prefix.removeprefix("file://"))
+    store = backend.state_dir / "snapshots" / "store"
+    assert snapshot.is_dir() and snapshot.is_relative_to(store / "life")
+    assert not list((backend.state_dir / "snapshots").glob("local/*"))  # superseded: removed
+    await stub.DeleteActor(pb.DeleteActorRequest(actor_ref=r))
+    assert not snapshot.exists() and not (store / "life").exists()
+    assert await status_code(stub.GetActor(pb.GetActorRequest(actor_ref=r))) == C.NOT_FOUND
+
+
+async def test_pause_keeps_memory_and_suspend_keeps_files(
+    stub: Any, backend: LocalBackend, http: Any
+) -> None:
+    await make_actor(stub, "mem")
+    r = ref("mem")
+    await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=r))
+    url = backend.router_url
+
+    async def run(command: str) -> str:
+        async with http.post(
+            f"{url}/v1/exec?wait=8", json={"command": command}, headers=host("mem")
+        ) as response:
+            assert response.status == 200, await response.text()
+            body = await response.json()
+            return str(body["stdout"]).strip()
+
+    # a job holding state in memory, and a file in the working folder
+    async with http.post(
+        f"{url}/v1/exec",
+        json={
+            "id": "counter",
+            "command": "i=0; while :; do i=$((i+1)); echo $i > n; sleep 0.02; done",
+            "timeout_s": 120,
+        },
+        headers=host("mem"),
+    ) as response:
+        assert response.status == 202
+    await run("echo kept > file.txt")
+    await asyncio.sleep(0.2)
+    await stub.PauseActor(pb.PauseActorRequest(actor_ref=r))
+    await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=r))
+    async with http.get(f"{url}/v1/exec/counter", headers=host("mem")) as response:
+        assert (await response.json())["state"] == "running"  # the same process, memory kept
+    await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=r))
+    await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=r))
+    assert await run("cat file.txt") == "kept"
+    await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=r))
+    await stub.DeleteActor(pb.DeleteActorRequest(actor_ref=r))
+
+
+@pytest.mark.parametrize("backend_options", [{"workers": 1}])
+async def test_no_free_workers_and_abort(stub: Any) -> None:
+    await make_actor(stub, "w1")
+    await make_actor(stub, "w2")
+    resume = asyncio.ensure_future(stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("w1"))))
+    for _ in range(500):  # wait until the resume is in flight
+        actor = (await stub.GetActor(pb.GetActorRequest(actor_ref=ref("w1")))).actor
+        if actor.status == S.STATUS_RESUMING:
+            break
+        await asyncio.sleep(0.002)
+    assert actor.status == S.STATUS_RESUMING
+    for call in (
+        stub.PauseActor(pb.PauseActorRequest(actor_ref=ref("w1"))),
+        stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("w1"))),
+        stub.DeleteActor(pb.DeleteActorRequest(actor_ref=ref("w1"))),
+        stub.UpdateActor(pb.UpdateActorRequest(actor_ref=ref("w1"))),
+    ):
+        assert await status_code(call) == C.ABORTED
+    assert (await resume).actor.status == S.STATUS_RUNNING
+    try:
+        await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("w2")))
+    except grpc.aio.AioRpcError as exc:
+        assert exc.code() == C.FAILED_PRECONDITION
+        assert exc.details() == "no free workers available"
+    else:
+        pytest.fail("a second actor ran on a one-worker pool")
+    await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("w1")))
+    assert (await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("w2")))).actor.status == (
+        S.STATUS_RUNNING
+    )
+    await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("w2")))
+
+
+async def test_update_actor_selector(stub: Any) -> None:
+    created = await make_actor(stub, "sel")
+    updated = (
+        await stub.UpdateActor(
+            pb.UpdateActorRequest(
+                actor_ref=ref("sel"), worker_selector=pb.Selector(match_labels={"gpu": "yes"})
+            )
+        )
+    ).actor
+    assert updated.version == created.version + 1
+    assert dict(updated.worker_selector.match_labels) == {"gpu": "yes"}
+    # no pool carries gpu=yes: Substrate's "no worker pool matches" precondition
+    assert await status_code(stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("sel")))) == (
+        C.FAILED_PRECONDITION
+    )
+    fixed = (
+        await stub.UpdateActor(
+            pb.UpdateActorRequest(
+                actor_ref=ref("sel"),
+                worker_selector=pb.Selector(match_labels={"ate.dev/worker-pool": "local"}),
+            )
+        )
+    ).actor
+    assert fixed.version == updated.version + 1
+    bad = pb.UpdateActorRequest(
+        actor_ref=ref("sel"), worker_selector=pb.Selector(match_labels={"k": "x" * 64})
+    )
+    assert await status_code(stub.UpdateActor(bad)) == C.INVALID_ARGUMENT
+
+
+async def test_session_identity_and_debug_clear(stub: Any, backend: LocalBackend) -> None:
+    channel = grpc.aio.insecure_channel(backend.api_address)
+    identity = pb_grpc.SessionIdentityStub(channel)
+    assert await status_code(identity.MintJWT(pb.MintJWTRequest(app_id="a"))) == C.UNIMPLEMENTED
+    assert await status_code(identity.MintCert(pb.MintCertRequest(app_id="a"))) == (C.UNIMPLEMENTED)
+    await channel.close()
+    await make_actor(stub, "gone")
+    await stub.DebugClear(pb.DebugClearRequest())
+    assert len((await stub.ListActors(pb.ListActorsRequest())).actors) == 0
+    assert len((await stub.ListAtespaces(pb.ListAtespacesRequest())).atespaces) == 0
+
+
+async def test_metrics_use_substrate_names(stub: Any, backend: LocalBackend, http: Any) -> None:
+    await make_actor(stub, "m1")
+    async with http.get(f"{backend.router_url}/metrics") as response:
+        text = await response.text()
+    assert (
+        'rpc_server_call_duration_seconds_count{rpc_method="ateapi.Control/CreateActor",'
+        'rpc_response_status_code="OK"} 1.0' in text
+    )
+    assert 'gym_substrate_local_actors{status="STATUS_SUSPENDED"} 1.0' in text
+    assert 'gym_substrate_local_workers{state="free"} 2.0' in text
+    for name in ("atenet_router_route_duration_seconds", "atelet_snapshot_size_bytes"):
+        assert f"# TYPE {name} histogram" in text
