@@ -74,12 +74,21 @@ def _under(path: Path, parent: Path) -> bool:
     return path == parent or parent in path.parents
 
 
-def masks_for(extra_dirs: Iterable[Path]) -> tuple[list[str], list[str]]:
-    """Directories and files to hide in a host-rootfs sandbox, outermost first, deduplicated."""
+def masks_for(
+    extra_dirs: Iterable[Path], keep_visible: Iterable[Path] = ()
+) -> tuple[list[str], list[str]]:
+    """Directories and files to hide in a host-rootfs sandbox, deduplicated.
+
+    A candidate that contains a path in ``keep_visible`` (the interpreter, the venv, the
+    command) is skipped: hiding it would break the template's command.
+    """
     dirs: list[Path] = []
+    visible = [Path(os.path.realpath(p)) for p in keep_visible]
     candidates = [Path(p) for p in HOST_MASKS] + [Path(os.path.realpath(p)) for p in extra_dirs]
     for cand in candidates:
         if cand == Path("/") or not cand.is_dir() or cand.is_symlink():
+            continue
+        if any(_under(v, cand) for v in visible):
             continue
         if any(_under(cand, kept) for kept in dirs):
             continue

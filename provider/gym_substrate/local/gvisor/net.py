@@ -175,9 +175,15 @@ def _lease_is_live(data: dict[str, object] | None) -> bool:
 
 
 def _configure(net: SlotNet) -> None:
-    """Create or repair the netns and veth so they match ``net``; idempotent."""
+    """Create or repair the netns and veth so they match ``net``; idempotent.
+
+    The sandbox side is only addressed when the veth is new: a sandbox adopted after a
+    control-plane restart may own it, and a kernel address there would answer (RST) in its place.
+    Every start re-adds the address anyway (workaround 3).
+    """
     if not net.netns_path.exists():
         _ip("netns", "add", net.netns)
+    created = False
     if not Path(f"/sys/class/net/{net.host_if}").exists():
         _ip(
             "link",
@@ -191,6 +197,7 @@ def _configure(net: SlotNet) -> None:
             "netns",
             net.netns,
         )
+        created = True
     conf = Path("/proc/sys/net/ipv4/conf") / net.host_if
     (conf / "forwarding").write_text("0\n")
     with contextlib.suppress(OSError):
@@ -203,19 +210,20 @@ def _configure(net: SlotNet) -> None:
             f"link set {net.host_if} up\n"
         ),
     )
-    _ip(
-        "-n",
-        net.netns,
-        "-batch",
-        "-",
-        input_text=(
-            "link set lo up\n"
-            f"addr replace {net.sandbox_cidr} dev {SANDBOX_IF}\n"
-            f"link set {SANDBOX_IF} up\n"
-        ),
-    )
+    if created:
+        _ip(
+            "-n",
+            net.netns,
+            "-batch",
+            "-",
+            input_text=(
+                "link set lo up\n"
+                f"addr replace {net.sandbox_cidr} dev {SANDBOX_IF}\n"
+                f"link set {SANDBOX_IF} up\n"
+            ),
+        )
     routes = _ip("-n", net.netns, "-4", "route", "show")
-    if "default" in routes:  # never: but a sandbox must not get a way off the host
+    if "default" in routes:  # never ours: a sandbox must not get a way off the host
         _ip("-n", net.netns, "route", "del", "default")
 
 

@@ -86,6 +86,14 @@ def _image_files(dest: Path) -> tuple[tuple[str, int], ...]:
     )
 
 
+def _pid_running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2 :][:1] not in {"Z", "X", ""}
+
+
 async def wait_pid_exit(pid: int, *, timeout_s: float) -> bool:
     """Wait until ``pid`` (not necessarily our child) has exited; False on timeout."""
     if pid <= 0:
@@ -204,8 +212,12 @@ class GvisorRuntime:
     def _masks(self, template: TemplateSpec) -> tuple[list[str], list[str]]:
         if template.rootfs.kind != "host":
             return [], []
-        state_dir = self.dir.parent
-        return masks_for([self.dir, state_dir, template.snapshot_location])
+        # The backend keeps runtimes in <state_dir>/runtime/<name>: hide the whole state dir
+        # (pause snapshots, SQLite) and this template's snapshot store.
+        state_dir = self.dir.parent.parent if self.dir.parent.name == "runtime" else self.dir.parent
+        command = template.command[0] if template.command else "/"
+        visible = [Path(sys.prefix), Path(sys.base_prefix), Path(command)]
+        return masks_for([self.dir, state_dir, template.snapshot_location], visible)
 
     def _rootfs(self, template: TemplateSpec) -> Path:
         if template.rootfs.kind == "host":
@@ -398,8 +410,9 @@ class GvisorRuntime:
         await self._discard(handle)
 
     async def is_alive(self, handle: str) -> bool:
+        # runsc says "running" for as long as the exited sandbox is an unreaped zombie.
         state = await self.runsc.state(handle)
-        return state is not None and state.status == "running"
+        return state is not None and state.status == "running" and _pid_running(state.pid)
 
     async def adopt(
         self, actor: ActorSpec, slot: Slot, handle: str, address: str

@@ -1,0 +1,173 @@
+"""GvisorRuntime against real runsc: memory and files survive pause, suspend and slot changes.
+
+The counter agent holds a request counter and a boot nonce (drawn at process start) in memory
+and writes a marker file into the root overlay, so each assertion separates "restored from a
+snapshot" (same nonce, counter continues) from "booted afresh" (new nonce, counter restarts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gvisor_helpers import counter_template, get
+
+from gym_substrate.local.gvisor import gvisor_problem
+from gym_substrate.local.runtime import (
+    ActorSpec,
+    RuntimeFailure,
+    Slot,
+    SnapshotKind,
+    SnapshotRef,
+)
+
+pytestmark = pytest.mark.runsc
+
+
+async def aget(address: str, path: str) -> dict[str, Any]:
+    return await asyncio.to_thread(get, address, path)
+
+
+def test_gvisor_works_here_and_the_answer_is_cached() -> None:
+    assert gvisor_problem() is None
+    assert gvisor_problem.cache_info().currsize == 1  # type: ignore[attr-defined]
+
+
+async def test_memory_and_files_survive_pause_suspend_and_slot_moves(
+    runtime: Any, tmp_path: Path
+) -> None:
+    template = counter_template(tmp_path / "snaps")
+    golden = await runtime.prepare_template(template, Slot(0), tmp_path / "snaps" / "golden")
+    assert golden.snapshot.kind is SnapshotKind.GOLDEN
+    assert ("checkpoint", golden.files[0][1]) in golden.files
+
+    actor = ActorSpec("default", "counter-a", template)
+    started = await runtime.start(actor, Slot(0), golden.snapshot, timeout_s=30)
+    assert started.memory_restored
+    first = await aget(started.address, "/state")
+    assert first["actor_id"] == "counter-a"  # /run/ate/actor-id is this actor's, not golden's
+    assert first["marker"] == f"boot-{first['boot_nonce']}"  # written before the golden checkpoint
+    assert first["resolv"] == "nameserver 127.0.0.1\n"
+    await aget(started.address, "/write?text=written-inside")
+    assert (await aget(started.address, "/state"))["counter"] == first["counter"] + 1
+
+    # Pause: LOCAL checkpoint, then resume on the OTHER slot (new netns, new IP).
+    paused = await runtime.checkpoint(
+        actor, started.handle, SnapshotKind.LOCAL, tmp_path / "local" / "p1"
+    )
+    assert paused.memory_kept
+    assert paused.size_bytes > 0
+    assert not await runtime.is_alive(started.handle)
+    moved = await runtime.start(actor, Slot(1), paused.snapshot, timeout_s=30)
+    assert moved.address != started.address
+    after_pause = await aget(moved.address, "/state")
+    assert after_pause["counter"] == first["counter"] + 2  # memory kept
+    assert after_pause["boot_nonce"] == first["boot_nonce"]
+    assert after_pause["marker"] == "written-inside"  # file kept
+    assert after_pause["actor_id"] == "counter-a"
+
+    # Suspend: EXTERNAL checkpoint into the template's snapshot store, resume on slot 0.
+    suspended = await runtime.checkpoint(
+        actor, moved.handle, SnapshotKind.EXTERNAL, tmp_path / "snaps" / "counter-a" / "s1"
+    )
+    assert (tmp_path / "snaps" / "counter-a" / "s1" / "checkpoint.img").is_file()
+    back = await runtime.start(actor, Slot(0), suspended.snapshot, timeout_s=30)
+    after_suspend = await aget(back.address, "/state")
+    assert after_suspend["counter"] == first["counter"] + 3
+    assert after_suspend["boot_nonce"] == first["boot_nonce"]
+    assert after_suspend["marker"] == "written-inside"
+
+    # A second actor created after the golden snapshot starts from it: the golden boot's
+    # nonce and marker, a fresh counter, and its own id; a cold boot draws a new nonce.
+    other = ActorSpec("default", "counter-b", template)
+    second = await runtime.start(other, Slot(1), golden.snapshot, timeout_s=30)
+    state_b = await aget(second.address, "/state")
+    assert state_b["boot_nonce"] == first["boot_nonce"]
+    assert state_b["marker"] == f"boot-{first['boot_nonce']}"
+    assert state_b["counter"] == 1
+    assert state_b["actor_id"] == "counter-b"
+    await runtime.stop(second.handle)
+    assert not await runtime.is_alive(second.handle)
+
+    cold = await runtime.start(
+        ActorSpec("default", "counter-c", template), Slot(1), None, timeout_s=30
+    )
+    assert not cold.memory_restored
+    state_c = await aget(cold.address, "/state")
+    assert state_c["boot_nonce"] != first["boot_nonce"]
+    assert state_c["counter"] == 1
+    mem = await runtime.memory_bytes(cold.handle)
+    assert mem is not None
+    assert 10 * 2**20 < mem < 1024 * 2**20
+
+
+async def test_nothing_leaves_the_host(runtime: Any, tmp_path: Path) -> None:
+    template = counter_template(tmp_path / "snaps", marker=False)
+    started = await runtime.start(
+        ActorSpec("default", "egress", template), Slot(0), None, timeout_s=30
+    )
+    # The host's own outward address must be out of reach too (only the /30 peer is routed).
+    route = (
+        await asyncio.to_thread(
+            subprocess.run,
+            ["ip", "-4", "-o", "route", "get", "1.1.1.1"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    ).stdout
+    host_ip = route.split("src ")[1].split()[0] if "src " in route else "192.0.2.1"
+    for target in ("1.1.1.1", "10.0.0.1", host_ip):
+        result = await aget(started.address, f"/connect?host={target}&port=53")
+        assert result["connected"] is False, target
+        error = result["error"].lower()
+        assert "unreachable" in error or "no route" in error, result
+
+
+async def test_failures_are_clear_and_leave_nothing(runtime: Any, tmp_path: Path) -> None:
+    broken = counter_template(tmp_path / "snaps", marker=False)
+    broken = type(broken)(**{**broken.__dict__, "command": ("/bin/sh", "-c", "echo boom >&2")})
+    with pytest.raises(RuntimeFailure, match="boom|exited before"):
+        await runtime.start(ActorSpec("default", "broken", broken), Slot(0), None, timeout_s=20)
+
+    template = counter_template(tmp_path / "snaps", marker=False)
+    missing = SnapshotRef(SnapshotKind.LOCAL, tmp_path / "nope")
+    with pytest.raises(RuntimeFailure, match="no checkpoint.img"):
+        await runtime.start(ActorSpec("default", "x", template), Slot(0), missing, timeout_s=20)
+
+    # A failed checkpoint (the image dir already holds an image) loses the sandbox, loudly.
+    actor = ActorSpec("default", "ckfail", template)
+    started = await runtime.start(actor, Slot(1), None, timeout_s=30)
+    dest = tmp_path / "occupied"
+    dest.mkdir()
+    (dest / "checkpoint.img").write_text("x")
+    with pytest.raises(RuntimeFailure) as info:
+        await runtime.checkpoint(actor, started.handle, SnapshotKind.LOCAL, dest)
+    assert info.value.sandbox_lost
+    assert not await runtime.is_alive(started.handle)
+    assert await runtime.runsc.list() == []
+
+
+async def test_restarted_runtime_adopts_running_sandboxes(
+    runtime: Any, runtime_config: Any, tmp_path: Path
+) -> None:
+    from gym_substrate.local.gvisor import GvisorRuntime
+
+    template = counter_template(tmp_path / "snaps", marker=False)
+    actor = ActorSpec("default", "adopted", template)
+    started = await runtime.start(actor, Slot(1), None, timeout_s=30)
+    assert (await aget(started.address, "/state"))["counter"] == 1
+    await runtime.close()  # a control plane going away without stopping sandboxes
+
+    again = GvisorRuntime(runtime_config)
+    await again.open()  # reuses its leases: same netns, same addresses
+    adopted = await again.adopt(actor, Slot(1), started.handle, started.address)
+    assert adopted is not None
+    assert adopted.address == started.address
+    assert (await aget(adopted.address, "/state"))["counter"] == 2
+    assert await again.adopt(actor, Slot(0), started.handle, started.address) is None
+    assert await again.sweep(keep=[]) == [f"sandbox {started.handle} (running)"]
+    assert not await again.is_alive(started.handle)

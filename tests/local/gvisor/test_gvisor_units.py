@@ -1,0 +1,81 @@
+"""Pure checks of the gVisor layer's building blocks (no runsc, no root needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gym_substrate.local.gvisor.bundle import masks_for, write_actor_id, write_bundle
+from gym_substrate.local.gvisor.net import NetError, host_if_name, netns_name
+from gym_substrate.local.gvisor.runsc import check_container_id
+from gym_substrate.local.runtime import RuntimeConfig
+
+
+def test_bundle_carries_the_workarounds_and_safety_settings(tmp_path: Path) -> None:
+    run_ate = tmp_path / "run-ate"
+    write_actor_id(run_ate, "actor-1")
+    write_bundle(
+        tmp_path / "bundle",
+        rootfs=Path("/"),
+        args=["/usr/bin/python3", "-m", "sandbox_agent"],
+        env=[("A", "b")],
+        netns_path=Path("/run/netns/gt1-w0"),
+        run_ate_dir=run_ate,
+        etc_dir=tmp_path / "etc",
+        mask_dirs=["/tmp"],
+        mask_files=["/etc/shadow"],
+    )
+    spec = json.loads((tmp_path / "bundle" / "config.json").read_text())
+    # Workaround 2: the netns is named in the spec, never entered with `ip netns exec`.
+    assert {"type": "network", "path": "/run/netns/gt1-w0"} in spec["linux"]["namespaces"]
+    # readonly: true would switch --overlay2 off (EROFS); writes stay in sentry memory.
+    assert spec["root"] == {"path": "/", "readonly": False}
+    mounts = {m["destination"]: m for m in spec["mounts"]}
+    resolv = Path(mounts["/etc/resolv.conf"]["source"]).read_text()
+    assert resolv == "nameserver 127.0.0.1\n"
+    assert mounts["/run/ate"]["source"] == str(run_ate)
+    assert "ro" in mounts["/run/ate"]["options"]
+    assert (run_ate / "actor-id").read_text() == "actor-1"  # no trailing newline, as atelet
+    assert mounts["/tmp"]["type"] == "tmpfs"
+    assert Path(mounts["/etc/shadow"]["source"]).read_text() == ""
+    assert spec["process"]["env"][1:] == ["A=b"]
+    assert spec["process"]["args"] == ["/usr/bin/python3", "-m", "sandbox_agent"]
+
+
+def test_masks_hide_state_but_never_the_interpreter(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    venv = state / "venv"
+    venv.mkdir(parents=True)
+    snaps = tmp_path / "snaps"
+    snaps.mkdir()
+    dirs, _ = masks_for([snaps, state], keep_visible=[venv / "bin" / "python"])
+    assert str(snaps.resolve()) in dirs or any(str(snaps.resolve()).startswith(d) for d in dirs)
+    assert not any(str(venv.resolve()).startswith(d + "/") for d in dirs if d != "/")
+    # Nested candidates collapse into the outer one.
+    dirs, _ = masks_for([snaps, snaps / "x"])
+    assert len([d for d in dirs if d.startswith(str(snaps.resolve()))]) <= 1
+
+
+def test_container_ids_can_never_be_prefixes_of_each_other() -> None:
+    assert check_container_id("gt1-ns-a.0123abcd")
+    for bad in ("gt1-a", "gt1-a.123", "gt1-a.0123abcde", "-x.0123abcd", "a/b.0123abcd"):
+        with pytest.raises(ValueError, match="8 hex digits"):
+            check_container_id(bad)
+
+
+def test_names_fit_linux_limits() -> None:
+    assert netns_name("gs1a2b3c", 3) == "gs1a2b3c-w3"
+    assert host_if_name("gs1a2b3c", 127) == "gs1a2b3ch127"
+    with pytest.raises(NetError, match="15 characters"):
+        host_if_name("abcdefghijk", 12345)
+
+
+def test_runtime_rejects_bad_config(tmp_path: Path) -> None:
+    from gym_substrate.local.gvisor import GvisorRuntime
+
+    with pytest.raises(ValueError, match="lowercase letters or digits"):
+        GvisorRuntime(RuntimeConfig(tmp_path, "Bad-Prefix", 1))
+    with pytest.raises(ValueError, match="compression"):
+        GvisorRuntime(RuntimeConfig(tmp_path, "gt1", 1, {"gvisor.compression": "zip"}))
