@@ -553,28 +553,33 @@ def host_prep_root_script(cfg: StackConfig) -> str:
     """Record the host before touching it: packages, sysctls, files, binaries, services, sshd.
 
     The record is written once (a re-run never overwrites the original state) under
-    `<workdir>/host-state`, owned by root, and is what revert-root restores from.
+    `<workdir>/host-state` and is what revert-root restores from. `GYM_SUBSTRATE_HOST_ROOT`
+    (empty on a real host) prefixes every recorded path; the tests point it at a temp dir.
     """
     st = Paths(cfg).state_dir
     files = " ".join(_FILES)
     return (
-        _PREAMBLE + f'STATE="{st}"\n'
+        _PREAMBLE + f'STATE="{st}"\nROOT="${{GYM_SUBSTRATE_HOST_ROOT:-}}"\n'
         'if [ -f "$STATE/complete" ]; then echo "state already recorded" >&2; exit 0; fi\n'
         'sudo mkdir -p "$STATE/files"\n'
         "dpkg-query -W -f='${Package}\\n' | sort | sudo tee \"$STATE/packages\" >/dev/null\n"
-        f'for k in {" ".join(_SYSCTLS)}; do echo "$k=$(sysctl -n $k)"; done '
-        '| sudo tee "$STATE/sysctls" >/dev/null\n'
+        f"for k in {' '.join(_SYSCTLS)}; do\n"
+        '  v=$(sysctl -n "$k" 2>/dev/null) && echo "$k=$v"\n'
+        'done | sudo tee "$STATE/sysctls" >/dev/null || true\n'
         f"for f in {files}; do\n"
-        '  if [ -e "$f" ]; then sudo cp -a --parents "$f" "$STATE/files/"; '
-        'echo "$f" ; fi\n'
+        '  if [ -e "$ROOT$f" ]; then sudo cp -a --parents "$ROOT$f" "$STATE/files/"; '
+        'echo "$f"; fi\n'
         'done | sudo tee "$STATE/files.present" >/dev/null\n'
-        f'for b in {" ".join(_BINARIES)}; do [ -e "$b" ] && echo "$b"; done '
-        '| sudo tee "$STATE/binaries.present" >/dev/null || true\n'
+        f"for b in {' '.join(_BINARIES)}; do\n"
+        '  if [ -e "$ROOT$b" ]; then echo "$b"; fi\n'
+        'done | sudo tee "$STATE/binaries.present" >/dev/null\n'
         f"for s in {' '.join(_SERVICES)}; do\n"
-        '  echo "$s $(systemctl is-enabled "$s" 2>/dev/null || echo absent) '
-        '$(systemctl is-active "$s" 2>/dev/null || echo inactive)"\n'
+        '  e=$(systemctl is-enabled "$s" 2>/dev/null) || true\n'
+        '  a=$(systemctl is-active "$s" 2>/dev/null) || true\n'
+        '  echo "$s ${e:-absent} ${a:-inactive}"\n'
         'done | sudo tee "$STATE/services" >/dev/null\n'
-        'getent group docker | cut -d: -f4 | sudo tee "$STATE/docker-group" >/dev/null || true\n'
+        "{ getent group docker || true; } | cut -d: -f4 "
+        '| sudo tee "$STATE/docker-group" >/dev/null\n'
         'sudo touch "$STATE/complete"\n'
         'echo "$STATE"\n'
     )
@@ -653,43 +658,53 @@ def host_wipe_script(cfg: StackConfig) -> str:
 def host_revert_root_script(cfg: StackConfig) -> str:
     """Destroy step 2: put back what prep-root recorded, then remove the record.
 
-    Restored: packages installed since the record are purged; sysctls and recorded files get
-    their old values/content; files that did not exist are removed; binaries under /usr/local we
-    added are removed; services return to their recorded enabled/active state; the docker group
-    membership goes back to the recorded list.
+    Restored: recorded files get their old content, files that did not exist are removed;
+    binaries under /usr/local that were not there are removed; packages installed since the
+    record are purged; recorded sysctls get their old values; services return to their recorded
+    enabled/active state; users added to the docker group are removed from it.
     """
     st = Paths(cfg).state_dir
     files = " ".join(_FILES)
     bins = " ".join(_BINARIES)
     return (
-        _PREAMBLE + f'STATE="{st}"\n'
+        _PREAMBLE + f'STATE="{st}"\nROOT="${{GYM_SUBSTRATE_HOST_ROOT:-}}"\n'
         'if [ ! -f "$STATE/complete" ]; then echo "no state record at $STATE; nothing to '
         'revert" >&2; exit 0; fi\n'
         f"for f in {files}; do\n"
-        '  if grep -qx "$f" "$STATE/files.present"; then sudo cp -a "$STATE/files$f" "$f";\n'
-        '  else sudo rm -f "$f"; fi\n'
+        '  if grep -qx "$f" "$STATE/files.present"; then sudo cp -a "$STATE/files$ROOT$f" '
+        '"$ROOT$f"\n'
+        '  else sudo rm -f "$ROOT$f"; fi\n'
         "done\n"
-        "sudo rmdir /etc/systemd/system/ssh.service.d /etc/systemd/system/sshd.service.d "
-        "2>/dev/null || true\n"
+        'sudo rmdir "$ROOT/etc/systemd/system/ssh.service.d" '
+        '"$ROOT/etc/systemd/system/sshd.service.d" 2>/dev/null || true\n'
         f"for b in {bins}; do\n"
-        '  grep -qx "$b" "$STATE/binaries.present" || sudo rm -rf "$b"\n'
+        '  grep -qx "$b" "$STATE/binaries.present" || sudo rm -rf "$ROOT$b"\n'
         "done\n"
-        "sudo rm -f /usr/local/bin/go\n"
-        "NEW=$(comm -13 \"$STATE/packages\" <(dpkg-query -W -f='${Package}\\n' | sort))\n"
-        'if [ -n "$NEW" ]; then sudo DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq $NEW; '
-        "sudo apt-get autoremove -y -qq; fi\n"
-        'while IFS== read -r k v; do sudo sysctl -qw "$k=$v" || true; done < "$STATE/sysctls"\n'
+        'grep -qx /usr/local/go "$STATE/binaries.present" || sudo rm -f "$ROOT/usr/local/bin/go"\n'
+        "NEW=$(dpkg-query -W -f='${Package}\\n' | sort | comm -13 \"$STATE/packages\" -)\n"
+        'if [ -n "$NEW" ]; then\n'
+        "  sudo env DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq $NEW\n"
+        "  sudo env DEBIAN_FRONTEND=noninteractive apt-get autoremove -y -qq\n"
+        "fi\n"
+        "while IFS== read -r k v; do\n"
+        '  if [ -n "$v" ]; then sudo sysctl -qw "$k=$v" || true; fi\n'
+        'done < "$STATE/sysctls"\n'
         "sudo systemctl daemon-reload\n"
         "while read -r s enabled active; do\n"
-        '  case "$enabled" in enabled) sudo systemctl enable "$s" 2>/dev/null || true;;\n'
-        '    disabled) sudo systemctl disable "$s" 2>/dev/null || true;; esac\n'
-        '  case "$active" in active) sudo systemctl restart "$s" 2>/dev/null || true;;\n'
-        '    *) sudo systemctl stop "$s" 2>/dev/null || true;; esac\n'
+        '  case "$enabled" in\n'
+        '    enabled) sudo systemctl enable "$s" 2>/dev/null || true ;;\n'
+        '    disabled) sudo systemctl disable "$s" 2>/dev/null || true ;;\n'
+        "  esac\n"
+        '  case "$active" in\n'
+        '    active) sudo systemctl restart "$s" 2>/dev/null || true ;;\n'
+        '    *) sudo systemctl stop "$s" 2>/dev/null || true ;;\n'
+        "  esac\n"
         'done < "$STATE/services"\n'
         "if getent group docker >/dev/null; then\n"
         '  for u in $(getent group docker | cut -d: -f4 | tr , " "); do\n'
         '    tr , "\\n" < "$STATE/docker-group" | grep -qx "$u" || sudo gpasswd -d "$u" docker\n'
-        "  done\nfi\n"
+        "  done\n"
+        "fi\n"
         'sudo rm -rf "$STATE"\n'
         f'rmdir "{Paths(cfg).workdir}" 2>/dev/null || true\n'
         "echo reverted\n"

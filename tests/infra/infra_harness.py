@@ -1,4 +1,4 @@
-"""Fixtures for the infrastructure tests: repo paths, stack configs, and a Pulumi mock harness.
+"""Helpers for the infrastructure tests: repo paths, stack configs, and a Pulumi mock harness.
 
 The harness runs the real `infra/__main__.py` once per stack file under `pulumi.runtime.set_mocks`
 and records every registration request (type, name, parent, dependencies, secret outputs),
@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from gym_substrate.infra.config import StackConfig, load_stack_file, stack_file
@@ -38,11 +37,6 @@ def stack_config(stack: str) -> StackConfig:
 def stack_values(stack: str) -> dict[str, Any]:
     doc = yaml.safe_load(stack_file(REPO, stack).read_text())
     return dict(doc["config"])
-
-
-@pytest.fixture(params=STACKS)
-def stack(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 @dataclass

@@ -1,0 +1,164 @@
+"""Stack config validation: every shipped stack parses, every mistake names its key and fix."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gym_substrate.infra.config import (
+    ConfigError,
+    StackConfig,
+    load_stack_file,
+    parse_config_values,
+)
+
+from infra_harness import STACKS, stack_config, stack_values
+
+
+def _raw(stack: str) -> tuple[dict[str, Any], frozenset[str]]:
+    raw, secrets = parse_config_values(stack_values(stack))
+    if raw.get("target") == "host":
+        secrets = secrets | {"sshPrivateKey"}
+    return copy.deepcopy(raw), secrets
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_stack_file_validates(stack: str) -> None:
+    cfg = stack_config(stack)
+    target, runtime = stack.split("-")
+    assert (cfg.target, cfg.runtime) == (target, runtime)
+    assert (cfg.host is not None) == (target == "host")
+    assert cfg.sandbox_config_name == ("gvisor-default" if runtime == "gvisor" else "microvm")
+    assert cfg.templates.ready_timeout_s == (600 if runtime == "microvm" else 300)
+    # Defaults fit eight 1 CPU / 4 GiB actors.
+    assert (cfg.pool.replicas, cfg.pool.cpu, cfg.pool.memory) == (8, "1", "4Gi")
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_stack_key_is_commented(stack: str) -> None:
+    text = (Path(__file__).resolve().parents[2] / "infra" / "stacks" /
+            f"Pulumi.{stack}.yaml").read_text()
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#") or stripped in {"config:"}:
+            continue
+        if stripped.startswith("- name:") or re.match(r"^[\w:.-]+:\s*$", stripped):
+            continue  # a section header; its keys carry the comments
+        assert "#" in line, f"{stack}: uncommented key line {line!r}"
+
+
+def _error(raw: dict[str, Any], secrets: frozenset[str] = frozenset()) -> str:
+    with pytest.raises(ConfigError) as info:
+        StackConfig.from_mapping(raw, secrets=secrets)
+    return str(info.value)
+
+
+def test_missing_workloads_names_key_and_fix() -> None:
+    raw, secrets = _raw("kind-gvisor")
+    del raw["workloads"]
+    msg = _error(raw, secrets)
+    assert msg.startswith("gym-substrate:workloads: is required but missing. Fix: ")
+    assert "python:3.12-slim" in msg
+
+
+def test_tag_where_digest_required() -> None:
+    raw, secrets = _raw("kind-gvisor")
+    raw["templates"]["pauseImage"] = "registry.k8s.io/pause:3.10.2"
+    msg = _error(raw, secrets)
+    assert msg == (
+        "gym-substrate:templates.pauseImage: 'registry.k8s.io/pause:3.10.2' is a tag, but a "
+        "digest is required. Fix: pin it as `<image>@sha256:<64 hex>` (get the digest with "
+        "`docker buildx imagetools inspect <image>`)")
+    raw["templates"]["pauseImage"] = load_stack_file(
+        Path(__file__).resolve().parents[2] / "infra/stacks/Pulumi.kind-gvisor.yaml"
+    ).templates.pause_image
+    raw["cluster"]["nodeImage"] = "kindest/node:v1.36.0"
+    assert _error(raw, secrets).startswith("gym-substrate:cluster.nodeImage: 'kindest/node:")
+
+
+def test_unknown_runtime() -> None:
+    raw, secrets = _raw("kind-gvisor")
+    raw["runtime"] = "firecracker"
+    assert _error(raw, secrets) == (
+        "gym-substrate:runtime: unknown value 'firecracker'. Fix: set `runtime` to one of: "
+        "gvisor, microvm")
+
+
+def test_microvm_without_kvm() -> None:
+    raw, secrets = _raw("kind-microvm")
+    raw["cluster"]["kvm"] = False
+    msg = _error(raw, secrets)
+    assert msg.startswith("gym-substrate:cluster.kvm: runtime 'microvm' needs /dev/kvm")
+    assert "kvm: true" in msg and "runtime: gvisor" in msg
+
+
+def test_host_needs_address_and_ssh_key() -> None:
+    raw, secrets = _raw("host-gvisor")
+    assert _error(raw, frozenset()).startswith(
+        "gym-substrate:sshPrivateKey: is required for target 'host' but missing. Fix: run "
+        "`pulumi config set --secret sshPrivateKey")
+    del raw["host"]["address"]
+    assert _error(raw, secrets).startswith("gym-substrate:host.address: is required")
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "needle"),
+    [
+        ("pool", "replicas", -1, "gym-substrate:pool.replicas: expected an integer"),
+        ("pool", "cpu", "one", "gym-substrate:pool.cpu: 'one' is not a Kubernetes quantity"),
+        ("pool", "name", "Sandbox_Pool", "gym-substrate:pool.name: 'Sandbox_Pool' is not a DNS"),
+        ("substrate", "commit", "main", "gym-substrate:substrate.commit: 'main' is not a full"),
+        ("substrate", "authMode", "oidc", "gym-substrate:substrate.authMode: unknown value"),
+        ("agent", "mount", "bind", "gym-substrate:agent.mount: unknown value 'bind'"),
+        ("access", "apiNodePort", 80, "gym-substrate:access.apiNodePort: expected an integer in"),
+        ("access", "routerNodePort", 30443, "gym-substrate:access: node ports collide"),
+        ("observability", "grafanaImage", "grafana/grafana:latest",
+         "gym-substrate:observability.grafanaImage: 'grafana/grafana:latest' is not pinned"),
+        ("observability", "providerTargets", ["http://x"],
+         "gym-substrate:observability.providerTargets: expected host:port"),
+        ("pool", "replicaz", 3, "gym-substrate:pool.replicaz: is not a known key"),
+    ],
+)
+def test_bad_values_name_the_key(section: str, key: str, value: Any, needle: str) -> None:
+    raw, secrets = _raw("kind-gvisor")
+    raw[section][key] = value
+    msg = _error(raw, secrets)
+    assert msg.startswith(needle), msg
+    assert ". Fix: " in msg
+
+
+def test_workload_image_must_have_a_version() -> None:
+    raw, secrets = _raw("kind-gvisor")
+    raw["workloads"] = [{"name": "py", "image": "python"}]
+    assert _error(raw, secrets).startswith("gym-substrate:workloads[0].image: 'python' has no")
+    raw["workloads"] = [{"name": "py", "image": "python:latest"}]
+    assert "`latest` is not allowed" in _error(raw, secrets)
+    raw["workloads"] = [{"name": "py", "image": "python:3.12"}, {"name": "py", "image": "x:1"}]
+    assert _error(raw, secrets).startswith("gym-substrate:workloads: duplicate workload names")
+
+
+def test_unknown_top_level_key_and_host_only_keys() -> None:
+    raw, secrets = _raw("kind-gvisor")
+    raw["replicas"] = 4
+    assert _error(raw, secrets).startswith("gym-substrate:replicas: is not a known key")
+    raw, secrets = _raw("kind-gvisor")
+    raw["host"] = {"address": "x", "user": "y"}
+    assert _error(raw, secrets).startswith("gym-substrate:host: is only used with target 'host'")
+
+
+def test_pulumi_json_strings_are_parsed() -> None:
+    values = {f"gym-substrate:{k}": v
+              for k, v in parse_config_values(stack_values("kind-gvisor"))[0].items()}
+    as_pulumi = {k: json.dumps(v) if not isinstance(v, str) else v for k, v in values.items()}
+    as_pulumi["other-project:key"] = "ignored"
+    raw, secrets = parse_config_values(as_pulumi)
+    assert StackConfig.from_mapping(raw, secrets=secrets) == stack_config("kind-gvisor")
+
+
+def test_missing_stack_file_message(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"stack file .*Pulumi.nope.yaml does not exist"):
+        load_stack_file(tmp_path / "Pulumi.nope.yaml")
