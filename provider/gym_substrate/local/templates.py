@@ -287,7 +287,13 @@ def parse_template_yaml(
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise TemplateError(f"{source}: not valid YAML ({exc}); fix the syntax") from exc
+        where, what = "", str(exc).replace("\n", " ")
+        if isinstance(exc, yaml.MarkedYAMLError):
+            if exc.problem_mark is not None:
+                mark = exc.problem_mark
+                where = f" at line {mark.line + 1}, column {mark.column + 1}"
+            what = exc.problem or what
+        raise TemplateError(f"{source}: not valid YAML{where}: {what}; fix the syntax") from exc
     if document is None:
         raise TemplateError(f"{source}: the file is empty; write an ActorTemplate document")
     try:

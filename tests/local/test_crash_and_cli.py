@@ -1,0 +1,213 @@
+"""`local up` as a real process: SIGKILL loses no record, restarts adopt, `down` leaves nothing.
+
+These run the CLI exactly as a user does (`python -m gym_substrate.local up ...`) and kill it
+with SIGKILL, because only a separate process shows what survives a crash of the control plane.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from click.testing import CliRunner
+from local_helpers import host
+
+from gym_substrate.ateapi import ateapi_pb2 as pb
+from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
+from gym_substrate.local.backend import read_backend_info, state_leftovers
+from gym_substrate.local.cli import local
+
+S = pb.Actor.Status
+
+
+class Up:
+    """One `local up` process in the foreground, its log captured to a file."""
+
+    def __init__(self, state: Path, runtime: str, workers: int = 3) -> None:
+        self.state = state
+        self.log = state.parent / f"up-{time.monotonic_ns()}.log"
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "gym_substrate.local",
+                    "up",
+                    "--state-dir",
+                    str(state),
+                    "--runtime",
+                    runtime,
+                    "--workers",
+                    str(workers),
+                    "--api-port",
+                    "0",
+                    "--router-port",
+                    "0",
+                ],  # fmt: skip
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + 60
+        while True:
+            info = read_backend_info(state)
+            if info is not None and info["pid"] == self.proc.pid:
+                break
+            assert self.proc.poll() is None, self.log.read_text()
+            assert time.monotonic() < deadline, "local up did not start in 60 s"
+            time.sleep(0.05)
+        self.info = info
+        self.channel = grpc.insecure_channel(info["api"])
+        self.stub: Any = pb_grpc.ControlStub(self.channel)
+
+    def kill(self) -> None:
+        self.channel.close()
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        self.channel.close()
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(60)
+
+    def http(self, actor: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        request = urllib.request.Request(
+            self.info["router"] + path,
+            data=json.dumps(body).encode() if body is not None else None,
+            headers={**host(actor), "Content-Type": "application/json"},
+            method="POST" if body is not None else "GET",
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())
+
+    def actors(self) -> dict[str, Any]:
+        return {a.actor_id: a for a in self.stub.ListActors(pb.ListActorsRequest()).actors}
+
+
+@pytest.fixture
+def state(tmp_path: Path, runtime_name: str) -> Iterator[Path]:
+    folder = tmp_path / "state"
+    yield folder
+    # whatever happened, leave nothing running
+    CliRunner().invoke(local, ["down", "--state-dir", str(folder)])
+
+
+def _ref(name: str) -> pb.ActorRef:
+    return pb.ActorRef(atespace="t", name=name)
+
+
+def test_sigkill_loses_nothing_and_restart_adopts(state: Path, runtime_name: str) -> None:
+    up = Up(state, runtime_name)
+    stub = up.stub
+    stub.CreateAtespace(pb.CreateAtespaceRequest(name="t"))
+    for name in ("run1", "paused1", "susp1", "new1"):
+        stub.CreateActor(
+            pb.CreateActorRequest(
+                actor_ref=_ref(name),
+                actor_template_namespace="local",
+                actor_template_name="sandbox",
+            )
+        )
+    for name in ("run1", "paused1", "susp1"):
+        stub.ResumeActor(pb.ResumeActorRequest(actor_ref=_ref(name)))
+    job = up.http("run1", "/v1/exec", {"id": "ctr", "command": "sleep 300", "timeout_s": 600})
+    assert job["state"] == "running"
+    stub.PauseActor(pb.PauseActorRequest(actor_ref=_ref("paused1")))
+    stub.SuspendActor(pb.SuspendActorRequest(actor_ref=_ref("susp1")))
+    before = up.actors()
+
+    up.kill()
+    assert asyncio.run(state_leftovers(state)), "a crash must leave running sandboxes to adopt"
+
+    up = Up(state, runtime_name)
+    after = up.actors()
+    assert sorted(after) == sorted(before) == ["new1", "paused1", "run1", "susp1"]
+    for name, actor in after.items():
+        assert actor.status == before[name].status, name
+        assert actor.version >= before[name].version
+        assert actor.latest_snapshot_info == before[name].latest_snapshot_info
+    assert after["run1"].ateom_pod_ip == before["run1"].ateom_pod_ip  # adopted, not restarted
+    assert up.http("run1", "/v1/exec/ctr")["state"] == "running"  # its memory is intact
+    resumed = up.stub.ResumeActor(pb.ResumeActorRequest(actor_ref=_ref("paused1"))).actor
+    assert resumed.status == S.STATUS_RUNNING
+
+    # now the sandbox of run1 vanishes while the control plane is down
+    up.kill()
+    procs = state / "runtime" / runtime_name / "procs"
+    for entry in procs.glob("*.json"):
+        data = json.loads(entry.read_text())
+        if data["actor"] == "t/run1":
+            os.kill(data["pid"], signal.SIGKILL)
+    up = Up(state, runtime_name)
+    after = up.actors()
+    assert after["run1"].status == S.STATUS_SUSPENDED
+    assert after["paused1"].status == S.STATUS_RUNNING
+    deadline = time.monotonic() + 10
+    while "t/run1 was STATUS_RUNNING but its sandbox is gone" not in up.log.read_text():
+        assert time.monotonic() < deadline, up.log.read_text()
+        time.sleep(0.05)
+    up.stop()
+    assert up.proc.returncode == 0, up.log.read_text()
+    assert asyncio.run(state_leftovers(state)) == []
+
+
+def test_down_after_interrupted_run_leaves_nothing(state: Path, runtime_name: str) -> None:
+    up = Up(state, runtime_name, workers=2)
+    up.stub.CreateAtespace(pb.CreateAtespaceRequest(name="t"))
+    up.stub.CreateActor(
+        pb.CreateActorRequest(
+            actor_ref=_ref("orph"), actor_template_namespace="local", actor_template_name="sandbox"
+        )
+    )
+    up.stub.ResumeActor(pb.ResumeActorRequest(actor_ref=_ref("orph")))
+    # a job with a grandchild, then the agent itself dies too: only the marker finds the rest
+    up.http("orph", "/v1/exec", {"command": "sh -c 'sleep 300 & sleep 300'", "timeout_s": 600})
+    up.kill()
+    for entry in (state / "runtime" / runtime_name / "procs").glob("*.json"):
+        os.kill(json.loads(entry.read_text())["pid"], signal.SIGKILL)
+    time.sleep(0.2)
+    assert asyncio.run(state_leftovers(state)), "the orphaned job processes should still run"
+    result = CliRunner().invoke(local, ["down", "--state-dir", str(state)])
+    assert result.exit_code == 0, result.output
+    assert "removed leftover" in result.output
+    assert asyncio.run(state_leftovers(state)) == []
+
+
+def test_daemon_status_down(state: Path, runtime_name: str) -> None:
+    runner = CliRunner()
+    common = ["--state-dir", str(state)]
+    result = runner.invoke(
+        local,
+        ["up", "--daemon", "--runtime", runtime_name, "--api-port", "0", "--router-port", "0"]
+        + common,
+    )
+    assert result.exit_code == 0, result.output
+    assert "connection:" in result.output and "plaintext: true" in result.output
+    info = read_backend_info(state)
+    assert info is not None
+    again = runner.invoke(local, ["up", "--runtime", runtime_name] + common)
+    assert again.exit_code != 0 and "already runs" in again.output
+    status = runner.invoke(local, ["status", "--json"] + common)
+    assert status.exit_code == 0, status.output
+    data = json.loads(status.output)
+    assert data["running"] is True and data["runtime"] == runtime_name
+    assert [t["template"] for t in data["templates"]] == ["local/sandbox"]
+    assert len(data["workers"]) == 4
+    down = runner.invoke(local, ["down"] + common)
+    assert down.exit_code == 0, down.output
+    assert read_backend_info(state) is None
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(info["pid"]), 0)
+    gone = runner.invoke(local, ["status", "--json"] + common)
+    assert json.loads(gone.output)["running"] is False

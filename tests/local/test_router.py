@@ -1,0 +1,142 @@
+"""The router: Host routing, auto-resume, 404/503/504 like atenet, streaming both ways."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import resource
+from typing import Any
+
+import aiohttp
+import pytest
+from local_helpers import host, make_actor, ref
+
+from gym_substrate.ateapi import ateapi_pb2 as pb
+from gym_substrate.local import LocalBackend
+from gym_substrate.local.router import parse_host
+
+S = pb.Actor.Status
+
+
+def test_parse_host() -> None:
+    domain = "actors.resources.substrate.ate.dev"
+    assert parse_host(f"a1.t.{domain}") == ("a1", "t")
+    assert parse_host(f"a1.t.{domain}:8080") == ("a1", "t")
+    assert parse_host(f"A1.T.{domain}.") == ("a1", "t")
+    assert isinstance(parse_host(f"a_1.t.{domain}"), str)
+    assert isinstance(parse_host(f"x.a1.t.{domain}"), str)
+    assert isinstance(parse_host("example.com"), str)
+
+
+async def _readyz(http: Any, backend: LocalBackend, headers: dict[str, str]) -> tuple[int, Any]:
+    async with http.get(f"{backend.router_url}/readyz", headers=headers) as response:
+        if response.content_type == "application/json":
+            return response.status, await response.json()
+        return response.status, await response.text()
+
+
+async def test_host_routing_and_auto_resume(stub: Any, backend: LocalBackend, http: Any) -> None:
+    await make_actor(stub, "r1")
+    await make_actor(stub, "r2")
+    # r1 is SUSPENDED: the first request resumes it, like Substrate's router
+    status, body = await _readyz(http, backend, host("r1"))
+    assert status == 200 and body["actor_id"] == "r1"
+    actor = (await stub.GetActor(pb.GetActorRequest(actor_ref=ref("r1")))).actor
+    assert actor.status == S.STATUS_RUNNING
+    await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("r2")))
+    port_suffixed = {"Host": host("r2")["Host"] + ":80"}
+    status, body = await _readyz(http, backend, port_suffixed)
+    assert status == 200 and body["actor_id"] == "r2"
+    # a paused actor resumes on demand too, keeping its process
+    await stub.PauseActor(pb.PauseActorRequest(actor_ref=ref("r1")))
+    status, body2 = await _readyz(http, backend, host("r1"))
+    assert status == 200 and body2["actor_id"] == "r1"
+    for name in ("r1", "r2"):
+        await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref(name)))
+
+
+async def test_unknown_and_invalid_hosts(stub: Any, backend: LocalBackend, http: Any) -> None:
+    await stub.CreateAtespace(pb.CreateAtespaceRequest(name="t"))
+    status, text = await _readyz(http, backend, host("ghost"))
+    assert (status, text) == (404, 'actor "ghost" not found')
+    status, text = await _readyz(http, backend, {"Host": "example.com"})
+    assert status == 404 and text.startswith('invalid host "example.com"')
+
+
+@pytest.mark.parametrize("backend_options", [{"workers": 1, "router_timeout_s": 1.0}])
+async def test_503_when_full_and_timeout(stub: Any, backend: LocalBackend, http: Any) -> None:
+    await make_actor(stub, "full1")
+    await make_actor(stub, "full2")
+    await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("full1")))
+    status, text = await _readyz(http, backend, host("full2"))
+    assert status == 503
+    assert text == 'actor "full2" unavailable: no free workers available'
+    # the per-request limit (configured to 1 s here; 10 s by default, as in Substrate)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    async with http.post(
+        f"{backend.router_url}/v1/exec?wait=5",
+        json={"command": "sleep 4"},
+        headers=host("full1"),
+    ) as response:
+        assert response.status == 504
+        assert await response.text() == "upstream request timeout"
+    assert loop.time() - started < 3.0
+    await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("full1")))
+
+
+async def test_streams_100_mib_download_and_upload(
+    stub: Any, backend: LocalBackend, http: aiohttp.ClientSession
+) -> None:
+    await make_actor(stub, "big")
+    await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("big")))
+    url = backend.router_url
+    async with http.post(
+        f"{url}/v1/exec?wait=8",
+        json={"command": "head -c 104857600 /dev/urandom > big.bin && sha256sum big.bin && pwd"},
+        headers=host("big"),
+    ) as response:
+        body = await response.json()
+    assert body["exit_code"] == 0, body
+    expected, _ = body["stdout"].split()[0], None
+    folder = body["stdout"].split("\n")[1].strip()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    digest = hashlib.sha256()
+    size = 0
+    async with http.get(
+        f"{url}/v1/files", params={"path": f"{folder}/big.bin"}, headers=host("big")
+    ) as response:
+        assert response.status == 200
+        assert response.headers["Content-Length"] == str(100 * 2**20)
+        async for chunk in response.content.iter_chunked(1 << 20):
+            digest.update(chunk)
+            size += len(chunk)
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert size == 100 * 2**20 and digest.hexdigest() == expected
+    assert grown_mib < 48, f"the router buffered the body (+{grown_mib:.0f} MiB peak RSS)"
+
+    # upload: a streamed 32 MiB request body arrives intact
+    payload = bytes(range(256)) * (32 * 4096)
+
+    async def body_chunks() -> Any:
+        for start in range(0, len(payload), 1 << 20):
+            yield payload[start : start + (1 << 20)]
+
+    async with http.put(
+        f"{url}/v1/files",
+        params={"path": f"{folder}/up.bin"},
+        data=body_chunks(),
+        headers=host("big"),
+    ) as response:
+        assert response.status == 200, await response.text()
+        assert (await response.json())["sha256"] == hashlib.sha256(payload).hexdigest()
+    await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("big")))
+
+
+async def test_local_endpoints(backend: LocalBackend, http: Any) -> None:
+    async with http.get(f"{backend.router_url}/readyz") as response:
+        assert response.status == 200
+    async with http.post(f"{backend.router_url}/_local/templates", data=b"spec: [") as response:
+        assert response.status == 400
+        error = (await response.json())["error"]
+        assert error["code"] == "bad_request" and "not valid YAML" in error["message"]

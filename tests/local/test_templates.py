@@ -1,0 +1,193 @@
+"""Template validation: every bad input names the field and the fix, and nothing is half-created."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from gym_substrate.local import LocalBackend
+from gym_substrate.local.cli import local
+from gym_substrate.local.store import Store
+from gym_substrate.local.templates import TemplateError, parse_template, parse_template_yaml
+
+
+def good(location: Path, **spec_changes: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "apiVersion": "ate.dev/v1alpha1",
+        "kind": "ActorTemplate",
+        "metadata": {"name": "mine", "namespace": "local"},
+        "spec": {
+            "pauseImage": "registry.k8s.io/pause:3.10.2@sha256:f548",
+            "containers": [
+                {
+                    "name": "agent",
+                    "image": "example.com/agent@sha256:abc",
+                    "command": ["/usr/bin/python3", "-m", "sandbox_agent", "--port", "80"],
+                    "env": [{"name": "MODE", "value": "test"}],
+                    "readyz": {"httpGet": {"path": "/readyz", "port": 80}},
+                }
+            ],
+            "snapshotsConfig": {"location": str(location)},
+            "rootfs": "host",
+        },
+    }
+    doc["spec"].update(spec_changes)
+    return doc
+
+
+def test_valid_template(tmp_path: Path) -> None:
+    spec = parse_template(good(tmp_path / "snaps"))
+    assert spec.key == "local/mine"
+    assert spec.env == (("MODE", "test"),)
+    assert spec.readyz_port == 80 and spec.rootfs.kind == "host"
+    rootfs = tmp_path / "rootfs"
+    rootfs.mkdir()
+    spec = parse_template(good(tmp_path / "snaps", rootfs={"directory": str(rootfs)}))
+    assert spec.rootfs.kind == "directory" and spec.rootfs.path == rootfs
+    url = parse_template(good(tmp_path / "snaps", snapshotsConfig={"location": "file:///var/x"}))
+    assert url.snapshot_location == Path("/var/x")
+
+
+def _mutations(tmp: Path) -> list[tuple[str, dict[str, Any], str]]:
+    def with_container(**changes: Any) -> dict[str, Any]:
+        doc = good(tmp / "s")
+        doc["spec"]["containers"][0].update(changes)
+        return doc
+
+    unknown_top = good(tmp / "s")
+    unknown_top["extra"] = 1
+    bad_name = good(tmp / "s")
+    bad_name["metadata"]["name"] = "Not_A_Label"
+    no_rootfs = good(tmp / "s")
+    del no_rootfs["spec"]["rootfs"]
+    return [
+        ("unknown top-level field", unknown_top, "extra: unknown field"),
+        ("unknown spec field", good(tmp / "s", volumes=[]), "spec.volumes: unknown field"),
+        (
+            "unknown container field",
+            with_container(args=["x"]),
+            "spec.containers[0].args: unknown field",
+        ),
+        ("invalid name", bad_name, "metadata.name: 'Not_A_Label' is not a DNS-1123 label"),
+        ("missing rootfs", no_rootfs, "spec.rootfs: is missing"),
+        (
+            "rootfs folder missing",
+            good(tmp / "s", rootfs={"directory": str(tmp / "nope")}),
+            f"spec.rootfs.directory: folder {tmp / 'nope'} does not exist",
+        ),
+        ("rootfs typo", good(tmp / "s", rootfs="hots"), "spec.rootfs: must be 'host'"),
+        ("empty command", with_container(command=[]), "spec.containers[0].command: must be"),
+        ("command not a list", with_container(command="x"), "spec.containers[0].command"),
+        (
+            "secret env",
+            with_container(env=[{"name": "K", "valueFrom": {"secretKeyRef": {}}}]),
+            "spec.containers[0].env[0].valueFrom: secrets are not available",
+        ),
+        (
+            "bad port",
+            with_container(readyz={"httpGet": {"path": "/readyz", "port": 0}}),
+            "spec.containers[0].readyz.httpGet.port: must be a port",
+        ),
+        (
+            "two containers",
+            good(tmp / "s", containers=[{"name": "a", "command": ["x"]}] * 2),
+            "spec.containers: has 2 containers",
+        ),
+        (
+            "gs location",
+            good(tmp / "s", snapshotsConfig={"location": "gs://bucket/x/"}),
+            "spec.snapshotsConfig.location: 'gs://bucket/x/' is a gs:// URL",
+        ),
+        (
+            "relative location",
+            good(tmp / "s", snapshotsConfig={"location": "snaps"}),
+            "spec.snapshotsConfig.location: 'snaps' is relative",
+        ),
+        (
+            "Data scope",
+            good(tmp / "s", snapshotsConfig={"location": str(tmp), "onPause": "Data"}),
+            "spec.snapshotsConfig.onPause: 'Data' is not supported locally",
+        ),
+    ]
+
+
+@pytest.mark.parametrize("case", range(15))
+def test_bad_templates_name_field_and_fix(tmp_path: Path, case: int) -> None:
+    title, doc, expected = _mutations(tmp_path)[case]
+    with pytest.raises(TemplateError) as info:
+        parse_template(doc)
+    message = str(info.value)
+    assert message.startswith(expected), f"{title}: {message}"
+    assert ";" in message, f"{title}: no fix in {message!r}"
+
+
+def test_malformed_yaml_and_empty_file() -> None:
+    with pytest.raises(
+        TemplateError, match=r"^t.yaml: not valid YAML at line 1, column 16: .*; fix the syntax$"
+    ):
+        parse_template_yaml("spec: [unclosed", source="t.yaml")
+    with pytest.raises(TemplateError, match="the file is empty"):
+        parse_template_yaml("", source="t.yaml")
+
+
+def test_cli_add_rejects_bad_file_and_creates_nothing(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    location = tmp_path / "never-created"
+    doc = good(location, rootfs={"directory": str(tmp_path / "missing-rootfs")})
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    result = CliRunner().invoke(local, ["templates", "add", str(path), "--state-dir", str(state)])
+    assert result.exit_code != 0
+    assert "spec.rootfs.directory: folder" in result.output
+    assert not location.exists() and not (state / "state.db").exists()
+
+
+def test_cli_add_offline_then_up_registers_it(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    path = tmp_path / "tpl.yaml"
+    path.write_text(
+        textwrap.dedent(
+            """\
+            metadata: {name: mine, namespace: local}
+            spec:
+              containers:
+              - name: agent
+                command: [python3, -m, sandbox_agent, --port, "80"]
+              snapshotsConfig: {location: snaps}   # relative to this file
+              rootfs: host
+            """
+        )
+    )
+    result = CliRunner().invoke(local, ["templates", "add", str(path), "--state-dir", str(state)])
+    assert result.exit_code == 0, result.output
+    store = Store(state / "state.db")
+    try:
+        keys = [template.key for template, _ in store.templates()]
+        (mine,) = [t for t, _ in store.templates() if t.key == "local/mine"]
+    finally:
+        store.close()
+    assert keys == ["local/mine"]
+    assert mine.snapshot_location == tmp_path / "snaps"
+
+
+async def test_add_through_running_backend(
+    tmp_path: Path, backend: LocalBackend, http: Any
+) -> None:
+    body = yaml.safe_dump(good(tmp_path / "snaps"))
+    async with http.post(f"{backend.router_url}/_local/templates", data=body.encode()) as response:
+        assert response.status == 200, await response.text()
+        result = await response.json()
+    assert result["template"] == "local/mine" and result["changed"] is True
+    assert (tmp_path / "snaps").is_dir()
+    async with http.post(f"{backend.router_url}/_local/templates", data=body.encode()) as response:
+        assert (await response.json())["changed"] is False
+    bad = yaml.safe_dump(good(tmp_path / "other", rootfs={"directory": "/nonexistent/x"}))
+    async with http.post(f"{backend.router_url}/_local/templates", data=bad.encode()) as response:
+        assert response.status == 400
+        assert "spec.rootfs.directory" in (await response.json())["error"]["message"]
+    assert not (tmp_path / "other").exists()
