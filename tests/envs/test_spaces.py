@@ -88,3 +88,29 @@ def test_sanitize_replaces_only_lone_surrogates() -> None:
 def test_every_observation_is_in_the_space(stdout: str, stderr: str, limit: int) -> None:
     obs = build_observation(stdout, stderr, limit)
     assert obs in UnicodeText(limit, min_length=0)
+
+
+def test_shared_memory_view_follows_later_writes() -> None:
+    from gymnasium.vector.utils import (
+        create_shared_memory,
+        read_from_shared_memory,
+        write_to_shared_memory,
+    )
+
+    space = UnicodeText(64)
+    memory = create_shared_memory(space, n=2)
+    view = read_from_shared_memory(space, memory, n=2)  # read once, as AsyncVectorEnv does
+    write_to_shared_memory(space, 0, "Sandbox ready.", memory)
+    write_to_shared_memory(space, 1, "\x00🙂\ue000", memory)
+    assert tuple(view) == ("Sandbox ready.", "\x00🙂\ue000")
+    snapshot = copy.deepcopy(view)
+    write_to_shared_memory(space, 0, "", memory)
+    assert snapshot == ("Sandbox ready.", "\x00🙂\ue000")
+    assert view[0] == ""
+
+
+@given(st.text(max_size=64))
+def test_vectorised_flatten_matches_the_index_definition(text: str) -> None:
+    flat = flatten(OBS, text)
+    assert [int(i) for i in flat[: len(text)]] == [int(OBS.character_index(c)) for c in text]
+    assert unflatten(OBS, flat) == text

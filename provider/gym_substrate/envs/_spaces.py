@@ -5,8 +5,14 @@ A sandbox's output is arbitrary: NUL bytes, tabs, ANSI escapes, any language, em
 space. Listing ~1.1 million characters in a stock `Text` would cost hundreds of MB per space, so
 the charset here is an arithmetic view of the code-point range (surrogates excluded, as a `str`
 from decoded UTF-8 never holds them, and the env replaces any stray one with U+FFFD). Everything
-Gymnasium does with a `Text` (contains, sample, flatten, shared memory, equality, pickling)
-works through `character_set`, `character_list` and `character_index`, which this class provides.
+Gymnasium does with a `Text` (contains, sample, flatten, equality, pickling) works through
+`character_set`, `character_list` and `character_index`, which this class provides; `flatten` and
+`unflatten` are registered here in vectorised form (one numpy pass instead of a Python loop per
+character). Shared memory needs more: Gymnasium's `AsyncVectorEnv` reads its observation buffer
+once, at construction, relying on numpy views that follow later writes, but `Text` decodes to a
+tuple of `str` that never changes, so every later observation came back as the initial zeros. The
+reader registered here returns a live view that decodes the buffer on access and snapshots into a
+tuple when `AsyncVectorEnv` deep-copies it (its default `copy=True`).
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any, overload
 
 import numpy as np
-from gymnasium.spaces import Text
+from gymnasium.spaces import Text, flatten, unflatten
+from gymnasium.vector.utils import read_from_shared_memory
 from numpy.typing import NDArray
 
 __all__ = ["UnicodeText", "sanitize"]
@@ -182,3 +189,73 @@ def sanitize(text: str) -> str:
     except UnicodeEncodeError:
         return "".join("\ufffd" if 0xD800 <= ord(c) < 0xE000 else c for c in text)
     return text
+
+
+def _code_points_to_indices(space: UnicodeText, cps: NDArray[np.int64]) -> NDArray[np.int32]:
+    first = 0 if space.allow_nul else 1
+    if cps.size and (
+        cps.min() < first or np.any((cps >= _SURROGATE_LO) & (cps < _SURROGATE_LO + 0x800))
+    ):
+        raise ValueError(f"the text holds a character outside {space!r}")
+    return (cps - first - np.where(cps >= _SURROGATE_LO, _SURROGATE_COUNT, 0)).astype(np.int32)
+
+
+def _indices_to_text(space: UnicodeText, indices: NDArray[Any]) -> str:
+    first = 0 if space.allow_nul else 1
+    values = np.asarray(indices, dtype=np.int64)
+    values = values[(values >= 0) & (values < len(space.character_set))] + first
+    values = values + np.where(values >= _SURROGATE_LO, _SURROGATE_COUNT, 0)
+    return values.astype("<u4").tobytes().decode("utf-32-le")
+
+
+@flatten.register(UnicodeText)  # type: ignore[misc]
+def _flatten_unicode_text(space: UnicodeText, x: str) -> NDArray[np.int32]:
+    arr = np.full(space.max_length, len(space.character_set), dtype=np.int32)
+    cps = np.frombuffer(x.encode("utf-32-le", "surrogatepass"), dtype="<u4").astype(np.int64)
+    arr[: len(cps)] = _code_points_to_indices(space, cps)
+    return arr
+
+
+@unflatten.register(UnicodeText)  # type: ignore[misc]
+def _unflatten_unicode_text(space: UnicodeText, x: NDArray[np.int32]) -> str:
+    return _indices_to_text(space, x)
+
+
+class _LiveTextBatch(Sequence[str]):
+    """The observations of a vector env's shared-memory buffer, decoded when read."""
+
+    def __init__(self, space: UnicodeText, shared_memory: Any, n: int) -> None:
+        self._space = space
+        self._data = np.frombuffer(shared_memory.get_obj(), dtype=np.int32).reshape(
+            (n, space.max_length)
+        )
+
+    def __len__(self) -> int:
+        return int(self._data.shape[0])
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[str]: ...
+    def __getitem__(self, index: int | slice) -> str | Sequence[str]:
+        if isinstance(index, slice):
+            return tuple(self)[index]
+        return _indices_to_text(self._space, self._data[index])
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> tuple[str, ...]:
+        return tuple(self)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, str):
+            return tuple(self) == tuple(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
+
+
+@read_from_shared_memory.register(UnicodeText)
+def _read_unicode_text(space: UnicodeText, shared_memory: Any, n: int = 1) -> _LiveTextBatch:
+    return _LiveTextBatch(space, shared_memory, n)

@@ -128,11 +128,7 @@ def _vector_env(provider: dict[str, Any], num_envs: int, steps: int, mode: str) 
     from gymnasium.vector import AsyncVectorEnv, SyncVectorEnv
 
     fns = [functools.partial(_make_env, provider, steps) for _ in range(num_envs)]
-    vec: Any = (
-        AsyncVectorEnv(fns, context="spawn", shared_memory=False)
-        if mode == "async"
-        else SyncVectorEnv(fns)
-    )
+    vec: Any = AsyncVectorEnv(fns, context="spawn") if mode == "async" else SyncVectorEnv(fns)
     actions = ("true",) * num_envs
     try:
         vec.reset()
@@ -173,7 +169,7 @@ def _provider_config(
                 running_local_backend(runtime=runtime, workers=workers)
             )
         try:
-            yield {"connection": background.connection()}, f"local, runtime {background.runtime}"
+            yield background.provider_config(), f"local, runtime {background.runtime}"
         finally:
             with console.status("stopping the local backend"):
                 stack.close()

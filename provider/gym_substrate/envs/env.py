@@ -54,6 +54,7 @@ TIMEOUT_EXIT_CODE: Final = 124
 EXEC_GRACE_S: Final = 60.0
 """How long past `step_timeout_s` the env waits for the provider before declaring an env error."""
 RELEASE_TIMEOUT_S: Final = 120.0
+FINALIZE_TIMEOUT_S: Final = 10.0
 
 
 class SandboxProviderLike(Protocol):
@@ -204,15 +205,15 @@ class _Runtime:
 
         return self.loop.run(_exec(), timeout=timeout_s + EXEC_GRACE_S)
 
-    def release(self) -> None:
+    def release(self, timeout: float = RELEASE_TIMEOUT_S) -> None:
         """Close the current sandbox, if any. Raises what the provider raised."""
         handle, self.handle = self.handle, None
         if handle is None or self.provider is None:
             return
         provider = self.provider
-        self.loop.run(provider.close(handle), timeout=RELEASE_TIMEOUT_S)
+        self.loop.run(provider.close(handle), timeout=timeout)
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout: float = RELEASE_TIMEOUT_S) -> None:
         """Release the sandbox, close an owned provider, stop the loop. Never raises."""
         if self.loop.closed:
             return
@@ -223,22 +224,23 @@ class _Runtime:
             self.loop.close()
             return
         try:
-            self.release()
+            self.release(timeout)
         except Exception as exc:
             logger.warning("SandboxEnv: releasing the sandbox failed (it may be leaked): %s", exc)
         provider = self.provider
         if self.owns_provider and provider is not None:
             try:
-                self.loop.run(provider.aclose(), timeout=RELEASE_TIMEOUT_S)
+                self.loop.run(provider.aclose(), timeout=timeout)
             except Exception as exc:
                 logger.warning("SandboxEnv: closing the provider failed: %s", exc)
         self.loop.close()
 
 
 def _finalize(runtime: _Runtime) -> None:
+    # Garbage collection or interpreter exit: release, but never hold the process up for long.
     if runtime.handle is not None and runtime.loop.started:
         logger.warning("SandboxEnv was not closed; releasing its sandbox now")
-    runtime.shutdown()
+    runtime.shutdown(timeout=FINALIZE_TIMEOUT_S)
 
 
 class SandboxEnv(gym.Env[str, str]):
@@ -249,7 +251,7 @@ class SandboxEnv(gym.Env[str, str]):
     pickles, which `AsyncVectorEnv` needs), or a provider instance that the caller owns and closes.
     """
 
-    metadata: dict[str, Any] = {"render_modes": ["ansi"]}  # noqa: RUF012 - gymnasium's API
+    metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 4}  # noqa: RUF012
 
     def __init__(
         self,
