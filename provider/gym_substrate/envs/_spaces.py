@@ -208,17 +208,20 @@ def _indices_to_text(space: UnicodeText, indices: NDArray[Any]) -> str:
     return values.astype("<u4").tobytes().decode("utf-32-le")
 
 
-@flatten.register(UnicodeText)  # type: ignore[misc]
-def _flatten_unicode_text(space: UnicodeText, x: str) -> NDArray[np.int32]:
+def _flatten_unicode_text(space: UnicodeText, x: str) -> NDArray[np.int32]:  # type: ignore[misc]
     arr = np.full(space.max_length, len(space.character_set), dtype=np.int32)
     cps = np.frombuffer(x.encode("utf-32-le", "surrogatepass"), dtype="<u4").astype(np.int64)
     arr[: len(cps)] = _code_points_to_indices(space, cps)
     return arr
 
 
-@unflatten.register(UnicodeText)  # type: ignore[misc]
-def _unflatten_unicode_text(space: UnicodeText, x: NDArray[np.int32]) -> str:
+def _unflatten_unicode_text(space: UnicodeText, x: NDArray[np.int32]) -> str:  # type: ignore[misc]
     return _indices_to_text(space, x)
+
+
+# mypy's singledispatch check cannot match a subclass against the generic Space[T] (ignored).
+flatten.register(UnicodeText)(_flatten_unicode_text)  # type: ignore[misc]
+unflatten.register(UnicodeText)(_unflatten_unicode_text)  # type: ignore[misc]
 
 
 class _LiveTextBatch(Sequence[str]):
