@@ -83,7 +83,7 @@ def _os_error(exc: OSError, path: str) -> ApiError:
         return ApiError(404, "not_found", f"{path} does not exist")
     if isinstance(exc, IsADirectoryError):
         return _bad(f"{path} is a directory; pass the path of a file")
-    if isinstance(exc, NotADirectoryError):
+    if isinstance(exc, NotADirectoryError | FileExistsError):
         return _bad(f"a parent of {path} is not a directory")
     if isinstance(exc, PermissionError):
         return ApiError(403, "permission_denied", f"permission denied on {path}: {exc.strerror}")
@@ -104,9 +104,9 @@ def _open_upload(path: str, offset: int) -> int:
     tmp = _tmp_path(path)
     if offset == 0:
         os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
-        return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        return os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC)
+        fd = os.open(tmp, os.O_RDWR | os.O_CLOEXEC)
     except FileNotFoundError:
         msg = f"no upload in progress for {path} (offset {offset}); start the upload with offset=0"
         raise ApiError(409, "offset_mismatch", msg) from None
@@ -208,7 +208,7 @@ def _parse_range(header: str, size: int) -> tuple[int, int] | None:
         return max(0, size - count), size - 1
     start = int(first)
     end = int(last) if last else size - 1
-    if end < start:
+    if last and end < start:
         raise _bad(f"malformed Range header {header!r}: END is before START")
     if start >= size:
         return None

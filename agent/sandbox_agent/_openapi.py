@@ -220,7 +220,7 @@ def openapi_document() -> dict[str, Any]:
             "title": "sandbox-agent",
             "version": __version__,
             "description": "Contract v1 of the in-sandbox agent. Every error body is "
-            "{\"error\": {\"code\", \"message\"}}. With a token configured, every request "
+            '{"error": {"code", "message"}}. With a token configured, every request '
             "except GET /readyz needs Authorization: Bearer <token>.",
         },
         "components": {
