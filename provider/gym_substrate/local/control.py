@@ -151,6 +151,10 @@ class ControlPlane:
         self._workers: list[WorkerRecord] = []
         self._busy: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
+        # called with a sandbox handle before it is checkpointed or stopped, so the router can
+        # drop its pooled connections into it (a checkpoint with open connections fails, and a
+        # pooled connection into a restored sandbox hangs)
+        self.sandbox_listeners: list[Callable[[str], Awaitable[None]]] = []
         metrics.watch_state(self._status_counts, self._worker_counts)
 
     # ---------------------------------------------------------------- start / stop
@@ -237,21 +241,28 @@ class ControlPlane:
 
     async def shutdown(self) -> None:
         """Wait for in-flight operations, then stop every sandbox (``local down``)."""
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=30)
+        await self._drain_tasks()
         for record in list(self._actors.values()):
             for handle in (record.handle, record.retained_handle):
-                if handle:
-                    with contextlib.suppress(RuntimeFailure):
-                        await self.runtime.stop(handle)
+                await self._stop(handle)
         await self.runtime.cleanup()
         await self.runtime.close()
 
     async def detach(self) -> None:
         """Leave sandboxes running for the next start to adopt (control-plane restart)."""
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=30)
+        await self._drain_tasks()
         await self.runtime.close()
+
+    async def _drain_tasks(self, timeout_s: float = 15.0) -> None:
+        """Let in-flight workflows finish; cancel what is still running after ``timeout_s``."""
+        if not self._tasks:
+            return
+        _, pending = await asyncio.wait(list(self._tasks), timeout=timeout_s)
+        for task in pending:
+            task.cancel()
+        if pending:
+            log.warning("cancelled %d lifecycle operations still running at shutdown", len(pending))
+            await asyncio.wait(pending, timeout=5)
 
     # ---------------------------------------------------------------- templates
     @property
@@ -312,6 +323,19 @@ class ControlPlane:
         log.info("golden snapshot of %s: %s", template.key, record.path)
 
     # ---------------------------------------------------------------- state helpers
+    async def _release(self, handle: str) -> None:
+        for listener in self.sandbox_listeners:
+            try:
+                await listener(handle)
+            except Exception:
+                log.exception("a sandbox listener failed for %s", handle)
+
+    async def _stop(self, handle: str) -> None:
+        if handle:
+            await self._release(handle)
+            with contextlib.suppress(RuntimeFailure):
+                await self.runtime.stop(handle)
+
     def _write(self, record: ActorRecord, **changes: Any) -> ActorRecord:
         updated = dataclasses.replace(record, version=record.version + 1, **changes)
         self.store.update_actor(updated)
@@ -624,6 +648,7 @@ class ControlPlane:
             dest = spec.template.snapshot_location / record.actor_id / _ts()
         started_at = time.perf_counter()
         record = self._write(record, status=transit, in_progress_snapshot=str(dest))
+        await self._release(record.handle)
         try:
             result = await self.runtime.checkpoint(spec, record.handle, kind, dest)
         except (RuntimeFailure, OSError) as exc:
@@ -632,8 +657,7 @@ class ControlPlane:
                 record.handle
             )
             if lost:
-                with contextlib.suppress(RuntimeFailure):
-                    await self.runtime.stop(record.handle)
+                await self._stop(record.handle)
                 self._free_slot(record.slot)
                 self._write(
                     record,
@@ -698,9 +722,7 @@ class ControlPlane:
 
     async def _forget(self, record: ActorRecord) -> None:
         for handle in (record.handle, record.retained_handle):
-            if handle:
-                with contextlib.suppress(RuntimeFailure):
-                    await self.runtime.stop(handle)
+            await self._stop(handle)
         self._free_slot(record.slot)
         _remove_tree(record.snapshot_path)
         _remove_tree(record.in_progress_snapshot)

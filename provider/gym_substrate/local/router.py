@@ -13,6 +13,7 @@ localhost) reach the backend's own endpoints instead: /metrics, /readyz, /_local
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import json
 import logging
@@ -124,17 +125,33 @@ class Router:
         self.timeout_s = timeout_s
         self.admin = dict(admin or {})
         self._resumes: dict[str, asyncio.Task[ActorRecord]] = {}
-        self._session: aiohttp.ClientSession | None = None
+        self._pools: dict[str, aiohttp.ClientSession] = {}
+        self._closed = False
         self._runner: web.AppRunner | None = None
         self.port = 0
 
+    def _pool(self, record: ActorRecord) -> aiohttp.ClientSession:
+        """Keep-alive connections into one sandbox, dropped when it is checkpointed or stopped."""
+        session = self._pools.get(record.handle)
+        if session is None or session.closed:
+            session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(
+                    limit=0, keepalive_timeout=30.0, use_dns_cache=False
+                ),
+                auto_decompress=False,
+                timeout=aiohttp.ClientTimeout(total=None),
+                skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+            )
+            self._pools[record.handle] = session
+        return session
+
+    async def release(self, handle: str) -> None:
+        session = self._pools.pop(handle, None)
+        if session is not None:
+            await session.close()
+
     async def start(self, host: str, port: int) -> int:
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0, use_dns_cache=False),
-            auto_decompress=False,
-            timeout=aiohttp.ClientTimeout(total=None),
-            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
-        )
+        self.plane.sandbox_listeners.append(self.release)
         app = web.Application(client_max_size=0, handler_args={"max_field_size": 65536})
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
@@ -152,9 +169,10 @@ class Router:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        with contextlib.suppress(ValueError):
+            self.plane.sandbox_listeners.remove(self.release)
+        for handle in list(self._pools):
+            await self.release(handle)
 
     # ------------------------------------------------------------------ request path
     async def _handle(self, request: web.Request) -> web.StreamResponse:
@@ -221,7 +239,7 @@ class Router:
             delay *= 1.5
 
     async def _proxy(self, request: web.Request, record: ActorRecord) -> web.StreamResponse:
-        assert self._session is not None
+        pool = self._pool(record)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
         url = f"http://{record.address}{request.raw_path}"
         has_body = request.body_exists
@@ -230,7 +248,7 @@ class Router:
             async with asyncio.timeout(self.timeout_s):
                 for attempt in (0, 1):
                     try:
-                        upstream_cm = self._session.request(
+                        upstream_cm = pool.request(
                             request.method,
                             url,
                             headers=headers,
