@@ -13,7 +13,7 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 from urllib.parse import urlsplit
@@ -134,7 +134,14 @@ def coerce_section(cls: type[C], value: Any, path: str) -> C:
     try:
         return cls(**kwargs)
     except TypeError as exc:  # a required key is missing
-        missing = [n for n in names if n not in value]
+        missing = [
+            f.name
+            for f in fields(cast(Any, cls))
+            if f.name in names
+            and f.name not in value
+            and f.default is MISSING
+            and f.default_factory is MISSING
+        ]
         raise _fail(path, f"missing required key(s): {', '.join(missing)}") from exc
 
 

@@ -205,7 +205,8 @@ async def local_provider_kwargs(
                 **backend.provider_config(),
             }
             create = dict(kwargs.get("create") or {})
-            create.setdefault("template", f"{DEFAULT_TEMPLATE_NAMESPACE}/{DEFAULT_TEMPLATE_NAME}")
+            # The local backend serves one template; the config's (a cluster's) does not exist.
+            create["template"] = f"{DEFAULT_TEMPLATE_NAMESPACE}/{DEFAULT_TEMPLATE_NAME}"
             kwargs["create"] = create
             lifecycle = dict(kwargs.get("lifecycle") or {})
             lifecycle.setdefault("ledger", os.path.join(state, "ledger.jsonl"))
