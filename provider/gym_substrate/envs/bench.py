@@ -17,7 +17,7 @@ import json
 import sys
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,19 +40,25 @@ class BenchResult:
     steps: int
     seconds: float
     errors: int
+    latencies: list[float] = field(default_factory=list, repr=False)
+    """Seconds per call: one exec, one env step, or one vector step (all its envs at once)."""
 
     @property
     def steps_per_s(self) -> float:
         return self.steps / self.seconds if self.seconds > 0 else float("inf")
 
-    @property
-    def us_per_step(self) -> float:
-        return 1e6 * self.seconds / self.steps if self.steps else 0.0
+    def percentile_ms(self, q: float) -> float:
+        if not self.latencies:
+            return 0.0
+        ordered = sorted(self.latencies)
+        return 1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
+        del data["latencies"]
         data["steps_per_s"] = round(self.steps_per_s, 1)
-        data["us_per_step"] = round(self.us_per_step, 1)
+        data["call_p50_ms"] = round(self.percentile_ms(0.50), 2)
+        data["call_p99_ms"] = round(self.percentile_ms(0.99), 2)
         return data
 
 
@@ -70,15 +76,19 @@ async def _baseline(provider_cfg: dict[str, Any], sandboxes: int, steps: int) ->
         for _ in range(sandboxes):
             handles.append(await provider.create(SandboxSpec()))
         errors = 0
+        latencies: list[float] = []
 
         async def drive(handle: Any, n: int) -> None:
             nonlocal errors
             for _ in range(n):
+                t0 = time.perf_counter()
                 result = await provider.exec(handle, "true")
+                latencies.append(time.perf_counter() - t0)
                 errors += result.return_code != 0 or result.error_type is not None
 
         await asyncio.gather(*(drive(h, WARMUP_STEPS) for h in handles))
         errors = 0
+        latencies.clear()
         started = time.perf_counter()
         await asyncio.gather(*(drive(h, steps) for h in handles))
         seconds = time.perf_counter() - started
@@ -87,12 +97,13 @@ async def _baseline(provider_cfg: dict[str, Any], sandboxes: int, steps: int) ->
             await provider.close(handle)
         await provider.aclose()
     return BenchResult(
-        f"provider.exec, {sandboxes} sandbox{'es' if sandboxes > 1 else ''}",
+        f"provider.exec ×{sandboxes}",
         "baseline",
         sandboxes,
         steps * sandboxes,
         seconds,
         errors,
+        latencies,
     )
 
 
@@ -114,14 +125,17 @@ def _single_env(provider: dict[str, Any], steps: int) -> BenchResult:
         for _ in range(WARMUP_STEPS):
             env.step("true")
         errors = 0
+        latencies = []
         started = time.perf_counter()
         for _ in range(steps):
+            t0 = time.perf_counter()
             info = env.step("true")[4]
+            latencies.append(time.perf_counter() - t0)
             errors += info["exit_code"] != 0
         seconds = time.perf_counter() - started
     finally:
         env.close()
-    return BenchResult("SandboxEnv, 1 env", "env", 1, steps, seconds, errors)
+    return BenchResult("SandboxEnv ×1", "env", 1, steps, seconds, errors, latencies)
 
 
 def _vector_env(provider: dict[str, Any], num_envs: int, steps: int, mode: str) -> BenchResult:
@@ -135,15 +149,18 @@ def _vector_env(provider: dict[str, Any], num_envs: int, steps: int, mode: str) 
         for _ in range(WARMUP_STEPS):
             vec.step(actions)
         errors = 0
+        latencies = []
         started = time.perf_counter()
         for _ in range(steps):
+            t0 = time.perf_counter()
             infos = vec.step(actions)[4]
+            latencies.append(time.perf_counter() - t0)
             errors += int(sum(int(code) != 0 for code in infos["exit_code"]))
         seconds = time.perf_counter() - started
     finally:
         vec.close()
-    name = f"{'AsyncVectorEnv' if mode == 'async' else 'SyncVectorEnv'}, {num_envs} envs"
-    return BenchResult(name, "env", num_envs, steps * num_envs, seconds, errors)
+    name = f"{'AsyncVectorEnv' if mode == 'async' else 'SyncVectorEnv'} ×{num_envs}"
+    return BenchResult(name, "env", num_envs, steps * num_envs, seconds, errors, latencies)
 
 
 @contextlib.contextmanager
@@ -176,30 +193,23 @@ def _provider_config(
 
 
 def _table(results: list[BenchResult], where: str) -> Table:
-    table = Table(title=f"SandboxEnv throughput, action `true` ({where})")
-    for column in ("measurement", "sandboxes", "steps", "seconds", "steps/s", "µs/step", "errors"):
+    table = Table(title=f"SandboxEnv, action `true` ({where})")
+    for column in ("measurement", "steps", "steps/s", "p50 ms", "p99 ms", "errors", "vs base"):
         table.add_column(column, justify="left" if column == "measurement" else "right")
-    table.add_column("vs baseline", justify="right")
     baseline: dict[int, BenchResult] = {r.sandboxes: r for r in results if r.kind == "baseline"}
     for r in results:
         base = baseline.get(r.sandboxes)
         versus = (
             "baseline"
             if r.kind == "baseline"
-            else (
-                f"{100 * r.steps_per_s / base.steps_per_s:.0f}% "
-                f"(+{r.us_per_step - base.us_per_step:.0f} µs)"
-                if base
-                else "-"
-            )
+            else (f"{100 * r.steps_per_s / base.steps_per_s:.0f}%" if base else "-")
         )
         table.add_row(
             r.name,
-            str(r.sandboxes),
             str(r.steps),
-            f"{r.seconds:.2f}",
             f"{r.steps_per_s:.0f}",
-            f"{r.us_per_step:.0f}",
+            f"{r.percentile_ms(0.5):.2f}",
+            f"{r.percentile_ms(0.99):.2f}",
             str(r.errors),
             versus,
         )
@@ -278,14 +288,14 @@ def env(
         for label, run in plan:
             with console.status(f"measuring {label}"):
                 results.append(run())
-    single = next(r for r in results if r.name == "SandboxEnv, 1 env")
+    single = next(r for r in results if r.name == "SandboxEnv ×1")
     gvisor = "gvisor" in where
     verdict = "met" if single.steps_per_s >= TARGET_STEPS_PER_S else "missed"
     target = {
         "target_steps_per_s": TARGET_STEPS_PER_S,
         "measured_steps_per_s": round(single.steps_per_s, 1),
         "applies": gvisor,
-        "verdict": verdict if gvisor else "n/a (the target is for the gVisor runtime)",
+        "verdict": verdict if gvisor else "not applicable: the target is for the gVisor runtime",
     }
     if as_json:
         print(
@@ -299,7 +309,7 @@ def env(
         out.print(_table(results, where))
         out.print(
             f"target: >= {TARGET_STEPS_PER_S:.0f} steps/s for one env with gVisor; measured "
-            f"{single.steps_per_s:.0f} steps/s ({target['verdict']})"
+            f"{single.steps_per_s:.0f} steps/s: {target['verdict']}"
         )
     if any(r.errors for r in results):
         click.echo("some steps failed (see the errors column)", err=True)

@@ -1,0 +1,36 @@
+"""`gym-substrate bench env` runs end to end and reports every row with its baseline."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from gym_substrate.cli import main
+
+
+def test_bench_env_json_on_the_process_runtime() -> None:
+    args = ["bench", "env", "--runtime", "process", "--steps", "20", "--vector-steps", "10"]
+    result = CliRunner().invoke(main, [*args, "--num-envs", "2", "--vector", "sync", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["where"] == "local, runtime process"
+    rows = {row["name"]: row for row in report["results"]}
+    assert list(rows) == [
+        "provider.exec ×1",
+        "SandboxEnv ×1",
+        "provider.exec ×2",
+        "SyncVectorEnv ×2",
+    ]
+    assert [rows[n]["steps"] for n in rows] == [20, 20, 20, 20]
+    assert all(row["errors"] == 0 and row["steps_per_s"] > 0 for row in rows.values())
+    assert report["target"]["applies"] is False
+
+
+def test_bench_env_rejects_a_config_without_a_substrate_block(tmp_path: Path) -> None:
+    config = tmp_path / "sandbox.yaml"
+    config.write_text("sandbox:\n  docker: {}\n")
+    result = CliRunner().invoke(main, ["bench", "env", "--config", str(config)])
+    assert result.exit_code == 2
+    assert "must hold a NeMo Gym sandbox block with one key, `substrate:`" in result.output
