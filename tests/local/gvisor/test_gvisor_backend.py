@@ -1,0 +1,122 @@
+"""End to end through LocalBackend with runtime="gvisor": gRPC lifecycle + router + real agent.
+
+The fixtures (`backend`, `stub`, `http`) come from tests/local/conftest.py, which ends every
+backend with a leak check; here `runtime_name` selects gVisor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import pytest
+from local_helpers import host, make_actor, ref
+
+from gym_substrate.ateapi import ateapi_pb2 as pb
+from gym_substrate.local import LocalBackend
+
+pytestmark = pytest.mark.runsc
+
+# A process inside the actor that counts in memory and mirrors the count to a file: after a
+# resume the count goes on from where it was, which a restarted process could not do.
+COUNTER = (
+    "import time\n"
+    "i = 0\n"
+    "while True:\n"
+    "    i += 1\n"
+    "    open('/var/tmp/count', 'w').write(str(i))\n"
+    "    time.sleep(0.02)\n"
+)
+
+
+@pytest.fixture
+def runtime_name() -> str:
+    return "gvisor"
+
+
+@pytest.fixture
+def backend_options() -> dict[str, Any]:
+    # One worker: every resume lands in the same netns/IP, which makes the known failure below
+    # deterministic instead of depending on the slot the control plane picks.
+    return {"workers": 1, "router_timeout_s": 10.0}
+
+
+async def _agent(
+    http: aiohttp.ClientSession,
+    backend: LocalBackend,
+    name: str,
+    method: str,
+    path: str,
+    **kwargs: Any,
+) -> Any:
+    url = f"{backend.router_url}{path}"
+    async with http.request(method, url, headers=host(name), **kwargs) as resp:
+        assert resp.status in (200, 201, 202, 206), await resp.text()
+        if resp.content_type == "application/json":
+            return await resp.json()
+        return await resp.read()
+
+
+async def _count(http: aiohttp.ClientSession, backend: LocalBackend, name: str) -> int:
+    data = await _agent(http, backend, name, "GET", "/v1/files?path=/var/tmp/count")
+    return int(data)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known bug: the aiohttp sandbox agent, restored from a checkpoint taken while the "
+    "router held a keep-alive connection to it, stops answering when restored at the same "
+    "address (see docs/gvisor.md, Known issues); remove this marker once fixed",
+)
+async def test_actor_keeps_memory_and_files_through_the_backend(
+    backend: LocalBackend, stub: Any, http: aiohttp.ClientSession
+) -> None:
+    assert backend.runtime_name == "gvisor"
+    await make_actor(stub, "gv-a")
+    running = (await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("gv-a")))).actor
+    assert running.status == pb.Actor.Status.STATUS_RUNNING
+    ready = await _agent(http, backend, "gv-a", "GET", "/readyz")
+    assert ready["actor_id"] == "gv-a"  # /run/ate/actor-id, not the golden actor's id
+
+    job = await _agent(
+        http,
+        backend,
+        "gv-a",
+        "POST",
+        "/v1/exec",
+        json={"id": "counter", "command": ["python3", "-c", COUNTER]},
+    )
+    assert job["state"] == "running"
+    await _agent(http, backend, "gv-a", "PUT", "/v1/files?path=/srv/note.txt", data=b"kept")
+    await asyncio.sleep(0.3)
+    before = await _count(http, backend, "gv-a")
+    assert before > 1
+
+    paused = (await stub.PauseActor(pb.PauseActorRequest(actor_ref=ref("gv-a")))).actor
+    assert paused.status == pb.Actor.Status.STATUS_PAUSED
+    await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("gv-a")))
+    after_pause = await _count(http, backend, "gv-a")
+    assert after_pause >= before
+    job = await _agent(http, backend, "gv-a", "GET", "/v1/exec/counter")
+    assert job["state"] == "running"  # the agent's job table (memory) and the process survived
+
+    suspended = (await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("gv-a")))).actor
+    assert suspended.status == pb.Actor.Status.STATUS_SUSPENDED
+    # The router resumes a suspended actor on demand.
+    note = await _agent(http, backend, "gv-a", "GET", "/v1/files?path=/srv/note.txt")
+    assert note == b"kept"
+    assert await _count(http, backend, "gv-a") >= after_pause
+    assert (await _agent(http, backend, "gv-a", "GET", "/v1/exec/counter"))["state"] == "running"
+
+    # Another actor of the same template starts from the golden snapshot: own id, no files of a.
+    await make_actor(stub, "gv-b")
+    await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("gv-b")))
+    assert (await _agent(http, backend, "gv-b", "GET", "/readyz"))["actor_id"] == "gv-b"
+    url = f"{backend.router_url}/v1/stat?path=/srv/note.txt"
+    async with http.get(url, headers=host("gv-b")) as resp:
+        assert resp.status == 404
+
+    for name in ("gv-a", "gv-b"):
+        await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref(name)))
+        await stub.DeleteActor(pb.DeleteActorRequest(actor_ref=ref(name)))
