@@ -265,7 +265,7 @@ class WorkerPool(pulumi.ComponentResource):
             lambda image: objects.worker_pool(cfg, image)
         )
         self.pool = _custom(
-            "pool",
+            "worker-pool",
             pool,
             pulumi.ResourceOptions.merge(
                 k8s_opts, pulumi.ResourceOptions(depends_on=[self.namespace, args.runtime])
@@ -435,7 +435,7 @@ class Observability(pulumi.ComponentResource):
     ):
         super().__init__(f"{_PKG}:Observability", name, {}, opts)
         self.objects = k8s.yaml.v2.ConfigGroup(
-            "observability",
+            "prometheus-grafana",
             objs=objects.observability_objects(args.cfg),
             opts=pulumi.ResourceOptions(
                 parent=self, provider=args.provider, depends_on=[args.install]

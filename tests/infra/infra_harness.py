@@ -49,6 +49,7 @@ class Registration:
     inputs: dict[str, Any]
     secret_outputs: list[str]
     delete_before_replace: bool
+    raw: dict[str, Any]
 
 
 @dataclass
@@ -120,6 +121,7 @@ def run_stack(stack: str, overrides: dict[str, Any] | None = None) -> StackRun:
 
     class Monitor(pm.MockMonitor):
         def RegisterResource(self, request: Any) -> Any:  # noqa: N802 (gRPC method name)
+            from google.protobuf import json_format
             from pulumi.runtime import rpc
 
             response = super().RegisterResource(request)
@@ -133,6 +135,7 @@ def run_stack(stack: str, overrides: dict[str, Any] | None = None) -> StackRun:
                     inputs=rpc.deserialize_properties(request.object),
                     secret_outputs=list(request.additionalSecretOutputs),
                     delete_before_replace=bool(request.deleteBeforeReplace),
+                    raw=json_format.MessageToDict(request.object),
                 )
             )
             return response
@@ -181,3 +184,29 @@ def run_stack(stack: str, overrides: dict[str, Any] | None = None) -> StackRun:
 
     program()
     return StackRun(registrations, result, secrets, program_globals)
+
+
+SECRET_SIG = "1b47061264138c4ac30d75fd1eb44270"
+SIG_KEY = "4dabf18193072939515e22adb298388d"
+
+
+def plain_occurrences(value: Any, needle: str, inside_secret: bool = False) -> int:
+    """How often `needle` appears in a serialized request outside a secret wrapper."""
+    if isinstance(value, dict):
+        secret = inside_secret or value.get(SIG_KEY) == SECRET_SIG
+        return sum(plain_occurrences(v, needle, secret) for v in value.values())
+    if isinstance(value, list):
+        return sum(plain_occurrences(v, needle, inside_secret) for v in value)
+    return int(isinstance(value, str) and needle in value and not inside_secret)
+
+
+def secret_occurrences(value: Any, needle: str) -> int:
+    return _count(value, needle) - plain_occurrences(value, needle)
+
+
+def _count(value: Any, needle: str) -> int:
+    if isinstance(value, dict):
+        return sum(_count(v, needle) for v in value.values())
+    if isinstance(value, list):
+        return sum(_count(v, needle) for v in value)
+    return int(isinstance(value, str) and needle in value)

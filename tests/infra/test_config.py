@@ -9,14 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from infra_harness import STACKS, stack_config, stack_values
+
 from gym_substrate.infra.config import (
     ConfigError,
     StackConfig,
     load_stack_file,
     parse_config_values,
 )
-
-from infra_harness import STACKS, stack_config, stack_values
 
 
 def _raw(stack: str) -> tuple[dict[str, Any], frozenset[str]]:
@@ -40,8 +40,9 @@ def test_every_stack_file_validates(stack: str) -> None:
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_every_stack_key_is_commented(stack: str) -> None:
-    text = (Path(__file__).resolve().parents[2] / "infra" / "stacks" /
-            f"Pulumi.{stack}.yaml").read_text()
+    text = (
+        Path(__file__).resolve().parents[2] / "infra" / "stacks" / f"Pulumi.{stack}.yaml"
+    ).read_text()
     for line in text.splitlines():
         stripped = line.strip()
         if not stripped or stripped.startswith("#") or stripped in {"config:"}:
@@ -72,7 +73,8 @@ def test_tag_where_digest_required() -> None:
     assert msg == (
         "gym-substrate:templates.pauseImage: 'registry.k8s.io/pause:3.10.2' is a tag, but a "
         "digest is required. Fix: pin it as `<image>@sha256:<64 hex>` (get the digest with "
-        "`docker buildx imagetools inspect <image>`)")
+        "`docker buildx imagetools inspect <image>`)"
+    )
     raw["templates"]["pauseImage"] = load_stack_file(
         Path(__file__).resolve().parents[2] / "infra/stacks/Pulumi.kind-gvisor.yaml"
     ).templates.pause_image
@@ -85,7 +87,8 @@ def test_unknown_runtime() -> None:
     raw["runtime"] = "firecracker"
     assert _error(raw, secrets) == (
         "gym-substrate:runtime: unknown value 'firecracker'. Fix: set `runtime` to one of: "
-        "gvisor, microvm")
+        "gvisor, microvm"
+    )
 
 
 def test_microvm_without_kvm() -> None:
@@ -93,14 +96,16 @@ def test_microvm_without_kvm() -> None:
     raw["cluster"]["kvm"] = False
     msg = _error(raw, secrets)
     assert msg.startswith("gym-substrate:cluster.kvm: runtime 'microvm' needs /dev/kvm")
-    assert "kvm: true" in msg and "runtime: gvisor" in msg
+    assert "kvm: true" in msg
+    assert "runtime: gvisor" in msg
 
 
 def test_host_needs_address_and_ssh_key() -> None:
     raw, secrets = _raw("host-gvisor")
     assert _error(raw, frozenset()).startswith(
         "gym-substrate:sshPrivateKey: is required for target 'host' but missing. Fix: run "
-        "`pulumi config set --secret sshPrivateKey")
+        "`pulumi config set --secret sshPrivateKey"
+    )
     del raw["host"]["address"]
     assert _error(raw, secrets).startswith("gym-substrate:host.address: is required")
 
@@ -116,10 +121,18 @@ def test_host_needs_address_and_ssh_key() -> None:
         ("agent", "mount", "bind", "gym-substrate:agent.mount: unknown value 'bind'"),
         ("access", "apiNodePort", 80, "gym-substrate:access.apiNodePort: expected an integer in"),
         ("access", "routerNodePort", 30443, "gym-substrate:access: node ports collide"),
-        ("observability", "grafanaImage", "grafana/grafana:latest",
-         "gym-substrate:observability.grafanaImage: 'grafana/grafana:latest' is not pinned"),
-        ("observability", "providerTargets", ["http://x"],
-         "gym-substrate:observability.providerTargets: expected host:port"),
+        (
+            "observability",
+            "grafanaImage",
+            "grafana/grafana:latest",
+            "gym-substrate:observability.grafanaImage: 'grafana/grafana:latest' is not pinned",
+        ),
+        (
+            "observability",
+            "providerTargets",
+            ["http://x"],
+            "gym-substrate:observability.providerTargets: expected host:port",
+        ),
         ("pool", "replicaz", 3, "gym-substrate:pool.replicaz: is not a known key"),
     ],
 )
@@ -151,8 +164,10 @@ def test_unknown_top_level_key_and_host_only_keys() -> None:
 
 
 def test_pulumi_json_strings_are_parsed() -> None:
-    values = {f"gym-substrate:{k}": v
-              for k, v in parse_config_values(stack_values("kind-gvisor"))[0].items()}
+    values = {
+        f"gym-substrate:{k}": v
+        for k, v in parse_config_values(stack_values("kind-gvisor"))[0].items()
+    }
     as_pulumi = {k: json.dumps(v) if not isinstance(v, str) else v for k, v in values.items()}
     as_pulumi["other-project:key"] = "ignored"
     raw, secrets = parse_config_values(as_pulumi)

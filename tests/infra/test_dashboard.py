@@ -12,18 +12,35 @@ import json
 import re
 
 import pytest
+from infra_harness import stack_config
 
 from gym_substrate.infra import objects
-from infra_harness import stack_config
 
 SUBSTRATE_METRICS = {
     f"{base}{suffix}"
-    for base in ("rpc_server_call_duration_seconds", "atenet_router_route_duration_seconds",
-                 "atelet_snapshot_size_bytes")
+    for base in (
+        "rpc_server_call_duration_seconds",
+        "atenet_router_route_duration_seconds",
+        "atelet_snapshot_size_bytes",
+    )
     for suffix in ("_bucket", "_sum", "_count")
 }
-PROMQL_WORDS = {"histogram_quantile", "sum", "by", "rate", "le", "increase", "avg", "max",
-                "min", "without", "on", "ignoring", "count", "irate"}
+PROMQL_WORDS = {
+    "histogram_quantile",
+    "sum",
+    "by",
+    "rate",
+    "le",
+    "increase",
+    "avg",
+    "max",
+    "min",
+    "without",
+    "on",
+    "ignoring",
+    "count",
+    "irate",
+}
 
 
 def _provider_metrics() -> set[str]:
@@ -45,7 +62,9 @@ def _metric_names(expr: str) -> set[str]:
     without_ranges = re.sub(r"\[[^\]]*\]", "", without_labels)
     without_by = re.sub(r"by \([^)]*\)", "", without_ranges)
     tokens = set(re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", without_by))
-    return {t for t in tokens if t not in PROMQL_WORDS and not t.startswith("$")} - {"pool_replicas"}
+    return {t for t in tokens if t not in PROMQL_WORDS and not t.startswith("$")} - {
+        "pool_replicas"
+    }
 
 
 def _dashboard() -> dict[str, object]:
@@ -56,7 +75,8 @@ def test_dashboard_is_grafana_json() -> None:
     raw = (objects.manifests_dir() / "dashboards" / "sandbox-lifecycle.json").read_text()
     doc = json.loads(raw)
     assert doc["title"] == "Sandbox lifecycle"
-    assert doc["uid"] and isinstance(doc["schemaVersion"], int)
+    assert doc["uid"]
+    assert isinstance(doc["schemaVersion"], int)
     ids = [p["id"] for p in doc["panels"]]
     assert len(ids) == len(set(ids))
     for panel in doc["panels"]:
@@ -70,9 +90,15 @@ def test_dashboard_is_grafana_json() -> None:
 
 def test_dashboard_has_the_lifecycle_panels() -> None:
     titles = {p["title"] for p in _dashboard()["panels"]}  # type: ignore[index]
-    for needed in ("Actors by status", "Resume latency", "Suspend latency",
-                   "Router latency by outcome", "Snapshot sizes", "Worker occupancy",
-                   "Provider exec latency"):
+    for needed in (
+        "Actors by status",
+        "Resume latency",
+        "Suspend latency",
+        "Router latency by outcome",
+        "Snapshot sizes",
+        "Worker occupancy",
+        "Provider exec latency",
+    ):
         assert any(t.startswith(needed) for t in titles), needed
 
 
@@ -86,12 +112,14 @@ def test_every_query_names_an_exported_metric() -> None:
             assert names <= known, (panel["title"], names - known)
             used |= names
     # Both sides are really on the dashboard.
-    assert used & SUBSTRATE_METRICS and used & _provider_metrics()
+    assert used & SUBSTRATE_METRICS
+    assert used & _provider_metrics()
 
 
 def test_metric_name_check_catches_a_typo() -> None:
     assert _metric_names('sum(rate(rpc_server_call_duration_second_count{a="b"}[5m]))') == {
-        "rpc_server_call_duration_second_count"}
+        "rpc_server_call_duration_second_count"
+    }
 
 
 @pytest.mark.parametrize("replicas", [1, 8, 64])

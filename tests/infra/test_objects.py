@@ -1,4 +1,4 @@
-"""Pure builders for Kubernetes objects: field by field, against the CRDs and Kubernetes' schemas."""
+"""Kubernetes object builders: field by field, against the CRDs and Kubernetes' schemas."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from infra_harness import AGENT, CA_PEM, CRD_DIR, DERIVED, PINNED, STACKS, stack_config
 
 from gym_substrate.infra import objects
 from gym_substrate.infra.config import StackConfig
-from infra_harness import AGENT, CA_PEM, CRD_DIR, DERIVED, PINNED, STACKS, stack_config
 
 K8S_VERSION = "1.36.0"
 
@@ -37,8 +37,11 @@ def _strict(schema: Any) -> Any:
     agent volume); validate as `kubectl --validate=strict` does: unknown fields are errors."""
     if isinstance(schema, dict):
         out = {k: _strict(v) for k, v in schema.items()}
-        if ("properties" in out and "additionalProperties" not in out
-                and not out.get("x-kubernetes-preserve-unknown-fields")):
+        if (
+            "properties" in out
+            and "additionalProperties" not in out
+            and not out.get("x-kubernetes-preserve-unknown-fields")
+        ):
             out["additionalProperties"] = False
         return out
     if isinstance(schema, list):
@@ -76,8 +79,7 @@ def test_worker_pool_fields_and_schema(stack: str) -> None:
 
 def test_worker_pool_requests_never_exceed_limits() -> None:
     cfg = stack_config("kind-gvisor")
-    small = dataclasses.replace(cfg, pool=dataclasses.replace(cfg.pool, cpu="100m",
-                                                              memory="256Mi"))
+    small = dataclasses.replace(cfg, pool=dataclasses.replace(cfg.pool, cpu="100m", memory="256Mi"))
     res = objects.worker_pool(small, "x@sha256:" + "a" * 64)["spec"]["template"]["resources"]
     assert res["requests"] == {"cpu": "100m", "memory": "256Mi"}
     res = objects.worker_pool(cfg, "x@sha256:" + "a" * 64)["spec"]["template"]["resources"]
@@ -88,10 +90,14 @@ def test_worker_pool_comes_from_manifests() -> None:
     """The manifest is the one source: a field added there reaches the built object."""
     manifest = yaml.safe_load((objects.manifests_dir() / "workerpool.yaml").read_text())
     built = objects.worker_pool(stack_config("kind-gvisor"), "x@sha256:" + "a" * 64)
-    assert built["metadata"]["labels"]["app.kubernetes.io/part-of"] == (
-        manifest["metadata"]["labels"]["app.kubernetes.io/part-of"])
-    assert built["spec"]["template"]["resources"]["requests"] == (
-        manifest["spec"]["template"]["resources"]["requests"])
+    assert (
+        built["metadata"]["labels"]["app.kubernetes.io/part-of"]
+        == (manifest["metadata"]["labels"]["app.kubernetes.io/part-of"])
+    )
+    assert (
+        built["spec"]["template"]["resources"]["requests"]
+        == (manifest["spec"]["template"]["resources"]["requests"])
+    )
 
 
 # --- ActorTemplate ---------------------------------------------------------------------------
@@ -104,9 +110,9 @@ def test_actor_template_fields_and_schema(stack: str) -> None:
     _validate_crd(tmpl)
     spec = tmpl["spec"]
     (c,) = spec["containers"]
-    assert c["image"] == DERIVED and "@sha256:" in c["image"]
-    assert c["command"] == ["/opt/sandbox-agent/sandbox-agent", "--host", "0.0.0.0",
-                            "--port", "80"]
+    assert c["image"] == DERIVED
+    assert "@sha256:" in c["image"]
+    assert c["command"] == ["/opt/sandbox-agent/sandbox-agent", "--host", "0.0.0.0", "--port", "80"]
     assert c["readyz"] == {"httpGet": {"path": "/readyz", "port": 80}}
     assert {"name": "HOME", "value": "/root"} in c["env"]
     assert {"name": "PYTHONUNBUFFERED", "value": "1"} in c["env"]
@@ -124,8 +130,9 @@ def test_template_name_changes_with_content_only() -> None:
     assert _template(cfg)["metadata"]["name"] == a["metadata"]["name"]
     other = _template(cfg, image=DERIVED.replace("c" * 64, "f" * 64))
     assert other["metadata"]["name"] != a["metadata"]["name"]
-    env = dataclasses.replace(cfg, templates=dataclasses.replace(
-        cfg.templates, env=(("HOME", "/home/x"),)))
+    env = dataclasses.replace(
+        cfg, templates=dataclasses.replace(cfg.templates, env=(("HOME", "/home/x"),))
+    )
     assert _template(env)["metadata"]["name"] != a["metadata"]["name"]
 
 
@@ -134,10 +141,12 @@ def test_image_volume_form_is_rejected_by_the_pinned_crd() -> None:
     cfg = stack_config("kind-gvisor")
     vol = dataclasses.replace(cfg, agent=dataclasses.replace(cfg.agent, mount="image-volume"))
     tmpl = _template(vol, image=PINNED, agent_image=AGENT)
-    assert tmpl["spec"]["volumes"] == [{"name": "sandbox-agent", "image": {
-        "reference": AGENT, "pullPolicy": "IfNotPresent"}}]
+    assert tmpl["spec"]["volumes"] == [
+        {"name": "sandbox-agent", "image": {"reference": AGENT, "pullPolicy": "IfNotPresent"}}
+    ]
     assert tmpl["spec"]["containers"][0]["volumeMounts"] == [
-        {"name": "sandbox-agent", "mountPath": "/opt/sandbox-agent"}]
+        {"name": "sandbox-agent", "mountPath": "/opt/sandbox-agent"}
+    ]
     with pytest.raises(jsonschema.ValidationError, match="'image' was unexpected"):
         _validate_crd(tmpl)
 
@@ -168,26 +177,44 @@ def test_microvm_sandbox_config_lists_every_kata_asset() -> None:
     assert built["spec"]["sandboxClass"] == "microvm"
     for arch in ("amd64", "arm64"):
         assets = built["spec"]["assets"][arch]
-        assert set(assets) == {"cloud-hypervisor", "virtiofsd", "kata-kernel", "kata-image",
-                               "kata-config"}
-        assert assets["kata-kernel"] == {"url": "gs://ate-snapshots/kata-assets/vmlinux",
-                                         "sha256": sums["kata-kernel"]}
+        assert set(assets) == {
+            "cloud-hypervisor",
+            "virtiofsd",
+            "kata-kernel",
+            "kata-image",
+            "kata-config",
+        }
+        assert assets["kata-kernel"] == {
+            "url": "gs://ate-snapshots/kata-assets/vmlinux",
+            "sha256": sums["kata-kernel"],
+        }
 
 
 # --- core objects ----------------------------------------------------------------------------
 
 
 def _core_objects(cfg: StackConfig) -> list[dict[str, Any]]:
-    return [objects.pool_namespace(cfg), objects.local_registry_hosting(cfg),
-            *objects.nodeport_services(cfg), *objects.observability_objects(cfg)]
+    return [
+        objects.pool_namespace(cfg),
+        objects.local_registry_hosting(cfg),
+        *objects.nodeport_services(cfg),
+        *objects.observability_objects(cfg),
+    ]
 
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_core_objects_pass_kubernetes_openapi(stack: str) -> None:
     objs = _core_objects(stack_config(stack))
     kinds = {o["kind"] for o in objs}
-    assert {"Namespace", "ConfigMap", "Service", "Deployment", "ServiceAccount", "ClusterRole",
-            "ClusterRoleBinding"} <= kinds
+    assert {
+        "Namespace",
+        "ConfigMap",
+        "Service",
+        "Deployment",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+    } <= kinds
     for obj in objs:
         kubernetes_validate.validate(copy.deepcopy(obj), K8S_VERSION, strict=True)
 
@@ -202,10 +229,17 @@ def test_kubernetes_validate_catches_a_broken_object() -> None:
 def test_nodeports_target_the_substrate_services() -> None:
     api, router = objects.nodeport_services(stack_config("kind-gvisor"))
     assert (api["metadata"]["namespace"], router["metadata"]["namespace"]) == (
-        "ate-system", "ate-system")
+        "ate-system",
+        "ate-system",
+    )
     assert api["spec"]["selector"] == {"app": "ate-api-server"}
-    assert api["spec"]["ports"][0] | {} == {"name": "grpc", "protocol": "TCP", "port": 443,
-                                            "targetPort": 443, "nodePort": 30443}
+    assert api["spec"]["ports"][0] | {} == {
+        "name": "grpc",
+        "protocol": "TCP",
+        "port": 443,
+        "targetPort": 443,
+        "nodePort": 30443,
+    }
     assert router["spec"]["selector"] == {"app": "atenet-router"}
     assert router["spec"]["ports"][0]["targetPort"] == 8080
     assert router["spec"]["ports"][0]["nodePort"] == 30080
@@ -213,15 +247,19 @@ def test_nodeports_target_the_substrate_services() -> None:
 
 def test_prometheus_scrapes_substrate_pods_and_the_provider() -> None:
     cfg = stack_config("kind-gvisor")
-    cfg = dataclasses.replace(cfg, observability=dataclasses.replace(
-        cfg.observability, provider_targets=("172.18.0.1:9464",)))
+    cfg = dataclasses.replace(
+        cfg,
+        observability=dataclasses.replace(cfg.observability, provider_targets=("172.18.0.1:9464",)),
+    )
     prom = yaml.safe_load(objects.prometheus_config(cfg))
     substrate, provider = prom["scrape_configs"]
     assert substrate["kubernetes_sd_configs"] == [
-        {"role": "pod", "namespaces": {"names": ["ate-system"]}}]
+        {"role": "pod", "namespaces": {"names": ["ate-system"]}}
+    ]
     assert substrate["metric_name_validation_scheme"] == "legacy"
     keep = substrate["relabel_configs"][0]
-    assert keep["action"] == "keep" and keep["regex"] == "true"
+    assert keep["action"] == "keep"
+    assert keep["regex"] == "true"
     assert provider["static_configs"] == [{"targets": ["172.18.0.1:9464"]}]
 
 
@@ -244,17 +282,24 @@ def test_grafana_provisions_the_dashboard_on_its_node_port() -> None:
 def test_provider_config_block(auth: str) -> None:
     cfg = stack_config("kind-gvisor")
     cfg = dataclasses.replace(cfg, substrate=dataclasses.replace(cfg.substrate, auth_mode=auth))
-    doc = objects.provider_config(cfg, api="127.0.0.1:30443", router="http://127.0.0.1:30080",
-                                  ca_pem=CA_PEM, templates={"python:3.12-slim": "sandboxes/p-1"},
-                                  token_file="/t/token")
+    doc = objects.provider_config(
+        cfg,
+        api="127.0.0.1:30443",
+        router="http://127.0.0.1:30080",
+        ca_pem=CA_PEM,
+        templates={"python:3.12-slim": "sandboxes/p-1"},
+        token_file="/t/token",
+    )
     block = yaml.safe_load(objects.to_yaml(doc))["sandbox"]["substrate"]
     conn = block["connection"]
     assert conn["api"] == "127.0.0.1:30443"
     assert conn["router"] == "http://127.0.0.1:30080"
     assert conn["atespace"] == "gym"
     assert conn["tls"] == {"ca_pem": CA_PEM, "server_name": "api.ate-system.svc"}
-    assert block["create"] == {"template": "sandboxes/p-1",
-                               "image_templates": {"python:3.12-slim": "sandboxes/p-1"}}
+    assert block["create"] == {
+        "template": "sandboxes/p-1",
+        "image_templates": {"python:3.12-slim": "sandboxes/p-1"},
+    }
     if auth == "jwt":
         assert conn["token"] == {"file": "/t/token"}
     else:
@@ -263,13 +308,19 @@ def test_provider_config_block(auth: str) -> None:
 
 def test_provider_config_matches_the_shipped_provider_config() -> None:
     """Every key we emit exists in configs/substrate.yaml, the provider's documented block."""
-    shipped = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" /
-                              "substrate.yaml").read_text())["sandbox"]["substrate"]
+    shipped = yaml.safe_load(
+        (Path(__file__).resolve().parents[2] / "configs" / "substrate.yaml").read_text()
+    )["sandbox"]["substrate"]
     cfg = stack_config("kind-gvisor")
     cfg = dataclasses.replace(cfg, substrate=dataclasses.replace(cfg.substrate, auth_mode="jwt"))
-    ours = objects.provider_config(cfg, api="a:1", router="http://r", ca_pem=CA_PEM,
-                                   templates={"python:3.12-slim": "ns/t"},
-                                   token_file="/t")["sandbox"]["substrate"]
+    ours = objects.provider_config(
+        cfg,
+        api="a:1",
+        router="http://r",
+        ca_pem=CA_PEM,
+        templates={"python:3.12-slim": "ns/t"},
+        token_file="/t",
+    )["sandbox"]["substrate"]
 
     def keys(d: dict[str, Any], prefix: str = "") -> set[str]:
         out: set[str] = set()
@@ -292,9 +343,14 @@ def test_the_provider_accepts_the_emitted_block(auth: str, tmp_path: Path) -> No
     cfg = dataclasses.replace(cfg, substrate=dataclasses.replace(cfg.substrate, auth_mode=auth))
     token = tmp_path / "token"
     token.write_text("x")
-    doc = objects.provider_config(cfg, api="127.0.0.1:30443", router="http://127.0.0.1:30080",
-                                  ca_pem=CA_PEM, templates={"python:3.12-slim": "sandboxes/p-1"},
-                                  token_file=str(token))
+    doc = objects.provider_config(
+        cfg,
+        api="127.0.0.1:30443",
+        router="http://127.0.0.1:30080",
+        ca_pem=CA_PEM,
+        templates={"python:3.12-slim": "sandboxes/p-1"},
+        token_file=str(token),
+    )
     block = yaml.safe_load(objects.to_yaml(doc))["sandbox"]["substrate"]
     provider = SubstrateProvider(**block)
     assert provider.connection.api == "127.0.0.1:30443"

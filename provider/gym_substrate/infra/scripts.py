@@ -286,13 +286,17 @@ def substrate_install_script(cfg: StackConfig) -> str:
         "kubectl wait --for=jsonpath='{.status.phase}'=Active namespace/ate-system "
         "--timeout=60s\n"
         "# 5: secret pools (formats: reference 3.6), made by Substrate's own admin command.\n"
-        "absent ate-system secret session-id-jwt-pool && ate admin make-jwt-pool "
-        "--name session-id-jwt-pool --secret-namespace ate-system --key-id=1\n"
-        "absent ate-system secret session-id-ca-pool && ate admin make-ca-pool "
-        "--name session-id-ca-pool --secret-namespace ate-system --ca-id=1\n"
+        "if absent ate-system secret session-id-jwt-pool; then\n"
+        "  ate admin make-jwt-pool --name session-id-jwt-pool --secret-namespace ate-system "
+        "--key-id=1\nfi\n"
+        "if absent ate-system secret session-id-ca-pool; then\n"
+        "  ate admin make-ca-pool --name session-id-ca-pool --secret-namespace ate-system "
+        "--ca-id=1\nfi\n"
         "for pool in service-dns-ca-pool pod-identity-ca-pool; do\n"
-        '  absent podcertificate-controller-system secret "$pool" && ate admin make-ca-pool '
-        '--name "$pool" --secret-namespace podcertificate-controller-system --ca-id=1\n'
+        '  if absent podcertificate-controller-system secret "$pool"; then\n'
+        '    ate admin make-ca-pool --name "$pool" '
+        "--secret-namespace podcertificate-controller-system --ca-id=1\n"
+        "  fi\n"
         "done\n"
         "if absent ate-system secret valkey-ca-certs; then\n"
         "  TMP=$(mktemp -d)\n"
@@ -567,8 +571,11 @@ def host_prep_root_script(cfg: StackConfig) -> str:
         '  v=$(sysctl -n "$k" 2>/dev/null) && echo "$k=$v"\n'
         'done | sudo tee "$STATE/sysctls" >/dev/null || true\n'
         f"for f in {files}; do\n"
-        '  if [ -e "$ROOT$f" ]; then sudo cp -a --parents "$ROOT$f" "$STATE/files/"; '
-        'echo "$f"; fi\n'
+        '  if [ -e "$ROOT$f" ]; then\n'
+        '    sudo mkdir -p "$STATE/files$(dirname "$ROOT$f")"\n'
+        '    sudo cp -a "$ROOT$f" "$STATE/files$ROOT$f"\n'
+        '    echo "$f"\n'
+        "  fi\n"
         'done | sudo tee "$STATE/files.present" >/dev/null\n'
         f"for b in {' '.join(_BINARIES)}; do\n"
         '  if [ -e "$ROOT$b" ]; then echo "$b"; fi\n'

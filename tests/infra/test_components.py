@@ -1,0 +1,254 @@
+"""The Pulumi program under `pulumi.runtime.set_mocks`, once per stack file.
+
+Verified here (and only here, since no Pulumi engine runs on CI): which resources each stack
+registers, their parents, the dependency edges that order `up` and `destroy`, that secrets stay
+secret, and that host stacks carry their destroy-time commands.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import yaml
+from infra_harness import (
+    AGENT,
+    ATEOM,
+    CA_PEM,
+    DERIVED,
+    KUBECONFIG,
+    SECRET_SIG,
+    SIG_KEY,
+    STACKS,
+    StackRun,
+    plain_occurrences,
+    run_stack,
+    secret_occurrences,
+)
+
+PKG = "gymsubstrate:index:"
+
+
+@functools.cache
+def _run(stack: str) -> StackRun:
+    return run_stack(stack)
+
+
+def _subtree(run: StackRun, urn: str) -> set[str]:
+    """A resource and everything under it: the SDK expands a dependency on a component into
+    dependencies on its children."""
+    out = {urn}
+    for reg in run.registrations:
+        if reg.parent == urn:
+            out |= _subtree(run, reg.urn)
+    return out
+
+
+def _depends(run: StackRun, name: str, *on: str) -> None:
+    deps = set(run.by_name(name).dependencies)
+    for other in on:
+        assert deps & _subtree(run, run.urn(other)), f"{name} does not depend on {other}"
+
+
+def _parent(run: StackRun, name: str) -> str:
+    parent = run.by_name(name).parent
+    owners = [r for r in run.registrations if r.urn == parent]
+    assert len(owners) == 1, (name, parent)
+    return owners[0].typ.removeprefix(PKG)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_components_and_children(stack: str) -> None:
+    run = _run(stack)
+    host = stack.startswith("host")
+    components = {r.typ.removeprefix(PKG) for r in run.registrations if r.typ.startswith(PKG)}
+    expected = {
+        "KindCluster",
+        "SubstrateInstall",
+        "Runtime",
+        "WorkerPool",
+        "AgentImage",
+        "ActorTemplates",
+        "Access",
+        "Observability",
+    }
+    assert components == expected | ({"BorrowedHost"} if host else set())
+    kind = "remote" if host else "local"
+    commands = {r.name for r in run.of_type(f"command:{kind}:Command")}
+    assert not run.of_type(f"command:{'local' if host else 'remote'}:Command")
+    assert {
+        "kind-create",
+        "kubeconfig",
+        "build",
+        "install",
+        "ca",
+        "pool-ready",
+        "agent-image",
+        "image-python",
+        "ready-python",
+    } <= commands
+    parents = {
+        "kind-create": "KindCluster",
+        "kubeconfig": "KindCluster",
+        "kind": "KindCluster",
+        "local-registry-hosting": "KindCluster",
+        "build": "SubstrateInstall",
+        "install": "SubstrateInstall",
+        "ca": "SubstrateInstall",
+        "sandbox-config": "Runtime",
+        "worker-pool": "WorkerPool",
+        "pool-ready": "WorkerPool",
+        "namespace": "WorkerPool",
+        "agent-image": "AgentImage",
+        "image-python": "ActorTemplates",
+        "template-python": "ActorTemplates",
+        "ready-python": "ActorTemplates",
+        "nodeports": "Access",
+        "prometheus-grafana": "Observability",
+    }
+    if host:
+        parents |= {
+            "prep-root": "BorrowedHost",
+            "install-tools": "BorrowedHost",
+            "sshd-priority": "BorrowedHost",
+            "wipe": "BorrowedHost",
+            "agent-source": "AgentImage",
+        }
+    for child, owner in parents.items():
+        assert _parent(run, child) == owner, child
+    if stack.endswith("microvm"):
+        assert {"kvm-node-label", "microvm-assets"} <= commands
+        assert _parent(run, "microvm-assets") == "Runtime"
+    else:
+        assert not {"kvm-node-label", "microvm-assets"} & commands
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_ordering(stack: str) -> None:
+    run = _run(stack)
+    # install after cluster; templates after pool, install and image.
+    _depends(run, "build", "cluster")
+    _depends(run, "install", "build")
+    _depends(run, "template-python", "pool-ready", "substrate", "agent")
+    _depends(run, "ready-python", "template-python")
+    _depends(run, "worker-pool", "runtime", "namespace")
+    _depends(run, "pool-ready", "worker-pool")
+    _depends(run, "sandbox-config", "substrate")
+    _depends(run, "nodeports", "substrate")
+    _depends(run, "prometheus-grafana", "substrate")
+    _depends(run, "kubeconfig", "kind-create")
+    # Every Kubernetes object goes through the cluster's explicit provider.
+    provider = run.by_name("kind")
+    for reg in run.registrations:
+        if reg.typ.startswith("kubernetes:"):
+            assert reg.inputs is not None
+    assert provider.typ == "pulumi:providers:kubernetes"
+    assert provider.inputs["context"] == f"kind-substrate-{stack.split('-')[1]}"
+
+
+@pytest.mark.parametrize("stack", ["host-gvisor", "host-microvm"])
+def test_host_destroy_commands(stack: str) -> None:
+    run = _run(stack)
+    prep = run.by_name("prep-root").inputs
+    assert "state already recorded" in prep["create"]
+    assert "apt-get purge" in prep["delete"]
+    assert "reverted" in prep["delete"]
+    wipe = run.by_name("wipe").inputs
+    assert "kind delete cluster" in wipe["delete"]
+    assert "docker volume prune" in wipe["delete"]
+    _depends(run, "wipe", "prep-root", "install-tools", "sshd-priority")
+    # Every cluster step depends on the wipe step, so destroy deletes them first, then wipes,
+    # then reverts the host: the host is left as found.
+    for reg in run.of_type("command:remote:Command"):
+        if reg.name not in {"prep-root", "install-tools", "sshd-priority", "wipe"}:
+            assert run.urn("wipe") in reg.dependencies, reg.name
+    for name in ("prep-root", "wipe", "kind-create", "install"):
+        assert run.by_name(name).delete_before_replace, name
+    _depends(run, "install-tools", "prep-root")
+    _depends(run, "sshd-priority", "install-tools")
+
+
+@pytest.mark.parametrize("stack", ["kind-gvisor", "kind-microvm"])
+def test_kind_destroy_commands(stack: str) -> None:
+    run = _run(stack)
+    create = run.by_name("kind-create").inputs
+    assert "kind create cluster" in create["create"]
+    assert "kind delete cluster" in create["delete"]
+    assert "docker rm -f kind-registry" in create["delete"]
+    assert "kubectl delete crd" in run.by_name("install").inputs["delete"]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_secrets_stay_secret(stack: str) -> None:
+    run = _run(stack)
+    assert run.secrets["kubeconfig"] is True
+    assert run.outputs["kubeconfig"] == KUBECONFIG
+    assert "stdout" in run.by_name("kubeconfig").secret_outputs
+    # The provider's kubeconfig input is sent as a secret, never in plain text.
+    provider = run.by_name("kind").raw
+    assert secret_occurrences(provider, "kind: Config") == 1
+    assert plain_occurrences(provider, "kind: Config") == 0
+    if stack.startswith("host"):
+        remote = run.of_type("command:remote:Command") + run.of_type("command:remote:CopyToRemote")
+        assert remote
+        for reg in remote:
+            assert secret_occurrences(reg.raw, "OPENSSH PRIVATE KEY") == 1, reg.name
+            assert plain_occurrences(reg.raw, "OPENSSH PRIVATE KEY") == 0, reg.name
+            connection = reg.raw["connection"]["value"]
+            assert (connection["user"], connection["host"]) == ("ubuntu", "192.0.2.10")
+
+
+def test_secret_check_sees_plain_text() -> None:
+    assert plain_occurrences({"a": {"b": "x KEY y"}}, "KEY") == 1
+    assert plain_occurrences({"a": {SIG_KEY: SECRET_SIG, "value": "KEY"}}, "KEY") == 0
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_outputs_and_provider_config(stack: str) -> None:
+    run = _run(stack)
+    assert run.outputs["ateom"] == ATEOM.strip()
+    assert run.outputs["agent"] == AGENT
+    assert run.outputs["ca"] == CA_PEM
+    (ref,) = run.outputs["templates"].values()
+    namespace, name = ref.split("/")
+    template = run.by_name("template-python").inputs
+    assert namespace == "sandboxes"
+    assert template["metadata"]["name"] == name
+    assert template["spec"]["containers"][0]["image"] == DERIVED
+    pool = run.by_name("worker-pool").inputs
+    assert pool["spec"]["ateomImage"] == ATEOM.strip()
+    doc = yaml.safe_load(run.outputs["providerConfig"])["sandbox"]["substrate"]
+    assert doc["connection"]["tls"]["ca_pem"] == CA_PEM
+    assert doc["create"]["template"] == ref
+    assert doc["create"]["image_templates"] == {"python:3.12-slim": ref}
+    exported = run.globals
+    assert exported["api"] == "127.0.0.1:30443"
+    assert exported["router"] == "http://127.0.0.1:30080"
+    if stack.startswith("host"):
+        assert run.by_name("agent-source").inputs["remotePath"].endswith("/src/agent")
+
+
+def test_microvm_sandbox_config_uses_staged_asset_checksums() -> None:
+    run = _run("kind-microvm")
+    spec = run.by_name("sandbox-config").inputs["spec"]
+    assert spec["sandboxClass"] == "microvm"
+    assert spec["assets"]["amd64"]["virtiofsd"]["sha256"] == "e" * 64
+    _depends(run, "sandbox-config", "microvm-assets")
+
+
+def test_invalid_config_fails_before_any_resource() -> None:
+    import pulumi
+
+    with pytest.raises(pulumi.RunError, match=r"gym-substrate:runtime: unknown value 'kata'"):
+        run_stack("kind-gvisor", {"gym-substrate:runtime": "kata"})
+    with pytest.raises(pulumi.RunError, match=r"gym-substrate:cluster.kvm: runtime 'microvm'"):
+        run_stack("kind-microvm", {"gym-substrate:cluster": {"name": "x", "kvm": False}})
+
+
+def test_image_volume_mode_pins_the_workload_only() -> None:
+    run = run_stack("kind-gvisor", {"gym-substrate:agent": {"mount": "image-volume"}})
+    create = run.by_name("image-python").inputs["create"]
+    assert "COPY --from" not in create
+    assert "docker pull" in create
+    spec = run.by_name("template-python").inputs["spec"]
+    assert spec["volumes"][0]["image"]["reference"] == AGENT

@@ -1,0 +1,538 @@
+"""The shell steps, run for real by bash against recording fakes of docker, kind, kubectl & co.
+
+Each fake appends its argv to a log and answers from a small per-test handler, so the tests
+check what an operator's machine would be asked to do, in which order, and what each step
+prints as its result. The borrowed-host record/revert pair runs against a temp root.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from infra_harness import STACKS, stack_config
+
+from gym_substrate.infra import scripts
+from gym_substrate.infra.config import StackConfig
+
+TOOLS = (
+    "docker",
+    "kind",
+    "kubectl",
+    "go",
+    "ko",
+    "git",
+    "jq",
+    "openssl",
+    "sudo",
+    "dpkg-query",
+    "sysctl",
+    "systemctl",
+    "getent",
+    "apt-get",
+    "gpasswd",
+    "curl",
+    "aws",
+    "dpkg",
+)
+
+
+@dataclasses.dataclass
+class Fakes:
+    root: Path
+    bin: Path
+    log: Path
+
+    def handler(self, tool: str, body: str) -> None:
+        path = self.root / "handlers" / tool
+        path.write_text("#!/usr/bin/env bash\n" + body)
+        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+    def calls(self, tool: str | None = None) -> list[str]:
+        lines = self.log.read_text().splitlines() if self.log.exists() else []
+        return [ln for ln in lines if tool is None or ln.split(" ", 1)[0] == tool]
+
+    def run(
+        self, script: str, *, ok: bool = True, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        full_env = {
+            "PATH": f"{self.bin}:/usr/bin:/bin",
+            "HOME": str(self.root / "home"),
+            "FAKE_LOG": str(self.log),
+            "FAKE_DIR": str(self.root),
+            **(env or {}),
+        }
+        proc = subprocess.run(
+            scripts.as_command(script),
+            shell=True,
+            env=full_env,
+            text=True,
+            capture_output=True,
+            timeout=60,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+        if ok:
+            assert proc.returncode == 0, (proc.stdout, proc.stderr)
+        else:
+            assert proc.returncode != 0, (proc.stdout, proc.stderr)
+        return proc
+
+
+@pytest.fixture
+def fakes(tmp_path: Path) -> Fakes:
+    bin_dir = tmp_path / "bin"
+    (tmp_path / "handlers").mkdir()
+    (tmp_path / "home").mkdir()
+    bin_dir.mkdir()
+    for tool in TOOLS:
+        path = bin_dir / tool
+        path.write_text(
+            "#!/usr/bin/env bash\n"
+            'echo "$(basename "$0") $*" >> "$FAKE_LOG"\n'
+            "# Like the real tools, read what a pipe feeds us (or the writer gets SIGPIPE).\n"
+            'case "$(basename "$0")" in docker|sudo) ;;\n'
+            "  *) if [ -p /dev/stdin ]; then cat >/dev/null; fi ;;\n"
+            "esac\n"
+            'h="$FAKE_DIR/handlers/$(basename "$0")"\n'
+            'if [ -x "$h" ]; then exec "$h" "$@"; fi\n'
+            "exit 0\n"
+        )
+        path.chmod(0o755)
+    # sudo runs its command (minus `env VAR=...` handled by env itself).
+    (tmp_path / "handlers" / "sudo").write_text('#!/usr/bin/env bash\nexec "$@"\n')
+    (tmp_path / "handlers" / "sudo").chmod(0o755)
+    return Fakes(tmp_path, bin_dir, tmp_path / "log")
+
+
+def _index(calls: list[str], needle: str) -> int:
+    for i, call in enumerate(calls):
+        if needle in call:
+            return i
+    raise AssertionError(f"{needle!r} never called; calls:\n" + "\n".join(calls))
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_script_is_valid_bash(stack: str, tmp_path: Path) -> None:
+    from gym_substrate.infra.render import render_stack
+
+    files, _ = render_stack(stack_config(stack), tmp_path)
+    shells = [f for f in files if f.suffix == ".sh"]
+    assert len(shells) >= 6
+    for f in shells:
+        proc = subprocess.run(["bash", "-n", str(f)], capture_output=True, text=True, check=False)
+        assert proc.returncode == 0, (f.name, proc.stderr)
+
+
+# --- kind ------------------------------------------------------------------------------------
+
+
+def _kind_handlers(fakes: Fakes, *, registry_exists: bool = False) -> None:
+    fakes.handler(
+        "docker",
+        (
+            'case "$1 $2" in\n'
+            f'  "inspect kind-registry") exit {0 if registry_exists else 1} ;;\n'
+            '  "inspect -f") case "$3" in *Networks.kind*) echo null ;; '
+            "*gym-substrate/cluster*) echo substrate-gvisor ;; *) echo true ;; esac ;;\n"
+            "esac\n"
+            'if [ "$1" = exec ] && [ "$2" = -i ]; then cat > "$FAKE_DIR/hosts.toml"; fi\n'
+        ),
+    )
+    fakes.handler(
+        "kind",
+        (
+            'case "$1 $2" in\n'
+            '  "get clusters") ;;\n'
+            '  "get nodes") echo substrate-gvisor-control-plane ;;\n'
+            '  "create cluster") while [ $# -gt 0 ]; do case "$1" in\n'
+            '      --config) cp "$2" "$FAKE_DIR/kind-config.yaml"; shift ;;\n'
+            '      --kubeconfig) echo "kind: Config" > "$2"; shift ;; esac; shift; done ;;\n'
+            "esac\n"
+        ),
+    )
+
+
+def test_kind_create_runs_the_documented_steps(fakes: Fakes) -> None:
+    cfg = stack_config("kind-gvisor")
+    _kind_handlers(fakes)
+    proc = fakes.run(scripts.kind_create_script(cfg))
+    assert proc.stdout == "substrate-gvisor\n"
+    calls = fakes.calls()
+    run = calls[_index(calls, "docker run -d --restart=always --name kind-registry")]
+    assert "-p 127.0.0.1:5001:5000" in run
+    assert run.endswith("registry:3")
+    assert _index(calls, "docker run") < _index(
+        calls, "kind create cluster --name substrate-gvisor"
+    )
+    proxy_arp = "docker exec substrate-gvisor-control-plane sysctl -w net.ipv4.conf.all.proxy_arp=1"
+    assert proxy_arp in calls
+    assert _index(calls, "proxy_arp=1") > _index(calls, "kind create cluster")
+    assert (fakes.root / "hosts.toml").read_text() == '[host."http://kind-registry:5000"]\n'
+    assert "docker network connect kind kind-registry" in calls
+    kind_cfg = yaml.safe_load((fakes.root / "kind-config.yaml").read_text())
+    assert kind_cfg == scripts.kind_config(cfg)
+    home = fakes.root / "home" / ".gym-substrate" / "substrate-gvisor"
+    assert (home / "registry-created").exists()
+    assert (home / "kubeconfig").exists()
+    assert not any("/dev/kvm" in c for c in calls)
+
+
+def test_kind_create_keeps_an_existing_registry(fakes: Fakes) -> None:
+    _kind_handlers(fakes, registry_exists=True)
+    fakes.run(scripts.kind_create_script(stack_config("kind-gvisor")))
+    assert not any(c.startswith("docker run") for c in fakes.calls())
+    home = fakes.root / "home" / ".gym-substrate" / "substrate-gvisor"
+    assert not (home / "registry-created").exists()
+
+
+def test_kind_config_has_substrate_gates_ports_and_kvm() -> None:
+    gv = scripts.kind_config(stack_config("kind-gvisor"))
+    assert gv["featureGates"] == {
+        "ClusterTrustBundle": True,
+        "ClusterTrustBundleProjection": True,
+        "PodCertificateRequest": True,
+    }
+    assert gv["runtimeConfig"] == {"certificates.k8s.io/v1beta1": "true"}
+    (node,) = gv["nodes"]  # type: ignore[misc]
+    ports = {
+        (m["containerPort"], m["hostPort"], m["listenAddress"]) for m in node["extraPortMappings"]
+    }
+    assert ports == {(p, p, "127.0.0.1") for p in (30443, 30080, 30300, 30090)}
+    assert "extraMounts" not in node
+    assert "networking" not in gv
+    mv = scripts.kind_config(stack_config("host-microvm"))
+    (node,) = mv["nodes"]  # type: ignore[misc]
+    assert node["extraMounts"] == [{"hostPath": "/dev/kvm", "containerPath": "/dev/kvm"}]
+    assert mv["networking"] == {"apiServerAddress": "0.0.0.0", "apiServerPort": 6443}
+    patch = yaml.safe_load(mv["kubeadmConfigPatches"][0])  # type: ignore[index]
+    assert "192.0.2.10" in patch["apiServer"]["certSANs"]
+
+
+def test_microvm_create_fails_clearly_without_kvm(fakes: Fakes) -> None:
+    fakes.handler("docker", 'if [ "$1" = run ] && [ "$3" = --device ]; then exit 125; fi\n')
+    proc = fakes.run(scripts.kind_create_script(stack_config("kind-microvm")), ok=False)
+    assert "/dev/kvm is not usable by Docker on this host" in proc.stderr
+    assert not fakes.calls("kind")
+
+
+def test_kind_delete_removes_only_the_registry_it_created(fakes: Fakes) -> None:
+    cfg = stack_config("kind-gvisor")
+    _kind_handlers(fakes)
+    fakes.run(scripts.kind_delete_script(cfg))
+    assert "kind delete cluster --name substrate-gvisor" in fakes.calls()
+    assert not any(c.startswith("docker rm") for c in fakes.calls())
+    home = fakes.root / "home" / ".gym-substrate" / "substrate-gvisor"
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "registry-created").touch()
+    fakes.run(scripts.kind_delete_script(cfg))
+    assert "docker rm -f kind-registry" in fakes.calls()
+    assert not (home / "registry-created").exists()
+
+
+def test_host_kubeconfig_points_at_the_host(fakes: Fakes) -> None:
+    fakes.handler("kind", "printf 'apiVersion: v1\\n    server: https://0.0.0.0:6443\\n'\n")
+    proc = fakes.run(scripts.kubeconfig_script(stack_config("host-gvisor")))
+    assert "server: https://192.0.2.10:6443" in proc.stdout
+
+
+# --- Substrate -------------------------------------------------------------------------------
+
+
+def _src(cfg: StackConfig, fakes: Fakes) -> Path:
+    src = fakes.root / "home" / ".gym-substrate" / cfg.cluster.name / "substrate"
+    (src / ".git").mkdir(parents=True, exist_ok=True)
+    return src
+
+
+@pytest.mark.parametrize(
+    ("auth", "overlay"),
+    [("mtls", "manifests/ate-install/kind"), ("jwt", "manifests/ate-install/kind-jwt")],
+)
+def test_build_resolves_the_overlay_and_prints_the_ateom_image(
+    fakes: Fakes, auth: str, overlay: str
+) -> None:
+    cfg = stack_config("kind-gvisor")
+    cfg = dataclasses.replace(cfg, substrate=dataclasses.replace(cfg.substrate, auth_mode=auth))
+    _src(cfg, fakes)
+    fakes.handler(
+        "ko",
+        'case "$1" in build) echo "localhost:5001/ateom-gvisor@sha256:abc";; '
+        'resolve) echo "kind: Deployment";; esac\n',
+    )
+    fakes.handler("git", f'[ "$3" = rev-parse ] && echo {cfg.substrate.commit}; exit 0\n')
+    proc = fakes.run(scripts.substrate_build_script(cfg))
+    assert proc.stdout == "localhost:5001/ateom-gvisor@sha256:abc\n"
+    calls = fakes.calls()
+    assert f"kubectl kustomize {overlay} --load-restrictor LoadRestrictionsNone" in calls
+    assert "ko resolve -f -" in calls
+    assert "ko build --base-import-paths ./cmd/ateom-gvisor" in calls
+    assert any(
+        c.startswith("git -C ") and f"checkout --detach {cfg.substrate.commit}" in c for c in calls
+    )
+    rendered = fakes.root / "home" / ".gym-substrate" / "substrate-gvisor" / "rendered"
+    assert (rendered / "substrate.yaml").read_text() == "kind: Deployment\n"
+
+
+def test_build_refuses_a_local_checkout_at_another_commit(fakes: Fakes, tmp_path: Path) -> None:
+    cfg = stack_config("kind-gvisor")
+    local = tmp_path / "checkout"
+    (local / ".git").mkdir(parents=True)
+    cfg = dataclasses.replace(cfg, substrate=dataclasses.replace(cfg.substrate, path=str(local)))
+    fakes.handler("git", "echo 0000000000000000000000000000000000000000\n")
+    proc = fakes.run(scripts.substrate_build_script(cfg), ok=False)
+    assert f"but substrate.commit is {cfg.substrate.commit}" in proc.stderr
+    assert not fakes.calls("ko")
+
+
+def _install_handlers(fakes: Fakes, *, secrets_exist: bool) -> None:
+    fakes.handler(
+        "kubectl",
+        (
+            'case "$*" in\n'
+            '  *"get secret service-dns-ca-pool -o jsonpath"*) echo e30= ;;\n'
+            f'  *"get secret"*) exit {0 if secrets_exist else 1} ;;\n'
+            '  *"get --raw"*) echo \'{"issuer":"https://issuer.example"}\' ;;\n'
+            '  *"--dry-run=client"*) echo "kind: Namespace" ;;\n'
+            "esac\nexit 0\n"
+        ),
+    )
+    fakes.handler(
+        "jq",
+        'cat >/dev/null; case "$*" in *issuer*) echo https://issuer.example;; '
+        "*) echo Zm9v;; esac\n",
+    )
+    fakes.handler("openssl", "cat >/dev/null; echo PEM\n")
+
+
+def test_install_follows_the_documented_order_with_every_wait(fakes: Fakes) -> None:
+    cfg = stack_config("kind-gvisor")
+    _src(cfg, fakes)
+    _install_handlers(fakes, secrets_exist=False)
+    proc = fakes.run(scripts.substrate_install_script(cfg))
+    assert proc.stdout == "installed\n"
+    calls = [c for c in fakes.calls() if c.split()[0] in {"kubectl", "go"}]
+    order = [
+        "kubectl apply --server-side --force-conflicts -f manifests/ate-install/generated",
+        "kubectl wait --for=condition=Established",
+        "kubectl apply -f manifests/ate-install/sandboxconfig-validation.yaml",
+        "kubectl create namespace ate-system",
+        "kubectl wait --for=jsonpath={.status.phase}=Active namespace/ate-system",
+        "go run ./cmd/kubectl-ate admin make-jwt-pool --name session-id-jwt-pool",
+        "go run ./cmd/kubectl-ate admin make-ca-pool --name session-id-ca-pool",
+        "make-ca-pool --name service-dns-ca-pool",
+        "make-ca-pool --name pod-identity-ca-pool",
+        "create secret generic valkey-ca-certs",
+        "create configmap ate-api-server-envvars",
+        "podcert.yaml",
+        "rollout status deployment/podcertificate-controller",
+        "get clustertrustbundle podidentity.podcert.ate.dev:identity:primary-bundle",
+        "get clustertrustbundle servicedns.podcert.ate.dev:identity:primary-bundle",
+        "rendered/substrate.yaml",
+        "rollout status deployment/ate-api-server-deployment",
+        "rollout status deployment/ate-controller",
+        "rollout status deployment/atenet-router",
+        "rollout status statefulset/valkey-cluster",
+        "rollout status daemonset/atelet",
+        "wait --for=condition=complete job/valkey-cluster-init",
+        "wait --for=condition=complete job/rustfs-bucket-init",
+        "rollout status deployment/dns",
+        "rollout status deployment/rustfs",
+    ]
+    positions = [_index(calls, needle) for needle in order]
+    assert positions == sorted(positions), list(zip(order, positions, strict=True))
+    envvars = calls[_index(calls, "create configmap ate-api-server-envvars")]
+    assert "ATE_API_K8SJWT_ISSUER=https://issuer.example" in envvars
+    assert "ATE_API_REDIS_ADDRESS=valkey-cluster.ate-system.svc:6379" in envvars
+
+
+def test_install_rerun_keeps_existing_secret_pools(fakes: Fakes) -> None:
+    cfg = stack_config("kind-gvisor")
+    _src(cfg, fakes)
+    _install_handlers(fakes, secrets_exist=True)
+    fakes.run(scripts.substrate_install_script(cfg))
+    assert not fakes.calls("go")
+    assert not any("valkey-ca-certs" in c and "create" in c for c in fakes.calls())
+
+
+def test_install_fails_when_a_trust_bundle_never_appears(fakes: Fakes) -> None:
+    cfg = stack_config("kind-gvisor")
+    _src(cfg, fakes)
+    fakes.handler("kubectl", 'case "$*" in *clustertrustbundle*) exit 1;; esac\n')
+    fakes.handler("sleep", "exit 0\n")
+    (fakes.bin / "sleep").write_text("#!/bin/sh\nexit 0\n")
+    (fakes.bin / "sleep").chmod(0o755)
+    proc = fakes.run(scripts.substrate_install_script(cfg), ok=False)
+    assert "did not appear in 120 s" in proc.stderr
+    assert not any("rendered/substrate.yaml" in c for c in fakes.calls())
+
+
+def test_delete_is_best_effort_and_removes_crds_and_valkey_pvcs(fakes: Fakes) -> None:
+    cfg = stack_config("kind-gvisor")
+    fakes.run(scripts.substrate_delete_script(cfg))
+    calls = fakes.calls("kubectl")
+    assert any("delete crd workerpools.ate.dev actortemplates.ate.dev" in c for c in calls)
+    assert any("delete pvc" in c for c in calls)
+    fakes.handler("kubectl", "exit 1\n")  # cluster already gone
+    fakes.run(scripts.substrate_delete_script(cfg))
+
+
+# --- images and waits ------------------------------------------------------------------------
+
+
+def test_derived_image_is_built_from_the_pinned_workload(fakes: Fakes) -> None:
+    cfg = stack_config("kind-gvisor")
+    agent = "localhost:5001/gym-substrate/sandbox-agent@sha256:" + "b" * 64
+    fakes.handler(
+        "docker",
+        (
+            'case "$1" in\n'
+            '  inspect) case "$*" in *localhost:5001/gym-substrate/python:*) '
+            'echo "localhost:5001/gym-substrate/python@sha256:cafe";; '
+            '*) echo "python@sha256:beef";; esac ;;\n'
+            '  build) cat > "$FAKE_DIR/Dockerfile" ;;\n'
+            "esac\n"
+        ),
+    )
+    proc = fakes.run(scripts.derived_image_script(cfg, "python", "python:3.12-slim", agent))
+    assert proc.stdout == (
+        '{"workload": "python@sha256:beef", '
+        '"image": "localhost:5001/gym-substrate/python@sha256:cafe"}\n'
+    )
+    assert (fakes.root / "Dockerfile").read_text() == (
+        "FROM python@sha256:beef\n"
+        f"COPY --from={agent} /opt/sandbox-agent/sandbox-agent "
+        "/opt/sandbox-agent/sandbox-agent\n"
+    )
+    calls = fakes.calls("docker")
+    assert calls[0] == "docker pull python:3.12-slim"
+    assert any(c.startswith("docker push localhost:5001/gym-substrate/python:") for c in calls)
+
+
+def test_agent_image_uses_the_agent_build(fakes: Fakes, tmp_path: Path) -> None:
+    cfg = stack_config("kind-gvisor")
+    repo = "localhost:5001/gym-substrate/sandbox-agent"
+    fakes.handler("docker", f'[ "$1" = inspect ] && echo "{repo}@sha256:f00"; exit 0\n')
+    (tmp_path / "agent" / "build").mkdir(parents=True)
+    (tmp_path / "agent" / "build" / "build-static.sh").write_text('echo built >> "$FAKE_LOG"\n')
+    proc = fakes.run(scripts.agent_image_script(cfg, str(tmp_path), "h1"))
+    assert proc.stdout == f"{repo}@sha256:f00\n"
+    calls = fakes.calls()
+    assert _index(calls, "built") < _index(calls, "docker build -f agent/build/Dockerfile")
+    assert f"docker push {repo}:h1" in calls
+
+
+def test_template_wait_times_out_with_a_message(fakes: Fakes) -> None:
+    cfg = stack_config("kind-microvm")
+    fakes.handler("kubectl", 'case "$*" in *wait*) exit 1;; esac\n')
+    proc = fakes.run(scripts.template_wait_script(cfg, "python-0123456789"), ok=False)
+    assert "template python-0123456789 not Ready after 600s" in proc.stderr
+    assert (
+        "kubectl -n sandboxes wait --for=condition=Ready actortemplate/python-0123456789 "
+        "--timeout=600s"
+    ) in fakes.calls()
+    fakes.handler("kubectl", "exit 0\n")
+    assert fakes.run(scripts.template_wait_script(cfg, "t")).stdout == "t\n"
+
+
+def test_tree_hash_follows_agent_sources(tmp_path: Path) -> None:
+    (tmp_path / "agent").mkdir()
+    (tmp_path / "agent" / "a.py").write_text("1")
+    first = scripts.tree_hash(str(tmp_path))
+    assert scripts.tree_hash(str(tmp_path)) == first
+    (tmp_path / "agent" / "a.py").write_text("2")
+    assert scripts.tree_hash(str(tmp_path)) != first
+
+
+# --- borrowed host: record and revert --------------------------------------------------------
+
+
+def test_prep_root_then_revert_root_leaves_the_host_as_found(fakes: Fakes, tmp_path: Path) -> None:
+    cfg = stack_config("host-gvisor")
+    root = tmp_path / "hostroot"
+    (root / "etc" / "ssh").mkdir(parents=True)
+    (root / "etc" / "ssh" / "sshd_config").write_text("PermitRootLogin no\n")
+    packages = tmp_path / "packages"
+    packages.write_text("bash\ncoreutils\n")
+    fakes.handler("dpkg-query", f'cat "{packages}"\n')
+    fakes.handler("sysctl", 'if [ "$1" = -n ]; then echo 8192; fi\n')
+    fakes.handler(
+        "systemctl",
+        (
+            'case "$1 $2" in "is-enabled ssh") echo enabled;; "is-active ssh") echo active;;\n'
+            '  "is-enabled docker") echo disabled; exit 1;; "is-active docker") echo inactive; '
+            "exit 3;;\n  is-*) exit 4;; esac\n"
+        ),
+    )
+    fakes.handler("getent", "exit 2\n")
+    env = {"GYM_SUBSTRATE_HOST_ROOT": str(root)}
+    state = fakes.run(scripts.host_prep_root_script(cfg), env=env).stdout.strip()
+    assert state.endswith(".gym-substrate/substrate-gvisor/host-state")
+    services = (Path(state) / "services").read_text().splitlines()
+    assert "ssh enabled active" in services
+    assert "docker disabled inactive" in services
+    # A second prep-root must not overwrite the original record.
+    (root / "etc" / "ssh" / "sshd_config").write_text("changed\n")
+    fakes.run(scripts.host_prep_root_script(cfg), env=env)
+    # What install-tools / sshd-priority would have done:
+    (root / "etc" / "sysctl.d").mkdir(parents=True)
+    (root / "etc" / "sysctl.d" / "90-gym-substrate.conf").write_text("x=1\n")
+    dropin = root / "etc" / "systemd" / "system" / "ssh.service.d"
+    dropin.mkdir(parents=True)
+    (dropin / "90-gym-substrate.conf").write_text("[Service]\n")
+    (root / "usr" / "local" / "bin").mkdir(parents=True)
+    (root / "usr" / "local" / "bin" / "kind").write_text("bin")
+    packages.write_text("bash\ncoreutils\ndocker.io\njq\n")
+    fakes.log.write_text("")
+
+    assert fakes.run(scripts.host_revert_root_script(cfg), env=env).stdout == "reverted\n"
+    assert (root / "etc" / "ssh" / "sshd_config").read_text() == "PermitRootLogin no\n"
+    assert not (root / "etc" / "sysctl.d" / "90-gym-substrate.conf").exists()
+    assert not dropin.exists()
+    assert not (root / "usr" / "local" / "bin" / "kind").exists()
+    calls = fakes.calls()
+    assert "apt-get purge -y -qq docker.io jq" in calls
+    assert "sysctl -qw fs.inotify.max_user_watches=8192" in calls
+    assert "systemctl enable ssh" in calls
+    assert "systemctl restart ssh" in calls
+    assert "systemctl disable docker" in calls
+    assert "systemctl stop docker" in calls
+    assert not Path(state).exists()
+    # Nothing recorded any more: a second revert is a no-op.
+    fakes.run(scripts.host_revert_root_script(cfg), env=env)
+
+
+def test_wipe_removes_cluster_registry_images_and_volumes(fakes: Fakes) -> None:
+    fakes.run(scripts.host_wipe_script(stack_config("host-gvisor")))
+    calls = fakes.calls()
+    assert "kind delete cluster --name substrate-gvisor" in calls
+    assert "docker rm -f kind-registry" in calls
+    assert "docker volume prune -f" in calls
+    assert any(c.startswith("docker images") for c in calls)
+
+
+def test_sshd_priority_raises_cpu_weight(fakes: Fakes, tmp_path: Path) -> None:
+    script = scripts.host_sshd_priority_script(stack_config("host-gvisor"))
+    assert "CPUWeight=10000" in script
+    assert "OOMScoreAdjust=-1000" in script
+    written = tmp_path / "dropin"
+    fakes.handler("sudo", f'if [ "$1" = tee ]; then cat > "{written}"; else exec "$@"; fi\n')
+    fakes.handler("systemctl", 'case "$1" in cat) [ "$2" = ssh ];; esac\n')
+    script = script.replace('sudo mkdir -p "/etc/systemd/system/$UNIT.service.d"\n', "")
+    fakes.run(script)
+    assert written.read_text() == "[Service]\nCPUWeight=10000\nOOMScoreAdjust=-1000\nNice=-10\n"
+    assert "systemctl restart ssh" in fakes.calls()
+
+
+def test_install_tools_pins_versions() -> None:
+    s = scripts.host_install_tools_script(stack_config("host-gvisor"))
+    assert "https://kind.sigs.k8s.io/dl/v0.32.0/kind-linux-$ARCH" in s
+    assert "https://dl.k8s.io/release/v1.36.0/bin/linux/$ARCH/kubectl" in s
+    assert "https://go.dev/dl/go1.26.3.linux-$ARCH.tar.gz" in s
+    assert "github.com/google/ko@v0.18.1" in s
+    assert os.linesep in s
