@@ -1,0 +1,86 @@
+"""`gym-substrate render`: every stack renders without Pulumi, and what it writes is valid."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from gym_substrate.cli import main
+from gym_substrate.infra import objects
+from infra_harness import REPO, STACKS
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_render_writes_every_static_object(stack: str, tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        main, ["render", "--stack", stack, "--out", str(tmp_path), "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    files = [Path(f) for f in report["files"]]
+    assert all(f.is_file() for f in files)
+    kinds: dict[str, dict[str, object]] = {}
+    for f in sorted((tmp_path / "kubernetes").glob("*.yaml")):
+        obj = yaml.safe_load(f.read_text())
+        kinds.setdefault(obj["kind"], obj)
+        if obj["apiVersion"] != "ate.dev/v1alpha1":
+            kubernetes_validate.validate(obj, "1.36.0", strict=True)
+    assert {"WorkerPool", "Service", "Namespace", "ConfigMap", "Deployment"} <= set(kinds)
+    pool = kinds["WorkerPool"]
+    assert pool["spec"]["ateomImage"] == (  # type: ignore[index]
+        f"ko://github.com/agent-substrate/substrate/cmd/ateom-{stack.split('-')[1]}"
+    )
+    assert ("SandboxConfig" in kinds) == stack.endswith("gvisor")
+    assert any("ActorTemplate" in s for s in report["skipped"])
+    assert (tmp_path / "SKIPPED.txt").read_text().count("- ") == len(report["skipped"])
+    dash = json.loads((tmp_path / "dashboards" / "sandbox-lifecycle.json").read_text())
+    assert dash["title"] == "Sandbox lifecycle"
+    kind_cfg = yaml.safe_load((tmp_path / "kind-config.yaml").read_text())
+    assert kind_cfg["featureGates"]["PodCertificateRequest"] is True
+    host_steps = {"00-host-prep-root.sh", "96-host-revert-root.sh", "95-host-wipe.sh"}
+    written = {f.name for f in (tmp_path / "scripts").iterdir()}
+    assert (host_steps <= written) == stack.startswith("host")
+    assert "21-substrate-install.sh" in written
+
+
+def test_render_table_output_and_stack_file(tmp_path: Path) -> None:
+    path = REPO / "infra" / "stacks" / "Pulumi.kind-gvisor.yaml"
+    result = CliRunner().invoke(main, ["render", "--stack-file", str(path), "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "kubernetes/" in result.output and "skipped" in result.output
+
+
+def test_render_reports_a_bad_stack_file(tmp_path: Path) -> None:
+    bad = tmp_path / "Pulumi.bad.yaml"
+    bad.write_text(
+        "config:\n  gym-substrate:runtime: kata\n  gym-substrate:workloads:\n"
+        "    - {name: py, image: python:3.12}\n"
+    )
+    result = CliRunner().invoke(
+        main, ["render", "--stack-file", str(bad), "--out", str(tmp_path / "out")]
+    )
+    assert result.exit_code == 1
+    assert "gym-substrate:runtime: unknown value 'kata'" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_render_needs_exactly_one_stack_source(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["render", "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "exactly one of --stack or --stack-file" in result.output
+
+
+def test_wheel_ships_manifests_where_the_lookup_expects_them() -> None:
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    mapping = pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]["force-include"]
+    assert mapping["manifests"] == "gym_substrate/infra/manifests"
+    package_dir = Path(objects.__file__).resolve().parent
+    installed = REPO / "provider" / mapping["manifests"]
+    assert installed.parent == package_dir
+    assert objects.manifests_dir() == REPO / "manifests"
