@@ -32,9 +32,20 @@ TEMPLATE = "local/sandbox"
 # test_gym_conformance.py runs them in a subprocess that sets this.
 collect_ignore = [] if os.environ.get("GYM_SUBSTRATE_GYM_CONFORMANCE") else ["gym_conformance"]
 _METHODS = (
-    "GetActor", "CreateActor", "UpdateActor", "SuspendActor", "PauseActor", "ResumeActor",
-    "DeleteActor", "ListWorkers", "ListActors", "CreateAtespace", "GetAtespace", "ListAtespaces",
-    "DeleteAtespace", "DebugClear",
+    "GetActor",
+    "CreateActor",
+    "UpdateActor",
+    "SuspendActor",
+    "PauseActor",
+    "ResumeActor",
+    "DeleteActor",
+    "ListWorkers",
+    "ListActors",
+    "CreateAtespace",
+    "GetAtespace",
+    "ListAtespaces",
+    "DeleteAtespace",
+    "DebugClear",
 )
 
 
@@ -55,8 +66,15 @@ class GrpcFaultProxy:
         self._channel: grpc.aio.Channel | None = None
         self.address = ""
 
-    def inject(self, method: str, code: grpc.StatusCode, details: str = "", *,
-               times: int = 1, after_forward: bool = False) -> None:
+    def inject(
+        self,
+        method: str,
+        code: grpc.StatusCode,
+        details: str = "",
+        *,
+        times: int = 1,
+        after_forward: bool = False,
+    ) -> None:
         self.faults[method].extend([GrpcFault(code, details, after_forward)] * times)
 
     async def start(self) -> None:
@@ -118,8 +136,15 @@ class HttpFaultProxy:
     _runner: web.AppRunner | None = None
     _session: aiohttp.ClientSession | None = None
 
-    def inject(self, kind: str, *, method: str = "", path_prefix: str = "", status: int = 503,
-               times: int = 1) -> None:
+    def inject(
+        self,
+        kind: str,
+        *,
+        method: str = "",
+        path_prefix: str = "",
+        status: int = 503,
+        times: int = 1,
+    ) -> None:
         self.faults.extend([HttpFault(kind, status, method, path_prefix)] * times)
 
     def _take(self, method: str, path: str) -> HttpFault | None:
@@ -145,25 +170,33 @@ class HttpFaultProxy:
         self.seen.append((request.method, request.path))
         fault = self._take(request.method, request.path)
         if fault is not None and fault.kind == "status":
-            return web.Response(status=fault.status, text=f"injected {fault.status}",
-                                content_type="text/plain")
+            return web.Response(
+                status=fault.status, text=f"injected {fault.status}", content_type="text/plain"
+            )
         if fault is not None and fault.kind == "reset_before":
             assert request.transport is not None
             request.transport.abort()
             raise ConnectionResetError
         assert self._session is not None
         body = await request.read()
-        headers = {k: v for k, v in request.headers.items()
-                   if k.lower() not in ("content-length", "transfer-encoding", "connection")}
-        async with self._session.request(request.method, self.upstream + request.path_qs,
-                                         data=body, headers=headers) as resp:
+        headers = {
+            k: v
+            for k, v in request.headers.items()
+            if k.lower() not in ("content-length", "transfer-encoding", "connection")
+        }
+        async with self._session.request(
+            request.method, self.upstream + request.path_qs, data=body, headers=headers
+        ) as resp:
             payload = await resp.read()
             if fault is not None and fault.kind == "reset_after":
                 assert request.transport is not None
                 request.transport.abort()
                 raise ConnectionResetError
-            out_headers = {k: v for k, v in resp.headers.items()
-                           if k.lower() in ("content-type", "content-range", "accept-ranges")}
+            out_headers = {
+                k: v
+                for k, v in resp.headers.items()
+                if k.lower() in ("content-type", "content-range", "accept-ranges")
+            }
             return web.Response(status=resp.status, body=payload, headers=out_headers)
 
     async def stop(self) -> None:
@@ -182,12 +215,19 @@ class Stack:
 
     def kwargs(self, **overrides: Any) -> dict[str, Any]:
         """Provider kwargs pointing at the proxies, with fast timings for tests."""
-        conn = {"api": self.grpc_proxy.address, "router": self.http_proxy.url,
-                "tls": {"plaintext": True}, "request_timeout_s": 10}
+        conn = {
+            "api": self.grpc_proxy.address,
+            "router": self.http_proxy.url,
+            "tls": {"plaintext": True},
+            "request_timeout_s": 10,
+        }
         cfg: dict[str, Any] = {
             "connection": conn,
-            "create": {"template": TEMPLATE, "ready_timeout_s": 20,
-                       "retry": {"initial": 0.01, "maximum": 0.1, "deadline": 10}},
+            "create": {
+                "template": TEMPLATE,
+                "ready_timeout_s": 20,
+                "retry": {"initial": 0.01, "maximum": 0.1, "deadline": 10},
+            },
             "exec": {"poll_wait_s": 2, "timeout_margin_s": 2},
             "lifecycle": {"ledger": str(self.tmp / "ledger.jsonl"), "close_timeout_s": 20},
         }
@@ -202,11 +242,12 @@ class Stack:
         return SubstrateProvider(**self.kwargs(**overrides))
 
     async def actors(self, atespace: str = "gym") -> list[str]:
-        from gym_substrate._grpc import ControlPlane, create_channel
         from gym_substrate._config import ConnectionConfig
+        from gym_substrate._grpc import ControlPlane, create_channel
 
-        conn = ConnectionConfig(api=self.backend.api_address, router=self.backend.router_url,
-                                tls={"plaintext": True})  # type: ignore[arg-type]
+        conn = ConnectionConfig(
+            api=self.backend.api_address, router=self.backend.router_url, tls={"plaintext": True}
+        )  # type: ignore[arg-type]
         channel = create_channel(conn)
         try:
             return [a.actor_id for a in await ControlPlane(channel, conn).list_actors(atespace)]
@@ -215,8 +256,9 @@ class Stack:
 
 
 @contextlib.asynccontextmanager
-async def make_stack(tmp: Path, *, workers: int = 4, runtime: str = "process") -> AsyncIterator[
-        Stack]:
+async def make_stack(
+    tmp: Path, *, workers: int = 4, runtime: str = "process"
+) -> AsyncIterator[Stack]:
     from gym_substrate.local import LocalBackend
 
     async with LocalBackend(tmp / "state", runtime=runtime, workers=workers) as backend:

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gym_substrate import SubstrateActor, SubstrateCreateError, TransferError
-from gym_substrate import _shared
+from gym_substrate import SubstrateActor, SubstrateCreateError, TransferError, _shared
 from gym_substrate.types import SandboxSpec, SandboxStatus
 
 from .conftest import Stack, make_stack
@@ -20,10 +19,12 @@ from .conftest import Stack, make_stack
 async def test_lifecycle_every_method(stack: Stack, tmp_path: Path) -> None:
     provider = stack.provider()
     work = str(tmp_path / "work")
-    handle = await provider.create(SandboxSpec(workdir=work, env={"A": "1"},
-                                               files={f"{work}/f.txt": "hello\n"}))
+    handle = await provider.create(
+        SandboxSpec(workdir=work, env={"A": "1"}, files={f"{work}/f.txt": "hello\n"})
+    )
     assert handle.provider_name == "substrate"
-    assert isinstance(handle.raw, SubstrateActor) and handle.raw.status == "RUNNING"
+    assert isinstance(handle.raw, SubstrateActor)
+    assert handle.raw.status == "RUNNING"
 
     r = await provider.exec(handle, "cat f.txt; echo $A $B; pwd", env={"B": "2"})
     assert (r.return_code, r.stdout, r.error_type) == (0, f"hello\n1 2\n{work}\n", None)
@@ -48,8 +49,8 @@ async def test_lifecycle_every_method(stack: Stack, tmp_path: Path) -> None:
 
     assert await provider.status(handle) == SandboxStatus.RUNNING
     ep = await provider.endpoint(handle, 80)
-    assert ep.endpoint == stack.http_proxy.url + "/" and ep.headers["Host"].startswith(
-        handle.sandbox_id + ".gym.")
+    assert ep.endpoint == stack.http_proxy.url + "/"
+    assert ep.headers["Host"].startswith(handle.sandbox_id + ".gym.")
     with pytest.raises(ValueError, match="only to port 80"):
         await provider.endpoint(handle, 8080)
 
@@ -58,7 +59,8 @@ async def test_lifecycle_every_method(stack: Stack, tmp_path: Path) -> None:
     assert await provider.status(handle) == SandboxStatus.PAUSED
     assert handle.raw.status == "PAUSED"
     await provider.resume(handle)
-    assert handle.raw is not old_raw and handle.raw.status == "RUNNING"
+    assert handle.raw is not old_raw
+    assert handle.raw.status == "RUNNING"
     r = await provider.exec(handle, "cat f.txt")
     assert r.stdout == "hello\n"
 
@@ -141,8 +143,10 @@ async def test_failed_download_leaves_no_partial_target(stack: Stack, tmp_path: 
 async def test_idle_policy_lets_16_rollouts_share_4_workers(tmp_path: Path) -> None:
     async with make_stack(tmp_path, workers=4) as stack:
         provider = stack.provider(
-            create={"ready_timeout_s": 60, "retry": {"initial": 0.02, "maximum": 0.2,
-                                                     "deadline": 60}},
+            create={
+                "ready_timeout_s": 60,
+                "retry": {"initial": 0.02, "maximum": 0.2, "deadline": 60},
+            },
             lifecycle={"idle_policy": "suspend", "idle_after_s": 0.1},
         )
 
@@ -175,6 +179,7 @@ async def test_metrics_endpoint_serves_counters(stack: Stack) -> None:
     port = serve_metrics("127.0.0.1", 0)
     async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{port}/metrics") as resp:
         text = await resp.text()
-    assert "gym_substrate_execs_total" in text and "gym_substrate_exec_seconds_bucket" in text
+    assert "gym_substrate_execs_total" in text
+    assert "gym_substrate_exec_seconds_bucket" in text
     await p.close(h)
     await p.aclose()

@@ -18,13 +18,18 @@ from gym_substrate.types import SandboxSpec, SandboxStatus
 
 from .conftest import GrpcFault, HttpFault, Stack, count_runs, make_stack
 
-TRANSIENT = [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED,
-             grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED]
+TRANSIENT = [
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.ABORTED,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+]
 
 
 @pytest.mark.parametrize("code", TRANSIENT, ids=lambda c: c.name)
-async def test_create_retries_transient_codes_with_the_same_actor_id(stack: Stack,
-                                                                     code: grpc.StatusCode) -> None:
+async def test_create_retries_transient_codes_with_the_same_actor_id(
+    stack: Stack, code: grpc.StatusCode
+) -> None:
     g = stack.grpc_proxy
     g.inject("CreateAtespace", code)
     g.inject("CreateActor", code, after_forward=True)  # landed, but the reply was lost
@@ -41,8 +46,9 @@ async def test_create_retries_transient_codes_with_the_same_actor_id(stack: Stac
 
 
 async def test_no_free_workers_is_retried_until_ready(stack: Stack) -> None:
-    stack.grpc_proxy.inject("ResumeActor", grpc.StatusCode.FAILED_PRECONDITION,
-                            "no free workers available", times=5)
+    stack.grpc_proxy.inject(
+        "ResumeActor", grpc.StatusCode.FAILED_PRECONDITION, "no free workers available", times=5
+    )
     p = stack.provider()
     handle = await p.create(SandboxSpec())
     assert stack.grpc_proxy.calls["ResumeActor"] == 6
@@ -51,8 +57,9 @@ async def test_no_free_workers_is_retried_until_ready(stack: Stack) -> None:
 
 
 async def test_internal_on_resume_fails_create_and_cleans_up(stack: Stack) -> None:
-    stack.grpc_proxy.inject("ResumeActor", grpc.StatusCode.INTERNAL,
-                            "workflow failed at step CallAteletRestore")
+    stack.grpc_proxy.inject(
+        "ResumeActor", grpc.StatusCode.INTERNAL, "workflow failed at step CallAteletRestore"
+    )
     p = stack.provider()
     with pytest.raises(SubstrateCreateError, match="CallAteletRestore") as info:
         await p.create(SandboxSpec())
@@ -63,9 +70,14 @@ async def test_internal_on_resume_fails_create_and_cleans_up(stack: Stack) -> No
 
 
 async def test_resume_that_never_gets_a_worker_times_out_as_verification_error(
-        stack: Stack) -> None:
-    stack.grpc_proxy.inject("ResumeActor", grpc.StatusCode.FAILED_PRECONDITION,
-                            "no free workers available", times=10_000)
+    stack: Stack,
+) -> None:
+    stack.grpc_proxy.inject(
+        "ResumeActor",
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "no free workers available",
+        times=10_000,
+    )
     p = stack.provider(create={"ready_timeout_s": 0.5})
     with pytest.raises(SubstrateCreateVerificationError, match="did not become ready"):
         await p.create(SandboxSpec())
@@ -76,13 +88,17 @@ async def test_resume_that_never_gets_a_worker_times_out_as_verification_error(
 
 @pytest.mark.parametrize(
     ("kind", "method", "path"),
-    [("reset_after", "POST", "/v1/exec"), ("reset_before", "POST", "/v1/exec"),
-     ("reset_after", "GET", "/v1/exec/"), ("reset_before", "GET", "/v1/exec/")],
+    [
+        ("reset_after", "POST", "/v1/exec"),
+        ("reset_before", "POST", "/v1/exec"),
+        ("reset_after", "GET", "/v1/exec/"),
+        ("reset_before", "GET", "/v1/exec/"),
+    ],
     ids=["reset-after-submit", "reset-before-submit", "reset-after-poll", "reset-before-poll"],
 )
-async def test_connection_resets_never_run_a_command_twice(stack: Stack, tmp_path: Path,
-                                                           kind: str, method: str,
-                                                           path: str) -> None:
+async def test_connection_resets_never_run_a_command_twice(
+    stack: Stack, tmp_path: Path, kind: str, method: str, path: str
+) -> None:
     p = stack.provider(exec={"poll_wait_s": 0.2})
     handle = await p.create(SandboxSpec())
     marker = tmp_path / "runs"
@@ -95,13 +111,11 @@ async def test_connection_resets_never_run_a_command_twice(stack: Stack, tmp_pat
 
 
 @pytest.mark.parametrize("status", [502, 504])
-async def test_router_gateway_errors_are_retried(stack: Stack, tmp_path: Path,
-                                                 status: int) -> None:
+async def test_router_gateway_errors_are_retried(stack: Stack, tmp_path: Path, status: int) -> None:
     p = stack.provider()
     handle = await p.create(SandboxSpec())
     marker = tmp_path / "runs"
-    stack.http_proxy.inject("status", status=status, method="POST", path_prefix="/v1/exec",
-                            times=3)
+    stack.http_proxy.inject("status", status=status, method="POST", path_prefix="/v1/exec", times=3)
     r = await p.exec(handle, f"echo run >> {marker}; echo ok")
     assert (r.return_code, r.stdout) == (0, "ok\n")
     assert count_runs(marker) == 1
@@ -129,7 +143,8 @@ async def test_actor_deleted_behind_the_providers_back(stack: Stack) -> None:
     await other._teardown(handle.raw)  # someone else deletes it
     r = await p.exec(handle, "echo hi")
     assert (r.return_code, r.error_type) == (125, "sandbox")
-    assert r.stderr and "not found" in r.stderr.lower()
+    assert r.stderr
+    assert "not found" in r.stderr.lower()
     assert await p.status(handle) == SandboxStatus.STOPPED
     await p.close(handle)  # NOT_FOUND is success
     for prov in (p, other):
@@ -156,7 +171,8 @@ async def test_close_retries_transient_errors_and_waits_out_transitions(stack: S
 
 
 async def test_200_rollouts_with_random_faults_leak_nothing_and_never_double_run(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     rng = random.Random(7)
     retryable = [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED]
 
@@ -187,7 +203,7 @@ async def test_200_rollouts_with_random_faults_leak_nothing_and_never_double_run
                 return
             try:
                 r = await provider.exec(h, f"echo x >> {markers}/{i}; echo {i}")
-                assert r.return_code == 0 and r.stdout == f"{i}\n", r
+                assert (r.return_code, r.stdout) == (0, f"{i}\n"), r
             finally:
                 await provider.close(h)
 

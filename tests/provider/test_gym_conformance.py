@@ -30,12 +30,38 @@ def _install(target: Path) -> str | None:
     attempts: list[list[str]] = []
     uv = shutil.which("uv")
     if uv:
-        attempts.append([uv, "pip", "install", "--no-deps", "--only-binary", ":all:",
-                         "--python-version", "3.14", "--target", str(tmp), "nemo-gym==0.7.0"])
+        attempts.append(
+            [
+                uv,
+                "pip",
+                "install",
+                "--no-deps",
+                "--only-binary",
+                ":all:",
+                "--python-version",
+                "3.14",
+                "--target",
+                str(tmp),
+                "nemo-gym==0.7.0",
+            ]
+        )
     for py in (sys.executable, shutil.which("python3") or "python3"):
-        attempts.append([py, "-m", "pip", "install", "--no-deps", "--only-binary=:all:",
-                         "--ignore-requires-python", "--python-version", "3.14",
-                         "--target", str(tmp), "nemo-gym==0.7.0"])
+        attempts.append(
+            [
+                py,
+                "-m",
+                "pip",
+                "install",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--ignore-requires-python",
+                "--python-version",
+                "3.14",
+                "--target",
+                str(tmp),
+                "nemo-gym==0.7.0",
+            ]
+        )
     errors = []
     for cmd in attempts:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, check=False)
@@ -55,18 +81,35 @@ def nemo_gym_dir() -> Path:
     if problem is not None:
         pytest.fail(
             "could not install the nemo-gym 0.7.0 wheel (needs access to PyPI through uv or "
-            f"pip) into {TARGET}:\n{problem}", pytrace=False)
+            f"pip) into {TARGET}:\n{problem}",
+            pytrace=False,
+        )
     return TARGET
 
 
 def test_nemo_gym_facades_drive_our_provider(nemo_gym_dir: Path) -> None:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(nemo_gym_dir), *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([str(nemo_gym_dir), *filter(None, [env.get("PYTHONPATH")])])
     env["GYM_SUBSTRATE_GYM_CONFORMANCE"] = "1"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o",
-         "addopts=--strict-markers", str(ROOT / "tests" / "provider" / "gym_conformance")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=280, check=False)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "addopts=--strict-markers",
+            str(ROOT / "tests" / "provider" / "gym_conformance"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-    assert " passed" in proc.stdout and "skipped" not in proc.stdout, proc.stdout[-2000:]
+    assert " passed" in proc.stdout, proc.stdout[-2000:]
+    assert "skipped" not in proc.stdout, proc.stdout[-2000:]

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -17,8 +17,20 @@ from gym_substrate.types import SandboxSpec
 from .conftest import Stack
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = ["create", "exec", "exec nonzero", "exec timeout", "upload", "download", "status",
-         "endpoint :80", "serialize/connect", "pause", "resume", "close"]
+STEPS = [
+    "create",
+    "exec",
+    "exec nonzero",
+    "exec timeout",
+    "upload",
+    "download",
+    "status",
+    "endpoint :80",
+    "serialize/connect",
+    "pause",
+    "resume",
+    "close",
+]
 
 
 def _smoke(*args: str) -> tuple[int, list[dict[str, object]]]:
@@ -28,8 +40,7 @@ def _smoke(*args: str) -> tuple[int, list[dict[str, object]]]:
 
 
 def test_smoke_command_on_the_local_backend() -> None:
-    code, steps = _smoke("--config", str(ROOT / "configs" / "substrate.yaml"), "--local",
-                         "process")
+    code, steps = _smoke("--config", str(ROOT / "configs" / "substrate.yaml"), "--local", "process")
     assert [s["name"] for s in steps] == STEPS
     assert all(s["ok"] for s in steps), steps
     assert code == 0
@@ -39,7 +50,8 @@ def test_smoke_command_on_the_local_backend() -> None:
 def test_smoke_command_on_the_local_backend_with_gvisor() -> None:
     code, steps = _smoke("--local", "gvisor")
     assert all(s["ok"] for s in steps), steps
-    assert [s["name"] for s in steps] == STEPS and code == 0
+    assert [s["name"] for s in steps] == STEPS
+    assert code == 0
 
 
 def test_smoke_exits_nonzero_and_says_why(tmp_path: Path) -> None:
@@ -47,13 +59,16 @@ def test_smoke_exits_nonzero_and_says_why(tmp_path: Path) -> None:
     cfg.write_text(
         "sandbox:\n  substrate:\n    connection: {api: '127.0.0.1:9', router: 'http://127.0.0.1:9',"
         " tls: {plaintext: true}, request_timeout_s: 0.2}\n"
-        "    create: {retry: {deadline: 0.3}}\n    lifecycle: {ledger: null}\n")
+        "    create: {retry: {deadline: 0.3}}\n    lifecycle: {ledger: null}\n"
+    )
     code, steps = _smoke("--config", str(cfg))
     assert code == 1
-    assert steps[-1]["name"] == "create" and not steps[-1]["ok"]
+    assert steps[-1]["name"] == "create"
+    assert not steps[-1]["ok"]
     assert "CreateAtespace" in str(steps[-1]["detail"])
     bad = CliRunner().invoke(main, ["smoke", "--config", str(ROOT / "pyproject.toml")])
-    assert bad.exit_code == 2 and "not valid YAML" in bad.output
+    assert bad.exit_code == 2
+    assert "not valid YAML" in bad.output
 
 
 @pytest.mark.cluster
@@ -63,6 +78,14 @@ def test_smoke_against_the_live_stack() -> None:
     assert code == 0
 
 
+def _rewrite_pid(ledger: Path, actor_id: str, pid: int) -> None:
+    lines = [json.loads(x) for x in ledger.read_text().splitlines()]
+    for rec in lines:
+        if rec["actor_id"] == actor_id:
+            rec["pid"] = pid
+    ledger.write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+
 async def test_sweep_deletes_expired_and_orphaned_ledger_actors(stack: Stack) -> None:
     kwargs = stack.kwargs()
     p = stack.provider()
@@ -70,26 +93,24 @@ async def test_sweep_deletes_expired_and_orphaned_ledger_actors(stack: Stack) ->
     alive = await p.create(SandboxSpec(ttl_s=3600))
     orphan = await p.create(SandboxSpec())
     # Pretend `orphan` was made by a process that has since died.
-    ledger = Path(kwargs["lifecycle"]["ledger"])
-    lines = [json.loads(x) for x in ledger.read_text().splitlines()]
-    for rec in lines:
-        if rec["actor_id"] == orphan.sandbox_id:
-            rec["pid"] = 2**22 + 12345
-    ledger.write_text("".join(json.dumps(r) + "\n" for r in lines))
-    time.sleep(0.05)
+    _rewrite_pid(Path(kwargs["lifecycle"]["ledger"]), orphan.sandbox_id, 2**22 + 12345)
+    await asyncio.sleep(0.05)
 
     dry = await sweep_actors(kwargs, dry_run=True)
     assert {r.actor_id for r in dry} == {expired.sandbox_id, orphan.sandbox_id}
     assert len(await stack.actors()) == 3
 
     results = await sweep_actors(kwargs)
-    assert {(r.actor_id, r.deleted) for r in results} == {(expired.sandbox_id, True),
-                                                          (orphan.sandbox_id, True)}
+    assert {(r.actor_id, r.deleted) for r in results} == {
+        (expired.sandbox_id, True),
+        (orphan.sandbox_id, True),
+    }
     assert await stack.actors() == [alive.sandbox_id]
     assert await sweep_actors(kwargs) == []  # the ledger now records them as deleted
 
     everything = await sweep_actors(kwargs, everything=True)
     assert [(r.actor_id, r.reason, r.deleted) for r in everything] == [
-        (alive.sandbox_id, "--all", True)]
+        (alive.sandbox_id, "--all", True)
+    ]
     assert await stack.actors() == []
     await p.aclose()

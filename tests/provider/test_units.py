@@ -19,8 +19,9 @@ from gym_substrate import (
     RetryError,
     SubstrateProvider,
     TransientControlPlaneError,
+    _compat,
+    _retry,
 )
-from gym_substrate import _compat, _retry
 from gym_substrate._agent_client import AgentClient
 from gym_substrate._errors import (
     ActorMismatchError,
@@ -47,46 +48,77 @@ def _err(**kwargs: Any) -> str:
     ("kwargs", "message"),
     [
         ({}, "connection: required (api: host:port of ateapi, router: URL of the router)"),
-        ({"connection": {**CONN, "bogus": 1}},
-         "connection: unknown key(s) bogus; allowed keys: api, router, atespace, tls, token, "
-         "request_timeout_s"),
+        (
+            {"connection": {**CONN, "bogus": 1}},
+            "connection: unknown key(s) bogus; allowed keys: api, router, atespace, tls, token, "
+            "request_timeout_s",
+        ),
         ({"connection": {"router": "http://x"}}, "connection: missing required key(s): api"),
-        ({"connection": {**CONN, "api": "http://h:1"}},
-         "connection.api: expected host:port of ateapi (e.g. 127.0.0.1:7443), got 'http://h:1'"),
-        ({"connection": {**CONN, "router": "127.0.0.1:2"}},
-         "connection.router: expected an http(s) URL of the router, got '127.0.0.1:2'"),
-        ({"connection": {**CONN, "atespace": "Bad_Space"}},
-         "connection.atespace: an atespace must be a DNS-1123 label (a-z, 0-9, '-'), got "
-         "'Bad_Space'"),
-        ({"connection": {**CONN, "tls": {"plaintext": True, "ca_file": "/x"}}},
-         "connection.tls: plaintext: true cannot be combined with ca_file or ca_pem"),
-        ({"connection": {**CONN, "tls": {"plaintext": "maybe"}}},
-         "connection.tls.plaintext: expected true or false, got 'maybe'"),
-        ({"connection": {**CONN, "token": {"file": "/a", "env": "B"}}},
-         "connection.token: set exactly one of file, env or value"),
-        ({"connection": {**CONN, "request_timeout_s": 0}},
-         "connection.request_timeout_s: must be > 0, got 0"),
-        ({"connection": CONN, "create": {"template": "noslash"}},
-         "create.template: expected an ActorTemplate as 'namespace/name' (DNS labels), got "
-         "'noslash'"),
-        ({"connection": CONN, "create": {"image_templates": {"img": "x"}}},
-         "create.image_templates['img']: expected an ActorTemplate as 'namespace/name' (DNS "
-         "labels), got 'x'"),
-        ({"connection": CONN, "create": {"retry": {"initial": 2, "maximum": 1}}},
-         "create.retry.maximum: must be >= initial (2), got 1"),
+        (
+            {"connection": {**CONN, "api": "http://h:1"}},
+            "connection.api: expected host:port of ateapi (e.g. 127.0.0.1:7443), got 'http://h:1'",
+        ),
+        (
+            {"connection": {**CONN, "router": "127.0.0.1:2"}},
+            "connection.router: expected an http(s) URL of the router, got '127.0.0.1:2'",
+        ),
+        (
+            {"connection": {**CONN, "atespace": "Bad_Space"}},
+            "connection.atespace: an atespace must be a DNS-1123 label (a-z, 0-9, '-'), got "
+            "'Bad_Space'",
+        ),
+        (
+            {"connection": {**CONN, "tls": {"plaintext": True, "ca_file": "/x"}}},
+            "connection.tls: plaintext: true cannot be combined with ca_file or ca_pem",
+        ),
+        (
+            {"connection": {**CONN, "tls": {"plaintext": "maybe"}}},
+            "connection.tls.plaintext: expected true or false, got 'maybe'",
+        ),
+        (
+            {"connection": {**CONN, "token": {"file": "/a", "env": "B"}}},
+            "connection.token: set exactly one of file, env or value",
+        ),
+        (
+            {"connection": {**CONN, "request_timeout_s": 0}},
+            "connection.request_timeout_s: must be > 0, got 0",
+        ),
+        (
+            {"connection": CONN, "create": {"template": "noslash"}},
+            "create.template: expected an ActorTemplate as 'namespace/name' (DNS labels), got "
+            "'noslash'",
+        ),
+        (
+            {"connection": CONN, "create": {"image_templates": {"img": "x"}}},
+            "create.image_templates['img']: expected an ActorTemplate as 'namespace/name' (DNS "
+            "labels), got 'x'",
+        ),
+        (
+            {"connection": CONN, "create": {"retry": {"initial": 2, "maximum": 1}}},
+            "create.retry.maximum: must be >= initial (2), got 1",
+        ),
         ({"connection": CONN, "exec": {"poll_wait_s": 9}}, "exec.poll_wait_s: must be <= 8, got 9"),
-        ({"connection": CONN, "exec": {"shell": "sh"}},
-         "exec.shell: must be an absolute path, got 'sh'"),
-        ({"connection": CONN, "exec": {"concurrency": 1.5}},
-         "exec.concurrency: expected a whole number, got 1.5"),
-        ({"connection": CONN, "exec": {"default_timeout_s": True}},
-         "exec.default_timeout_s: expected a number, got bool True"),
-        ({"connection": CONN, "lifecycle": {"idle_policy": "sleep"}},
-         "lifecycle.idle_policy: must be one of never, pause, suspend; got 'sleep'"),
-        ({"connection": CONN, "lifecycle": "x"},
-         "lifecycle: expected a mapping, got str 'x'"),
-        ({"connection": CONN, "pause_mode": "stop"},
-         "pause_mode: must be one of pause, suspend; got 'stop'"),
+        (
+            {"connection": CONN, "exec": {"shell": "sh"}},
+            "exec.shell: must be an absolute path, got 'sh'",
+        ),
+        (
+            {"connection": CONN, "exec": {"concurrency": 1.5}},
+            "exec.concurrency: expected a whole number, got 1.5",
+        ),
+        (
+            {"connection": CONN, "exec": {"default_timeout_s": True}},
+            "exec.default_timeout_s: expected a number, got bool True",
+        ),
+        (
+            {"connection": CONN, "lifecycle": {"idle_policy": "sleep"}},
+            "lifecycle.idle_policy: must be one of never, pause, suspend; got 'sleep'",
+        ),
+        ({"connection": CONN, "lifecycle": "x"}, "lifecycle: expected a mapping, got str 'x'"),
+        (
+            {"connection": CONN, "pause_mode": "stop"},
+            "pause_mode: must be one of pause, suspend; got 'stop'",
+        ),
     ],
 )
 def test_config_errors_name_the_yaml_path(kwargs: dict[str, Any], message: str) -> None:
@@ -94,10 +126,12 @@ def test_config_errors_name_the_yaml_path(kwargs: dict[str, Any], message: str) 
 
 
 def test_config_accepts_strings_from_oc_env_and_does_no_io() -> None:
-    p = SubstrateProvider(connection={**CONN, "request_timeout_s": "2.5",
-                                      "tls": {"plaintext": "True"}},
-                          exec={"concurrency": "8"})
-    assert p.connection.request_timeout_s == 2.5 and p.exec_config.concurrency == 8
+    p = SubstrateProvider(
+        connection={**CONN, "request_timeout_s": "2.5", "tls": {"plaintext": "True"}},
+        exec={"concurrency": "8"},
+    )
+    assert p.connection.request_timeout_s == 2.5
+    assert p.exec_config.concurrency == 8
     assert p._res is None  # nothing opened until the first call
 
 
@@ -105,7 +139,8 @@ def test_token_file_is_reread_every_time(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text("one\n")
     p = SubstrateProvider(connection={**CONN, "token": {"file": str(token)}})
-    assert p.connection.token is not None and p.connection.token.read() == "one"
+    assert p.connection.token is not None
+    assert p.connection.token.read() == "one"
     token.write_text("two")
     assert p.connection.token.read() == "two"
 
@@ -115,11 +150,14 @@ def test_shipped_yaml_builds_a_provider(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("SUBSTRATE_PLAINTEXT", "true")
     kwargs = load_substrate_block(ROOT / "configs" / "substrate.yaml")
     p = SubstrateProvider(**kwargs)
-    assert p.connection.api == "10.0.0.1:443" and p.connection.tls.plaintext is True
-    assert p.connection.router == "http://127.0.0.1:8080" and p.connection.tls.ca_file is None
+    assert p.connection.api == "10.0.0.1:443"
+    assert p.connection.tls.plaintext is True
+    assert p.connection.router == "http://127.0.0.1:8080"
+    assert p.connection.tls.ca_file is None
     omegaconf = pytest.importorskip("omegaconf")
     resolved = omegaconf.OmegaConf.to_container(
-        omegaconf.OmegaConf.load(ROOT / "configs" / "substrate.yaml"), resolve=True)
+        omegaconf.OmegaConf.load(ROOT / "configs" / "substrate.yaml"), resolve=True
+    )
     assert SubstrateProvider(**resolved["sandbox"]["substrate"]).connection == p.connection
 
 
@@ -133,11 +171,15 @@ def test_yaml_every_key_has_a_comment() -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("other: {docker: {}}", "expected one top-level block (e.g. `sandbox:`) holding a "
-                                "`substrate:` key"),
+        (
+            "other: {docker: {}}",
+            "expected one top-level block (e.g. `sandbox:`) holding a `substrate:` key",
+        ),
         ("sandbox: {docker: {}, substrate: {}}", "sandbox: must hold exactly one provider key"),
-        ("sandbox: {substrate: {connection: {api: '${oc.env:NOPE_NOT_SET}'}}}",
-         "sandbox.substrate.connection.api: environment variable NOPE_NOT_SET is not set"),
+        (
+            "sandbox: {substrate: {connection: {api: '${oc.env:NOPE_NOT_SET}'}}}",
+            "sandbox.substrate.connection.api: environment variable NOPE_NOT_SET is not set",
+        ),
         ("sandbox: [1", "not valid YAML"),
     ],
 )
@@ -149,7 +191,8 @@ def test_yaml_loader_errors(tmp_path: Path, text: str, message: str) -> None:
 
 
 async def test_retry_backoff_is_jittered_capped_and_deadlined(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     sleeps: list[float] = []
     clock = [0.0]
 
@@ -170,16 +213,21 @@ async def test_retry_backoff_is_jittered_capped_and_deadlined(
         return "ok"
 
     policy = _retry.RetryPolicy(initial=1, maximum=3, multiplier=2, deadline=100)
-    assert await _retry.retry_target(flaky, lambda e: isinstance(e, TransientControlPlaneError),
-                                     policy, what="op") == "ok"
+    assert (
+        await _retry.retry_target(
+            flaky, lambda e: isinstance(e, TransientControlPlaneError), policy, what="op"
+        )
+        == "ok"
+    )
     assert sleeps == [1, 2, 3]
 
     async def always() -> None:
         raise TransientControlPlaneError("still down")
 
     sleeps.clear()
-    with pytest.raises(RetryError, match="op did not succeed within 5 s; last exception: still "
-                                         "down") as info:
+    with pytest.raises(
+        RetryError, match="op did not succeed within 5 s; last exception: still down"
+    ) as info:
         await _retry.retry_target(always, lambda e: True, policy.with_deadline(5), what="op")
     assert isinstance(info.value.__cause__, TransientControlPlaneError)
     assert sum(sleeps) == 5
@@ -214,12 +262,13 @@ class _Rpc(grpc.RpcError):
         (grpc.StatusCode.INTERNAL, "boom", ControlPlaneError),
     ],
 )
-def test_grpc_errors_translate_to_the_tree(code: grpc.StatusCode, details: str,
-                                           cls: type) -> None:
+def test_grpc_errors_translate_to_the_tree(code: grpc.StatusCode, details: str, cls: type) -> None:
     err = translate_grpc_error(_Rpc(code, details), "ResumeActor")
-    assert type(err) is cls and err.code == code
-    assert str(err) == (f"ResumeActor: {code.name}: {details}" if details
-                        else f"ResumeActor: {code.name}")
+    assert type(err) is cls
+    assert err.code == code
+    assert str(err) == (
+        f"ResumeActor: {code.name}: {details}" if details else f"ResumeActor: {code.name}"
+    )
 
 
 @pytest.mark.parametrize(
@@ -227,10 +276,18 @@ def test_grpc_errors_translate_to_the_tree(code: grpc.StatusCode, details: str,
     [
         (503, "text/plain", b'actor "a" unavailable: no free workers', ActorUnavailableError),
         (404, "text/plain", b'actor "a" not found', RouterError),
-        (409, "application/json", b'{"error": {"code": "actor_mismatch", "message": "m"}}',
-         ActorMismatchError),
-        (404, "application/json", b'{"error": {"code": "not_found", "message": "m"}}',
-         AgentResponseError),
+        (
+            409,
+            "application/json",
+            b'{"error": {"code": "actor_mismatch", "message": "m"}}',
+            ActorMismatchError,
+        ),
+        (
+            404,
+            "application/json",
+            b'{"error": {"code": "not_found", "message": "m"}}',
+            AgentResponseError,
+        ),
         (502, "application/json", b"{not json", RouterError),
     ],
 )
@@ -243,18 +300,25 @@ def test_http_responses_are_classified(status: int, ctype: str, body: bytes, cls
     ("job", "expected"),
     [
         ({"state": "exited", "exit_code": 0, "stdout": "o", "stderr": ""}, (0, "o", "", None)),
-        ({"state": "exited", "exit_code": None, "signal": 9, "stdout": "", "stderr": ""},
-         (137, "", "", None)),
-        ({"state": "timeout", "exit_code": None, "stdout": "p", "stderr": "e"},
-         (125, "p", "e", "timeout")),
-        ({"state": "failed", "stdout": "", "stderr": "", "error": "cwd missing"},
-         (125, "", "cwd missing", "sandbox")),
-        ({"state": "killed", "stdout": "", "stderr": ""},
-         (125, "", "job ended in state 'killed'", "sandbox")),
+        (
+            {"state": "exited", "exit_code": None, "signal": 9, "stdout": "", "stderr": ""},
+            (137, "", "", None),
+        ),
+        (
+            {"state": "timeout", "exit_code": None, "stdout": "p", "stderr": "e"},
+            (125, "p", "e", "timeout"),
+        ),
+        (
+            {"state": "failed", "stdout": "", "stderr": "", "error": "cwd missing"},
+            (125, "", "cwd missing", "sandbox"),
+        ),
+        (
+            {"state": "killed", "stdout": "", "stderr": ""},
+            (125, "", "job ended in state 'killed'", "sandbox"),
+        ),
     ],
 )
-def test_job_states_map_to_gym_results(job: dict[str, Any],
-                                       expected: tuple[Any, ...]) -> None:
+def test_job_states_map_to_gym_results(job: dict[str, Any], expected: tuple[Any, ...]) -> None:
     r = _job_result(job)
     assert (r.return_code, r.stdout, r.stderr, r.error_type) == expected
 

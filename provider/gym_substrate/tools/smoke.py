@@ -14,6 +14,7 @@ import json
 import os
 import tempfile
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +66,7 @@ async def run_smoke(
             raise _SmokeFailure(name) from exc
         steps.append(SmokeStep(name, time.perf_counter() - started, True, detail))
 
+    work = f"/tmp/gym-substrate-smoke-{uuid.uuid4().hex[:12]}"
     paused = SandboxStatus.PAUSED if HAS_PAUSED_STATUS else SandboxStatus.RUNNING
     with tempfile.TemporaryDirectory(prefix="gym-substrate-smoke-") as tmp:
         src, dst = Path(tmp) / "up.bin", Path(tmp) / "down.bin"
@@ -76,17 +78,17 @@ async def run_smoke(
             options = {"template": template} if template else {}
             handle = await provider.create(
                 SandboxSpec(
-                    workdir="/tmp/smoke",
+                    workdir=work,
                     env={"SMOKE": "1"},
-                    files={"/tmp/smoke/hello.txt": "hi\n"},
+                    files={f"{work}/hello.txt": "hi\n"},
                     provider_options=options,
                 )
             )
-            return handle.sandbox_id
+            return str(handle.sandbox_id)
 
         async def exec_ok() -> str:
             r = await provider.exec(handle, "cat hello.txt; echo $SMOKE; pwd")
-            _check(r.return_code == 0 and r.stdout == "hi\n1\n/tmp/smoke\n", f"got {r}")
+            _check(r.return_code == 0 and r.stdout == f"hi\n1\n{work}\n", f"got {r}")
             return "exit 0, workdir, env and spec.files seen"
 
         async def exec_fail() -> str:
@@ -103,11 +105,11 @@ async def run_smoke(
             return "125 / timeout"
 
         async def upload() -> str:
-            await provider.upload_file(handle, src, "/tmp/smoke/data.bin")
+            await provider.upload_file(handle, src, f"{work}/data.bin")
             return f"{transfer_bytes} bytes"
 
         async def download() -> str:
-            await provider.download_file(handle, "/tmp/smoke/data.bin", dst)
+            await provider.download_file(handle, f"{work}/data.bin", dst)
             _check(
                 hashlib.sha256(dst.read_bytes()).digest() == hashlib.sha256(payload).digest(),
                 "downloaded bytes differ",
@@ -158,6 +160,7 @@ async def run_smoke(
             return "files survive"
 
         async def close() -> str:
+            await provider.exec(handle, f"rm -rf {work}", cwd="/")
             await provider.close(handle)
             await provider.close(handle)
             s = await provider.status(handle)
@@ -181,7 +184,7 @@ async def run_smoke(
             ]:
                 await step(name, fn)
         except _SmokeFailure:
-            if handle is not None and not steps[-1].name == "close":
+            if handle is not None and steps[-1].name != "close":
                 with contextlib.suppress(Exception):
                     await provider.close(handle)
         finally:
@@ -198,7 +201,7 @@ async def local_provider_kwargs(
     from gym_substrate.local.templates import DEFAULT_TEMPLATE_NAME, DEFAULT_TEMPLATE_NAMESPACE
 
     with tempfile.TemporaryDirectory(prefix="gym-substrate-local-") as state:
-        async with LocalBackend(state, runtime=runtime, workers=workers) as backend:
+        async with LocalBackend(Path(state), runtime=runtime, workers=workers) as backend:
             kwargs = dict(base)
             kwargs["connection"] = {
                 **dict(base.get("connection") or {}),

@@ -43,8 +43,8 @@ async def sweep_actors(
         targets: list[tuple[str, str, str]] = []
         atespace = provider.connection.atespace
         if everything:
-            for actor in await provider.control.list_actors(atespace):
-                targets.append((actor.actor_id, actor.atespace or atespace, "--all"))
+            for found in await provider.control.list_actors(atespace):
+                targets.append((found.actor_id, found.atespace or atespace, "--all"))
         elif provider.lifecycle.ledger is not None:
             now = time.time()
             for entry in Ledger(provider.lifecycle.ledger).entries().values():

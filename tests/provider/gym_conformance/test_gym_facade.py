@@ -22,16 +22,26 @@ from gym_substrate.types import NEMO_GYM_TYPES
 
 from ..conftest import Stack
 
-PROTOCOLS = [base.SandboxProvider, base.SupportsSandboxPauseResume, base.ConnectableProvider,
-             base.SupportsSandboxEndpoint]
+PROTOCOLS = [
+    base.SandboxProvider,
+    base.SupportsSandboxPauseResume,
+    base.ConnectableProvider,
+    base.SupportsSandboxEndpoint,
+]
 
 
 def test_types_are_gyms_own() -> None:
     import gym_substrate.types as t
 
     assert NEMO_GYM_TYPES
-    for name in ("SandboxSpec", "SandboxHandle", "SandboxExecResult", "SandboxStatus",
-                 "SandboxEndpoint", "SandboxCreateError"):
+    for name in (
+        "SandboxSpec",
+        "SandboxHandle",
+        "SandboxExecResult",
+        "SandboxStatus",
+        "SandboxEndpoint",
+        "SandboxCreateError",
+    ):
         assert getattr(t, name) is getattr(base, name), name
 
 
@@ -50,9 +60,11 @@ def test_methods_match_protocol_signatures(protocol: type) -> None:
         assert inspect.iscoroutinefunction(ours), name
         theirs_sig, ours_sig = inspect.signature(member), inspect.signature(ours)
         assert [(p.name, p.kind, p.default) for p in ours_sig.parameters.values()] == [
-            (p.name, p.kind, p.default) for p in theirs_sig.parameters.values()], name
-        args = [object()] * sum(p.kind == p.POSITIONAL_OR_KEYWORD
-                                for p in theirs_sig.parameters.values())
+            (p.name, p.kind, p.default) for p in theirs_sig.parameters.values()
+        ], name
+        args = [object()] * sum(
+            p.kind == p.POSITIONAL_OR_KEYWORD for p in theirs_sig.parameters.values()
+        )
         ours_sig.bind(*args)
     assert SubstrateProvider.name == "substrate"
 
@@ -68,8 +80,9 @@ def test_capability_protocols_by_isinstance(stack: Stack) -> None:
 async def test_async_facade_end_to_end(stack: Stack, tmp_path: Path) -> None:
     work = str(tmp_path / "w")
     box = AsyncSandbox({"substrate": stack.kwargs()})
-    await box.start(base.SandboxSpec(workdir=work, files={f"{work}/a.txt": "gym\n"},
-                                     env={"K": "v"}, ports=[80]))
+    await box.start(
+        base.SandboxSpec(workdir=work, files={f"{work}/a.txt": "gym\n"}, env={"K": "v"}, ports=[80])
+    )
     r = await box.exec("cat a.txt; echo $K; exit 4")
     assert isinstance(r, base.SandboxExecResult)
     assert (r.return_code, r.stdout, r.error_type) == (4, "gym\nv\n", None)
@@ -81,7 +94,8 @@ async def test_async_facade_end_to_end(stack: Stack, tmp_path: Path) -> None:
     await box.download(f"{work}/b.txt", tmp_path / "down.txt")
     assert (tmp_path / "down.txt").read_text() == "payload"
     ep = await box.endpoint(80)
-    assert isinstance(ep, base.SandboxEndpoint) and "Host" in ep.headers
+    assert isinstance(ep, base.SandboxEndpoint)
+    assert "Host" in ep.headers
     await box.pause()
     assert await box.status() == base.SandboxStatus.PAUSED
     await box.resume()
