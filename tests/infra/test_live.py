@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from infra_harness import REPO, SSH_KEY, STACKS
 
 
