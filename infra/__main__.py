@@ -130,6 +130,8 @@ provider_config = pulumi.Output.all(install.ca_pem, templates.names).apply(
     )
 )
 pulumi.export("providerConfig", provider_config)
+if install.client_token is not None:
+    pulumi.export("clientToken", install.client_token)
 if cfg.host is not None:
     ports = [cfg.access.api_node_port, cfg.access.router_node_port]
     if cfg.observability.enabled:

@@ -183,11 +183,25 @@ class SubstrateInstall(pulumi.ComponentResource):
         self.ateom_image = self.build.stdout.apply(str.strip)
         self.ca_pem = ca.stdout
         self.token_file = None
+        self.client_token: pulumi.Output[str] | None = None
         if s.auth_mode == "jwt":
             token = run.run(
-                "client-token", scripts.token_script(cfg), parent=self, depends_on=[self.install]
+                "client-token",
+                scripts.token_script(cfg),
+                parent=self,
+                depends_on=[self.install],
             )
             self.token_file = token.stdout.apply(str.strip)
+            if run.remote:
+                value = run.run(
+                    "client-token-value",
+                    scripts.token_value_script(cfg),
+                    parent=self,
+                    depends_on=[token],
+                    triggers=[token.id],
+                    secret_stdout=True,
+                )
+                self.client_token = pulumi.Output.secret(value.stdout.apply(str.strip))
         self.register_outputs({"ateomImage": self.ateom_image, "caPem": self.ca_pem})
 
 
@@ -304,13 +318,17 @@ class AgentImage(pulumi.ComponentResource):
         src = str(args.repo_root)
         if args.runner.connection is not None:
             src = f"/var/tmp/gym-substrate-{cfg.cluster.name}/src"
+            target = args.runner.run(
+                "agent-source-dir", f"mkdir -p {src}", parent=self, depends_on=[args.cluster]
+            )
             copy = remote.CopyToRemote(
                 "agent-source",
                 connection=args.runner.connection,
                 source=pulumi.FileArchive(str(args.repo_root / "agent")),
-                remote_path=f"{src}/agent",
+                # An existing directory: the local `agent/` lands inside it as `<src>/agent`.
+                remote_path=src,
                 triggers=[source_hash],
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[args.cluster]),
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[target]),
             )
             depends.append(copy)
         build = args.runner.run(

@@ -225,14 +225,20 @@ def test_outputs_and_provider_config(stack: str) -> None:
     assert exported["api"] == "127.0.0.1:30443"
     assert exported["router"] == "http://127.0.0.1:30080"
     if stack.startswith("host"):
-        assert run.by_name("agent-source").inputs["remotePath"].endswith("/src/agent")
+        copy = run.by_name("agent-source")
+        assert copy.inputs["remotePath"] == "/var/tmp/gym-substrate-substrate-gvisor/src".replace(
+            "gvisor", stack.split("-")[1]
+        )
+        _depends(run, "agent-source", "agent-source-dir")
+        _depends(run, "agent-image", "agent-source")
 
 
 def test_microvm_sandbox_config_uses_staged_asset_checksums() -> None:
     run = _run("kind-microvm")
     spec = run.by_name("sandbox-config").inputs["spec"]
     assert spec["sandboxClass"] == "microvm"
-    assert spec["assets"]["amd64"]["virtiofsd"]["sha256"] == "e" * 64
+    assert list(spec["assets"]) == ["arm64"]  # only the arch the assets were built for
+    assert spec["assets"]["arm64"]["virtiofsd"]["sha256"] == "e" * 64
     _depends(run, "sandbox-config", "microvm-assets")
 
 
@@ -252,3 +258,13 @@ def test_image_volume_mode_pins_the_workload_only() -> None:
     assert "docker pull" in create
     spec = run.by_name("template-python").inputs["spec"]
     assert spec["volumes"][0]["image"]["reference"] == AGENT
+
+
+def test_host_jwt_exports_the_client_token_as_a_secret() -> None:
+    run = run_stack("host-gvisor", {"gym-substrate:substrate": {"authMode": "jwt"}})
+    _depends(run, "client-token", "install")
+    assert "stdout" in run.by_name("client-token-value").secret_outputs
+    token = run.globals["install"].client_token
+    assert token is not None
+    doc = yaml.safe_load(run.outputs["providerConfig"])["sandbox"]["substrate"]
+    assert doc["connection"]["token"] == {"env": "SUBSTRATE_TOKEN"}

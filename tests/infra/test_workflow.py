@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import yaml
-
 from infra_harness import REPO
 
 

@@ -155,6 +155,9 @@ def sandbox_config(
         }
     sums = dict(asset_sha256 or {})
     sums.setdefault("virtiofsd", virtiofsd_sha256)
+    # The assets are assembled for the node's architecture only; list just that one, since the
+    # admission policy demands every asset for every listed arch.
+    arches = [sums.pop("arch")] if "arch" in sums else ["amd64", "arm64"]
     assets = {
         name: {
             "url": f"gs://{cfg.substrate.bucket}/kata-assets/{fname}",
@@ -169,7 +172,7 @@ def sandbox_config(
         "spec": {
             "sandboxClass": "microvm",
             "default": True,
-            "assets": {"amd64": assets, "arm64": copy.deepcopy(assets)},
+            "assets": {arch: copy.deepcopy(assets) for arch in arches},
         },
     }
 
@@ -517,6 +520,7 @@ def provider_config(
     ca_pem: str,
     templates: Mapping[str, str],
     token_file: str | None,
+    token_env: str = "SUBSTRATE_TOKEN",
 ) -> Obj:
     """The NeMo Gym `sandbox:` block for the `substrate` provider (issue 4 §2 keys).
 
@@ -529,8 +533,10 @@ def provider_config(
         "atespace": cfg.access.atespace,
         "tls": {"ca_pem": ca_pem, "server_name": API_SERVER_NAME},
     }
-    if cfg.substrate.auth_mode == "jwt" and token_file:
-        connection["token"] = {"file": token_file}
+    if cfg.substrate.auth_mode == "jwt":
+        # kind: a file on this machine, refreshed by `pulumi up`; host: the `clientToken`
+        # stack output, exported into the environment by the operator.
+        connection["token"] = {"file": token_file} if token_file else {"env": token_env}
     first = cfg.workloads[0].image
     return {
         "sandbox": {

@@ -40,6 +40,7 @@ __all__ = [
     "template_wait_script",
     "pinned_workload_script",
     "token_script",
+    "token_value_script",
     "tree_hash",
 ]
 
@@ -386,6 +387,11 @@ def token_script(cfg: StackConfig, duration_h: int = 24) -> str:
     )
 
 
+def token_value_script(cfg: StackConfig) -> str:
+    """Host stacks: print the client token so the operator's machine can use it (secret)."""
+    return _PREAMBLE + f'cat "{Paths(cfg).token_file}"\n'
+
+
 def substrate_delete_script(cfg: StackConfig) -> str:
     """Reverse of the install (reference §3.13): overlay, CRDs and the Valkey PVCs the overlay
     does not own. Best effort: a missing cluster is not an error."""
@@ -444,8 +450,8 @@ def microvm_assets_script(cfg: StackConfig) -> str:
         f'"s3://{b}/kata-assets/$f"\n'
         "done\n"
         "sum() { sha256sum \"$ASSETS/$1\" | cut -d' ' -f1; }\n"
-        'printf \'{"cloud-hypervisor":"%s","virtiofsd":"%s","kata-kernel":"%s",'
-        '"kata-image":"%s","kata-config":"%s"}\\n\' "$(sum cloud-hypervisor)" '
+        'printf \'{"arch":"%s","cloud-hypervisor":"%s","virtiofsd":"%s","kata-kernel":"%s",'
+        '"kata-image":"%s","kata-config":"%s"}\\n\' "$ARCH" "$(sum cloud-hypervisor)" '
         '"$(sum virtiofsd)" "$(sum vmlinux)" "$(sum rootfs.img)" '
         '"$(sum configuration-clh.toml)" >&3\n'
     )
@@ -656,6 +662,7 @@ def host_wipe_script(cfg: StackConfig) -> str:
         "  docker network rm kind 2>/dev/null\n"
         "  docker builder prune -af\n"
         "fi\n"
+        f"rm -rf /var/tmp/gym-substrate-{cfg.cluster.name}\n"
         'rm -rf "$WORKDIR/substrate" "$WORKDIR/rendered" "$WORKDIR/src" "$KUBECONFIG" '
         f'"{p.token_file}"\n'
         "exit 0\n"
