@@ -35,13 +35,6 @@ def runtime_name() -> str:
     return "gvisor"
 
 
-@pytest.fixture
-def backend_options() -> dict[str, Any]:
-    # One worker: every resume lands in the same netns/IP, which makes the known failure below
-    # deterministic instead of depending on the slot the control plane picks.
-    return {"workers": 1, "router_timeout_s": 10.0}
-
-
 async def _agent(
     http: aiohttp.ClientSession,
     backend: LocalBackend,
@@ -63,12 +56,6 @@ async def _count(http: aiohttp.ClientSession, backend: LocalBackend, name: str) 
     return int(data)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: the aiohttp sandbox agent, restored from a checkpoint taken while the "
-    "router held a keep-alive connection to it, stops answering when restored at the same "
-    "address (see docs/gvisor.md, Known issues); remove this marker once fixed",
-)
 async def test_actor_keeps_memory_and_files_through_the_backend(
     backend: LocalBackend, stub: Any, http: aiohttp.ClientSession
 ) -> None:

@@ -171,3 +171,31 @@ async def test_restarted_runtime_adopts_running_sandboxes(
     assert await again.adopt(actor, Slot(0), started.handle, started.address) is None
     assert await again.sweep(keep=[]) == [f"sandbox {started.handle} (running)"]
     assert not await again.is_alive(started.handle)
+
+
+async def test_connection_open_at_checkpoint_does_not_wedge_the_restored_agent(
+    runtime: Any, tmp_path: Path
+) -> None:
+    """An asyncio agent restored with a keep-alive connection in its image spins forever.
+
+    The runtime resets host connections into the sandbox before checkpointing; without that,
+    the second readyz below never answers (found with a router keep-alive pool).
+    """
+    import http.client
+    import sys
+
+    template = counter_template(tmp_path / "snaps", marker=False)
+    template = type(template)(
+        **{**template.__dict__, "command": (sys.executable, "-m", "sandbox_agent", "--port", "80")}
+    )
+    actor = ActorSpec("default", "keepalive", template)
+    started = await runtime.start(actor, Slot(0), None, timeout_s=30)
+    conn = http.client.HTTPConnection(started.address.split(":")[0], 80, timeout=5)
+    await asyncio.to_thread(conn.request, "GET", "/readyz")
+    response = await asyncio.to_thread(conn.getresponse)
+    assert response.status == 200
+    response.read()  # the connection stays open (keep-alive)
+    snap = await runtime.checkpoint(actor, started.handle, SnapshotKind.LOCAL, tmp_path / "ka")
+    conn.close()
+    again = await runtime.start(actor, Slot(0), snap.snapshot, timeout_s=20)
+    assert (await aget(again.address, "/readyz"))["actor_id"] == "keepalive"

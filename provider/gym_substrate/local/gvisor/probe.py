@@ -21,7 +21,7 @@ from gym_substrate.local.gvisor.host import find_cgroups, remove_cgroups
 __all__ = ["PROBE_DIR", "gvisor_problem"]
 
 PROBE_DIR = Path("/run/gym-substrate")
-_TOOLS = ("ip", "unshare", "mount", "sh")
+_TOOLS = ("ip", "ss", "unshare", "mount", "sh")
 
 
 def _probe_sandbox() -> str | None:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gym_substrate.local.gvisor import host, net
+from gym_substrate.local.gvisor._proc import run_command
 from gym_substrate.local.gvisor.bundle import masks_for, write_actor_id, write_bundle
 from gym_substrate.local.gvisor.runsc import Runsc, RunscError
 from gym_substrate.local.runtime import (
@@ -345,6 +346,7 @@ class GvisorRuntime:
                 f"sandbox {handle} of {actor.key} is not running", sandbox_lost=True
             )
         await asyncio.to_thread(dest.mkdir, parents=True, exist_ok=True)
+        await self._abort_host_connections(sandbox.slot)
         try:
             await self.runsc.checkpoint(
                 handle, dest, compression=self.compression, timeout_s=_CHECKPOINT_TIMEOUT_S
@@ -365,6 +367,27 @@ class GvisorRuntime:
         task.add_done_callback(self._drains.discard)
         files = await asyncio.to_thread(_image_files, dest)
         return CheckpointResult(snapshot=SnapshotRef(kind, dest), files=files, memory_kept=True)
+
+    async def _abort_host_connections(self, slot: int) -> None:
+        """Reset every host TCP connection into the sandbox before checkpointing it.
+
+        A connection still established at checkpoint time (a proxy's keep-alive pool, a
+        client mid-request) is saved as "disconnected" thanks to --net-disconnect-ok, but an
+        epoll-based agent (asyncio, aiohttp) restored from such an image spins at 100% CPU and
+        never answers again. ``ss -K`` aborts the host side, which sends the sandbox an RST,
+        so the image holds no connected endpoint. Clients see ECONNABORTED / a reset, as they
+        would with Substrate's own checkpoint.
+        """
+        net_ = self._nets.get(slot)
+        if net_ is None:
+            return
+        result = await run_command(
+            ["ss", "-K", "-t", "dst", net_.sandbox_ip], timeout_s=10, check=False
+        )
+        killed = [line for line in result.stdout.splitlines()[1:] if line.strip()]
+        if killed:
+            log.debug("reset %d host connection(s) into slot %d", len(killed), slot)
+            await asyncio.sleep(0.01)  # let the sandbox's netstack take the RSTs in
 
     async def _drain(self, cid: str, pid: int) -> None:
         """After a checkpoint: wait for the sandbox process to exit, then delete it."""
