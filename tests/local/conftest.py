@@ -1,7 +1,8 @@
 """Fixtures for the local backend's tests.
 
-`runtime_name` is the seam for running the runtime-agnostic tests against other runtimes: it is
-"process" here (fast, no root); a gVisor run parametrizes it with "gvisor" and the `runsc` marker.
+`runtime_name` is "process" (fast, no root) unless a test parametrizes it with
+`local_helpers.RUNTIMES`, which adds "gvisor" under the `runsc` marker: the lifecycle, router and
+crash tests run against both runtimes, validation-only tests against the process runtime.
 Every backend fixture ends with a leak check, so a test that leaves a sandbox behind fails.
 """
 
@@ -22,7 +23,9 @@ from gym_substrate.local.backend import state_leftovers
 
 @pytest.fixture
 def runtime_name() -> str:
-    return "process"
+    import os
+
+    return os.environ.get("LB_RT", "process")
 
 
 @pytest.fixture

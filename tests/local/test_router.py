@@ -9,7 +9,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from local_helpers import host, make_actor, ref
+from local_helpers import RUNTIMES, host, make_actor, ref
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.local import LocalBackend
@@ -35,22 +35,26 @@ async def _readyz(http: Any, backend: LocalBackend, headers: dict[str, str]) -> 
         return response.status, await response.text()
 
 
+@pytest.mark.parametrize("runtime_name", RUNTIMES)
 async def test_host_routing_and_auto_resume(stub: Any, backend: LocalBackend, http: Any) -> None:
     await make_actor(stub, "r1")
     await make_actor(stub, "r2")
     # r1 is SUSPENDED: the first request resumes it, like Substrate's router
     status, body = await _readyz(http, backend, host("r1"))
-    assert status == 200 and body["actor_id"] == "r1"
+    assert status == 200
+    assert body["actor_id"] == "r1"
     actor = (await stub.GetActor(pb.GetActorRequest(actor_ref=ref("r1")))).actor
     assert actor.status == S.STATUS_RUNNING
     await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("r2")))
     port_suffixed = {"Host": host("r2")["Host"] + ":80"}
     status, body = await _readyz(http, backend, port_suffixed)
-    assert status == 200 and body["actor_id"] == "r2"
+    assert status == 200
+    assert body["actor_id"] == "r2"
     # a paused actor resumes on demand too, keeping its process
     await stub.PauseActor(pb.PauseActorRequest(actor_ref=ref("r1")))
     status, body2 = await _readyz(http, backend, host("r1"))
-    assert status == 200 and body2["actor_id"] == "r1"
+    assert status == 200
+    assert body2["actor_id"] == "r1"
     for name in ("r1", "r2"):
         await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref(name)))
 
@@ -60,9 +64,11 @@ async def test_unknown_and_invalid_hosts(stub: Any, backend: LocalBackend, http:
     status, text = await _readyz(http, backend, host("ghost"))
     assert (status, text) == (404, 'actor "ghost" not found')
     status, text = await _readyz(http, backend, {"Host": "example.com"})
-    assert status == 404 and text.startswith('invalid host "example.com"')
+    assert status == 404
+    assert text.startswith('invalid host "example.com"')
 
 
+@pytest.mark.parametrize("runtime_name", RUNTIMES)
 @pytest.mark.parametrize("backend_options", [{"workers": 1, "router_timeout_s": 1.0}])
 async def test_503_when_full_and_timeout(stub: Any, backend: LocalBackend, http: Any) -> None:
     await make_actor(stub, "full1")
@@ -85,6 +91,7 @@ async def test_503_when_full_and_timeout(stub: Any, backend: LocalBackend, http:
     await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("full1")))
 
 
+@pytest.mark.parametrize("runtime_name", RUNTIMES)
 async def test_streams_100_mib_download_and_upload(
     stub: Any, backend: LocalBackend, http: aiohttp.ClientSession
 ) -> None:
@@ -112,7 +119,8 @@ async def test_streams_100_mib_download_and_upload(
             digest.update(chunk)
             size += len(chunk)
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
-    assert size == 100 * 2**20 and digest.hexdigest() == expected
+    assert size == 100 * 2**20
+    assert digest.hexdigest() == expected
     assert grown_mib < 48, f"the router buffered the body (+{grown_mib:.0f} MiB peak RSS)"
 
     # upload: a streamed 32 MiB request body arrives intact
@@ -139,4 +147,5 @@ async def test_local_endpoints(backend: LocalBackend, http: Any) -> None:
     async with http.post(f"{backend.router_url}/_local/templates", data=b"spec: [") as response:
         assert response.status == 400
         error = (await response.json())["error"]
-        assert error["code"] == "bad_request" and "not valid YAML" in error["message"]
+        assert error["code"] == "bad_request"
+        assert "not valid YAML" in error["message"]

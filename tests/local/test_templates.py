@@ -44,11 +44,13 @@ def test_valid_template(tmp_path: Path) -> None:
     spec = parse_template(good(tmp_path / "snaps"))
     assert spec.key == "local/mine"
     assert spec.env == (("MODE", "test"),)
-    assert spec.readyz_port == 80 and spec.rootfs.kind == "host"
+    assert spec.readyz_port == 80
+    assert spec.rootfs.kind == "host"
     rootfs = tmp_path / "rootfs"
     rootfs.mkdir()
     spec = parse_template(good(tmp_path / "snaps", rootfs={"directory": str(rootfs)}))
-    assert spec.rootfs.kind == "directory" and spec.rootfs.path == rootfs
+    assert spec.rootfs.kind == "directory"
+    assert spec.rootfs.path == rootfs
     url = parse_template(good(tmp_path / "snaps", snapshotsConfig={"location": "file:///var/x"}))
     assert url.snapshot_location == Path("/var/x")
 
@@ -144,7 +146,8 @@ def test_cli_add_rejects_bad_file_and_creates_nothing(tmp_path: Path) -> None:
     result = CliRunner().invoke(local, ["templates", "add", str(path), "--state-dir", str(state)])
     assert result.exit_code != 0
     assert "spec.rootfs.directory: folder" in result.output
-    assert not location.exists() and not (state / "state.db").exists()
+    assert not location.exists()
+    assert not (state / "state.db").exists()
 
 
 def test_cli_add_offline_then_up_registers_it(tmp_path: Path) -> None:
@@ -182,7 +185,8 @@ async def test_add_through_running_backend(
     async with http.post(f"{backend.router_url}/_local/templates", data=body.encode()) as response:
         assert response.status == 200, await response.text()
         result = await response.json()
-    assert result["template"] == "local/mine" and result["changed"] is True
+    assert result["template"] == "local/mine"
+    assert result["changed"] is True
     assert (tmp_path / "snaps").is_dir()
     async with http.post(f"{backend.router_url}/_local/templates", data=body.encode()) as response:
         assert (await response.json())["changed"] is False

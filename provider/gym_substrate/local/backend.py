@@ -43,6 +43,7 @@ __all__ = [
     "cleanup_state_dir",
     "default_state_dir",
     "read_backend_info",
+    "runtime_for_state",
     "state_leftovers",
 ]
 
@@ -81,7 +82,7 @@ def read_backend_info(state_dir: Path) -> dict[str, Any] | None:
     return info
 
 
-def _runtime_for_state(state_dir: Path) -> Runtime | None:
+def runtime_for_state(state_dir: Path) -> Runtime | None:
     store_path = state_dir / "state.db"
     if not store_path.exists():
         return None
@@ -100,7 +101,7 @@ def _runtime_for_state(state_dir: Path) -> Runtime | None:
 
 async def cleanup_state_dir(state_dir: Path) -> list[str]:
     """Remove every sandbox a (crashed) backend of this state folder left behind."""
-    runtime = _runtime_for_state(state_dir)
+    runtime = runtime_for_state(state_dir)
     if runtime is None:
         return []
     removed = await runtime.cleanup()
@@ -110,7 +111,7 @@ async def cleanup_state_dir(state_dir: Path) -> list[str]:
 
 async def state_leftovers(state_dir: Path) -> list[str]:
     """Anything of this state folder's backend still on the host (for leak checks)."""
-    runtime = _runtime_for_state(state_dir)
+    runtime = runtime_for_state(state_dir)
     if runtime is None:
         return []
     found = await runtime.leftovers()
