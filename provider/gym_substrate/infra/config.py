@@ -228,7 +228,6 @@ class ClusterConfig:
     node_image: str | None = None
     kvm: bool = False
     workdir: str = "~/.gym-substrate"
-    kind_version: str = "v0.32.0"
 
 
 @dataclass(frozen=True)
@@ -374,7 +373,6 @@ class StackConfig:
             node_image=node_image,
             kvm=c.boolean("kvm", False),
             workdir=c.string("workdir", "~/.gym-substrate"),
-            kind_version=c.string("kindVersion", "v0.32.0"),
         )
         c.done()
         if runtime == "microvm" and not cluster.kvm:
