@@ -536,3 +536,22 @@ def test_install_tools_pins_versions() -> None:
     assert "https://go.dev/dl/go1.26.3.linux-$ARCH.tar.gz" in s
     assert "github.com/google/ko@v0.18.1" in s
     assert os.linesep in s
+
+
+def test_pool_wait_waits_for_the_controller_to_create_the_deployment(fakes: Fakes) -> None:
+    counter = fakes.root / "gets"
+    fakes.handler(
+        "kubectl",
+        (
+            f'case "$*" in *"get deployment"*) echo x >> "{counter}"; '
+            f'[ "$(wc -l < "{counter}")" -ge 3 ];; esac\n'
+        ),
+    )
+    (fakes.bin / "sleep").write_text("#!/bin/sh\nexit 0\n")
+    (fakes.bin / "sleep").chmod(0o755)
+    fakes.run(scripts.pool_wait_script(stack_config("kind-gvisor")))
+    calls = fakes.calls("kubectl")
+    assert len([c for c in calls if "get deployment/sandbox-pool-deployment" in c]) == 3
+    assert calls[-1] == (
+        "kubectl -n sandboxes rollout status deployment/sandbox-pool-deployment --timeout=300s"
+    )

@@ -516,9 +516,17 @@ def pinned_workload_script(workload_image: str) -> str:
 
 
 def pool_wait_script(cfg: StackConfig) -> str:
+    """The controller creates `<pool>-deployment` asynchronously: wait for it to exist, then for
+    its rollout (rollout status alone fails at once on a missing Deployment)."""
+    ns, dep = cfg.pool.namespace, f"{cfg.pool.name}-deployment"
     return (
-        _PREAMBLE + Paths(cfg).env() + f"kubectl -n {cfg.pool.namespace} rollout status "
-        f"deployment/{cfg.pool.name}-deployment --timeout=300s\n"
+        _PREAMBLE + Paths(cfg).env() + "for i in $(seq 1 60); do\n"
+        f"  kubectl -n {ns} get deployment/{dep} >/dev/null 2>&1 && break\n"
+        f'  [ "$i" = 60 ] && {{ echo "deployment/{dep} not created by ate-controller within '
+        '120 s: check kubectl -n ate-system logs deployment/ate-controller" >&2; exit 1; }\n'
+        "  sleep 2\n"
+        "done\n"
+        f"kubectl -n {ns} rollout status deployment/{dep} --timeout=300s\n"
     )
 
 
