@@ -9,7 +9,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import pytest
-from conftest import Operator
+from envs_helpers import Operator
 from gymnasium.utils.env_checker import check_env
 from gymnasium.vector import AsyncVectorEnv
 
@@ -177,14 +177,15 @@ def test_long_and_binary_output(operator: Operator) -> None:
         assert "nul:\x00" in info["stderr"]
 
 
-def test_check_env_passes(operator: Operator) -> None:
-    env = gym.make(
-        ENV_ID,
-        reward_fn=ExitCodeReward(),
-        termination_fn=SparseTaskTermination(never),
-        provider=operator.provider(),
-        max_obs_length=1024,
-    )
+@pytest.mark.parametrize("how", ["gym.make", "constructor"])
+def test_check_env_passes(operator: Operator, how: str) -> None:
+    kwargs: dict[str, Any] = {
+        "reward_fn": ExitCodeReward(),
+        "termination_fn": SparseTaskTermination(never),
+        "provider": operator.provider(),
+        "max_obs_length": 1024,
+    }
+    env = gym.make(ENV_ID, **kwargs) if how == "gym.make" else SandboxEnv(**kwargs)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # a checker warning is a failure here

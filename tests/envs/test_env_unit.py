@@ -10,7 +10,7 @@ from typing import Any
 
 import gymnasium as gym
 import pytest
-from envs_fakes import FakeProvider, result
+from envs_helpers import FakeProvider, result
 from gymnasium.vector import SyncVectorEnv
 
 from gym_substrate.envs import (
@@ -180,18 +180,23 @@ def test_step_before_reset_and_use_after_close(fake: FakeProvider) -> None:
 
 
 def test_one_loop_thread_per_env_reused_by_every_call(fake: FakeProvider) -> None:
-    before = threading.active_count()
+    def loop_threads() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name == "gym-substrate-env-loop"}
+
+    before = loop_threads()
     env = make(fake)
-    assert threading.active_count() == before  # nothing started until first use
+    assert loop_threads() == before  # nothing started until first use
     env.reset()
     for _ in range(5):
         env.step("true")
-    assert len({c.thread for c in fake.calls}) == 1
+    threads = {c.thread for c in fake.calls}
+    assert len(threads) == 1
     assert len({id(c.loop) for c in fake.calls}) == 1
-    assert fake.calls[0].thread is not threading.main_thread()
-    assert threading.active_count() == before + 1
+    (thread,) = threads
+    assert thread is not threading.current_thread()
+    assert loop_threads() - before == {thread}
     env.close()
-    assert threading.active_count() == before
+    assert not thread.is_alive()
 
 
 def test_actions_outside_the_space_are_rejected(fake: FakeProvider) -> None:
@@ -373,3 +378,24 @@ def test_loop_is_not_the_callers(fake: FakeProvider) -> None:
             assert env.step("echo x")[0] == "x\n"
 
     asyncio.run(inside_a_running_loop())
+
+
+def test_a_failed_create_leaves_no_episode(fake: FakeProvider) -> None:
+    from gym_substrate.types import SandboxCreateError
+
+    with make(fake) as env:
+        env.reset()
+        original = fake.create
+
+        async def refuse(spec: Any) -> Any:
+            raise SandboxCreateError("no free workers")
+
+        fake.create = refuse  # type: ignore[method-assign]
+        with pytest.raises(SandboxCreateError, match="^no free workers$"):
+            env.reset()
+        assert fake.open == {}  # the previous episode's sandbox was still released
+        with pytest.raises(RuntimeError, match=r"^Call reset\(\) before step\(\)\.$"):
+            env.step("true")
+        fake.create = original  # type: ignore[method-assign]
+        env.reset()
+        assert env.step("echo ok")[0] == "ok\n"

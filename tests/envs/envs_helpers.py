@@ -1,7 +1,9 @@
-"""A small in-process provider implementing the NeMo Gym protocol, for the env's unit tests.
+"""Test helpers for the env: a fake provider for unit tests, ateapi access for end-to-end ones.
 
-Each sandbox is a temporary folder and each exec a real `/bin/sh -c` in it, so commands behave
-like commands (files persist within an episode); `handler` lets a test script a result or raise.
+`FakeProvider` implements the NeMo Gym protocol in-process: each sandbox is a temporary folder
+and each exec a real `/bin/sh -c` in it, so commands behave like commands (files persist within
+an episode); `handler` lets a test script a result or raise. `Operator` talks to a backend's
+ateapi over gRPC as an operator would (ListActors, SuspendActor, DeleteActor).
 """
 
 from __future__ import annotations
@@ -14,6 +16,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
+
+from gym_substrate.ateapi import ateapi_pb2 as pb
+from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
+from gym_substrate.envs._backend import BackgroundBackend
 from gym_substrate.types import SandboxExecResult, SandboxHandle, SandboxSpec
 
 Handler = Callable[[str], Awaitable[SandboxExecResult | None]]
@@ -109,3 +116,40 @@ class FakeProvider:
 
 def result(stdout: str = "", stderr: str = "", code: int = 0, error_type: str | None = None) -> Any:
     return SandboxExecResult(stdout=stdout, stderr=stderr, return_code=code, error_type=error_type)
+
+
+class Operator:
+    """Direct ateapi access to one backend and one atespace (the test's own)."""
+
+    def __init__(self, backend: BackgroundBackend, atespace: str) -> None:
+        self.backend = backend
+        self.atespace = atespace
+        self._channel = grpc.insecure_channel(backend.connection()["api"])
+        self._stub = pb_grpc.ControlStub(self._channel)
+
+    def provider(self, **sections: Any) -> dict[str, Any]:
+        """`{"substrate": {...}}` for this backend, with sandboxes in this test's atespace."""
+        mapping = self.backend.provider_mapping(**sections)
+        mapping["substrate"]["connection"]["atespace"] = self.atespace
+        return mapping
+
+    def actors(self) -> list[str]:
+        names: list[str] = []
+        token = ""
+        while True:
+            response = self._stub.ListActors(
+                pb.ListActorsRequest(atespace=self.atespace, page_size=100, page_token=token),
+                timeout=30,
+            )
+            names.extend(actor.actor_id for actor in response.actors)
+            token = response.next_page_token
+            if not token:
+                return names
+
+    def delete_behind_the_providers_back(self, actor_id: str) -> None:
+        ref = pb.ActorRef(atespace=self.atespace, name=actor_id)
+        self._stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref), timeout=60)
+        self._stub.DeleteActor(pb.DeleteActorRequest(actor_ref=ref), timeout=60)
+
+    def close(self) -> None:
+        self._channel.close()
