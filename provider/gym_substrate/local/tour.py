@@ -334,8 +334,8 @@ async def run_bench(
     round_trip = series["pause + resume round trip"].pct(0.5)
     console.print(
         f"targets (gVisor): create to ready <= 500 ms p50: {create:.0f} ms "
-        f"[{'met' if create <= 500 else 'missed'}]; pause+resume <= 500 ms p50: "
-        f"{round_trip:.0f} ms [{'met' if round_trip <= 500 else 'missed'}]"
+        f"({'met' if create <= 500 else 'missed'}); pause+resume <= 500 ms p50: "
+        f"{round_trip:.0f} ms ({'met' if round_trip <= 500 else 'missed'})"
     )
     return {
         "runtime": backend.runtime_name,
