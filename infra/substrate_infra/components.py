@@ -330,7 +330,16 @@ class AgentImage(pulumi.ComponentResource):
                 triggers=[source_hash],
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[target]),
             )
-            depends.append(copy)
+            # build-static.sh reads aiohttp's pinned version from the lock file.
+            lock = remote.CopyToRemote(
+                "agent-lockfile",
+                connection=args.runner.connection,
+                source=pulumi.FileAsset(str(args.repo_root / "uv.lock")),
+                remote_path=src,
+                triggers=[source_hash],
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[target]),
+            )
+            depends.extend([copy, lock])
         build = args.runner.run(
             "agent-image",
             scripts.agent_image_script(cfg, src, source_hash),

@@ -230,7 +230,7 @@ def test_outputs_and_provider_config(stack: str) -> None:
             "gvisor", stack.split("-")[1]
         )
         _depends(run, "agent-source", "agent-source-dir")
-        _depends(run, "agent-image", "agent-source")
+        _depends(run, "agent-image", "agent-source", "agent-lockfile")
 
 
 def test_microvm_sandbox_config_uses_staged_asset_checksums() -> None:

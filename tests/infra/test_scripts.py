@@ -446,7 +446,10 @@ def test_tree_hash_follows_agent_sources(tmp_path: Path) -> None:
     first = scripts.tree_hash(str(tmp_path))
     assert scripts.tree_hash(str(tmp_path)) == first
     (tmp_path / "agent" / "a.py").write_text("2")
-    assert scripts.tree_hash(str(tmp_path)) != first
+    second = scripts.tree_hash(str(tmp_path))
+    assert second != first
+    (tmp_path / "uv.lock").write_text("aiohttp 3.13")
+    assert scripts.tree_hash(str(tmp_path)) != second
 
 
 # --- borrowed host: record and revert --------------------------------------------------------

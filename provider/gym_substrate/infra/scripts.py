@@ -555,7 +555,20 @@ _SYSCTLS = (
     "net.ipv4.ip_forward",
     "vm.max_map_count",
 )
-_PACKAGES = ("docker.io", "git", "jq", "openssl", "curl", "ca-certificates", "tar")
+# python3-venv, gcc and libc6-dev: agent/build/build-static.sh builds the static agent on the host.
+_PACKAGES = (
+    "docker.io",
+    "git",
+    "jq",
+    "openssl",
+    "curl",
+    "ca-certificates",
+    "tar",
+    "python3",
+    "python3-venv",
+    "gcc",
+    "libc6-dev",
+)
 _FILES = (
     "/etc/ssh/sshd_config",
     "/etc/sysctl.d/90-gym-substrate.conf",
@@ -733,15 +746,18 @@ def host_revert_root_script(cfg: StackConfig) -> str:
     )
 
 
-def tree_hash(root: str, subdirs: tuple[str, ...] = ("agent",)) -> str:
-    """Content hash of the agent sources: the image tag, so a source change rebuilds the image."""
+def tree_hash(root: str, parts: tuple[str, ...] = ("agent", "uv.lock")) -> str:
+    """Content hash of what the agent image is built from (its sources and the lock file that
+    pins aiohttp): the image tag, so a change rebuilds the image."""
     import hashlib
     from pathlib import Path
 
     h = hashlib.sha256()
     base = Path(root)
-    for sub in subdirs:
-        for path in sorted((base / sub).rglob("*")):
+    for part in parts:
+        top = base / part
+        files = [top] if top.is_file() else sorted(top.rglob("*"))
+        for path in files:
             if path.is_file() and "__pycache__" not in path.parts:
                 h.update(str(path.relative_to(base)).encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
