@@ -631,7 +631,7 @@ class SubstrateProvider:
                 final = len(data) < chunk_size
                 if not final:
                     final = await source.at_eof()
-                digest.update(data)
+                await _hash(digest, data)
                 reply = await self._with_http_retry(
                     handle,
                     lambda agent, d=data, o=offset, f=final: agent.put_chunk(
@@ -675,25 +675,47 @@ class SubstrateProvider:
                     )
                 size = int(info["size"])
                 digest = hashlib.sha256()
+                # The sandbox hashes its copy while we fetch ours.
+                remote_task = asyncio.ensure_future(self._remote_sha256(handle, source_path))
                 fh = await asyncio.to_thread(tmp.open, "wb")
-                try:
-                    offset = 0
-                    while offset < size:
-                        end = min(offset + chunk, size) - 1
-                        data, _ = await self._with_http_retry(
+
+                def sink(data: bytes) -> None:
+                    digest.update(data)
+                    fh.write(data)
+
+                def fetch(start: int) -> asyncio.Future[Any]:
+                    end = min(start + chunk, size) - 1
+                    return asyncio.ensure_future(
+                        self._with_http_retry(
                             handle,
-                            lambda agent, s=offset, e=end: agent.get_range(source_path, s, e),
+                            lambda agent: agent.get_range(source_path, start, end),
                             what=f"download {source_path}",
                         )
-                        if len(data) != end - offset + 1:
+                    )
+
+                pending: asyncio.Future[Any] | None = fetch(0) if size else None
+                try:
+                    offset = 0
+                    while pending is not None:
+                        data, _ = await pending
+                        expected = min(chunk, size - offset)
+                        if len(data) != expected:
+                            pending = None
                             raise TransferError(
                                 f"download of {source_path} got {len(data)} bytes for range "
-                                f"{offset}-{end}; the file changed while it was read"
+                                f"{offset}-{offset + expected - 1}; the file changed while it "
+                                "was read"
                             )
-                        digest.update(data)
-                        await asyncio.to_thread(fh.write, data)
                         offset += len(data)
+                        # Fetch the next range while this one is hashed and written.
+                        pending = fetch(offset) if offset < size else None
+                        await asyncio.to_thread(sink, data)
                     await asyncio.to_thread(fh.flush)
+                except BaseException:
+                    remote_task.cancel()
+                    if pending is not None:
+                        pending.cancel()
+                    raise
                 finally:
                     await asyncio.to_thread(fh.close)
                 after = await self._with_http_retry(
@@ -701,7 +723,7 @@ class SubstrateProvider:
                 )
                 if int(after.get("size", -1)) != size or after.get("mtime") != info.get("mtime"):
                     raise TransferError(f"{source_path} changed while it was downloaded")
-                remote = await self._remote_sha256(handle, source_path)
+                remote = await remote_task
                 if remote is not None and remote != digest.hexdigest():
                     raise TransferError(
                         f"download of {source_path} did not verify: got sha256 "
@@ -919,6 +941,14 @@ class SubstrateProvider:
 
 
 # ---------------------------------------------------------------------- helpers
+
+
+async def _hash(digest: Any, data: bytes) -> None:
+    """Feed `digest`; big chunks off the loop (hashlib releases the GIL for them)."""
+    if len(data) >= 1 << 20:
+        await asyncio.to_thread(digest.update, data)
+    else:
+        digest.update(data)
 
 
 def _sandbox_failure(message: str) -> SandboxExecResult:
