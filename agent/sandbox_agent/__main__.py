@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -76,8 +77,30 @@ def _read_token(parser: argparse.ArgumentParser, token_file: str | None) -> str 
     return token
 
 
+def _import_aiohttp_without_tls() -> None:
+    """Import aiohttp with the ssl module hidden from it.
+
+    The agent serves plain HTTP/1.1 only (Substrate's router talks HTTP/1.1 to port 80), yet
+    importing aiohttp builds two client TLS contexts, which parses the system CA bundle: about
+    40 ms and 4 MiB on every cold start of every actor. With `ssl` hidden during that one import
+    aiohttp treats TLS as unavailable; the module is put back right after.
+    """
+    if "aiohttp" in sys.modules:
+        return
+    saved = sys.modules.get("ssl")
+    sys.modules["ssl"] = None  # type: ignore[assignment]
+    try:
+        import aiohttp.web  # noqa: F401
+    finally:
+        if saved is None:
+            del sys.modules["ssl"]
+        else:
+            sys.modules["ssl"] = saved
+
+
 async def serve(config: object) -> None:
     """Serve until SIGTERM/SIGINT, then kill running jobs and exit."""
+    _import_aiohttp_without_tls()
     from aiohttp import web
 
     from ._config import AgentConfig
@@ -111,7 +134,36 @@ async def serve(config: object) -> None:
         await runner.cleanup()
 
 
+def _clean_environment() -> None:
+    """Undo what the static build's layers put into the environment, before any job inherits it.
+
+    The launcher (agent/build/launcher.c) sets TMPDIR for the self-extracting layers and leaves
+    its payload file behind; PyInstaller points LD_LIBRARY_PATH at its bundled libraries, which
+    would break programs from the image. Commands must see the environment the agent was given.
+    """
+    env = os.environ
+    payload = env.pop("SANDBOX_AGENT_LAUNCHER_PAYLOAD", None)
+    if payload is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(payload)
+        orig_tmpdir = env.pop("SANDBOX_AGENT_TMPDIR_ORIG", None)
+        if orig_tmpdir is None:
+            env.pop("TMPDIR", None)
+        else:
+            env["TMPDIR"] = orig_tmpdir
+    if getattr(sys, "frozen", False):
+        for name in list(env):
+            if name.startswith(("_MEI", "_PYI", "STATICX_")):
+                del env[name]
+        orig = env.pop("LD_LIBRARY_PATH_ORIG", None)
+        if orig is None:
+            env.pop("LD_LIBRARY_PATH", None)
+        else:
+            env["LD_LIBRARY_PATH"] = orig
+
+
 def main(argv: list[str] | None = None) -> None:
+    _clean_environment()
     parser = _parser()
     args = parser.parse_args(argv)
     port = args.port if args.port is not None else _default_port()

@@ -22,6 +22,7 @@ import asyncio
 import collections
 import contextlib
 import errno
+import json
 import logging
 import math
 import os
@@ -250,7 +251,7 @@ class Job:
         "_t1",
         "out",
         "err",
-        "done",
+        "_waiters",
         "proc",
         "pgid",
         "kill_reason",
@@ -259,7 +260,7 @@ class Job:
         "extra_pids",
         "handles",
         "pidfd",
-        "_rendered",
+        "_body",
     )
 
     def __init__(self, job_id: str, spec: ExecSpec) -> None:
@@ -272,9 +273,9 @@ class Job:
         self.started_at = time.time()
         self._t0 = time.monotonic()
         self._t1: float | None = None
-        self.out = _Output(spec.max_output_bytes)
-        self.err = _Output(spec.max_output_bytes)
-        self.done = asyncio.Event()
+        self.out: _Output | None = _Output(spec.max_output_bytes)
+        self.err: _Output | None = _Output(spec.max_output_bytes)
+        self._waiters: list[asyncio.Future[None]] | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.pgid = 0
         self.kill_reason: str | None = None
@@ -283,37 +284,64 @@ class Job:
         self.extra_pids: set[int] = set()
         self.handles: list[asyncio.TimerHandle] = []
         self.pidfd = -1
-        self._rendered: dict[str, Any] | None = None
+        self._body: bytes | None = None
 
     @property
     def finished(self) -> bool:
         return self._t1 is not None
 
-    def mark_finished(self) -> None:
+    def complete(self) -> None:
+        """Freeze the job: render its JSON once and drop everything else it held.
+
+        A retained finished job is then little more than its response bytes and its spec
+        (kept to answer idempotent retries), so thousands of them cost a few MiB.
+        """
         self._t1 = time.monotonic()
+        self._body = json.dumps(self.to_json()).encode()
+        self.out = self.err = None
+        self.proc = None
+        self.open_fds = {}
+        self.extra_pids = set()
+        self.handles = []
+        waiters, self._waiters = self._waiters, None
+        for fut in waiters or ():
+            if not fut.done():
+                fut.set_result(None)
+
+    def add_waiter(self, fut: asyncio.Future[None]) -> None:
+        if self._waiters is None:
+            self._waiters = []
+        self._waiters.append(fut)
+
+    def remove_waiter(self, fut: asyncio.Future[None]) -> None:
+        if self._waiters is not None and fut in self._waiters:
+            self._waiters.remove(fut)
+
+    def body(self) -> bytes:
+        """The job as the JSON bytes of a response."""
+        if self._body is not None:
+            return self._body
+        return json.dumps(self.to_json()).encode()
 
     def to_json(self) -> dict[str, Any]:
-        if self._rendered is not None:
-            return self._rendered
-        stdout, out_trunc = self.out.render()
-        stderr, err_trunc = self.err.render()
+        if self._body is not None:
+            return dict(json.loads(self._body))
+        out = self.out.render() if self.out is not None else ("", False)
+        err = self.err.render() if self.err is not None else ("", False)
         end = self._t1 if self._t1 is not None else time.monotonic()
-        doc = {
+        return {
             "id": self.id,
             "state": self.state,
             "exit_code": self.exit_code,
             "signal": self.signal,
-            "stdout": stdout,
-            "stderr": stderr,
-            "stdout_truncated": out_trunc,
-            "stderr_truncated": err_trunc,
+            "stdout": out[0],
+            "stderr": err[0],
+            "stdout_truncated": out[1],
+            "stderr_truncated": err[1],
             "started_at": self.started_at,
             "duration_ms": round((end - self._t0) * 1000.0, 3),
             "error": self.error,
         }
-        if self._t1 is not None:
-            self._rendered = doc
-        return doc
 
 
 @dataclass(frozen=True, slots=True)
@@ -451,11 +479,16 @@ class JobManager:
 
     async def wait(self, job: Job, seconds: float) -> None:
         """Return when the job is finished or after `seconds`, whichever comes first."""
-        if job.done.is_set() or seconds <= 0:
+        if job.finished or seconds <= 0:
             return
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(seconds):
-                await job.done.wait()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        job.add_waiter(fut)
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(seconds):
+                    await fut
+        finally:
+            job.remove_waiter(fut)
 
     async def kill(self, job: Job) -> Job:
         """Kill the job's process group (TERM, then KILL after the grace); idempotent."""
@@ -520,15 +553,13 @@ class JobManager:
         except OSError as exc:
             job.state = "failed"
             job.error = _failure_message(exc, spec)
-            job.mark_finished()
-            job.done.set()
+            job.complete()
             self._finished.append((time.monotonic(), job.id))
             return
         except (ValueError, subprocess.SubprocessError) as exc:
             job.state = "failed"
             job.error = f"could not start {spec.argv[0]!r}: {exc}"
-            job.mark_finished()
-            job.done.set()
+            job.complete()
             self._finished.append((time.monotonic(), job.id))
             return
 
@@ -538,6 +569,8 @@ class JobManager:
         job.pgid = proc.pid
         assert proc.stdout is not None
         assert proc.stderr is not None
+        assert job.out is not None
+        assert job.err is not None
         for stream, sink in ((proc.stdout, job.out), (proc.stderr, job.err)):
             fd = stream.fileno()
             os.set_blocking(fd, False)
@@ -660,10 +693,9 @@ class JobManager:
         else:
             job.exit_code = rc
         job.state = job.kill_reason or "exited"
-        job.mark_finished()
         self._running -= 1
         self._finished.append((time.monotonic(), job.id))
-        job.done.set()
+        job.complete()
 
     def _start_kill(self, job: Job, reason: str) -> None:
         if job.finished or job.kill_reason is not None or job.proc is None:

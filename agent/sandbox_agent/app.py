@@ -24,7 +24,7 @@ from ._config import ACTOR_ID_ENV, AgentConfig
 from ._errors import ApiError, error_response
 from ._files import FileHandlers
 from ._identity import Identity, read_actor_id
-from ._jobs import JobManager, parse_exec_request
+from ._jobs import Job, JobManager, parse_exec_request
 from ._openapi import openapi_document
 
 __all__ = ["create_app", "JOBS_KEY", "CONFIG_KEY"]
@@ -81,6 +81,10 @@ def _wait_param(request: web.Request) -> float:
         msg = f"wait must be a number of seconds from 0 to {MAX_WAIT_S:g}, got {raw!r}"
         raise ApiError(400, "bad_request", msg)
     return value
+
+
+def _job_response(job: Job, status: int) -> web.Response:
+    return web.Response(body=job.body(), status=status, content_type="application/json")
 
 
 def create_app(config: AgentConfig | None = None) -> web.Application:
@@ -185,9 +189,9 @@ def create_app(config: AgentConfig | None = None) -> web.Application:
         log.debug("exec %s: %r", job_id, spec.argv)
         job = await jobs.submit(job_id, spec)
         await jobs.wait(job, wait)
-        return web.json_response(job.to_json(), status=200 if job.finished else 202)
+        return _job_response(job, 200 if job.finished else 202)
 
-    def job_or_404(request: web.Request) -> Any:
+    def job_or_404(request: web.Request) -> Job:
         job_id = request.match_info["job_id"]
         job = jobs.get(job_id)
         if job is None:
@@ -202,11 +206,11 @@ def create_app(config: AgentConfig | None = None) -> web.Application:
         wait = _wait_param(request)
         job = job_or_404(request)
         await jobs.wait(job, wait)
-        return web.json_response(job.to_json())
+        return _job_response(job, 200)
 
     async def exec_delete(request: web.Request) -> web.Response:
         job = await jobs.kill(job_or_404(request))
-        return web.json_response(job.to_json())
+        return _job_response(job, 200)
 
     async def on_startup(app: web.Application) -> None:
         await current_actor_id()

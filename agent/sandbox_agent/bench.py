@@ -1,0 +1,364 @@
+"""`python -m sandbox_agent.bench` / `gym-substrate bench agent`: the agent on loopback.
+
+Every figure is measured in one run against a freshly started agent, next to a baseline taken in
+the same run (the spawn floor, `subprocess.run(["true"])`), so the numbers stay comparable on a
+busy or a different machine. Clients use plain `http.client` keep-alive connections from
+threads: light enough that the agent, not the client, is what is measured. click and rich are
+imported here only, never on the agent's start-up path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+__all__ = ["command", "main", "run_bench"]
+
+MiB = 1024 * 1024
+_EXEC_BODY = json.dumps({"command": ["true"]}).encode()
+_JSON = {"Content-Type": "application/json"}
+
+# (key, label, unit, target, higher_is_better, peer figures for context)
+_TARGETS: list[tuple[str, str, str, float | None, bool, str]] = [
+    ("spawn_floor_p50_ms", "spawn floor p50 (subprocess.run true)", "ms", None, False, "0.71"),
+    ("exec_p50_ms", "exec p50 (500 sequential, keep-alive)", "ms", 1.1, False, "Go 1.07, py 1.58"),
+    ("exec_p90_ms", "exec p90", "ms", None, False, ""),
+    ("exec_p99_ms", "exec p99", "ms", None, False, ""),
+    ("exec_overhead_p50_ms", "exec p50 minus spawn floor", "ms", None, False, ""),
+    ("exec_rps_8way", "exec req/s, 8 clients", "req/s", 1400, True, "Go 1477, py 825"),
+    ("upload_mb_s", "upload 64 MiB", "MB/s", 600, True, "py 292"),
+    ("download_mb_s", "download 64 MiB", "MB/s", 1000, True, "py 498"),
+    ("startup_ms", "start to first 200 /readyz (median)", "ms", 200, False, ""),
+    ("rss_mib", "RSS after the run", "MiB", 40, False, ""),
+    ("rss_peak_mib", "peak RSS (VmHWM)", "MiB", None, False, ""),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _agent_argv(binary: str | None) -> list[str]:
+    if binary:
+        return [binary]
+    installed = Path(sys.executable).with_name("sandbox-agent")
+    if installed.exists():
+        return [str(installed)]
+    found = shutil.which("sandbox-agent")
+    return [found] if found else [sys.executable, "-m", "sandbox_agent"]
+
+
+@dataclass
+class _Agent:
+    proc: subprocess.Popen[bytes]
+    port: int
+    startup_ms: float
+
+
+def _start(argv: list[str], log: Any, log_level: str) -> _Agent:
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_AGENT_")}
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(
+        [*argv, "--host", "127.0.0.1", "--port", str(port), "--log-level", log_level],
+        stdout=log,
+        stderr=log,
+        env=env,
+    )
+    deadline = t0 + 30
+    while time.perf_counter() < deadline:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+            conn.request("GET", "/readyz")
+            if conn.getresponse().status == 200:
+                conn.close()
+                return _Agent(proc, port, (time.perf_counter() - t0) * 1000)
+        except OSError:
+            if proc.poll() is not None:
+                msg = f"the agent exited with status {proc.returncode} during start-up"
+                raise click.ClickException(msg) from None
+            time.sleep(0.001)
+    proc.kill()
+    raise click.ClickException("the agent did not answer /readyz within 30 s")
+
+
+def _stop(agent: _Agent) -> None:
+    agent.proc.terminate()
+    try:
+        agent.proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        agent.proc.kill()
+        agent.proc.wait()
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _spawn_floor(n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        subprocess.run(["true"], check=True)
+        out.append((time.perf_counter() - t0) * 1000)
+    return out
+
+
+def _exec_once(conn: http.client.HTTPConnection) -> None:
+    conn.request("POST", "/v1/exec?wait=8", body=_EXEC_BODY, headers=_JSON)
+    resp = conn.getresponse()
+    body = resp.read()
+    if resp.status != 200:
+        raise click.ClickException(f"exec failed: {resp.status} {body[:200]!r}")
+
+
+def _exec_latency(port: int, n: int) -> list[float]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    for _ in range(20):  # warm-up: connection, thread pool, caches
+        _exec_once(conn)
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        _exec_once(conn)
+        out.append((time.perf_counter() - t0) * 1000)
+    conn.close()
+    return out
+
+
+def _throughput(port: int, clients: int, seconds: float) -> float:
+    counts = [0] * clients
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            while not stop.is_set():
+                _exec_once(conn)
+                counts[i] += 1
+        except BaseException as exc:  # reported after the run
+            errors.append(exc)
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    if errors:
+        raise click.ClickException(f"throughput run failed: {errors[0]}")
+    return sum(counts) / elapsed
+
+
+def _transfer(port: int, workdir: Path, size_mib: int, rounds: int) -> tuple[float, float]:
+    data = os.urandom(size_mib * MiB)
+    path = workdir / "bench.bin"
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    up, down = [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        conn.request("PUT", f"/v1/files?path={path}", body=data)
+        resp = conn.getresponse()
+        resp.read()
+        up.append(len(data) / (time.perf_counter() - t0) / 1e6)
+        if resp.status != 200:
+            raise click.ClickException(f"upload failed: {resp.status}")
+        t0 = time.perf_counter()
+        conn.request("GET", f"/v1/files?path={path}")
+        resp = conn.getresponse()
+        got = 0
+        while chunk := resp.read(4 * MiB):
+            got += len(chunk)
+        down.append(len(data) / (time.perf_counter() - t0) / 1e6)
+        if got != len(data):
+            raise click.ClickException(f"download returned {got} of {len(data)} bytes")
+    conn.close()
+    return statistics.median(up), statistics.median(down)
+
+
+def _rss_mib(pid: int) -> tuple[float, float]:
+    fields = {}
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            key, _, value = line.partition(":")
+            fields[key] = value.strip()
+    rss = int(fields["VmRSS"].split()[0]) / 1024
+    hwm = int(fields["VmHWM"].split()[0]) / 1024
+    return rss, hwm
+
+
+@contextlib.contextmanager
+def _workdir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="sandbox-agent-bench-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def run_bench(
+    *,
+    requests: int = 500,
+    clients: int = 8,
+    seconds: float = 10.0,
+    file_mib: int = 64,
+    starts: int = 5,
+    binary: str | None = None,
+    log_level: str = "info",
+    progress: Any = None,
+) -> dict[str, Any]:
+    """Run every measurement and return the figures (see `_TARGETS` for the keys)."""
+
+    def step(text: str) -> None:
+        if progress is not None:
+            progress(text)
+
+    argv = _agent_argv(binary)
+    results: dict[str, Any] = {"agent_command": " ".join(argv), "log_level": log_level}
+    with _workdir() as work, open(work / "agent.log", "wb") as log:
+        step("start-up")
+        startups = []
+        for _ in range(starts):
+            agent = _start(argv, log, log_level)
+            startups.append(agent.startup_ms)
+            _stop(agent)
+        results["startup_ms"] = statistics.median(startups)
+        results["startup_all_ms"] = [round(s, 1) for s in startups]
+
+        step("spawn floor")
+        floor = _spawn_floor(requests)
+        results["spawn_floor_p50_ms"] = statistics.median(floor)
+
+        agent = _start(argv, log, log_level)
+        try:
+            step(f"exec latency ({requests} sequential)")
+            lat = _exec_latency(agent.port, requests)
+            results["exec_p50_ms"] = statistics.median(lat)
+            results["exec_p90_ms"] = _pct(lat, 0.90)
+            results["exec_p99_ms"] = _pct(lat, 0.99)
+            results["exec_overhead_p50_ms"] = results["exec_p50_ms"] - results["spawn_floor_p50_ms"]
+            step(f"throughput ({clients} clients, {seconds:g} s)")
+            results["exec_rps_8way"] = _throughput(agent.port, clients, seconds)
+            step(f"transfer ({file_mib} MiB)")
+            up, down = _transfer(agent.port, work, file_mib, rounds=3)
+            results["upload_mb_s"], results["download_mb_s"] = up, down
+            results["rss_mib"], results["rss_peak_mib"] = _rss_mib(agent.proc.pid)
+        finally:
+            _stop(agent)
+    results["cpus"] = os.cpu_count()
+    results["load_avg_1m"] = os.getloadavg()[0]
+    return results
+
+
+def _verdict(value: float, target: float | None, higher: bool) -> str:
+    if target is None:
+        return ""
+    ok = value >= target if higher else value <= target
+    return "ok" if ok else "MISSED"
+
+
+def _print_table(results: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"sandbox-agent on loopback ({results['agent_command']})")
+    for col in ("figure", "value", "target", "", "peers (same machine kind)"):
+        table.add_column(col, justify="right" if col in ("value", "target") else "left")
+    for key, label, unit, target, higher, peers in _TARGETS:
+        value = float(results[key])
+        shown = f"{value:,.0f} {unit}" if value >= 100 else f"{value:.2f} {unit}"
+        tgt = "" if target is None else f"{'>=' if higher else '<='} {target:g} {unit}"
+        table.add_row(label, shown, tgt, _verdict(value, target, higher), peers)
+    console = Console()
+    console.print(table)
+    console.print(
+        f"start-ups (ms): {results['startup_all_ms']}; agent log level {results['log_level']}; "
+        f"{results['cpus']} CPUs, load average {results['load_avg_1m']:.2f}"
+    )
+
+
+@click.command("agent")
+@click.option("--requests", default=500, show_default=True, help="Sequential execs for latency.")
+@click.option("--clients", default=8, show_default=True, help="Concurrent clients for req/s.")
+@click.option("--seconds", default=10.0, show_default=True, help="Duration of the req/s run.")
+@click.option("--file-mib", default=64, show_default=True, help="File size for up/download.")
+@click.option("--starts", default=5, show_default=True, help="Cold starts timed for start-up.")
+@click.option(
+    "--binary",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Benchmark this agent executable (e.g. the static build) instead of the installed one.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+    help="The agent's log level (info writes one line per request, as in production).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+def command(
+    requests: int,
+    clients: int,
+    seconds: float,
+    file_mib: int,
+    starts: int,
+    binary: str | None,
+    log_level: str,
+    as_json: bool,
+) -> None:
+    """Benchmark the sandbox agent on loopback against the spawn floor measured in the same run."""
+    for name, value in (("requests", requests), ("clients", clients), ("starts", starts)):
+        if value < 1:
+            raise click.BadParameter(f"must be >= 1, got {value}", param_hint=f"--{name}")
+    if seconds <= 0 or file_mib < 1:
+        raise click.BadParameter("--seconds must be > 0 and --file-mib >= 1")
+    if as_json:
+        results = run_bench(
+            requests=requests, clients=clients, seconds=seconds, file_mib=file_mib,
+            starts=starts, binary=binary, log_level=log_level,
+        )
+        click.echo(json.dumps(results, indent=2))
+        return
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    with console.status("benchmarking") as status:
+        results = run_bench(
+            requests=requests, clients=clients, seconds=seconds, file_mib=file_mib,
+            starts=starts, binary=binary, log_level=log_level,
+            progress=lambda text: status.update(f"benchmarking: {text}"),
+        )
+    _print_table(results)
+
+
+def main() -> None:
+    command(prog_name="python -m sandbox_agent.bench")
+
+
+if __name__ == "__main__":
+    main()
