@@ -134,6 +134,8 @@ def test_host_needs_address_and_ssh_key() -> None:
             "gym-substrate:observability.providerTargets: expected host:port",
         ),
         ("pool", "replicaz", 3, "gym-substrate:pool.replicaz: is not a known key"),
+        ("cluster", "workdir", "state", "gym-substrate:cluster.workdir: 'state' is not an abs"),
+        ("cluster", "workdir", "~/my dir", "gym-substrate:cluster.workdir: '~/my dir' is not"),
     ],
 )
 def test_bad_values_name_the_key(section: str, key: str, value: Any, needle: str) -> None:

@@ -558,3 +558,10 @@ def test_pool_wait_waits_for_the_controller_to_create_the_deployment(fakes: Fake
     assert calls[-1] == (
         "kubectl -n sandboxes rollout status deployment/sandbox-pool-deployment --timeout=300s"
     )
+
+
+def test_microvm_hosts_get_the_asset_build_tools() -> None:
+    gv = scripts.host_install_tools_script(stack_config("host-gvisor"))
+    mv = scripts.host_install_tools_script(stack_config("host-microvm"))
+    assert "awscli" not in gv
+    assert "cargo libcap-ng-dev libseccomp-dev pkg-config awscli" in mv

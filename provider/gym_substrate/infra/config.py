@@ -372,7 +372,7 @@ class StackConfig:
             registry_port=c.integer("registryPort", 5001, 1024, 65535),
             node_image=node_image,
             kvm=c.boolean("kvm", False),
-            workdir=c.string("workdir", "~/.gym-substrate"),
+            workdir=_workdir(c),
         )
         c.done()
         if runtime == "microvm" and not cluster.kvm:
@@ -584,6 +584,19 @@ class StackConfig:
             host=host,
             tools=tools,
         )
+
+
+def _workdir(section: _Section) -> str:
+    value = section.string("workdir", "~/.gym-substrate")
+    if not (value.startswith("/") or value == "~" or value.startswith("~/")) or any(
+        c in value for c in "\"'$`\\ \n"
+    ):
+        raise _fail(
+            section.sub("workdir"),
+            f"{value!r} is not an absolute or ~/ path without quotes, spaces or `$`",
+            "use e.g. `~/.gym-substrate` or `/var/lib/gym-substrate`",
+        )
+    return value
 
 
 def _version(section: _Section, key: str, default: str) -> str:

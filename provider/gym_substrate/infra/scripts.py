@@ -569,6 +569,7 @@ _PACKAGES = (
     "gcc",
     "libc6-dev",
 )
+_MICROVM_PACKAGES = ("cargo", "libcap-ng-dev", "libseccomp-dev", "pkg-config", "awscli")
 _FILES = (
     "/etc/ssh/sshd_config",
     "/etc/sysctl.d/90-gym-substrate.conf",
@@ -622,6 +623,9 @@ def host_prep_root_script(cfg: StackConfig) -> str:
 def host_install_tools_script(cfg: StackConfig) -> str:
     t = cfg.tools
     pkgs = " ".join(p for p in _PACKAGES if p != "docker.io") + f" {t.docker}"
+    if cfg.runtime == "microvm":
+        # hack/microvm-assets/assemble.sh builds virtiofsd; the staging step uses the AWS CLI.
+        pkgs += " " + " ".join(_MICROVM_PACKAGES)
     go = t.go.lstrip("v")
     return (
         _PREAMBLE + "ARCH=$(dpkg --print-architecture)\n"
