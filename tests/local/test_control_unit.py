@@ -155,7 +155,7 @@ async def test_snapshot_choice_follows_substrate(tmp_path: Path) -> None:
     await plane.resume_actor("t", "g", boot=True)  # boot does not skip the actor's own snapshot
     assert runtime.starts[-1][1] == SnapshotRef(SnapshotKind.LOCAL, Path(paused.snapshot_path))
     suspended = await plane.suspend_actor("t", "g")
-    assert not Path(paused.snapshot_path).exists()  # superseded
+    assert not _exists(Path(paused.snapshot_path))  # superseded
     await plane.resume_actor("t", "g")
     external = SnapshotRef(SnapshotKind.EXTERNAL, Path(suspended.snapshot_path))
     assert runtime.starts[-1][1] == external
