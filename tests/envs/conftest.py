@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from envs_helpers import Operator
@@ -25,7 +26,7 @@ def gvisor_backend() -> Iterator[BackgroundBackend]:
 
 
 @pytest.fixture
-def operator(process_backend: BackgroundBackend) -> Iterator[Operator]:
-    op = Operator(process_backend, f"envtest-{uuid.uuid4().hex[:10]}")
+def operator(process_backend: BackgroundBackend, tmp_path: Path) -> Iterator[Operator]:
+    op = Operator(process_backend, f"envtest-{uuid.uuid4().hex[:10]}", str(tmp_path / "ledger"))
     yield op
     op.close()

@@ -121,15 +121,16 @@ def result(stdout: str = "", stderr: str = "", code: int = 0, error_type: str | 
 class Operator:
     """Direct ateapi access to one backend and one atespace (the test's own)."""
 
-    def __init__(self, backend: BackgroundBackend, atespace: str) -> None:
+    def __init__(self, backend: BackgroundBackend, atespace: str, ledger: str) -> None:
         self.backend = backend
         self.atespace = atespace
+        self.ledger = ledger
         self._channel = grpc.insecure_channel(backend.connection()["api"])
         self._stub = pb_grpc.ControlStub(self._channel)
 
     def provider(self, **sections: Any) -> dict[str, Any]:
         """`{"substrate": {...}}` for this backend, with sandboxes in this test's atespace."""
-        mapping = self.backend.provider_mapping(**sections)
+        mapping = self.backend.provider_mapping(lifecycle={"ledger": self.ledger}, **sections)
         mapping["substrate"]["connection"]["atespace"] = self.atespace
         return mapping
 

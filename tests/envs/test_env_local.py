@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -232,10 +233,10 @@ def test_async_vector_env_with_four_envs(operator: Operator) -> None:
 
 
 @pytest.mark.runsc
-def test_readme_example_on_gvisor(gvisor_backend: BackgroundBackend) -> None:
+def test_readme_example_on_gvisor(gvisor_backend: BackgroundBackend, tmp_path: Path) -> None:
     import uuid
 
-    op = Operator(gvisor_backend, f"envtest-{uuid.uuid4().hex[:10]}")
+    op = Operator(gvisor_backend, f"envtest-{uuid.uuid4().hex[:10]}", str(tmp_path / "ledger"))
     try:
         transcript = run_readme_example(op.provider())
         assert [step[2:4] for step in transcript] == [(-1.0, False), (1.0, False), (1.0, True)]

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import os
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -297,16 +298,27 @@ def env(
         "applies": gvisor,
         "verdict": verdict if gvisor else "not applicable: the target is for the gVisor runtime",
     }
+    load = os.getloadavg()[0]
     if as_json:
         print(
             json.dumps(
-                {"where": where, "results": [r.to_json() for r in results], "target": target},
+                {
+                    "where": where,
+                    "cpus": os.cpu_count(),
+                    "loadavg_1m": round(load, 2),
+                    "results": [r.to_json() for r in results],
+                    "target": target,
+                },
                 indent=2,
             )
         )
     else:
         out = Console()
         out.print(_table(results, where))
+        out.print(
+            f"machine: {os.cpu_count()} CPUs, load average {load:.2f} (1 min) at the end; "
+            "other load skews both rows alike"
+        )
         out.print(
             f"target: >= {TARGET_STEPS_PER_S:.0f} steps/s for one env with gVisor; measured "
             f"{single.steps_per_s:.0f} steps/s: {target['verdict']}"
