@@ -87,9 +87,12 @@ def _image_files(dest: Path) -> tuple[tuple[str, int], ...]:
     )
 
 
-def _pid_running(pid: int) -> bool:
+def _pid_running(pid: int, cid: str | None = None) -> bool:
+    """``pid`` exists and is no zombie (and, given ``cid``, is that container's sandbox)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
+        if cid is not None and f"/{cid}".encode() not in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return False  # the pid was reused by an unrelated process
     except OSError:
         return False
     return stat[stat.rfind(")") + 2 :][:1] not in {"Z", "X", ""}
@@ -319,8 +322,8 @@ class GvisorRuntime:
                 )
             if now - last_check > 0.5:  # a crashed agent: stop waiting early
                 last_check = now
-                state = await self.runsc.state(cid)
-                if state is None or state.status != "running":
+                pids = self.runsc.pids(cid)
+                if pids is None or not _pid_running(pids[0], cid):
                     raise RuntimeFailure(
                         "the sandbox exited before it became ready" + self._console_tail(cid)
                     )
@@ -340,11 +343,12 @@ class GvisorRuntime:
         self, actor: ActorSpec, handle: str, kind: SnapshotKind, dest: Path
     ) -> CheckpointResult:
         sandbox = self._sandboxes.get(handle) or self._load_sandbox(handle)
-        state = await self.runsc.state(handle)
-        if sandbox is None or state is None or state.status != "running":
+        pids = self.runsc.pids(handle)
+        if sandbox is None or pids is None or not _pid_running(pids[0], handle):
             raise RuntimeFailure(
                 f"sandbox {handle} of {actor.key} is not running", sandbox_lost=True
             )
+        sandbox_pid = pids[0]
         await asyncio.to_thread(dest.mkdir, parents=True, exist_ok=True)
         await self._abort_host_connections(sandbox.slot)
         try:
@@ -361,8 +365,8 @@ class GvisorRuntime:
         # the host's init reaps it (1.5 s on Firecracker guests), and runsc refuses to delete
         # it until then, so the delete runs in the background: nothing of the sandbox holds
         # the slot any more.
-        await wait_pid_exit(state.pid, timeout_s=10)
-        task = asyncio.create_task(self._drain(handle, state.pid))
+        await wait_pid_exit(sandbox_pid, timeout_s=10)
+        task = asyncio.create_task(self._drain(handle, sandbox_pid))
         self._drains.add(task)
         task.add_done_callback(self._drains.discard)
         files = await asyncio.to_thread(_image_files, dest)
@@ -433,9 +437,10 @@ class GvisorRuntime:
         await self._discard(handle)
 
     async def is_alive(self, handle: str) -> bool:
-        # runsc says "running" for as long as the exited sandbox is an unreaped zombie.
-        state = await self.runsc.state(handle)
-        return state is not None and state.status == "running" and _pid_running(state.pid)
+        # runsc says "running" for as long as the exited sandbox is an unreaped zombie, so ask
+        # the kernel about the sandbox process instead.
+        pids = self.runsc.pids(handle)
+        return pids is not None and _pid_running(pids[0], handle)
 
     async def adopt(
         self, actor: ActorSpec, slot: Slot, handle: str, address: str
@@ -478,21 +483,11 @@ class GvisorRuntime:
                     shutil.rmtree(directory, ignore_errors=True)
 
     async def memory_bytes(self, handle: str) -> int | None:
-        state = await self.runsc.state(handle)
-        if state is None or state.pid <= 0:
+        pids = self.runsc.pids(handle)
+        if pids is None or not _pid_running(pids[0], handle):
             return None
-        bundle_flag = f"--bundle={self.sandboxes_dir / handle}"
-
-        def collect() -> int:
-            roots = {state.pid}
-            for pid, _ in host.find_processes(self.runsc.root):
-                with contextlib.suppress(OSError):
-                    args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-                    if bundle_flag.encode() in args:
-                        roots.add(pid)
-            return host.pss_bytes(host.children_of(roots))
-
-        return await asyncio.to_thread(collect)
+        roots = {pid for pid in pids if pid > 0}
+        return await asyncio.to_thread(lambda: host.pss_bytes(host.children_of(roots)))
 
     # -- cleanup -------------------------------------------------------------------------------
     async def cleanup(self) -> list[str]:
