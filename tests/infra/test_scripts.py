@@ -510,13 +510,50 @@ def test_prep_root_then_revert_root_leaves_the_host_as_found(fakes: Fakes, tmp_p
     fakes.run(scripts.host_revert_root_script(cfg), env=env)
 
 
-def test_wipe_removes_cluster_registry_images_and_volumes(fakes: Fakes) -> None:
-    fakes.run(scripts.host_wipe_script(stack_config("host-gvisor")))
+def test_wipe_removes_only_what_was_not_there_before(fakes: Fakes) -> None:
+    cfg = stack_config("host-gvisor")
+    state = fakes.root / "home" / ".gym-substrate" / "substrate-gvisor" / "host-state"
+    state.mkdir(parents=True)
+    (state / "docker-images").write_text("sha256:old\n")
+    (state / "docker-volumes").write_text("uservol\n")
+    (state / "docker-networks").write_text("bridge\nhost\nnone\n")
+    fakes.handler(
+        "docker",
+        (
+            'case "$1 $2" in\n'
+            '  "images -q") printf "sha256:old\\nsha256:new1\\nsha256:new2\\n" ;;\n'
+            '  "volume ls") printf "uservol\\nkindvol\\n" ;;\n'
+            '  "network ls") printf "bridge\\nhost\\nkind\\nnone\\n" ;;\n'
+            "esac\n"
+        ),
+    )
+    fakes.run(scripts.host_wipe_script(cfg))
     calls = fakes.calls()
     assert "kind delete cluster --name substrate-gvisor" in calls
     assert "docker rm -f kind-registry" in calls
-    assert "docker volume prune -f" in calls
-    assert any(c.startswith("docker images") for c in calls)
+    assert "docker rmi -f sha256:new1 sha256:new2" in calls
+    assert "docker volume rm -f kindvol" in calls
+    assert "docker network rm kind" in calls
+    assert not any("sha256:old" in c or "uservol" in c for c in calls if "rm" in c)
+
+
+def test_prep_root_records_docker_state(fakes: Fakes, tmp_path: Path) -> None:
+    fakes.handler(
+        "docker",
+        (
+            'case "$1 $2" in "images -q") echo sha256:old ;; "volume ls") echo uservol ;;\n'
+            '  "network ls") printf "host\\nbridge\\n" ;; esac\n'
+        ),
+    )
+    env = {"GYM_SUBSTRATE_HOST_ROOT": str(tmp_path / "root")}
+    state = Path(
+        fakes.run(
+            scripts.host_prep_root_script(stack_config("host-gvisor")), env=env
+        ).stdout.strip()
+    )
+    assert (state / "docker-images").read_text() == "sha256:old\n"
+    assert (state / "docker-volumes").read_text() == "uservol\n"
+    assert (state / "docker-networks").read_text() == "bridge\nhost\n"
 
 
 def test_sshd_priority_raises_cpu_weight(fakes: Fakes, tmp_path: Path) -> None:

@@ -613,6 +613,15 @@ def host_prep_root_script(cfg: StackConfig) -> str:
         '  a=$(systemctl is-active "$s" 2>/dev/null) || true\n'
         '  echo "$s ${e:-absent} ${a:-inactive}"\n'
         'done | sudo tee "$STATE/services" >/dev/null\n'
+        "if command -v docker >/dev/null && sudo docker info >/dev/null 2>&1; then\n"
+        '  sudo docker images -q --no-trunc | sort -u | sudo tee "$STATE/docker-images" '
+        ">/dev/null\n"
+        '  sudo docker volume ls -q | sort -u | sudo tee "$STATE/docker-volumes" >/dev/null\n'
+        "  sudo docker network ls --format '{{.Name}}' | sort -u "
+        '| sudo tee "$STATE/docker-networks" >/dev/null\n'
+        "else\n"
+        '  for f in docker-images docker-volumes docker-networks; do sudo touch "$STATE/$f"; done\n'
+        "fi\n"
         "{ getent group docker || true; } | cut -d: -f4 "
         '| sudo tee "$STATE/docker-group" >/dev/null\n'
         'sudo touch "$STATE/complete"\n'
@@ -671,25 +680,29 @@ def host_sshd_priority_script(cfg: StackConfig) -> str:
 
 
 def host_wipe_script(cfg: StackConfig) -> str:
-    """Destroy step 1: the cluster, the registry, the images and volumes this stack made."""
+    """Destroy step 1: the cluster, the registry, and the Docker images, volumes and networks
+    that were not on the host when prep-root recorded it (pre-existing ones are kept)."""
     p = Paths(cfg)
     return (
         "set -uo pipefail\n"
         + p.env()
+        + f'STATE="{p.state_dir}"\n'
         + f"command -v kind >/dev/null && kind delete cluster --name {cfg.cluster.name}\n"
         "if command -v docker >/dev/null; then\n"
         f"  docker rm -f {REGISTRY} 2>/dev/null\n"
         "  docker ps -aq --filter label=created-by=gym-substrate | xargs -r docker rm -f\n"
-        f"  docker images --format '{{{{.Repository}}}}:{{{{.Tag}}}}' | grep -E "
-        f"'^(localhost:{cfg.cluster.registry_port}/|kindest/node|registry:3|busybox)' "
-        "| xargs -r docker rmi -f\n"
-        "  docker volume prune -f\n"
-        "  docker network rm kind 2>/dev/null\n"
+        '  new() { sort -u | comm -13 "$STATE/$1" -; }\n'
+        '  if [ -f "$STATE/docker-images" ]; then\n'
+        "    docker images -q --no-trunc | new docker-images | xargs -r docker rmi -f\n"
+        "    docker volume ls -q | new docker-volumes | xargs -r docker volume rm -f\n"
+        "    docker network ls --format '{{.Name}}' | new docker-networks "
+        "| xargs -r docker network rm\n"
+        "  fi\n"
         "  docker builder prune -af\n"
         "fi\n"
         f"rm -rf /var/tmp/gym-substrate-{cfg.cluster.name}\n"
         'rm -rf "$WORKDIR/substrate" "$WORKDIR/rendered" "$WORKDIR/src" "$KUBECONFIG" '
-        f'"{p.token_file}"\n'
+        f'"{p.token_file}" "$WORKDIR/kind-config.yaml" "$WORKDIR/registry-created"\n'
         "exit 0\n"
     )
 
