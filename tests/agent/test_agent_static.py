@@ -1,0 +1,311 @@
+"""The static binary "rides into any image": PID 1 in gVisor on a busybox-only rootfs, and Docker.
+
+The runsc test follows the project's gVisor recipe (reference/gvisor-local.md): its own network
+namespace and veth pair with unique names, `--network=sandbox` with the /proc/sys/net mask, the
+veth address re-added before the run, and the safety rules (no default route in the namespace,
+forwarding off on the host side, resolv.conf pointing at 127.0.0.1). Everything it creates is
+removed even when an assertion fails.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO / "agent" / "build" / "build-static.sh"
+DOCKERFILE = REPO / "agent" / "build" / "Dockerfile"
+_MASKED_RUNSC = 'mount -t tmpfs -o size=4k,mode=0555 gvmask /proc/sys/net && exec runsc "$@"'
+
+
+def _run(*cmd: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, check=check, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def static_binary() -> Path:
+    """Build (or reuse the cached) static agent; the path of the binary."""
+    proc = subprocess.run(
+        ["bash", str(BUILD_SCRIPT)], cwd=REPO, capture_output=True, text=True, timeout=280
+    )
+    assert proc.returncode == 0, f"static build failed:\n{proc.stderr[-4000:]}"
+    binary = REPO / proc.stdout.strip().splitlines()[-1]
+    assert binary.is_file()
+    return binary
+
+
+class _Http:
+    def __init__(self, host: str, port: int = 80) -> None:
+        self.host, self.port = host, port
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+        timeout: float = 30,
+    ) -> tuple[int, dict[str, str], bytes]:
+        if body is not None and not isinstance(body, bytes):
+            body = json.dumps(body).encode()
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        try:
+            conn.request(method, path, body=body, headers=headers or {})
+            resp = conn.getresponse()
+            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+        finally:
+            conn.close()
+
+    def wait_ready(self, deadline_s: float, why: Any) -> dict[str, Any]:
+        deadline = time.monotonic() + deadline_s
+        while time.monotonic() < deadline:
+            try:
+                status, _, body = self.call("GET", "/readyz", timeout=2)
+                if status == 200:
+                    return dict(json.loads(body))
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"the agent never answered /readyz: {why()}")
+
+    def exec(self, **fields: Any) -> dict[str, Any]:
+        status, _, body = self.call("POST", "/v1/exec?wait=8", fields)
+        assert status == 200, body
+        return dict(json.loads(body))
+
+
+def _drive(agent: _Http) -> None:
+    """Exec and files through the agent, as a provider would."""
+    job = agent.exec(command=["/bin/busybox", "uname", "-r"])
+    assert job["state"] == "exited", job["error"]
+    job = agent.exec(command="echo $((6 * 7)); echo oops >&2; exit 4")
+    assert (job["stdout"], job["stderr"], job["exit_code"]) == ("42\n", "oops\n", 4)
+    job = agent.exec(command="cat /proc/1/cmdline | tr '\\0' ' '")
+    assert job["stdout"].startswith("/opt/sandbox-agent/sandbox-agent"), job
+    job = agent.exec(command="env")
+    assert "LD_LIBRARY_PATH" not in job["stdout"]
+    assert "_MEI" not in job["stdout"]
+    job = agent.exec(command="sleep 30 & sleep 30", timeout_s=0.5)
+    assert job["state"] == "timeout"
+
+    data = os.urandom(3 * 1024 * 1024 + 17)
+    half = len(data) // 2
+    for offset, chunk, final in ((0, data[:half], "false"), (half, data[half:], "true")):
+        status, _, body = agent.call(
+            "PUT",
+            f"/v1/files?path=/work/data.bin&offset={offset}&final={final}&mode=0600",
+            chunk,
+        )
+        assert status == 200, body
+    assert json.loads(body)["sha256"] == hashlib.sha256(data).hexdigest()
+    status, headers, got = agent.call(
+        "GET", "/v1/files?path=/work/data.bin", headers={"Range": "bytes=100-199"}
+    )
+    assert status == 206
+    assert got == data[100:200]
+    status, _, got = agent.call("GET", "/v1/files?path=/work/data.bin")
+    assert got == data
+    status, _, body = agent.call("GET", "/v1/stat?path=/work/data.bin")
+    assert json.loads(body)["mode"] == 0o600
+    job = agent.exec(command="wc -c < /work/data.bin", user=1234)
+    assert job["state"] == "exited", job["error"]
+    assert job["exit_code"] != 0, "uid 1234 must not read a 0600 root file"
+    job = agent.exec(command=["/bin/busybox", "wc", "-c", "/work/data.bin"])
+    assert job["stdout"].split()[0] == str(len(data))
+
+
+def _busybox_rootfs(root: Path) -> None:
+    """A root file system holding nothing but busybox-static (and its applet links)."""
+    busybox = shutil.which("busybox") or "/bin/busybox"
+    (root / "bin").mkdir(parents=True)
+    shutil.copy2(busybox, root / "bin" / "busybox")
+    applets = _run(str(root / "bin" / "busybox"), "--list").stdout.split()
+    for applet in applets:
+        if applet != "busybox":
+            (root / "bin" / applet).symlink_to("busybox")
+
+
+@pytest.fixture
+def netns() -> Iterator[tuple[str, str, str, str]]:
+    """A private network namespace plus veth pair: (netns, host veth, sandbox veth, sandbox ip)."""
+    tag = f"{os.getpid() % 10000}{random.randrange(100):02d}"
+    ns, host_if, sb_if = f"sagt{tag}", f"sah{tag}", f"san{tag}"
+    used = _run("ip", "-4", "addr").stdout
+    octet = next(o for o in random.sample(range(1, 255), 254) if f"10.217.{o}." not in used)
+    host_ip, sb_ip = f"10.217.{octet}.1", f"10.217.{octet}.2"
+    try:
+        _run("ip", "netns", "add", ns)
+        _run("ip", "link", "add", host_if, "type", "veth", "peer", "name", sb_if)
+        _run("ip", "link", "set", sb_if, "netns", ns)
+        Path(f"/proc/sys/net/ipv4/conf/{host_if}/forwarding").write_text("0\n")
+        Path(f"/proc/sys/net/ipv6/conf/{host_if}/disable_ipv6").write_text("1\n")
+        _run("ip", "addr", "add", f"{host_ip}/24", "dev", host_if)
+        _run("ip", "link", "set", host_if, "up")
+        _run("ip", "-n", ns, "link", "set", "lo", "up")
+        # Deliberately no default route inside the namespace.
+        yield ns, host_if, sb_if, sb_ip
+    finally:
+        _run("ip", "link", "del", host_if, check=False)
+        _run("ip", "netns", "del", ns, check=False)
+
+
+@pytest.mark.runsc
+@pytest.mark.slow
+def test_static_binary_is_pid1_in_gvisor_on_busybox_rootfs(
+    static_binary: Path, netns: tuple[str, str, str, str], tmp_path: Path
+) -> None:
+    ns, _, sb_if, sb_ip = netns
+    rootfs, bundle, state = tmp_path / "rootfs", tmp_path / "bundle", tmp_path / "state"
+    _busybox_rootfs(rootfs)
+    bundle.mkdir()
+    state.mkdir()
+    (tmp_path / "resolv.conf").write_text("nameserver 127.0.0.1\n")
+    (tmp_path / "hosts").write_text("127.0.0.1 localhost\n")
+    _run("runsc", "spec", "--bundle", str(bundle))
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["root"] = {"path": str(rootfs), "readonly": False}
+    spec["hostname"] = "sa-static-test"
+    spec["process"]["terminal"] = False
+    spec["process"]["args"] = ["/opt/sandbox-agent/sandbox-agent"]
+    # `runsc spec` grants only three capabilities; add the ones Docker grants by default that
+    # running a command as another user needs.
+    for kind, caps in spec["process"]["capabilities"].items():
+        if kind != "inheritable":
+            caps += [c for c in ("CAP_SETUID", "CAP_SETGID", "CAP_CHOWN") if c not in caps]
+    spec["process"]["env"] = [
+        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "SANDBOX_AGENT_ACTOR_ID=actor-static-1",
+    ]
+    spec["mounts"] += [
+        {
+            "destination": "/etc/resolv.conf",
+            "type": "bind",
+            "source": str(tmp_path / "resolv.conf"),
+            "options": ["rbind", "ro"],
+        },
+        {
+            "destination": "/etc/hosts",
+            "type": "bind",
+            "source": str(tmp_path / "hosts"),
+            "options": ["rbind", "ro"],
+        },
+        {
+            "destination": "/opt/sandbox-agent/sandbox-agent",
+            "type": "bind",
+            "source": str(static_binary),
+            "options": ["rbind", "ro"],
+        },
+    ]
+    for entry in spec["linux"]["namespaces"]:
+        if entry["type"] == "network":
+            entry["path"] = f"/var/run/netns/{ns}"
+    (bundle / "config.json").write_text(json.dumps(spec))
+
+    container = f"sagt-{uuid.uuid4().hex[:12]}"
+    log = tmp_path / "runsc.log"
+    runsc = ["runsc", f"--root={state}", "--network=sandbox", "--overlay2=root:memory"]
+    try:
+        _run("ip", "-n", ns, "addr", "replace", f"{sb_ip}/24", "dev", sb_if)
+        _run("ip", "-n", ns, "link", "set", sb_if, "up")
+        with open(log, "wb") as out:
+            started = subprocess.run(
+                [
+                    "unshare",
+                    "-m",
+                    "--propagation",
+                    "private",
+                    "sh",
+                    "-c",
+                    _MASKED_RUNSC,
+                    "runsc",
+                    *runsc[1:],
+                    "run",
+                    "--detach",
+                    "--bundle",
+                    str(bundle),
+                    container,
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                timeout=60,
+            )
+        assert started.returncode == 0, log.read_text()
+        agent = _Http(sb_ip)
+        ready = agent.wait_ready(60, lambda: log.read_text()[-2000:])
+        assert ready["actor_id"] == "actor-static-1"
+        assert ready["agent_version"]
+        _drive(agent)
+    finally:
+        _run(*runsc, "delete", "--force", container, check=False)
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_scratch_image_runs_the_agent(static_binary: Path, tmp_path: Path) -> None:
+    context = tmp_path / "context"
+    context.mkdir()
+    shutil.copy2(static_binary, context / "sandbox-agent")
+    tag = f"gym-substrate-test/sandbox-agent:{uuid.uuid4().hex[:10]}"
+    name = f"sagt-{uuid.uuid4().hex[:10]}"
+    built = _run(
+        "docker",
+        "build",
+        "-q",
+        "-f",
+        str(DOCKERFILE),
+        "-t",
+        tag,
+        str(context),
+        check=False,
+        timeout=240,
+    )
+    assert built.returncode == 0, built.stderr
+    try:
+        inspect = json.loads(_run("docker", "image", "inspect", tag).stdout)[0]
+        assert inspect["Config"]["Entrypoint"] == ["/opt/sandbox-agent/sandbox-agent"]
+        assert len(inspect["RootFS"]["Layers"]) == 1, "FROM scratch: the binary is the only layer"
+        # Host networking on a free loopback port: no bridge, iptables or port proxy needed.
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        run = _run(
+            "docker",
+            "run",
+            "-d",
+            "--name",
+            name,
+            "--network",
+            "host",
+            tag,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            check=False,
+        )
+        assert run.returncode == 0, run.stderr
+        agent = _Http("127.0.0.1", port)
+        agent.wait_ready(60, lambda: _run("docker", "logs", name, check=False).stderr[-2000:])
+        job = agent.exec(command=["/opt/sandbox-agent/sandbox-agent", "--version"])
+        assert job["stdout"].startswith("sandbox-agent ")
+        status, _, body = agent.call("PUT", "/v1/files?path=/data/x.txt", b"scratch")
+        assert status == 200, body
+        status, _, got = agent.call("GET", "/v1/files?path=/data/x.txt")
+        assert got == b"scratch"
+    finally:
+        _run("docker", "rm", "-f", name, check=False)
+        _run("docker", "rmi", "-f", tag, check=False)
