@@ -120,6 +120,7 @@ class _State:
     inflight: int = 0
     parked: bool = False
     closed: bool = False
+    counted: bool = False  # created here, so it is in the `running` gauge
     idle_task: asyncio.Task[None] | None = None
 
 
@@ -297,19 +298,27 @@ class SubstrateProvider:
             env=dict(spec.env or {}),
         )
         handle = SandboxHandle(sandbox_id=actor.actor_id, provider_name=self.name, raw=actor)
-        control = self.control
-        policy = self._retry
+        self._resources()  # fail fast (ProviderClosedError) before anything is allocated
         try:
             await self._ensure_atespace(atespace)
-            await self._create_actor(actor, policy)
         except SubstrateError as exc:
             METRICS.failures.labels("create").inc()
-            raise SubstrateCreateError(f"could not create actor {actor.actor_id}: {exc}") from exc
+            raise SubstrateCreateError(f"could not create atespace {atespace}: {exc}") from exc
         ttl = spec.ttl_s if spec.ttl_s is not None else self.lifecycle.ttl_s
+        # Recorded before CreateActor: a reply lost on the way back still leaves a ledger entry
+        # that `sweep` can act on, even if this process dies right after.
         self._record(
             "created", actor, ttl_s=ttl, template=template, metadata=dict(spec.metadata or {})
         )
         try:
+            try:
+                await self._create_actor(actor, self._retry)
+            except SubstrateCreateError:
+                raise
+            except SubstrateError as exc:
+                raise SubstrateCreateError(
+                    f"could not create actor {actor.actor_id}: {exc}"
+                ) from exc
             try:
                 await self._resume_and_wait(handle, deadline=time.monotonic() + ready_timeout)
             except (RetryError, AgentError) as exc:
@@ -337,7 +346,7 @@ class SubstrateProvider:
                     f"could not prepare actor {actor.actor_id}: {exc}"
                 ) from exc
             raise
-        del control
+        self._state(actor).counted = True
         METRICS.creates.inc()
         METRICS.running.inc()
         METRICS.create_latency.observe(time.monotonic() - started)
@@ -583,6 +592,8 @@ class SubstrateProvider:
             backoff = 0.05
             if state.get("state") != "running":
                 return _job_result(state)
+            if wait < 0.05:  # poll_wait_s 0: do not spin on the agent
+                await asyncio.sleep(0.05)
 
     async def _timeout_result(
         self, agent: AgentClient, job: dict[str, Any], submitted: bool, last_error: Exception | None
@@ -887,7 +898,8 @@ class SubstrateProvider:
             state.closed = True
             if state.parked:
                 METRICS.parked.dec()
-            METRICS.running.dec()
+            if state.counted:
+                METRICS.running.dec()
             self._record("deleted", actor)
 
     async def _teardown(self, actor: SubstrateActor) -> None:

@@ -45,6 +45,28 @@ async def test_create_retries_transient_codes_with_the_same_actor_id(
     await p.aclose()
 
 
+async def test_create_actor_replies_lost_until_the_deadline_leaks_nothing(stack: Stack) -> None:
+    # Every CreateActor lands but its reply is lost; retries then hit ALREADY_EXISTS -> GetActor,
+    # which is failed too, until the retry deadline. The actor exists: it must be cleaned up.
+    stack.grpc_proxy.inject(
+        "CreateActor", grpc.StatusCode.UNAVAILABLE, after_forward=True, times=1000
+    )
+    stack.grpc_proxy.inject("GetActor", grpc.StatusCode.UNAVAILABLE, times=1000)
+    p = stack.provider(create={"retry": {"initial": 0.01, "maximum": 0.05, "deadline": 0.5}})
+    task = asyncio.ensure_future(p.create(SandboxSpec()))
+    await asyncio.sleep(0.8)
+    stack.grpc_proxy.faults.clear()  # the control plane recovers while create() cleans up
+    with pytest.raises(SubstrateCreateError, match="CreateActor did not succeed within 0.5 s"):
+        await task
+    assert await stack.actors() == []
+    events = [
+        line.split('"event": "')[1].split('"')[0]
+        for line in (stack.tmp / "ledger.jsonl").read_text().splitlines()
+    ]
+    assert events == ["created", "deleted"]
+    await p.aclose()
+
+
 async def test_no_free_workers_is_retried_until_ready(stack: Stack) -> None:
     stack.grpc_proxy.inject(
         "ResumeActor", grpc.StatusCode.FAILED_PRECONDITION, "no free workers available", times=5
