@@ -243,3 +243,44 @@ def test_readme_example_on_gvisor(gvisor_backend: BackgroundBackend, tmp_path: P
         assert op.actors() == []
     finally:
         op.close()
+
+
+FORKED_VECTOR_RUN = """
+import json, sys
+from gymnasium.vector import AsyncVectorEnv
+from gym_substrate.envs import ExitCodeReward, SandboxEnv, SparseTaskTermination
+
+def never(obs, info):
+    return False
+
+provider = json.loads(sys.argv[1])
+# A parent that has never touched gRPC may fork its workers (Linux's default start method). The
+# parent builds one env itself (the dummy AsyncVectorEnv reads the spaces from), so each worker
+# must build its own loop thread and provider after the fork.
+make = lambda: SandboxEnv(ExitCodeReward(), SparseTaskTermination(never), provider)
+vec = AsyncVectorEnv([make] * 2, context="fork")
+obs, infos = vec.reset()
+obs, rewards, *_ = vec.step(("echo one", "echo two"))
+vec.close()
+print(json.dumps({"obs": list(obs), "rewards": rewards.tolist(), "ids": list(infos["sandbox_id"])}))
+"""
+
+
+def test_async_vector_env_with_forked_workers(operator: Operator) -> None:
+    import json
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-c", FORKED_VECTOR_RUN, json.dumps(operator.provider())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["obs"] == ["one\n", "two\n"]
+    assert out["rewards"] == [1.0, 1.0]
+    assert len(set(out["ids"])) == 2
+    assert operator.actors() == []

@@ -399,3 +399,34 @@ def test_a_failed_create_leaves_no_episode(fake: FakeProvider) -> None:
         fake.create = original  # type: ignore[method-assign]
         env.reset()
         assert env.step("echo ok")[0] == "ok\n"
+
+
+def _run_in_child(loop: Any, queue: Any) -> None:
+    import os
+
+    async def whoami() -> int:
+        return os.getpid()
+
+    queue.put(loop.run(whoami(), timeout=10))
+
+
+def test_loop_thread_is_recreated_after_fork() -> None:
+    import multiprocessing
+    import os
+
+    from gym_substrate.envs._loop import LoopThread
+
+    async def whoami() -> int:
+        return os.getpid()
+
+    loop = LoopThread()
+    assert loop.run(whoami()) == os.getpid()  # the parent's thread is running
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_run_in_child, args=(loop, queue))
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0
+    assert queue.get(timeout=5) == child.pid  # a new loop thread ran it in the child
+    assert loop.run(whoami()) == os.getpid()  # the parent's is untouched
+    loop.close()
