@@ -61,6 +61,7 @@ class GrpcFaultProxy:
         self.upstream = upstream
         self.faults: dict[str, list[GrpcFault]] = defaultdict(list)
         self.calls: dict[str, int] = defaultdict(int)
+        self.metadata: dict[str, dict[str, str]] = {}
         self.random_fault: Callable[[str], GrpcFault | None] | None = None
         self._server: grpc.aio.Server | None = None
         self._channel: grpc.aio.Channel | None = None
@@ -92,6 +93,7 @@ class GrpcFaultProxy:
     def _forwarder(self, method: str, call: Any) -> Any:
         async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
             self.calls[method] += 1
+            self.metadata[method] = {k: str(v) for k, v in context.invocation_metadata() or ()}
             fault = self.faults[method].pop(0) if self.faults[method] else None
             if fault is None and self.random_fault is not None:
                 fault = self.random_fault(method)

@@ -183,3 +183,73 @@ async def test_metrics_endpoint_serves_counters(stack: Stack) -> None:
     assert "gym_substrate_exec_seconds_bucket" in text
     await p.close(h)
     await p.aclose()
+
+
+async def test_pause_mode_suspend_and_idle_policy_pause(stack: Stack) -> None:
+    p = stack.provider(pause_mode="suspend")
+    h = await p.create(SandboxSpec())
+    await p.pause(h)
+    assert h.raw.status == "SUSPENDED"
+    assert await p.status(h) == SandboxStatus.PAUSED
+    await p.resume(h)
+    assert await p.status(h) == SandboxStatus.RUNNING
+    await p.close(h)
+    await p.aclose()
+
+    idle = stack.provider(lifecycle={"idle_policy": "pause", "idle_after_s": 0.1})
+    h = await idle.create(SandboxSpec())
+    assert (await idle.exec(h, "echo 1 > n; cat n")).stdout == "1\n"
+    for _ in range(100):  # parked in the background; status() itself never wakes it
+        if await idle.status(h) == SandboxStatus.PAUSED:
+            break
+        await asyncio.sleep(0.05)
+    assert await idle.status(h) == SandboxStatus.PAUSED
+    assert stack.grpc_proxy.calls["PauseActor"] == 1
+    assert (await idle.exec(h, "cat n")).stdout == "1\n"  # resumed transparently
+    await idle.close(h)
+    assert await stack.actors() == []
+    await idle.aclose()
+
+
+async def test_exec_user_env_and_bad_user(stack: Stack) -> None:
+    p = stack.provider()
+    h = await p.create(SandboxSpec(env={"A": "spec", "B": "spec"}))
+    r = await p.exec(h, "id -u; echo $A $B", user=0, env={"B": "call"})
+    assert (r.return_code, r.stdout) == (0, "0\nspec call\n")
+    r = await p.exec(h, "true", user="no-such-user-xyz")
+    assert (r.return_code, r.error_type) == (125, "sandbox")
+    assert r.stderr is not None
+    assert "no-such-user-xyz" in r.stderr
+    with pytest.raises(ValueError, match="timeout_s must be > 0"):
+        await p.exec(h, "true", timeout_s=0)
+    await p.close(h)
+    await p.aclose()
+
+
+async def test_exec_concurrency_limit_bounds_jobs_in_flight(stack: Stack, tmp_path: Path) -> None:
+    p = stack.provider(exec={"concurrency": 2})
+    h = await p.create(SandboxSpec())
+    log = tmp_path / "overlap.log"
+    cmd = f"echo start >> {log}; sleep 0.2; echo end >> {log}"
+    results = await asyncio.gather(*(p.exec(h, cmd) for _ in range(6)))
+    assert [r.return_code for r in results] == [0] * 6
+    depth, deepest = 0, 0
+    for line in log.read_text().split():
+        depth += 1 if line == "start" else -1
+        deepest = max(deepest, depth)
+    assert deepest == 2
+    await p.close(h)
+    await p.aclose()
+
+
+async def test_bearer_token_is_sent_on_every_rpc_and_reread(stack: Stack, tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("first\n")
+    p = stack.provider(connection={"token": {"file": str(token)}})
+    h = await p.create(SandboxSpec())
+    assert stack.grpc_proxy.metadata["CreateActor"]["authorization"] == "Bearer first"
+    token.write_text("second")
+    await p.status(h)
+    assert stack.grpc_proxy.metadata["GetActor"]["authorization"] == "Bearer second"
+    await p.close(h)
+    await p.aclose()
