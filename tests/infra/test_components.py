@@ -155,7 +155,7 @@ def test_host_destroy_commands(stack: str) -> None:
     assert "reverted" in prep["delete"]
     wipe = run.by_name("wipe").inputs
     assert "kind delete cluster" in wipe["delete"]
-    assert "docker volume prune" in wipe["delete"]
+    assert "docker volume rm" in wipe["delete"]
     _depends(run, "wipe", "prep-root", "install-tools", "sshd-priority")
     # Every cluster step depends on the wipe step, so destroy deletes them first, then wipes,
     # then reverts the host: the host is left as found.

@@ -517,6 +517,7 @@ def test_wipe_removes_only_what_was_not_there_before(fakes: Fakes) -> None:
     (state / "docker-images").write_text("sha256:old\n")
     (state / "docker-volumes").write_text("uservol\n")
     (state / "docker-networks").write_text("bridge\nhost\nnone\n")
+    (state.parent / "registry-created").touch()
     fakes.handler(
         "docker",
         (

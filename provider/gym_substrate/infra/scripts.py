@@ -689,7 +689,7 @@ def host_wipe_script(cfg: StackConfig) -> str:
         + f'STATE="{p.state_dir}"\n'
         + f"command -v kind >/dev/null && kind delete cluster --name {cfg.cluster.name}\n"
         "if command -v docker >/dev/null; then\n"
-        f"  docker rm -f {REGISTRY} 2>/dev/null\n"
+        f'  [ -f "$WORKDIR/registry-created" ] && docker rm -f {REGISTRY} 2>/dev/null\n'
         "  docker ps -aq --filter label=created-by=gym-substrate | xargs -r docker rm -f\n"
         '  new() { sort -u | comm -13 "$STATE/$1" -; }\n'
         '  if [ -f "$STATE/docker-images" ]; then\n'
