@@ -12,10 +12,21 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from infra_harness import REPO, SSH_KEY, STACKS
+
+
+@pytest.fixture(autouse=True)
+def _keep_stack_files() -> Iterator[None]:
+    """`pulumi stack init` writes an encryption salt (and our secret) into the repo's stack file;
+    put the committed text back afterwards."""
+    files = {p: p.read_text() for p in (REPO / "infra" / "stacks").glob("Pulumi.*.yaml")}
+    yield
+    for path, text in files.items():
+        path.write_text(text)
 
 
 def _stack(name: str, backend: Path) -> Any:
