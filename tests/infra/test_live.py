@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
