@@ -424,7 +424,9 @@ class SubstrateProvider:
         METRICS.resume_latency.observe(time.monotonic() - started)
 
     async def _ensure_active(self, handle: SandboxHandle, state: _State) -> None:
-        if not state.parked:
+        # A held lock means a park may be under way: wait for it, then resume, rather than
+        # racing a request into an actor that is being checkpointed.
+        if not state.parked and not state.lock.locked():
             return
         async with state.lock:
             if state.parked:
