@@ -149,3 +149,24 @@ async def test_local_endpoints(backend: LocalBackend, http: Any) -> None:
         error = (await response.json())["error"]
         assert error["code"] == "bad_request"
         assert "not valid YAML" in error["message"]
+
+
+@pytest.mark.parametrize("runtime_name", RUNTIMES)
+async def test_dead_sandbox_is_restarted_on_demand(
+    stub: Any, backend: LocalBackend, http: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    await make_actor(stub, "dies")
+    first = (await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("dies")))).actor
+    assert backend.plane is not None
+    record = backend.plane.lookup("t", "dies")
+    assert record is not None
+    assert backend.runtime is not None
+    await backend.runtime.stop(record.handle)  # the sandbox dies behind the control plane's back
+    status, body = await _readyz(http, backend, host("dies"))
+    assert status == 200
+    assert body["actor_id"] == "dies"
+    again = (await stub.GetActor(pb.GetActorRequest(actor_ref=ref("dies")))).actor
+    assert again.status == S.STATUS_RUNNING
+    assert again.version > first.version
+    assert "its sandbox died while RUNNING" in caplog.text
+    await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("dies")))

@@ -539,6 +539,40 @@ class ControlPlane:
     def worker_pod(self, slot: int) -> str:
         return f"{self.instance}-{Slot(slot).name}"
 
+    async def sandbox_gone(self, key: str, handle: str) -> bool:
+        """Called when the agent of a RUNNING actor cannot be reached.
+
+        If its sandbox really is gone, the actor falls back to SUSPENDED from its last snapshot
+        (as after a crash) and True is returned, so the caller may resume it.
+        """
+        record = self._actors.get(key)
+        if record is None or record.status != RUNNING or record.handle != handle:
+            return record is not None and record.status != RUNNING
+        if key in self._busy or await self.runtime.is_alive(handle):
+            return False
+        async with self._lock(key):
+            record = self._get(key)
+            if record.status != RUNNING or record.handle != handle:
+                return True
+            await self._stop(handle)
+            self._free_slot(record.slot)
+            self._write(
+                record,
+                status=SUSPENDED,
+                slot=None,
+                handle="",
+                address="",
+                pod_uid="",
+                in_progress_snapshot="",
+            )
+        log.warning(
+            "actor %s: its sandbox died while RUNNING; it is SUSPENDED again from %s: "
+            "everything since then is lost",
+            key,
+            record.snapshot_path or "its template (no snapshot)",
+        )
+        return True
+
     # ---------------------------------------------------------------- actors: lifecycle
     async def resume_actor(self, atespace: str, actor_id: str, boot: bool = False) -> ActorRecord:
         key = self._ref(atespace, actor_id)

@@ -53,6 +53,7 @@ _HOP_BY_HOP = frozenset(
 )
 _RESUME_BUDGET_S = 15.0
 _CHUNK = 256 * 1024
+_CONNECT_TIMEOUT_S = 2.0
 
 AdminHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -109,6 +110,10 @@ _GRPC_TO_HTTP = {
 }
 
 
+class _UpstreamDown(Exception):
+    """The agent could not be reached and the request can be replayed (no body consumed)."""
+
+
 class Router:
     def __init__(
         self,
@@ -139,7 +144,8 @@ class Router:
                     limit=0, keepalive_timeout=30.0, use_dns_cache=False
                 ),
                 auto_decompress=False,
-                timeout=aiohttp.ClientTimeout(total=None),
+                # an agent answers SYNs in microseconds; a silent address means a dead sandbox
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=_CONNECT_TIMEOUT_S),
                 skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
             )
             self._pools[record.handle] = session
@@ -187,19 +193,28 @@ class Router:
         outcome = "error"
         template = ("", "")
         try:
-            record = self.plane.lookup(atespace, actor_id)
-            if record is None or record.status != RUNNING or not record.address:
+            for attempt in (0, 1):
+                record = self.plane.lookup(atespace, actor_id)
+                if record is None or record.status != RUNNING or not record.address:
+                    try:
+                        record = await self._resume(atespace, actor_id)
+                    except ApiError as exc:
+                        status, body, outcome = _GRPC_TO_HTTP.get(
+                            exc.code, (500, 'error resuming actor "{id}"', "error")
+                        )
+                        return _text(status, body.format(id=actor_id, msg=exc.message))
+                template = (record.template_namespace, record.template_name)
                 try:
-                    record = await self._resume(atespace, actor_id)
-                except ApiError as exc:
-                    status, body, outcome = _GRPC_TO_HTTP.get(
-                        exc.code, (500, 'error resuming actor "{id}"', "error")
-                    )
-                    return _text(status, body.format(id=actor_id, msg=exc.message))
-            template = (record.template_namespace, record.template_name)
-            response = await self._proxy(request, record)
-            outcome = "ok"
-            return response
+                    response = await self._proxy(request, record)
+                except _UpstreamDown as down:
+                    # the sandbox may have died behind our back: if so the control plane puts
+                    # the actor back to SUSPENDED and the next round resumes it
+                    if attempt == 0 and await self.plane.sandbox_gone(record.key, record.handle):
+                        continue
+                    return _text(503, f"upstream connect error or disconnect/reset: {down}")
+                outcome = "ok"
+                return response
+            raise AssertionError("unreachable")
         except asyncio.CancelledError:
             outcome = "cancelled"
             raise
@@ -257,6 +272,8 @@ class Router:
                             compress=None,
                         )
                         upstream = await upstream_cm.__aenter__()
+                    except aiohttp.ConnectionTimeoutError as exc:
+                        raise _UpstreamDown(f"connect to {record.address} timed out") from exc
                     except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
                         # a pooled keep-alive connection died with its sandbox; retry once on a
                         # fresh one when no body bytes were consumed
@@ -294,6 +311,8 @@ class Router:
                     request.transport.close()
                 return response
             log.info("upstream %s for %s failed: %s", record.address, record.key, exc)
+            if isinstance(exc, aiohttp.ClientConnectorError) or not has_body:
+                raise _UpstreamDown(str(exc)) from exc
             return _text(503, "upstream connect error or disconnect/reset before headers")
 
     # ------------------------------------------------------------------ local endpoints
