@@ -7,6 +7,7 @@ same graph backwards, which is what makes the host's wipe-then-revert order hold
 
 from __future__ import annotations
 
+import datetime
 import functools
 import json
 from dataclasses import dataclass
@@ -185,11 +186,14 @@ class SubstrateInstall(pulumi.ComponentResource):
         self.token_file = None
         self.client_token: pulumi.Output[str] | None = None
         if s.auth_mode == "jwt":
+            # The token lives 24 h; the UTC date as a trigger makes the first `pulumi up` of
+            # each day write a fresh one.
             token = run.run(
                 "client-token",
                 scripts.token_script(cfg),
                 parent=self,
                 depends_on=[self.install],
+                triggers=[datetime.datetime.now(datetime.UTC).date().isoformat()],
             )
             self.token_file = token.stdout.apply(str.strip)
             if run.remote:

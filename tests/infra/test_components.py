@@ -263,6 +263,10 @@ def test_image_volume_mode_pins_the_workload_only() -> None:
 def test_host_jwt_exports_the_client_token_as_a_secret() -> None:
     run = run_stack("host-gvisor", {"gym-substrate:substrate": {"authMode": "jwt"}})
     _depends(run, "client-token", "install")
+    import datetime
+
+    today = datetime.datetime.now(datetime.UTC).date().isoformat()
+    assert today in run.by_name("client-token").inputs["triggers"]
     assert "stdout" in run.by_name("client-token-value").secret_outputs
     token = run.globals["install"].client_token
     assert token is not None
