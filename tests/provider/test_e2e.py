@@ -253,3 +253,24 @@ async def test_bearer_token_is_sent_on_every_rpc_and_reread(stack: Stack, tmp_pa
     assert stack.grpc_proxy.metadata["GetActor"]["authorization"] == "Bearer second"
     await p.close(h)
     await p.aclose()
+
+
+async def test_concurrent_transfers_on_one_handle_and_empty_files(
+    stack: Stack, tmp_path: Path
+) -> None:
+    p = stack.provider(exec={"transfer_chunk_bytes": 64 * 1024})
+    h = await p.create(SandboxSpec())
+    remote = tmp_path / "remote"
+    sources = []
+    for i in range(6):
+        src = tmp_path / f"s{i}.bin"
+        src.write_bytes(os.urandom(i * 100_000))  # 0 bytes .. 500 kB, several chunks each
+        sources.append(src)
+    await asyncio.gather(*(p.upload_file(h, s, str(remote / s.name)) for s in sources))
+    await asyncio.gather(
+        *(p.download_file(h, str(remote / s.name), tmp_path / "back" / s.name) for s in sources)
+    )
+    for s in sources:
+        assert (tmp_path / "back" / s.name).read_bytes() == s.read_bytes()
+    await p.close(h)
+    await p.aclose()
