@@ -51,7 +51,8 @@ def test_leases_are_exclusive_and_stale_ones_are_reused(tmp_path: Path) -> None:
             time.sleep(0.05)
         taken = net.setup_slot_net(c, 0, pool=SMALL_POOL, lease_dir=leases)
         assert taken.sandbox_ip == nets[1].sandbox_ip
-        owner = json.loads((leases / "10.213.255.252.lease").read_text())
+        freed = ipaddress.IPv4Interface(nets[1].sandbox_cidr).network.network_address
+        owner = json.loads((leases / f"{freed}.lease").read_text())
         assert owner["instance"] == c
     finally:
         for inst in (a, b, c):
