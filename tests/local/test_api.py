@@ -13,6 +13,7 @@ from local_helpers import RUNTIMES, host, make_actor, ref, status_code
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
 from gym_substrate.local import LocalBackend
+from gym_substrate.local.backend import BackendError
 
 S = pb.Actor.Status
 C = grpc.StatusCode
@@ -297,10 +298,19 @@ async def test_update_actor_selector(stub: Any) -> None:
         )
     ).actor
     assert fixed.version == updated.version + 1
-    bad = pb.UpdateActorRequest(
-        actor_ref=ref("sel"), worker_selector=pb.Selector(match_labels={"k": "x" * 64})
+    for labels in ({"k": "x" * 64}, {"-k": "v"}, {"/k": "v"}, {"Bad_Prefix/k": "v"}, {"k": "v!"}):
+        bad = pb.UpdateActorRequest(
+            actor_ref=ref("sel"), worker_selector=pb.Selector(match_labels=labels)
+        )
+        assert await status_code(stub.UpdateActor(bad)) == C.INVALID_ARGUMENT, labels
+    many = {f"k{i}": "v" for i in range(11)}
+    too_many = pb.UpdateActorRequest(
+        actor_ref=ref("sel"), worker_selector=pb.Selector(match_labels=many)
     )
-    assert await status_code(stub.UpdateActor(bad)) == C.INVALID_ARGUMENT
+    assert await status_code(stub.UpdateActor(too_many)) == C.INVALID_ARGUMENT
+    ok = {"example.com/team": "a-1", "plain": ""}
+    fine = pb.UpdateActorRequest(actor_ref=ref("sel"), worker_selector=pb.Selector(match_labels=ok))
+    assert await status_code(stub.UpdateActor(fine)) == C.OK
 
 
 async def test_session_identity_and_debug_clear(stub: Any, backend: LocalBackend) -> None:
@@ -327,3 +337,14 @@ async def test_metrics_use_substrate_names(stub: Any, backend: LocalBackend, htt
     assert 'gym_substrate_local_workers{state="free"} 2.0' in text
     for name in ("atenet_router_route_duration_seconds", "atelet_snapshot_size_bytes"):
         assert f"# TYPE {name} histogram" in text
+
+
+async def test_one_backend_per_state_folder(backend: LocalBackend) -> None:
+    with pytest.raises(BackendError, match="already uses"):
+        async with LocalBackend(backend.state_dir, runtime="process"):
+            pass
+    busy = LocalBackend(
+        backend.state_dir.parent / "other", runtime="process", api_port=backend.api_port
+    )
+    with pytest.raises(BackendError, match="pick another --api-port"):
+        await busy.start()

@@ -252,7 +252,10 @@ class LocalBackend:
         pb_grpc.add_SessionIdentityServicer_to_server(  # type: ignore[no-untyped-call]
             SessionIdentityServicer(), server
         )
-        port = server.add_insecure_port(f"127.0.0.1:{self._api_port}")
+        try:
+            port = server.add_insecure_port(f"127.0.0.1:{self._api_port}")
+        except RuntimeError:
+            port = 0
         if port == 0:
             raise BackendError(
                 f"cannot listen on 127.0.0.1:{self._api_port} for the API; pick another --api-port"

@@ -15,6 +15,7 @@ import binascii
 import contextlib
 import dataclasses
 import logging
+import re
 import secrets
 import shutil
 import socket
@@ -58,6 +59,8 @@ PAUSING = "STATUS_PAUSING"
 _HOLDS_SLOT = {RUNNING, RESUMING, PAUSING, SUSPENDING}
 
 T = TypeVar("T")
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 class ApiError(Exception):
@@ -84,25 +87,27 @@ def _check_label(value: str, what: str) -> None:
 
 
 def _check_selector(labels: Mapping[str, str]) -> None:
+    """Kubernetes label rules, as Substrate's CreateActor applies them to worker_selector."""
     if len(labels) > 10:
         raise ApiError(grpc.StatusCode.INVALID_ARGUMENT, "worker_selector has more than 10 labels")
     for key, value in labels.items():
-        name = key.rsplit("/", 1)[-1]
+        prefix, _, name = key.rpartition("/")
         if (
-            not key
+            not _LABEL_NAME.match(name)
             or len(name) > 63
-            or not name.replace("-", "a").replace("_", "a").replace(".", "a").isalnum()
+            or (prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)))
+            or ("/" in key and not prefix)
         ):
             raise ApiError(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"worker_selector key {key!r} is not a valid label key",
+                f"worker_selector key {key!r} is not a valid label key: use [prefix/]name with a "
+                "name of at most 63 letters, digits, '-', '_' or '.', alphanumeric at both ends",
             )
-        if len(value) > 63 or (
-            value and not value.replace("-", "a").replace("_", "a").replace(".", "a").isalnum()
-        ):
+        if len(value) > 63 or (value and not _LABEL_NAME.match(value)):
             raise ApiError(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"worker_selector value {value!r} for {key!r} is not a valid label value",
+                f"worker_selector value {value!r} for {key!r} is not a valid label value: at "
+                "most 63 letters, digits, '-', '_' or '.', alphanumeric at both ends",
             )
 
 

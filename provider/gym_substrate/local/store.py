@@ -15,7 +15,6 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from gym_substrate.local.runtime import TemplateSpec
 from gym_substrate.local.templates import template_from_json, template_to_json
@@ -86,9 +85,6 @@ class Store:
 
     def close(self) -> None:
         self._db.close()
-
-    def _tx(self) -> sqlite3.Connection:
-        return self._db
 
     # meta -----------------------------------------------------------------------------------
     def get_meta(self, key: str) -> str | None:
@@ -201,7 +197,3 @@ class Store:
         self._db.execute("UPDATE workers SET version=version+1 WHERE slot=?", (slot,))
         row = self._db.execute("SELECT version FROM workers WHERE slot=?", (slot,)).fetchone()
         return int(row[0]) if row else 0
-
-
-def record_to_dict(record: ActorRecord) -> dict[str, Any]:
-    return asdict(record)
