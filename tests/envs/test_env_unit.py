@@ -307,13 +307,16 @@ def test_reset_options_are_validated(fake: FakeProvider) -> None:
         env.reset(options={"seed": 1})
 
 
+CONNECTION = {"api": "127.0.0.1:1", "router": "http://127.0.0.1:2", "tls": {"plaintext": True}}
+
+
 def test_pickles_by_constructor_arguments() -> None:
-    env = make({"substrate": {"connection": {"api": "127.0.0.1:1"}}}, max_episode_steps=7)
+    env = make({"substrate": {"connection": CONNECTION}}, max_episode_steps=7)
     clone = pickle.loads(pickle.dumps(env))
     assert isinstance(clone, SandboxEnv)
     assert clone is not env
     assert clone.max_episode_steps == 7
-    assert clone._init_kwargs["provider"] == {"substrate": {"connection": {"api": "127.0.0.1:1"}}}
+    assert clone._init_kwargs["provider"] == {"substrate": {"connection": CONNECTION}}
     assert not clone._runtime.loop.started
     env.close()
     clone.close()
@@ -430,3 +433,45 @@ def test_loop_thread_is_recreated_after_fork() -> None:
     assert queue.get(timeout=5) == child.pid  # a new loop thread ran it in the child
     assert loop.run(whoami()) == os.getpid()  # the parent's is untouched
     loop.close()
+
+
+def test_a_bad_provider_config_fails_in_the_constructor() -> None:
+    from gym_substrate._errors import ConfigError
+
+    with pytest.raises(ConfigError, match="^connection: missing required key"):
+        make({"substrate": {"connection": {"api": "127.0.0.1:1"}}})
+    with pytest.raises(ConfigError, match="^exec.shell: must be an absolute path"):
+        make({"substrate": {"connection": CONNECTION, "exec": {"shell": "sh"}}})
+
+
+def _child_uses_forked_env(env: SandboxEnv, fake: FakeProvider, queue: Any) -> None:
+    try:
+        env.step("true")
+    except RuntimeError as exc:
+        stepped = str(exc)
+    else:
+        stepped = "stepped the parent's sandbox"
+    _, info = env.reset()
+    queue.put((stepped, list(fake.closed), info["sandbox_id"], env.step("echo child")[0]))
+    env.close()
+
+
+def test_a_forked_copy_never_touches_the_parents_sandbox(fake: FakeProvider) -> None:
+    import multiprocessing
+
+    with make(fake) as env:
+        _, info = env.reset()
+        ctx = multiprocessing.get_context("fork")
+        queue = ctx.Queue()
+        child = ctx.Process(target=_child_uses_forked_env, args=(env, fake, queue))
+        child.start()
+        child.join(30)
+        assert child.exitcode == 0
+        stepped, closed_in_child, child_sandbox, child_obs = queue.get(timeout=5)
+        assert stepped == (
+            "this episode's sandbox belongs to the process that started it; call reset()"
+        )
+        assert closed_in_child == []  # the child's reset did not close the parent's sandbox
+        assert child_sandbox != info["sandbox_id"]
+        assert child_obs == "child\n"
+        assert env.step("echo parent")[0] == "parent\n"  # the parent's episode goes on

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import os
 import shlex
 import time
 import weakref
@@ -170,18 +171,42 @@ class _Runtime:
     def __init__(self, config: dict[str, Any] | None, instance: SandboxProviderLike | None):
         self.loop = LoopThread()
         self.config = config
-        self.provider: SandboxProviderLike | None = instance
         self.owns_provider = instance is None
+        # Built now so a bad config fails in the constructor, naming the YAML path; building a
+        # SubstrateProvider does no I/O (its channel and pool are made in the loop on first use).
+        self.provider: SandboxProviderLike | None = (
+            instance if instance is not None else _build_provider(config or {})
+        )
         self.handle: SandboxHandle | None = None
+        self.pid = os.getpid()
+
+    def _adopt_process(self) -> None:
+        """After a fork, forget what belongs to the parent: its sandbox and its provider state."""
+        pid = os.getpid()
+        if pid == self.pid:
+            return
+        self.pid = pid
+        self.handle = None  # the parent's sandbox: not ours to use or to close
+        if self.owns_provider:
+            self.provider = None  # rebuilt here, bound to this process's loop
+
+    def require_handle(self) -> SandboxHandle:
+        """The current sandbox; raises when a forked copy tries to use its parent's."""
+        self._adopt_process()
+        if self.handle is None:
+            raise RuntimeError(
+                "this episode's sandbox belongs to the process that started it; call reset()"
+            )
+        return self.handle
 
     async def _provider(self) -> SandboxProviderLike:
         if self.provider is None:
-            from gym_substrate.nemo import SubstrateProvider
-
-            self.provider = SubstrateProvider(**(self.config or {}))
+            self.provider = _build_provider(self.config or {})
         return self.provider
 
     def create(self, spec: SandboxSpec) -> SandboxHandle:
+        self._adopt_process()
+
         async def _create() -> SandboxHandle:
             return await (await self._provider()).create(spec)
 
@@ -196,8 +221,7 @@ class _Runtime:
         env: dict[str, str] | None,
         timeout_s: float,
     ) -> SandboxExecResult:
-        handle = self.handle
-        assert handle is not None
+        handle = self.require_handle()
 
         async def _exec() -> SandboxExecResult:
             provider = await self._provider()
@@ -207,6 +231,7 @@ class _Runtime:
 
     def release(self, timeout: float = RELEASE_TIMEOUT_S) -> None:
         """Close the current sandbox, if any. Raises what the provider raised."""
+        self._adopt_process()
         handle, self.handle = self.handle, None
         if handle is None or self.provider is None:
             return
@@ -234,6 +259,12 @@ class _Runtime:
             except Exception as exc:
                 logger.warning("SandboxEnv: closing the provider failed: %s", exc)
         self.loop.close()
+
+
+def _build_provider(config: dict[str, Any]) -> SandboxProviderLike:
+    from gym_substrate.nemo import SubstrateProvider
+
+    return SubstrateProvider(**config)
 
 
 def _finalize(runtime: _Runtime) -> None:
@@ -428,6 +459,7 @@ class SandboxEnv(gym.Env[str, str]):
                 f"action is outside the action space: at most {ACTION_MAX_LENGTH} characters, "
                 "no NUL character, no lone surrogate"
             )
+        self._runtime.require_handle()
         self._step_count += 1
         started = time.monotonic()
         error_type: str | None = None
