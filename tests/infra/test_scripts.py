@@ -417,14 +417,37 @@ def test_derived_image_is_built_from_the_pinned_workload(fakes: Fakes) -> None:
 def test_agent_image_uses_the_agent_build(fakes: Fakes, tmp_path: Path) -> None:
     cfg = stack_config("kind-gvisor")
     repo = "localhost:5001/gym-substrate/sandbox-agent"
-    fakes.handler("docker", f'[ "$1" = inspect ] && echo "{repo}@sha256:f00"; exit 0\n')
+    fakes.handler(
+        "docker",
+        (
+            f'case "$1" in inspect) echo "{repo}@sha256:f00";;\n'
+            '  build) for a; do ctx=$a; done; ls "$ctx" > "$FAKE_DIR/context";; esac\n'
+        ),
+    )
     (tmp_path / "agent" / "build").mkdir(parents=True)
-    (tmp_path / "agent" / "build" / "build-static.sh").write_text('echo built >> "$FAKE_LOG"\n')
+    (tmp_path / "agent" / "build" / "build-static.sh").write_text(
+        'echo built >> "$FAKE_LOG"\nmkdir -p build/sandbox-agent/venv\n'
+        "printf '#!/bin/sh\\n' > build/sandbox-agent/sandbox-agent\n"
+        "chmod +x build/sandbox-agent/sandbox-agent\n"
+        "echo build/sandbox-agent/sandbox-agent\n"
+    )
     proc = fakes.run(scripts.agent_image_script(cfg, str(tmp_path), "h1"))
     assert proc.stdout == f"{repo}@sha256:f00\n"
     calls = fakes.calls()
     assert _index(calls, "built") < _index(calls, "docker build -f agent/build/Dockerfile")
     assert f"docker push {repo}:h1" in calls
+    # The context holds only the binary, not the build venv beside it.
+    assert (fakes.root / "context").read_text() == "sandbox-agent\n"
+
+
+def test_agent_image_fails_without_a_binary(fakes: Fakes, tmp_path: Path) -> None:
+    (tmp_path / "agent" / "build").mkdir(parents=True)
+    (tmp_path / "agent" / "build" / "build-static.sh").write_text("echo nowhere\n")
+    proc = fakes.run(
+        scripts.agent_image_script(stack_config("kind-gvisor"), str(tmp_path), "h"), ok=False
+    )
+    assert "agent build produced no binary (got: nowhere)" in proc.stderr
+    assert not fakes.calls("docker")
 
 
 def test_template_wait_times_out_with_a_message(fakes: Fakes) -> None:

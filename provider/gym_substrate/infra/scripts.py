@@ -469,8 +469,13 @@ def agent_image_script(cfg: StackConfig, src_dir: str, source_hash: str) -> str:
     repo = f"localhost:{cfg.cluster.registry_port}/gym-substrate/sandbox-agent"
     return (
         _PREAMBLE + _STDOUT_TO_FD3 + f'cd "{src_dir}"\n'
-        f'bash "{cfg.agent.build_script}"\n'
-        f'docker build -f "{cfg.agent.dockerfile}" -t {repo}:{source_hash} .\n'
+        # The build script prints the binary's path as its last stdout line; the Dockerfile's
+        # context is a directory holding just that binary (not the build venv next to it).
+        f'BIN=$(bash "{cfg.agent.build_script}" | tail -n1)\n'
+        '[ -x "$BIN" ] || { echo "agent build produced no binary (got: $BIN)" >&2; exit 1; }\n'
+        "CTX=$(mktemp -d)\ntrap 'rm -rf \"$CTX\"' EXIT\n"
+        'cp "$BIN" "$CTX/sandbox-agent"\n'
+        f'docker build -f "{cfg.agent.dockerfile}" -t {repo}:{source_hash} "$CTX"\n'
         f"docker push {repo}:{source_hash}\n"
         f"docker inspect --format '{{{{range .RepoDigests}}}}{{{{println .}}}}{{{{end}}}}' "
         f"{repo}:{source_hash} | grep -m1 '^{repo}@sha256:' >&3\n"
