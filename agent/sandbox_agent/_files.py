@@ -28,7 +28,7 @@ from ._errors import ApiError
 __all__ = ["FileHandlers", "UPLOAD_SUFFIX"]
 
 UPLOAD_SUFFIX = ".sandbox-agent-upload"
-_BATCH = 1024 * 1024
+_BATCH = 2 * 1024 * 1024
 _HASH_READ = 4 * 1024 * 1024
 
 
@@ -121,7 +121,7 @@ def _open_upload(path: str, offset: int) -> int:
     return fd
 
 
-def _write_batch(fd: int, chunks: list[bytes], pos: int, hasher: Any) -> None:
+def _write_batch(fd: int, chunks: list[bytes], pos: int) -> None:
     views = [memoryview(c) for c in chunks]
     while views:
         written = os.pwritev(fd, views, pos)
@@ -131,9 +131,11 @@ def _write_batch(fd: int, chunks: list[bytes], pos: int, hasher: Any) -> None:
             views.pop(0)
         if views and written:
             views[0] = views[0][written:]
-    if hasher is not None:
-        for chunk in chunks:
-            hasher.update(chunk)
+
+
+def _hash_batch(hasher: Any, chunks: list[bytes]) -> None:
+    for chunk in chunks:
+        hasher.update(chunk)
 
 
 def _hash_file(fd: int) -> str:
@@ -245,38 +247,45 @@ class FileHandlers:
         hasher = hashlib.sha256() if offset == 0 and final else None
         pos = offset
         received = 0
-        pending: asyncio.Future[None] | None = None
+        # Two lanes in the thread pool, each one batch deep: writing batch k and hashing batch k
+        # run in parallel while the loop receives batch k+1.
+        writing: asyncio.Future[None] | None = None
+        hashing: asyncio.Future[None] | None = None
         batch: list[bytes] = []
         batch_len = 0
         try:
             while True:
                 chunk = await request.content.readany()
-                if not chunk:
-                    break
-                received += len(chunk)
-                if received > self._max:
-                    raise self._too_large()
-                batch.append(chunk)
-                batch_len += len(chunk)
-                if batch_len >= _BATCH:
-                    if pending is not None:
-                        await pending
-                    pending = loop.run_in_executor(None, _write_batch, fd, batch, pos, hasher)
+                if chunk:
+                    received += len(chunk)
+                    if received > self._max:
+                        raise self._too_large()
+                    batch.append(chunk)
+                    batch_len += len(chunk)
+                if batch and (batch_len >= _BATCH or not chunk):
+                    if writing is not None:
+                        await writing
+                    writing = loop.run_in_executor(None, _write_batch, fd, batch, pos)
+                    if hasher is not None:
+                        if hashing is not None:
+                            await hashing
+                        hashing = loop.run_in_executor(None, _hash_batch, hasher, batch)
                     pos += batch_len
                     batch, batch_len = [], 0
-            if pending is not None:
-                await pending
-                pending = None
-            if batch:
-                await loop.run_in_executor(None, _write_batch, fd, batch, pos, hasher)
-                pos += batch_len
+                if not chunk:
+                    break
+            for lane in (writing, hashing):
+                if lane is not None:
+                    await lane
+            writing = hashing = None
             digest = await loop.run_in_executor(
                 None, _finish_upload, fd, path, pos, final, mode, hasher
             )
         except BaseException as exc:
-            if pending is not None:
-                with contextlib.suppress(BaseException):
-                    await asyncio.shield(pending)
+            for lane in (writing, hashing):
+                if lane is not None:
+                    with contextlib.suppress(BaseException):
+                        await asyncio.shield(lane)
             await loop.run_in_executor(None, _abort_upload, fd, offset)
             if isinstance(exc, OSError):
                 raise _os_error(exc, path) from None

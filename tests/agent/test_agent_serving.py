@@ -162,6 +162,8 @@ def test_token_auth(agent_factory: Any, tmp_path: Path, how: str) -> None:
         (b'{"command": "ls", "shell": ""}', "shell"),
         (b'{"command": "ls", "comand": "typo"}', "unknown field"),
         (b'{"command": "a\\u0000b"}', "NUL"),
+        (b'{"command": "ls", "env": {"A": "\\ud800"}}', "lone surrogates"),
+        (b'{"command": "cat", "stdin": "\\udc80x\\ud800"}', "lone surrogates"),
     ],
 )
 def test_bad_exec_bodies_are_400(agent: Any, check_schema: Any, body: bytes, fragment: str) -> None:
