@@ -278,8 +278,9 @@ class SandboxEnv(gym.Env[str, str]):
     """Each episode in a fresh sandbox; each action a shell command; each observation its output.
 
     `provider` is a NeMo Gym style mapping with one key, `{"substrate": {...provider config...}}`
-    (the env builds the provider in its own event loop and closes it in `close()`; this form also
-    pickles, which `AsyncVectorEnv` needs), or a provider instance that the caller owns and closes.
+    (the env builds the provider, drives it from its own event loop thread and closes it in
+    `close()`; this form also pickles, which `AsyncVectorEnv` needs), or a provider instance that
+    the caller owns and closes.
     """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 4}  # noqa: RUF012
