@@ -145,7 +145,7 @@ def test_image_volume_form_is_rejected_by_the_pinned_crd() -> None:
         {"name": "sandbox-agent", "image": {"reference": AGENT, "pullPolicy": "IfNotPresent"}}
     ]
     assert tmpl["spec"]["containers"][0]["volumeMounts"] == [
-        {"name": "sandbox-agent", "mountPath": "/opt/sandbox-agent"}
+        {"name": "sandbox-agent", "mountPath": "/opt/sandbox-agent", "subPath": "opt/sandbox-agent"}
     ]
     with pytest.raises(jsonschema.ValidationError, match="'image' was unexpected"):
         _validate_crd(tmpl)

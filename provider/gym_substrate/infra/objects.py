@@ -199,8 +199,12 @@ def _template_spec(
     }
     if agent.mount == "image-volume":
         # For Substrate versions whose ActorTemplate accepts image volumes (not the pinned one).
+        # Kubernetes' image-volume form: the agent image's own /opt/sandbox-agent directory
+        # (subPath) mounted at the same place, so the command path is the same in both modes.
         binary_dir = agent.binary_path.rsplit("/", 1)[0]
-        container["volumeMounts"] = [{"name": "sandbox-agent", "mountPath": binary_dir}]
+        container["volumeMounts"] = [
+            {"name": "sandbox-agent", "mountPath": binary_dir, "subPath": binary_dir.lstrip("/")}
+        ]
         spec["volumes"] = [
             {
                 "name": "sandbox-agent",
