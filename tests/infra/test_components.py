@@ -252,7 +252,11 @@ def test_invalid_config_fails_before_any_resource() -> None:
 
 
 def test_image_volume_mode_pins_the_workload_only() -> None:
-    run = run_stack("kind-gvisor", {"gym-substrate:agent": {"mount": "image-volume"}})
+    newer = {"repo": "https://github.com/agent-substrate/substrate.git", "commit": "f" * 40}
+    run = run_stack(
+        "kind-gvisor",
+        {"gym-substrate:agent": {"mount": "image-volume"}, "gym-substrate:substrate": newer},
+    )
     create = run.by_name("image-python").inputs["create"]
     assert "COPY --from" not in create
     assert "docker pull" in create

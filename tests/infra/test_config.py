@@ -179,3 +179,14 @@ def test_pulumi_json_strings_are_parsed() -> None:
 def test_missing_stack_file_message(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"stack file .*Pulumi.nope.yaml does not exist"):
         load_stack_file(tmp_path / "Pulumi.nope.yaml")
+
+
+def test_image_volume_needs_a_substrate_that_has_them() -> None:
+    raw, secrets = _raw("kind-gvisor")
+    raw["agent"]["mount"] = "image-volume"
+    msg = _error(raw, secrets)
+    assert msg.startswith("gym-substrate:agent.mount: 'image-volume' needs an ActorTemplate")
+    assert "86e138f6" in msg
+    assert "derived-image" in msg
+    raw["substrate"]["commit"] = "f" * 40
+    assert StackConfig.from_mapping(raw, secrets=secrets).agent.mount == "image-volume"

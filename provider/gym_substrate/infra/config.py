@@ -47,6 +47,8 @@ PAUSE_IMAGE = (
 SUBSTRATE_REPO = "https://github.com/agent-substrate/substrate.git"
 SUBSTRATE_COMMIT = "86e138f628e419426be5ac9bbc68507e8333a4c4"
 
+# Substrate commits known to lack image volumes in ActorTemplate (reference §2.3).
+_NO_IMAGE_VOLUMES = frozenset({SUBSTRATE_COMMIT})
 _DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")
@@ -456,6 +458,19 @@ class StackConfig:
             )
 
         p = _Section("pool", top.get("pool"))
+        agent_raw = top.raw.get("agent")
+        if (
+            isinstance(agent_raw, Mapping)
+            and agent_raw.get("mount") == "image-volume"
+            and substrate.commit in _NO_IMAGE_VOLUMES
+        ):
+            raise _fail(
+                "agent.mount",
+                f"'image-volume' needs an ActorTemplate with image volumes, which Substrate "
+                f"{substrate.commit[:8]} does not have (the API server would drop the volume)",
+                "use `mount: derived-image`, or pin a newer `substrate.commit` that supports "
+                "image volumes",
+            )
         pool = PoolConfig(
             name=_label(p, "name", "sandbox-pool"),
             namespace=_label(p, "namespace", "sandboxes"),
