@@ -13,13 +13,15 @@ from envs_helpers import Operator
 from gym_substrate.envs._backend import BackgroundBackend, running_local_backend
 
 
-@pytest.fixture(scope="session")
+# Module scope: the backend lives only while this area's end-to-end module runs, so it never
+# overlaps the backends other areas' tests start later in the same session.
+@pytest.fixture(scope="module")
 def process_backend() -> Iterator[BackgroundBackend]:
     with running_local_backend(runtime="process", workers=6) as backend:
         yield backend
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def gvisor_backend() -> Iterator[BackgroundBackend]:
     with running_local_backend(runtime="gvisor", workers=2) as backend:
         yield backend
