@@ -45,7 +45,7 @@ def acquire(conn: ConnectionConfig, concurrency: int) -> SharedResources:
         res = _shared.get(key)
         if res is None:
             channel = create_channel(conn)
-            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
+            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
             session = aiohttp.ClientSession(
                 connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
             )
