@@ -19,13 +19,15 @@ from gym_substrate.local import LocalBackend
 pytestmark = pytest.mark.runsc
 
 # A process inside the actor that counts in memory and mirrors the count to a file: after a
-# resume the count goes on from where it was, which a restarted process could not do.
+# resume the count goes on from where it was, which a restarted process could not do. The
+# file is replaced atomically so a reader never sees it empty.
 COUNTER = (
-    "import time\n"
+    "import os, time\n"
     "i = 0\n"
     "while True:\n"
     "    i += 1\n"
-    "    open('/var/tmp/count', 'w').write(str(i))\n"
+    "    open('/var/tmp/count.tmp', 'w').write(str(i))\n"
+    "    os.replace('/var/tmp/count.tmp', '/var/tmp/count')\n"
     "    time.sleep(0.02)\n"
 )
 

@@ -199,3 +199,38 @@ async def test_connection_open_at_checkpoint_does_not_wedge_the_restored_agent(
     conn.close()
     again = await runtime.start(actor, Slot(0), snap.snapshot, timeout_s=20)
     assert (await aget(again.address, "/readyz"))["actor_id"] == "keepalive"
+
+
+async def test_directory_rootfs_runs_and_snapshots(runtime: Any, tmp_path: Path) -> None:
+    """A rootfs folder holding nothing but a static busybox serves readyz and survives pause."""
+    import shutil
+
+    from gym_substrate.local.runtime import Rootfs
+
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "bin").mkdir(parents=True)
+    (rootfs / "www").mkdir()
+    (rootfs / "www" / "readyz").write_text("ok\n")
+    shutil.copy("/bin/busybox", rootfs / "bin" / "busybox")
+    template = counter_template(tmp_path / "snaps", marker=False)
+    template = type(template)(
+        **{
+            **template.__dict__,
+            "command": ("/bin/busybox", "httpd", "-f", "-p", "80", "-h", "/www"),
+            "rootfs": Rootfs("directory", rootfs),
+        }
+    )
+    actor = ActorSpec("default", "busybox", template)
+    started = await runtime.start(actor, Slot(0), None, timeout_s=30)
+    snap = await runtime.checkpoint(actor, started.handle, SnapshotKind.LOCAL, tmp_path / "bb")
+    again = await runtime.start(actor, Slot(1), snap.snapshot, timeout_s=30)
+    body = await asyncio.to_thread(_fetch, f"http://{again.address}/readyz")
+    assert body == b"ok\n"
+
+
+def _fetch(url: str) -> bytes:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310
+        data: bytes = resp.read()
+    return data
