@@ -170,3 +170,19 @@ async def test_dead_sandbox_is_restarted_on_demand(
     assert again.version > first.version
     assert "its sandbox died while RUNNING" in caplog.text
     await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("dies")))
+
+
+async def test_response_headers_pass_through(stub: Any, backend: LocalBackend, http: Any) -> None:
+    await make_actor(stub, "hdr")
+    async with http.post(
+        f"{backend.router_url}/v1/exec?wait=8", json={"command": "echo x"}, headers=host("hdr")
+    ) as response:
+        assert response.status == 200
+        assert response.headers.getall("Content-Type") == ["application/json"]
+        assert int(response.headers["Content-Length"]) == len(await response.read())
+    async with http.get(
+        f"{backend.router_url}/v1/stat", params={"path": "relative"}, headers=host("hdr")
+    ) as response:
+        assert response.status == 400  # the agent's own error passes through unchanged
+        assert (await response.json())["error"]["code"] == "bad_request"
+    await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("hdr")))

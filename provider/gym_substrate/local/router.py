@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import grpc
 from aiohttp import web
+from multidict import CIMultiDict
 
 from gym_substrate.local.control import RUNNING, ApiError, ControlPlane
 from gym_substrate.local.metrics import CONTENT_TYPE, Metrics
@@ -54,6 +55,7 @@ _HOP_BY_HOP = frozenset(
 _RESUME_BUDGET_S = 15.0
 _CHUNK = 256 * 1024
 _CONNECT_TIMEOUT_S = 2.0
+_SMALL_BODY = 64 * 1024
 
 AdminHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -282,6 +284,20 @@ class Router:
                         raise
                     break
                 try:
+                    length = upstream.headers.get("Content-Length")
+                    if length is not None and length.isdigit() and int(length) <= _SMALL_BODY:
+                        # the common case (exec JSON): one read, one write back
+                        kept = CIMultiDict(
+                            (name, value)
+                            for name, value in upstream.headers.items()
+                            if name.lower() not in _HOP_BY_HOP and name.lower() != "content-length"
+                        )
+                        return web.Response(
+                            status=upstream.status,
+                            reason=upstream.reason,
+                            body=await upstream.read(),
+                            headers=kept,
+                        )
                     response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
                     for name, value in upstream.headers.items():
                         if name.lower() not in _HOP_BY_HOP:
