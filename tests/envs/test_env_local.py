@@ -162,6 +162,26 @@ def test_env_error_when_the_sandbox_disappears(operator: Operator) -> None:
     assert operator.actors() == []
 
 
+def test_timeout_cwd_env_and_shell(operator: Operator) -> None:
+    with SandboxEnv(
+        ExitCodeReward(),
+        SparseTaskTermination(never),
+        operator.provider(),
+        step_timeout_s=1,
+        cwd="/tmp",
+        env={"GREETING": "hi"},
+        shell="bash",
+    ) as env:
+        env.reset()
+        obs, reward, terminated, _, info = env.step("echo start; sleep 30; echo never")
+        assert (info["exit_code"], info["error_type"], info["env_error"]) == (124, "timeout", False)
+        assert obs.startswith("start\n")  # output up to the kill is kept
+        assert "never" not in obs
+        assert (reward, terminated) == (-1.0, False)
+        obs, *_ = env.step('echo "$GREETING from $(pwd) in $0"')
+        assert obs == "hi from /tmp in bash\n"
+
+
 def test_long_and_binary_output(operator: Operator) -> None:
     with SandboxEnv(
         ExitCodeReward(), SparseTaskTermination(never), operator.provider(), max_obs_length=200
