@@ -185,4 +185,29 @@ async def test_response_headers_pass_through(stub: Any, backend: LocalBackend, h
     ) as response:
         assert response.status == 400  # the agent's own error passes through unchanged
         assert (await response.json())["error"]["code"] == "bad_request"
+    async with http.post(
+        f"{backend.router_url}/v1/exec?wait=8", json={"command": "pwd"}, headers=host("hdr")
+    ) as response:
+        folder = (await response.json())["stdout"].strip()
+    path = f"{folder.rstrip('/')}/h.bin"
+    for size in (10, 200_000):  # below and above the router's small-body path
+        async with http.put(
+            f"{backend.router_url}/v1/files",
+            params={"path": path},
+            data=b"z" * size,
+            headers=host("hdr"),
+        ) as response:
+            assert response.status == 200
+        async with http.head(
+            f"{backend.router_url}/v1/files", params={"path": path}, headers=host("hdr")
+        ) as response:
+            assert response.status == 200
+            assert response.headers["Content-Length"] == str(size)
+        async with http.get(
+            f"{backend.router_url}/v1/files",
+            params={"path": path},
+            headers={**host("hdr"), "Range": "bytes=2-5"},
+        ) as response:
+            assert response.status == 206
+            assert await response.read() == b"zzzz"
     await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("hdr")))

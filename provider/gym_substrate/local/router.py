@@ -285,7 +285,12 @@ class Router:
                     break
                 try:
                     length = upstream.headers.get("Content-Length")
-                    if length is not None and length.isdigit() and int(length) <= _SMALL_BODY:
+                    if (
+                        length is not None
+                        and length.isdigit()
+                        and int(length) <= _SMALL_BODY
+                        and request.method != "HEAD"  # HEAD's Content-Length is not its body
+                    ):
                         # the common case (exec JSON): one read, one write back
                         kept = CIMultiDict(
                             (name, value)
