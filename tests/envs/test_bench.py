@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from gym_substrate.cli import main
@@ -33,4 +34,31 @@ def test_bench_env_rejects_a_config_without_a_substrate_block(tmp_path: Path) ->
     config.write_text("sandbox:\n  docker: {}\n")
     result = CliRunner().invoke(main, ["bench", "env", "--config", str(config)])
     assert result.exit_code == 2
-    assert "must hold a NeMo Gym sandbox block with one key, `substrate:`" in result.output
+    assert "must hold exactly one provider key, `substrate`" in result.output
+
+
+def test_bench_env_against_a_configured_stack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gym_substrate.envs._backend import running_local_backend
+
+    with running_local_backend(runtime="process", workers=2) as backend:
+        connection = backend.connection()
+        monkeypatch.setenv("ENVTEST_SUBSTRATE_API", connection["api"])
+        config = tmp_path / "sandbox.yaml"
+        config.write_text(
+            "sandbox:\n"
+            "  substrate:\n"
+            "    connection:\n"
+            "      api: ${oc.env:ENVTEST_SUBSTRATE_API}\n"
+            f"      router: {connection['router']}\n"
+            "      tls: {plaintext: true}\n"
+            "    create: {template: local/sandbox}\n"
+            f"    lifecycle: {{ledger: {tmp_path / 'ledger'}}}\n"
+        )
+        args = ["bench", "env", "--config", str(config), "--steps", "10", "--vector-steps", "10"]
+        result = CliRunner().invoke(main, [*args, "--num-envs", "1", "--vector", "sync", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["where"] == "stack from sandbox.yaml"
+    assert [row["errors"] for row in report["results"]] == [0, 0, 0, 0]

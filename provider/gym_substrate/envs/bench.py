@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -169,15 +168,14 @@ def _provider_config(
     config: Path | None, runtime: str, workers: int, console: Console
 ) -> Iterator[tuple[dict[str, Any], str]]:
     if config is not None:
-        data = yaml.safe_load(config.read_text())
-        block = data.get("sandbox", data) if isinstance(data, dict) else None
-        if not isinstance(block, dict) or list(block) != ["substrate"]:
-            raise click.BadParameter(
-                "must hold a NeMo Gym sandbox block with one key, `substrate:` (optionally "
-                "under `sandbox:`), as in configs/substrate.yaml",
-                param_hint="--config",
-            )
-        yield dict(block["substrate"] or {}), "configured stack"
+        from gym_substrate._errors import ConfigError
+        from gym_substrate._yaml import load_substrate_block
+
+        try:  # the same reading (and ${oc.env:...} resolution) as `gym-substrate smoke`
+            block = load_substrate_block(config)
+        except ConfigError as exc:
+            raise click.BadParameter(str(exc), param_hint="--config") from exc
+        yield block, f"stack from {config.name}"
         return
     from gym_substrate.envs._backend import running_local_backend
 
