@@ -173,6 +173,26 @@ def test_sigkill_loses_nothing_and_restart_adopts(state: Path, runtime_name: str
     while "t/run1 was STATUS_RUNNING but its sandbox is gone" not in up.log.read_text():
         assert time.monotonic() < deadline, up.log.read_text()
         time.sleep(0.05)
+
+    # SIGKILL in the middle of a resume: the record survives, the half-started sandbox does not
+    up.stub.CreateActor(
+        pb.CreateActorRequest(
+            actor_ref=_ref("mid"), actor_template_namespace="local", actor_template_name="sandbox"
+        )
+    )
+    pending = up.stub.ResumeActor.future(pb.ResumeActorRequest(actor_ref=_ref("mid")))
+    deadline = time.monotonic() + 10
+    while up.stub.GetActor(pb.GetActorRequest(actor_ref=_ref("mid"))).actor.status != (
+        S.STATUS_RESUMING
+    ):
+        assert time.monotonic() < deadline, "the resume never showed RESUMING"
+    up.kill()
+    pending.cancel()
+    up = Up(state, runtime_name)
+    after = up.actors()
+    assert sorted(after) == ["mid", "new1", "paused1", "run1", "susp1"]
+    assert after["mid"].status == S.STATUS_SUSPENDED
+    assert after["mid"].ateom_pod_ip == ""
     up.stop()
     assert up.proc.returncode == 0, up.log.read_text()
     assert asyncio.run(state_leftovers(state)) == []
