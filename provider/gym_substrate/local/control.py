@@ -111,6 +111,12 @@ def _check_selector(labels: Mapping[str, str]) -> None:
             )
 
 
+def _snapshot_dest(parent: Path, prefix: str = "") -> Path:
+    """A fresh snapshot folder name under ``parent`` (created); the folder itself is not."""
+    parent.mkdir(parents=True, exist_ok=True)
+    return parent / f"{prefix}{_ts()}"
+
+
 def _is_dir(path: str) -> bool:
     return Path(path).is_dir()
 
@@ -307,7 +313,7 @@ class ControlPlane:
                 "no free worker to take %s's golden snapshot; its actors cold-boot", template.key
             )
             return
-        dest = template.snapshot_location / f"ate-golden-{template.name}" / _ts()
+        dest = _snapshot_dest(template.snapshot_location / f"ate-golden-{template.name}")
         try:
             result = await self.runtime.prepare_template(template, Slot(slot), dest)
         except RuntimeFailure as exc:
@@ -682,9 +688,9 @@ class ControlPlane:
             )
         spec = self._spec(record)
         if pause:
-            dest = self.state_dir / "snapshots" / "local" / f"{record.actor_id}-{_ts()}"
+            dest = _snapshot_dest(self.state_dir / "snapshots" / "local", f"{record.actor_id}-")
         else:
-            dest = spec.template.snapshot_location / record.actor_id / _ts()
+            dest = _snapshot_dest(spec.template.snapshot_location / record.actor_id)
         started_at = time.perf_counter()
         record = self._write(record, status=transit, in_progress_snapshot=str(dest))
         await self._release(record.handle)

@@ -16,7 +16,7 @@ Directories
       under ``<state_dir>/snapshots/local/``, suspend snapshots under the template's
       ``snapshotsConfig.location`` as ``<location>/<actor_id>/<RFC3339>-<rand>/``, golden ones as
       ``<location>/ate-golden-<template name>/<RFC3339>-<rand>/``. The directory does not exist
-      when the call starts; the runtime creates it and fills it. On failure the control plane
+      when the call starts (its parent does); the runtime creates it and fills it. On failure the control plane
       removes it, so a runtime need not clean a half-written ``dest``. The control plane deletes
       snapshot directories (``DeleteActor``, superseded snapshots); a runtime never does.
 
