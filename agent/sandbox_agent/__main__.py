@@ -184,6 +184,7 @@ def main(argv: list[str] | None = None) -> None:
             port=port,
             token=token,
             actor_id_file=args.actor_id_file or ACTOR_ID_FILE,
+            reap_orphans=True,
         )
     except ValueError as exc:
         parser.error(str(exc))

@@ -27,6 +27,9 @@ class AgentConfig:
     job_hard_cap: int = 16384
     kill_grace_s: float = 2.0
     restore_jump_s: float = 2.0
+    # Reap every child on SIGCHLD and adopt orphans as the child subreaper. Right for the agent's
+    # own process (the CLI sets it); wrong inside a process that runs other subprocesses.
+    reap_orphans: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -5,9 +5,13 @@ Design choices:
   subprocess support makes) in a new session, so the job's process group id is its leader's pid
   and one `killpg` reaches children and grandchildren. Descendants that left the group with
   `setsid` are found through /proc while the leader is alive and signalled as well.
-- Pipes are read with `loop.add_reader` on raw non-blocking fds and the exit is observed through
-  a pidfd, which avoids asyncio's per-process transports and child-watcher threads: the
-  per-exec overhead on top of fork/exec stays in the tens of microseconds.
+- Pipes are read with `loop.add_reader` on raw non-blocking fds, which avoids asyncio's
+  per-process transports and child-watcher threads. Exits are observed through SIGCHLD when the
+  agent runs as its own program (`reap_orphans`), else through a pidfd, else by polling.
+- With `reap_orphans` the agent also becomes the child subreaper of everything it starts: it
+  usually runs as (or under) the sandbox's PID 1, so orphans of jobs (background processes whose
+  shell exited) are re-parented to it and reaped, instead of piling up as zombies under an init
+  that never waits for them.
 - Output is kept as a head and a tail of at most `max_output_bytes` together; the middle is
   dropped as it streams in, so memory per job is bounded whatever the command prints.
 - A job finishes when its leader has exited and both pipes reached EOF; if a background child
@@ -416,6 +420,17 @@ def _descendants(root: int) -> set[int]:
     return found
 
 
+def _become_subreaper() -> bool:
+    """prctl(PR_SET_CHILD_SUBREAPER, 1): orphaned descendants are re-parented to this process."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(36, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
 def _failure_message(exc: OSError, spec: ExecSpec) -> str:
     target = exc.filename
     if spec.cwd is not None and target == spec.cwd:
@@ -445,6 +460,8 @@ class JobManager:
         self._closing = False
         self._tasks: set[asyncio.Task[None]] = set()
         self._base_env: dict[bytes, bytes] | None = None
+        self._by_pid: dict[int, Job] = {}
+        self._sigchld = False
 
     # ----- public API used by the HTTP handlers -----
 
@@ -516,7 +533,43 @@ class JobManager:
         if running:
             await asyncio.gather(*(self.wait(j, self._config.kill_grace_s + 3.0) for j in running))
 
+    def reap_orphans(self) -> bool:
+        """Become the child subreaper and reap every child on SIGCHLD (the agent's own process).
+
+        Only for the agent's own process: it would steal exit statuses from anything else in
+        a process that runs other subprocesses. Returns False if SIGCHLD cannot be handled here
+        (not the main thread); the pidfd or polling path is used then.
+        """
+        loop = asyncio.get_running_loop()
+        try:
+            loop.add_signal_handler(signal.SIGCHLD, self._reap)
+        except (RuntimeError, ValueError, NotImplementedError):
+            return False
+        self._sigchld = True
+        if not _become_subreaper():
+            log.warning("cannot become the child subreaper; orphans of jobs go to PID 1")
+        self._reap()
+        return True
+
     # ----- internals -----
+
+    def _reap(self) -> None:
+        """Collect every exited child: job leaders go to their job, others are orphans."""
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None:
+                return
+            job = self._by_pid.get(info.si_pid)
+            if job is not None:
+                self._on_exit(job)
+                if info.si_pid in self._by_pid:  # not reaped after all; retry on next SIGCHLD
+                    return
+            else:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(info.si_pid, os.WNOHANG)
 
     def _check_existing(self, job_id: str, spec: ExecSpec) -> Job | None:
         existing = self._jobs.get(job_id)
@@ -597,15 +650,19 @@ class JobManager:
         if spec.stdin is not None:
             assert proc.stdin is not None
             self._feed_stdin(job, proc.stdin.fileno(), spec.stdin.encode("utf-8"))
-        try:
-            job.pidfd = os.pidfd_open(proc.pid)
-        except (OSError, AttributeError):
-            job.pidfd = -1
-            task = loop.create_task(self._poll_exit(job))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        self._by_pid[proc.pid] = job
+        if self._sigchld:
+            pass  # the SIGCHLD handler (_reap) reports the exit
         else:
-            loop.add_reader(job.pidfd, self._on_exit, job)
+            try:
+                job.pidfd = os.pidfd_open(proc.pid)
+            except (OSError, AttributeError):  # gVisor has no pidfd_open
+                job.pidfd = -1
+                task = loop.create_task(self._poll_exit(job))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            else:
+                loop.add_reader(job.pidfd, self._on_exit, job)
         if spec.timeout_s is not None:
             job.handles.append(loop.call_later(spec.timeout_s, self._start_kill, job, "timeout"))
 
@@ -661,6 +718,7 @@ class JobManager:
         rc = proc.poll()
         if rc is None:  # spurious wake-up; the pidfd stays registered
             return
+        self._by_pid.pop(proc.pid, None)
         loop = asyncio.get_running_loop()
         if job.pidfd >= 0:
             loop.remove_reader(job.pidfd)
@@ -676,6 +734,7 @@ class JobManager:
         while (rc := proc.poll()) is None:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.05)
+        self._by_pid.pop(proc.pid, None)
         self._leader_exited(job, rc)
 
     def _leader_exited(self, job: Job, rc: int) -> None:

@@ -213,6 +213,8 @@ def create_app(config: AgentConfig | None = None) -> web.Application:
         return _job_response(job, 200)
 
     async def on_startup(app: web.Application) -> None:
+        if config.reap_orphans:
+            jobs.reap_orphans()
         await current_actor_id()
 
     async def on_shutdown(app: web.Application) -> None:

@@ -339,8 +339,13 @@ def command(
         raise click.BadParameter("--seconds must be > 0 and --file-mib >= 1")
     if as_json:
         results = run_bench(
-            requests=requests, clients=clients, seconds=seconds, file_mib=file_mib,
-            starts=starts, binary=binary, log_level=log_level,
+            requests=requests,
+            clients=clients,
+            seconds=seconds,
+            file_mib=file_mib,
+            starts=starts,
+            binary=binary,
+            log_level=log_level,
         )
         click.echo(json.dumps(results, indent=2))
         return
@@ -349,8 +354,13 @@ def command(
     console = Console(stderr=True)
     with console.status("benchmarking") as status:
         results = run_bench(
-            requests=requests, clients=clients, seconds=seconds, file_mib=file_mib,
-            starts=starts, binary=binary, log_level=log_level,
+            requests=requests,
+            clients=clients,
+            seconds=seconds,
+            file_mib=file_mib,
+            starts=starts,
+            binary=binary,
+            log_level=log_level,
             progress=lambda text: status.update(f"benchmarking: {text}"),
         )
     _print_table(results)

@@ -304,3 +304,14 @@ def _ppid(pid: int) -> int:
     except OSError:
         return -1
     return int(stat[stat.rfind(b")") + 2 :].split()[1])
+
+
+def test_orphans_are_adopted_and_reaped(agent: Any) -> None:
+    job = agent.exec(command="sleep 0.8 >/dev/null 2>&1 & echo $!").json()
+    assert job["state"] == "exited"
+    orphan = int(job["stdout"])
+    assert _ppid(orphan) == agent.proc.pid, "the agent is the subreaper of its jobs' orphans"
+    deadline = time.monotonic() + 5
+    while os.path.exists(f"/proc/{orphan}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{orphan}"), "the orphan was not reaped (zombie left)"

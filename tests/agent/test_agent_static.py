@@ -100,6 +100,11 @@ def _drive(agent: _Http) -> None:
     assert "_MEI" not in job["stdout"]
     job = agent.exec(command="sleep 30 & sleep 30", timeout_s=0.5)
     assert job["state"] == "timeout"
+    # The agent reaps orphans of its jobs: no zombie is left under the sandbox's PID 1.
+    orphan = agent.exec(command="sleep 0.3 >/dev/null 2>&1 & echo $!")["stdout"].strip()
+    time.sleep(1.0)
+    job = agent.exec(command=f"cat /proc/{orphan}/status 2>/dev/null | grep State || echo gone")
+    assert job["stdout"].strip() == "gone", job["stdout"]
 
     data = os.urandom(3 * 1024 * 1024 + 17)
     half = len(data) // 2
