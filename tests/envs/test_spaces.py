@@ -114,3 +114,9 @@ def test_vectorised_flatten_matches_the_index_definition(text: str) -> None:
     flat = flatten(OBS, text)
     assert [int(i) for i in flat[: len(text)]] == [int(OBS.character_index(c)) for c in text]
     assert unflatten(OBS, flat) == text
+
+
+@given(st.text(alphabet=st.characters(exclude_categories=()), max_size=20))
+def test_contains_agrees_with_the_charset(text: str) -> None:
+    for space in (OBS, ACTIONS):
+        assert (text in space) == all(c in space.character_set for c in text)

@@ -130,11 +130,17 @@ class UnicodeText(Text):
         return "".join(chr(cp) for cp in range(0x21, 0x7F))
 
     def contains(self, x: Any) -> bool:
-        return (
-            isinstance(x, str)
-            and self.min_length <= len(x) <= self.max_length
-            and all(c in self._chars for c in x)
-        )
+        # Same answer as checking each character against the charset, in C: a str is made of
+        # scalar values exactly when it encodes to UTF-8 (a lone surrogate does not).
+        if not isinstance(x, str) or not self.min_length <= len(x) <= self.max_length:
+            return False
+        if not self.allow_nul and "\x00" in x:
+            return False
+        try:
+            x.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return True
 
     def sample(
         self,
