@@ -285,6 +285,8 @@ class LocalBackend:
             "api": self.api_address,
             "router": self.router_url,
             "runtime": name,
+            "runtime_reason": reason,
+            "runtime_warning": warning or "",
             "instance": instance,
             "workers": self.workers,
             "started_at": time.time(),

@@ -63,10 +63,12 @@ def _provider_block(api: str, router: str) -> str:
     return yaml.safe_dump(block, sort_keys=False).rstrip()
 
 
-def _print_up(info: dict[str, Any], reason: str = "") -> None:
+def _print_up(info: dict[str, Any]) -> None:
     console.print(f"[bold green]local Agent Substrate is up[/] (runtime: {info['runtime']})")
-    if reason:
-        console.print(f"  why this runtime: {reason}")
+    if info.get("runtime_reason"):
+        console.print(f"  why this runtime: {info['runtime_reason']}")
+    if info.get("runtime_warning"):
+        console.print(f"  [yellow]warning:[/] {info['runtime_warning']}")
     console.print(f"  API (ateapi.Control, plaintext gRPC): {info['api']}")
     console.print(
         f"  router (Host: <actor>.<atespace>.actors.resources.substrate.ate.dev): {info['router']}"
@@ -176,9 +178,9 @@ async def _foreground(
     async with backend:
         info = read_backend_info(folder) or {}
         if as_json:
-            console.print_json(json.dumps({**info, "runtime_reason": backend.runtime_reason}))
+            console.print_json(json.dumps(info))
         else:
-            _print_up(info, backend.runtime_reason)
+            _print_up(info)
             console.print("Ctrl-C (or `gym-substrate local down`) stops it and every sandbox.")
         sys.stdout.flush()
         await stop.wait()

@@ -180,10 +180,13 @@ class ControlPlane:
         self._actors = {record.key: record for record in self.store.actors()}
         await self.runtime.open()
         await self._recover()
+        added = set()
         for template in templates:
             await self.add_template(template)
+            added.add(template.key)
         for key in list(self._templates):
-            await self._ensure_golden(self._templates[key])
+            if key not in added:
+                await self._ensure_golden(self._templates[key])
 
     async def _recover(self) -> None:
         keep: set[str] = set()
@@ -287,6 +290,7 @@ class ControlPlane:
         """Register (or replace) a template; returns True when it changed anything."""
         old = self._templates.get(template.key)
         if old == template:
+            await self._ensure_golden(template)  # e.g. its golden snapshot folder was removed
             return False
         template.snapshot_location.mkdir(parents=True, exist_ok=True)
         self.store.put_template(template)

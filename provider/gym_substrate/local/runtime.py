@@ -11,13 +11,13 @@ Contract every runtime honours:
 
 Directories
     * ``RuntimeConfig.runtime_dir`` belongs to the runtime alone (runsc ``--root``, bundles, logs,
-      per-actor working folders). Nothing else writes there; ``cleanup()`` may delete all of it.
+      per-actor working folders). Nothing else writes there.
     * Snapshot directories (``dest`` arguments) are chosen by the control plane: pause snapshots
       under ``<state_dir>/snapshots/local/``, suspend snapshots under the template's
       ``snapshotsConfig.location`` as ``<location>/<actor_id>/<RFC3339>-<rand>/``, golden ones as
       ``<location>/ate-golden-<template name>/<RFC3339>-<rand>/``. The directory does not exist
-      when the call starts (its parent does); the runtime creates it and fills it. On failure the control plane
-      removes it, so a runtime need not clean a half-written ``dest``. The control plane deletes
+      when the call starts (its parent does); the runtime creates it and fills it. On failure the
+      control plane removes it, so a runtime need not clean a half-written ``dest``. The control plane deletes
       snapshot directories (``DeleteActor``, superseded snapshots); a runtime never does.
 
 Identity and addresses
