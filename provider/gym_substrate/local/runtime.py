@@ -17,8 +17,9 @@ Directories
       ``snapshotsConfig.location`` as ``<location>/<actor_id>/<RFC3339>-<rand>/``, golden ones as
       ``<location>/ate-golden-<template name>/<RFC3339>-<rand>/``. The directory does not exist
       when the call starts (its parent does); the runtime creates it and fills it. On failure the
-      control plane removes it, so a runtime need not clean a half-written ``dest``. The control plane deletes
-      snapshot directories (``DeleteActor``, superseded snapshots); a runtime never does.
+      control plane removes it, so a runtime need not clean a half-written ``dest``. The control
+      plane deletes snapshot directories (``DeleteActor``, superseded snapshots); a runtime never
+      does.
 
 Identity and addresses
     * ``handle`` is an opaque string the runtime invents (a runsc container id, ``pid:starttime``);
