@@ -281,6 +281,13 @@ class SandboxEnv(gym.Env[str, str]):
     (the env builds the provider, drives it from its own event loop thread and closes it in
     `close()`; this form also pickles, which `AsyncVectorEnv` needs), or a provider instance that
     the caller owns and closes.
+
+    A step's observation is stdout, then `[stderr]` and stderr when there is any, cut to
+    `max_obs_length` around a marker (`build_observation`); `info` holds `exit_code`, `stdout`,
+    `stderr` (both uncut), `elapsed_ms`, `step`, `env_error` and `error_type`. A sandbox failure
+    gives `env_error=True`, `exit_code=-1` and the episode goes on; a command that outlives
+    `step_timeout_s` gives exit code 124 and `error_type="timeout"`. The step that terminates or
+    truncates the episode releases the sandbox before it returns.
     """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi"], "render_fps": 4}  # noqa: RUF012
@@ -444,7 +451,7 @@ class SandboxEnv(gym.Env[str, str]):
         return READY_OBSERVATION, {"sandbox_id": handle.sandbox_id, "task": copy.deepcopy(task)}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        """Run `action` in the sandbox; see the class docs for the observation and `info`."""
+        """Run `action` in the sandbox; the class docstring describes the observation and `info`."""
         self._check_open()
         if not self._in_episode:
             if self._ended_as is not None:
