@@ -39,6 +39,7 @@ class ExecCall:
 
 @dataclass
 class FakeProvider:
+    root: str | None = None  # where sandbox folders go (a test's tmp_path)
     name: str = "fake"
     handler: Handler | None = None
     specs: list[SandboxSpec] = field(default_factory=list)
@@ -53,7 +54,7 @@ class FakeProvider:
         self._counter += 1
         sandbox_id = f"fake-{self._counter}"
         self.specs.append(spec)
-        self.open[sandbox_id] = tempfile.mkdtemp(prefix="gym-substrate-envtest-")
+        self.open[sandbox_id] = tempfile.mkdtemp(prefix="sandbox-", dir=self.root)
         return SandboxHandle(sandbox_id=sandbox_id, provider_name=self.name, raw=None)
 
     async def exec(

@@ -6,6 +6,7 @@ import asyncio
 import pickle
 import re
 import threading
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -32,8 +33,8 @@ def make(provider: Any, **kwargs: Any) -> SandboxEnv:
 
 
 @pytest.fixture
-def fake() -> FakeProvider:
-    return FakeProvider()
+def fake(tmp_path: Path) -> FakeProvider:
+    return FakeProvider(root=str(tmp_path))
 
 
 def test_reset_gives_a_fresh_sandbox_and_passes_the_task(fake: FakeProvider) -> None:
