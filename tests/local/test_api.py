@@ -348,3 +348,31 @@ async def test_one_backend_per_state_folder(backend: LocalBackend) -> None:
     )
     with pytest.raises(BackendError, match="pick another --api-port"):
         await busy.start()
+
+
+async def test_broken_template_fails_resume_cleanly(
+    stub: Any, backend: LocalBackend, http: Any, tmp_path: Path
+) -> None:
+    await stub.CreateAtespace(pb.CreateAtespaceRequest(name="t"))
+    for name, command in (("missing", ["/nonexistent/agent"]), ("exits", ["/bin/false"])):
+        body = (
+            f"metadata: {{name: {name}, namespace: local}}\n"
+            f"spec:\n  containers: [{{name: a, command: {command}}}]\n"
+            f"  snapshotsConfig: {{location: {tmp_path / 'snaps'}}}\n  rootfs: host\n"
+        )
+        async with http.post(f"{backend.router_url}/_local/templates", data=body) as response:
+            assert response.status == 200, await response.text()
+        await stub.CreateActor(
+            pb.CreateActorRequest(
+                actor_ref=ref(name), actor_template_namespace="local", actor_template_name=name
+            )
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref(name)))
+        assert info.value.code() == C.INTERNAL
+        assert info.value.details().startswith("workflow failed at step CallAteletRestore: ")
+        actor = (await stub.GetActor(pb.GetActorRequest(actor_ref=ref(name)))).actor
+        assert actor.status == S.STATUS_SUSPENDED
+        assert actor.ateom_pod_ip == ""
+    workers = (await stub.ListWorkers(pb.ListWorkersRequest())).workers
+    assert [w.actor_id for w in workers] == ["", ""]  # no slot leaked

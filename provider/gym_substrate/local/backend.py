@@ -28,6 +28,7 @@ from gym_substrate.local.control import ControlPlane, ControlServicer, SessionId
 from gym_substrate.local.metrics import Metrics
 from gym_substrate.local.router import Router, json_error
 from gym_substrate.local.runtime import (
+    RUNTIME_NAMES,
     Runtime,
     RuntimeConfig,
     TemplateSpec,
@@ -131,6 +132,8 @@ class LocalBackend:
         router_timeout_s: float = 10.0,
         start_timeout_s: float = 60.0,
     ) -> None:
+        if runtime not in RUNTIME_NAMES:
+            raise ValueError(f"unknown runtime {runtime!r}: use one of {', '.join(RUNTIME_NAMES)}")
         if workers < 1 or workers > 250:
             raise ValueError(f"workers must be between 1 and 250, got {workers}")
         for label, port in (("api_port", api_port), ("router_port", router_port)):

@@ -189,6 +189,10 @@ def _pss(pids: Collection[int]) -> int:
     return total
 
 
+class _PortTaken(RuntimeFailure):
+    """Another process bound the probed port first; worth another try with a new port."""
+
+
 class ProcessRuntime:
     name = "process"
     isolates = False
@@ -256,7 +260,8 @@ class ProcessRuntime:
         while True:
             if proc is not None and proc.poll() is not None:
                 tail = _tail(log_path)
-                raise RuntimeFailure(
+                error = _PortTaken if "already in use" in tail[-300:] else RuntimeFailure
+                raise error(
                     f"the actor's command exited with status {proc.returncode} before its "
                     f"readyz answered; last output:\n{tail}"
                 )
@@ -304,7 +309,7 @@ class ProcessRuntime:
         for _ in range(3):  # a free port can be taken between probing and binding
             try:
                 return await self._spawn(actor, workdir, deadline)
-            except RuntimeFailure as exc:
+            except _PortTaken as exc:
                 last_error = exc
                 if time.monotonic() > deadline:
                     break
