@@ -64,6 +64,8 @@ def kernel_leftovers(instance: str, runtime_dir: Path) -> list[str]:
                 continue
             if str(runtime_dir) in cmd:
                 found.append(f"process {proc.name} {cmd[:80]}")
+    tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True, check=False)
+    found += [f"nft {line}" for line in tables.stdout.splitlines() if instance in line]
     for lease in Path("/run/gym-substrate/gvisor-net").glob("*.lease"):
         try:
             if json.loads(lease.read_text()).get("instance") == instance:

@@ -8,6 +8,8 @@ snapshot" (same nonce, counter continues) from "booted afresh" (new nonce, count
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import socket
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -105,6 +107,8 @@ async def test_memory_and_files_survive_pause_suspend_and_slot_moves(
 
 
 async def test_nothing_leaves_the_host(runtime: Any, tmp_path: Path) -> None:
+    from gym_substrate.local.gvisor import net
+
     template = counter_template(tmp_path / "snaps", marker=False)
     started = await runtime.start(
         ActorSpec("default", "egress", template), Slot(0), None, timeout_s=30
@@ -125,6 +129,23 @@ async def test_nothing_leaves_the_host(runtime: Any, tmp_path: Path) -> None:
         assert result["connected"] is False, target
         error = result["error"].lower()
         assert "unreachable" in error or "no route" in error, result
+
+    # A host service listening on all interfaces is reachable over the veth's host end only
+    # without the backend's nftables table: prove both, so the check can fail.
+    listener = socket.create_server(("0.0.0.0", 0))
+    try:
+        port = listener.getsockname()[1]
+        veth_host = ipaddress.IPv4Address(started.address.split(":")[0]) - 1
+        probe = f"/connect?host={veth_host}&port={port}"
+        assert (await aget(started.address, probe))["connected"] is False
+        await asyncio.to_thread(net.remove_firewall, runtime.instance)
+        try:
+            assert (await aget(started.address, probe))["connected"] is True
+        finally:
+            await asyncio.to_thread(net.install_firewall, runtime.instance)
+        assert (await aget(started.address, probe))["connected"] is False
+    finally:
+        listener.close()
 
 
 async def test_failures_are_clear_and_leave_nothing(runtime: Any, tmp_path: Path) -> None:

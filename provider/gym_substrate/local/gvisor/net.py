@@ -12,7 +12,10 @@ run killed between lease and setup) is stale and reused. Subnets that overlap an
 route already on the host are skipped.
 
 Safety (gvisor-local.md §3.3): the namespace gets no default route, the host side has forwarding
-and IPv6 off, so a sandbox can reach nothing but the host end of its own /30.
+and IPv6 off, so a sandbox can reach nothing but the host end of its own /30. An nftables table
+per backend (``inet gym_substrate_<instance>``) also drops every connection a sandbox opens to
+the host itself, so services listening on all host interfaces stay out of reach; only replies
+to connections the host opened (the router, readiness probes) pass.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,9 +40,12 @@ __all__ = [
     "LEASE_DIR",
     "NetError",
     "SlotNet",
+    "firewall_present",
     "host_if_name",
+    "install_firewall",
     "netns_name",
     "release_slot_net",
+    "remove_firewall",
     "remove_net_of_instance",
     "reset_sandbox_addr",
     "setup_slot_net",
@@ -347,3 +354,54 @@ async def reset_sandbox_addr(net: SlotNet, *, timeout_s: float = 10.0) -> None:
         ),
         timeout_s=timeout_s,
     )
+
+
+def firewall_table(instance: str) -> str:
+    return f"gym_substrate_{instance}"
+
+
+def _nft(script: str | None, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["nft", *args], input=script, capture_output=True, text=True, timeout=20, check=False
+    )
+
+
+def install_firewall(instance: str) -> bool:
+    """(Re)create the instance's nftables table; False when ``nft`` is not installed."""
+    if shutil.which("nft") is None:
+        return False
+    table = firewall_table(instance)
+    pattern = f'"{instance}h*"'
+    script = f"""table inet {table} {{}}
+delete table inet {table}
+table inet {table} {{
+  chain input {{
+    type filter hook input priority filter; policy accept;
+    iifname {pattern} ct state established,related accept
+    iifname {pattern} drop
+  }}
+  chain forward {{
+    type filter hook forward priority filter; policy accept;
+    iifname {pattern} drop
+    oifname {pattern} drop
+  }}
+}}
+"""
+    result = _nft(script, "-f", "-")
+    if result.returncode != 0:
+        raise NetError(f"nft could not install {table}: {result.stderr.strip()}")
+    return True
+
+
+def firewall_present(instance: str) -> bool:
+    if shutil.which("nft") is None:
+        return False
+    return _nft(None, "list", "table", "inet", firewall_table(instance)).returncode == 0
+
+
+def remove_firewall(instance: str) -> bool:
+    """Delete the instance's table; True when one was there."""
+    if not firewall_present(instance):
+        return False
+    _nft(None, "delete", "table", "inet", firewall_table(instance))
+    return True

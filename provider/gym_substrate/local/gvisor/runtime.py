@@ -163,6 +163,8 @@ class GvisorRuntime:
         self._drains: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
         self._opened = False
+        # False: nft is missing, so sandboxes can reach host services (see warning()).
+        self._firewall: bool | None = None if shutil.which("nft") else False
 
     # -- paths -------------------------------------------------------------------------------
     @property
@@ -177,6 +179,12 @@ class GvisorRuntime:
         return f"{self.instance}-{label}.{secrets.token_hex(4)}"
 
     def warning(self) -> str | None:
+        if self._firewall is False:
+            return (
+                "nft (nftables) is not installed: gVisor actors cannot leave the machine, but "
+                "they can reach host services listening on all interfaces; apt-get install "
+                "nftables to block that"
+            )
         return None
 
     # -- open / close ------------------------------------------------------------------------
@@ -186,6 +194,7 @@ class GvisorRuntime:
                 return
             self.dir.mkdir(parents=True, exist_ok=True)
             self.sandboxes_dir.mkdir(exist_ok=True)
+            self._firewall = await asyncio.to_thread(net.install_firewall, self.instance)
             for index in range(self.config.workers):
                 self._nets[index] = await asyncio.to_thread(
                     net.setup_slot_net, self.instance, index
@@ -519,6 +528,8 @@ class GvisorRuntime:
             host.unmount(mount)
             removed.append(f"mount {mount}")
         removed += net.remove_net_of_instance(self.instance)
+        if net.remove_firewall(self.instance):
+            removed.append(f"nft table inet {net.firewall_table(self.instance)}")
         if self.dir.exists():
             shutil.rmtree(self.dir, ignore_errors=True)
             removed.append(f"dir {self.dir}")
@@ -535,6 +546,8 @@ class GvisorRuntime:
             items += [f"mount {m}" for m in host.find_mounts([str(self.dir)])]
             items += [f"mount {m}" for m in host.find_mounts([f"/run/netns/{self.instance}-w"])]
             items += net.stale_net_of_instance(self.instance)
+            if net.firewall_present(self.instance):
+                items.append(f"nft table inet {net.firewall_table(self.instance)}")
             return items
 
         found += await asyncio.to_thread(scan)
