@@ -7,7 +7,6 @@ time from process start to the first answered /readyz is part of every cold acto
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import logging
 import os
@@ -77,19 +76,21 @@ def _read_token(parser: argparse.ArgumentParser, token_file: str | None) -> str 
     return token
 
 
-def _import_aiohttp_without_tls() -> None:
-    """Import aiohttp with the ssl module hidden from it.
+def _import_runtime_without_tls() -> None:
+    """Import asyncio and aiohttp with the ssl module hidden from them.
 
     The agent serves plain HTTP/1.1 only (Substrate's router talks HTTP/1.1 to port 80), yet
-    importing aiohttp builds two client TLS contexts, which parses the system CA bundle: about
-    40 ms and 4 MiB on every cold start of every actor. With `ssl` hidden during that one import
-    aiohttp treats TLS as unavailable; the module is put back right after.
+    importing aiohttp builds two client TLS contexts, which parses the system CA bundle, and
+    asyncio maps OpenSSL's TLS library: together about 40 ms and 5 MiB on every cold start of
+    every actor. Both treat a missing ssl module as "no TLS"; it stays importable afterwards.
     """
     if "aiohttp" in sys.modules:
         return
     saved = sys.modules.get("ssl")
     sys.modules["ssl"] = None  # type: ignore[assignment]
     try:
+        import asyncio  # noqa: F401
+
         import aiohttp.web  # noqa: F401
     finally:
         if saved is None:
@@ -100,7 +101,8 @@ def _import_aiohttp_without_tls() -> None:
 
 async def serve(config: object) -> None:
     """Serve until SIGTERM/SIGINT, then kill running jobs and exit."""
-    _import_aiohttp_without_tls()
+    import asyncio
+
     from aiohttp import web
 
     from ._config import AgentConfig
@@ -188,6 +190,9 @@ def main(argv: list[str] | None = None) -> None:
         )
     except ValueError as exc:
         parser.error(str(exc))
+    _import_runtime_without_tls()
+    import asyncio
+
     asyncio.run(serve(config))
 
 

@@ -26,6 +26,7 @@ import asyncio
 import collections
 import contextlib
 import errno
+import hashlib
 import json
 import logging
 import math
@@ -42,7 +43,15 @@ from typing import Any
 from ._config import AgentConfig, MiB
 from ._errors import ApiError
 
-__all__ = ["ExecSpec", "Job", "JobManager", "parse_exec_request", "DEFAULT_PATH"]
+__all__ = [
+    "AnyJob",
+    "DEFAULT_PATH",
+    "ExecSpec",
+    "FinishedJob",
+    "Job",
+    "JobManager",
+    "parse_exec_request",
+]
 
 log = logging.getLogger("sandbox_agent.jobs")
 
@@ -276,6 +285,9 @@ class Job:
         "_body",
     )
 
+    def matches(self, spec: ExecSpec) -> bool:
+        return self.spec == spec
+
     def __init__(self, job_id: str, spec: ExecSpec) -> None:
         self.id = job_id
         self.spec = spec
@@ -310,7 +322,7 @@ class Job:
         (kept to answer idempotent retries), so thousands of them cost a few MiB.
         """
         self._t1 = time.monotonic()
-        self._body = json.dumps(self.to_json()).encode()
+        self._body = json.dumps(self.to_json(), separators=(",", ":")).encode()
         self.out = self.err = None
         self.proc = None
         self.open_fds = {}
@@ -355,6 +367,40 @@ class Job:
             "duration_ms": round((end - self._t0) * 1000.0, 3),
             "error": self.error,
         }
+
+
+def _spec_digest(spec: ExecSpec) -> bytes:
+    return hashlib.blake2b(repr(spec).encode("utf-8", "surrogateescape"), digest_size=16).digest()
+
+
+class FinishedJob:
+    """What is retained of a finished job: its response bytes and a digest of its request.
+
+    Thousands of finished jobs are kept for idempotent retries and late polls, so each is
+    reduced to about half a kilobyte; the request itself (which may carry megabytes of stdin)
+    is kept only as a 16-byte digest.
+    """
+
+    __slots__ = ("id", "done_at", "_key", "_body")
+    finished = True
+
+    def __init__(self, job: Job) -> None:
+        self.id = job.id
+        self.done_at = time.monotonic()
+        self._key = _spec_digest(job.spec)
+        self._body = job.body()
+
+    def matches(self, spec: ExecSpec) -> bool:
+        return self._key == _spec_digest(spec)
+
+    def body(self) -> bytes:
+        return self._body
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(json.loads(self._body))
+
+
+AnyJob = Job | FinishedJob
 
 
 @dataclass(frozen=True, slots=True)
@@ -454,8 +500,8 @@ class JobManager:
 
     def __init__(self, config: AgentConfig) -> None:
         self._config = config
-        self._jobs: dict[str, Job] = {}
-        self._finished: collections.deque[tuple[float, str]] = collections.deque()
+        self._jobs: dict[str, AnyJob] = {}
+        self._finished: collections.deque[FinishedJob] = collections.deque()
         self._running = 0
         self._closing = False
         self._tasks: set[asyncio.Task[None]] = set()
@@ -465,14 +511,14 @@ class JobManager:
 
     # ----- public API used by the HTTP handlers -----
 
-    def get(self, job_id: str) -> Job | None:
+    def get(self, job_id: str) -> AnyJob | None:
         return self._jobs.get(job_id)
 
     @property
     def running(self) -> int:
         return self._running
 
-    async def submit(self, job_id: str | None, spec: ExecSpec) -> Job:
+    async def submit(self, job_id: str | None, spec: ExecSpec) -> AnyJob:
         """Start a job, or return the existing one for a repeated id with the same spec."""
         if job_id is not None:
             existing = self._check_existing(job_id, spec)
@@ -504,9 +550,9 @@ class JobManager:
         self._evict()
         return job
 
-    async def wait(self, job: Job, seconds: float) -> None:
+    async def wait(self, job: AnyJob, seconds: float) -> None:
         """Return when the job is finished or after `seconds`, whichever comes first."""
-        if job.finished or seconds <= 0:
+        if isinstance(job, FinishedJob) or job.finished or seconds <= 0:
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         job.add_waiter(fut)
@@ -517,9 +563,9 @@ class JobManager:
         finally:
             job.remove_waiter(fut)
 
-    async def kill(self, job: Job) -> Job:
+    async def kill(self, job: AnyJob) -> AnyJob:
         """Kill the job's process group (TERM, then KILL after the grace); idempotent."""
-        if not job.finished:
+        if isinstance(job, Job) and not job.finished:
             self._start_kill(job, "killed")
             await self.wait(job, self._config.kill_grace_s + 3.0)
         return job
@@ -527,7 +573,7 @@ class JobManager:
     async def shutdown(self) -> None:
         """Kill every running job and wait for them (used on SIGTERM)."""
         self._closing = True
-        running = [job for job in self._jobs.values() if not job.finished]
+        running = [job for job in self._jobs.values() if isinstance(job, Job) and not job.finished]
         for job in running:
             self._start_kill(job, "killed")
         if running:
@@ -571,11 +617,11 @@ class JobManager:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(info.si_pid, os.WNOHANG)
 
-    def _check_existing(self, job_id: str, spec: ExecSpec) -> Job | None:
+    def _check_existing(self, job_id: str, spec: ExecSpec) -> AnyJob | None:
         existing = self._jobs.get(job_id)
         if existing is None:
             return None
-        if existing.spec != spec:
+        if not existing.matches(spec):
             raise ApiError(
                 409,
                 "id_conflict",
@@ -624,14 +670,12 @@ class JobManager:
         except OSError as exc:
             job.state = "failed"
             job.error = _failure_message(exc, spec)
-            job.complete()
-            self._finished.append((time.monotonic(), job.id))
+            self._retire(job)
             return
         except (ValueError, subprocess.SubprocessError) as exc:
             job.state = "failed"
             job.error = f"could not start {spec.argv[0]!r}: {exc}"
-            job.complete()
-            self._finished.append((time.monotonic(), job.id))
+            self._retire(job)
             return
 
         self._running += 1
@@ -771,8 +815,15 @@ class JobManager:
             job.exit_code = rc
         job.state = job.kill_reason or "exited"
         self._running -= 1
-        self._finished.append((time.monotonic(), job.id))
+        self._retire(job)
+
+    def _retire(self, job: Job) -> None:
+        """Freeze a finished job, wake its waiters and keep only its compact record."""
         job.complete()
+        record = FinishedJob(job)
+        if self._jobs.get(job.id) is job:
+            self._jobs[job.id] = record
+        self._finished.append(record)
 
     def _start_kill(self, job: Job, reason: str) -> None:
         if job.finished or job.kill_reason is not None or job.proc is None:
@@ -818,10 +869,11 @@ class JobManager:
         now = time.monotonic()
         finished = self._finished
         while finished:
-            t_done, job_id = finished[0]
-            keep_by_age = now - t_done < cfg.job_retention_s
+            oldest = finished[0]
+            keep_by_age = now - oldest.done_at < cfg.job_retention_s
             keep_by_count = len(finished) <= cfg.job_retention_count
             if (keep_by_age or keep_by_count) and len(finished) <= cfg.job_hard_cap:
                 break
             finished.popleft()
-            self._jobs.pop(job_id, None)
+            if self._jobs.get(oldest.id) is oldest:
+                del self._jobs[oldest.id]

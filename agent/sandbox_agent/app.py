@@ -24,7 +24,7 @@ from ._config import ACTOR_ID_ENV, AgentConfig
 from ._errors import ApiError, error_response
 from ._files import FileHandlers
 from ._identity import Identity, read_actor_id
-from ._jobs import Job, JobManager, parse_exec_request
+from ._jobs import AnyJob, JobManager, parse_exec_request
 from ._openapi import openapi_document
 
 __all__ = ["create_app", "JOBS_KEY", "CONFIG_KEY"]
@@ -83,7 +83,7 @@ def _wait_param(request: web.Request) -> float:
     return value
 
 
-def _job_response(job: Job, status: int) -> web.Response:
+def _job_response(job: AnyJob, status: int) -> web.Response:
     return web.Response(body=job.body(), status=status, content_type="application/json")
 
 
@@ -191,7 +191,7 @@ def create_app(config: AgentConfig | None = None) -> web.Application:
         await jobs.wait(job, wait)
         return _job_response(job, 200 if job.finished else 202)
 
-    def job_or_404(request: web.Request) -> Job:
+    def job_or_404(request: web.Request) -> AnyJob:
         job_id = request.match_info["job_id"]
         job = jobs.get(job_id)
         if job is None:

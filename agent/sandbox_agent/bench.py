@@ -45,8 +45,9 @@ _TARGETS: list[tuple[str, str, str, float | None, bool, str]] = [
     ("upload_mb_s", "upload 64 MiB", "MB/s", 600, True, "py 292"),
     ("download_mb_s", "download 64 MiB", "MB/s", 1000, True, "py 498"),
     ("startup_ms", "start to first 200 /readyz (median)", "ms", 200, False, ""),
-    ("rss_mib", "RSS after the run", "MiB", 40, False, ""),
-    ("rss_peak_mib", "peak RSS (VmHWM)", "MiB", None, False, ""),
+    ("rss_idle_mib", "RSS, started and idle", "MiB", 40, False, ""),
+    ("rss_mib", "RSS after the run (retained job records)", "MiB", None, False, ""),
+    ("rss_peak_mib", "peak RSS (VmHWM, during uploads)", "MiB", None, False, ""),
 ]
 
 
@@ -201,6 +202,44 @@ def _transfer(port: int, workdir: Path, size_mib: int, rounds: int) -> tuple[flo
 
 
 def _rss_mib(pid: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM) in MiB, summed over the process and its descendants (the static build
+    runs as launcher/staticx/PyInstaller layers, of which only the innermost is the agent)."""
+    total_rss = total_hwm = 0.0
+    for one in _process_tree(pid):
+        try:
+            rss, hwm = _rss_one(one)
+        except (OSError, KeyError):
+            continue
+        total_rss += rss
+        total_hwm += hwm
+    return total_rss, total_hwm
+
+
+def _process_tree(root: int) -> list[int]:
+    """`root` and the processes below it that are not jobs (agent layers share its argv)."""
+    try:
+        with open(f"/proc/{root}/cmdline", "rb") as fh:
+            cmdline = fh.read().split(b"\0")[1:]
+    except OSError:
+        return [root]
+    found = [root]
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                stat = fh.read()
+            with open(f"/proc/{name}/cmdline", "rb") as fh:
+                args = fh.read().split(b"\0")[1:]
+        except OSError:
+            continue
+        ppid = int(stat[stat.rfind(b")") + 2 :].split()[1])
+        if ppid in found and args == cmdline:
+            found.append(int(name))
+    return found
+
+
+def _rss_one(pid: int) -> tuple[float, float]:
     fields = {}
     with open(f"/proc/{pid}/status") as fh:
         for line in fh:
@@ -255,6 +294,8 @@ def run_bench(
 
         agent = _start(argv, log, log_level)
         try:
+            time.sleep(0.2)
+            results["rss_idle_mib"] = _rss_mib(agent.proc.pid)[0]
             step(f"exec latency ({requests} sequential)")
             lat = _exec_latency(agent.port, requests)
             results["exec_p50_ms"] = statistics.median(lat)
