@@ -75,12 +75,20 @@ def read_backend_info(state_dir: Path) -> dict[str, Any] | None:
         info: dict[str, Any] = json.loads((state_dir / "backend.json").read_text())
     except (OSError, ValueError):
         return None
-    pid = int(info.get("pid", 0))
+    # the flock, not the pid (which the kernel may have reused), says whether it still runs
     try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, PermissionError, ValueError):
+        fd = os.open(state_dir / "backend.lock", os.O_RDWR)
+    except OSError:
         return None
-    return info
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return info
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
 
 
 def runtime_for_state(state_dir: Path) -> Runtime | None:
