@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -245,29 +247,48 @@ async def test_pause_keeps_memory_and_suspend_keeps_files(
 
 @pytest.mark.parametrize("runtime_name", RUNTIMES)
 @pytest.mark.parametrize("backend_options", [{"workers": 1}])
-async def test_no_free_workers_and_abort(stub: Any) -> None:
-    await make_actor(stub, "w1")
+async def test_no_free_workers_and_abort(
+    stub: Any, backend: LocalBackend, runtime_name: str
+) -> None:
+    # a template whose agent takes a second to come up keeps the first resume in flight
+    address = "--host 127.0.0.1" if runtime_name == "process" else "--host 0.0.0.0 --port 80"
+    assert backend.plane is not None
+    default = backend.plane.templates["local/sandbox"]
+    slow = dataclasses.replace(
+        default,
+        name="slow",
+        command=("/bin/sh", "-c", f"sleep 1; exec {sys.executable} -m sandbox_agent {address}"),
+    )
+    await backend.plane.add_template(slow)
     await make_actor(stub, "w2")
-    resume = asyncio.ensure_future(stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("w1"))))
+    await stub.CreateActor(
+        pb.CreateActorRequest(
+            actor_ref=ref("w1slow"), actor_template_namespace="local", actor_template_name="slow"
+        )
+    )
+    resume = asyncio.ensure_future(
+        stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("w1slow"), boot=True))
+    )
     for _ in range(500):  # wait until the resume is in flight
-        actor = (await stub.GetActor(pb.GetActorRequest(actor_ref=ref("w1")))).actor
+        actor = (await stub.GetActor(pb.GetActorRequest(actor_ref=ref("w1slow")))).actor
         if actor.status == S.STATUS_RESUMING:
             break
         await asyncio.sleep(0.002)
     assert actor.status == S.STATUS_RESUMING
     for call in (
-        stub.PauseActor(pb.PauseActorRequest(actor_ref=ref("w1"))),
-        stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("w1"))),
-        stub.DeleteActor(pb.DeleteActorRequest(actor_ref=ref("w1"))),
-        stub.UpdateActor(pb.UpdateActorRequest(actor_ref=ref("w1"))),
+        stub.PauseActor(pb.PauseActorRequest(actor_ref=ref("w1slow"))),
+        stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("w1slow"))),
+        stub.DeleteActor(pb.DeleteActorRequest(actor_ref=ref("w1slow"))),
+        stub.UpdateActor(pb.UpdateActorRequest(actor_ref=ref("w1slow"))),
     ):
         assert await status_code(call) == C.ABORTED
-    assert (await resume).actor.status == S.STATUS_RUNNING
+    # another actor is not blocked by it, but the only worker is taken
     with pytest.raises(grpc.aio.AioRpcError) as full:
         await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("w2")))
     assert full.value.code() == C.FAILED_PRECONDITION
     assert full.value.details() == "no free workers available"
-    await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("w1")))
+    assert (await resume).actor.status == S.STATUS_RUNNING
+    await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("w1slow")))
     assert (await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("w2")))).actor.status == (
         S.STATUS_RUNNING
     )
