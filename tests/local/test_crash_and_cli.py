@@ -174,13 +174,26 @@ def test_sigkill_loses_nothing_and_restart_adopts(state: Path, runtime_name: str
         assert time.monotonic() < deadline, up.log.read_text()
         time.sleep(0.05)
 
-    # SIGKILL in the middle of a resume: the record survives, the half-started sandbox does not
+    # SIGKILL in the middle of a resume: the record survives, the half-started sandbox does not.
+    # The template's agent takes a second to start, so the kill lands inside the resume.
+    address = "--host 127.0.0.1" if runtime_name == "process" else "--host 0.0.0.0 --port 80"
+    slow = (
+        "metadata: {name: slow, namespace: local}\n"
+        "spec:\n  containers: [{name: a, command: [/bin/sh, -c, "
+        f"'sleep 1; exec {sys.executable} -m sandbox_agent {address}']}}]\n"
+        f"  snapshotsConfig: {{location: {state / 'slow'}}}\n  rootfs: host\n"
+    )
+    request = urllib.request.Request(
+        up.info["router"] + "/_local/templates", data=slow.encode(), method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=120) as response:
+        assert response.status == 200
     up.stub.CreateActor(
         pb.CreateActorRequest(
-            actor_ref=_ref("mid"), actor_template_namespace="local", actor_template_name="sandbox"
+            actor_ref=_ref("mid"), actor_template_namespace="local", actor_template_name="slow"
         )
     )
-    pending = up.stub.ResumeActor.future(pb.ResumeActorRequest(actor_ref=_ref("mid")))
+    pending = up.stub.ResumeActor.future(pb.ResumeActorRequest(actor_ref=_ref("mid"), boot=True))
     deadline = time.monotonic() + 10
     while up.stub.GetActor(pb.GetActorRequest(actor_ref=_ref("mid"))).actor.status != (
         S.STATUS_RESUMING
