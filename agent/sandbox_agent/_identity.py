@@ -25,7 +25,7 @@ def read_actor_id(path: str, env_name: str) -> str | None:
     try:
         with open(path, "rb") as fh:
             raw = fh.read(_MAX_ID_BYTES)
-    except (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError):
+    except OSError:  # missing, unreadable or not a file: fall back to the environment
         raw = None
     if raw is not None:
         value = raw.decode("utf-8", "replace").strip()

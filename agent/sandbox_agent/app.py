@@ -63,7 +63,10 @@ def _http_exception_response(exc: web.HTTPException) -> web.StreamResponse:
         headers["Allow"] = allowed
         message = f"method not allowed here; allowed: {allowed}"
     elif status == 413:
-        message = "request body too large; JSON bodies are limited, upload files in chunks"
+        message = (
+            "request body too large: JSON bodies are limited to 16 MiB; "
+            "move large inputs with PUT /v1/files and read them from the command"
+        )
     else:
         message = exc.reason or "request failed"
     return error_response(status, code, message, headers)

@@ -323,3 +323,29 @@ async def test_app_factory_has_no_shared_state() -> None:
     from sandbox_agent.app import JOBS_KEY
 
     assert one[JOBS_KEY] is not two[JOBS_KEY]
+
+
+async def test_connections_use_tcp_nodelay() -> None:
+    """Without TCP_NODELAY keep-alive responses stall ~40 ms (Nagle + delayed ACK)."""
+    import socket
+
+    import aiohttp
+
+    runner = web.AppRunner(create_app(AgentConfig()), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://127.0.0.1:{port}/readyz") as resp:
+                assert resp.status == 200
+            assert runner.server is not None
+            conns = list(runner.server.connections)
+            assert conns
+            for handler in conns:
+                assert handler.transport is not None
+                sock = handler.transport.get_extra_info("socket")
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    finally:
+        await runner.cleanup()
