@@ -693,7 +693,7 @@ class JobManager:
             loop.add_reader(fd, self._on_readable, job, fd, sink)
         if spec.stdin is not None:
             assert proc.stdin is not None
-            self._feed_stdin(job, proc.stdin.fileno(), spec.stdin.encode("utf-8"))
+            self._feed_stdin(proc.stdin, spec.stdin.encode("utf-8"))
         self._by_pid[proc.pid] = job
         if self._sigchld:
             pass  # the SIGCHLD handler (_reap) reports the exit
@@ -710,18 +710,22 @@ class JobManager:
         if spec.timeout_s is not None:
             job.handles.append(loop.call_later(spec.timeout_s, self._start_kill, job, "timeout"))
 
-    def _feed_stdin(self, job: Job, fd: int, data: bytes) -> None:
+    def _feed_stdin(self, stdin: Any, data: bytes) -> None:
+        """Write `data` to the command's stdin without blocking, then close it.
+
+        A command that exits (or closes stdin) before reading everything ends the feed with
+        EPIPE; the file object is captured here because the job may finish first.
+        """
+        fd = stdin.fileno()
         os.set_blocking(fd, False)
         view = memoryview(data)
         loop = asyncio.get_running_loop()
 
         def close() -> None:
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, ValueError):
                 loop.remove_writer(fd)
-            assert job.proc is not None
-            assert job.proc.stdin is not None
             with contextlib.suppress(OSError):
-                job.proc.stdin.close()
+                stdin.close()
 
         def write() -> None:
             nonlocal view

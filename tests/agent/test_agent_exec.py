@@ -315,3 +315,10 @@ def test_orphans_are_adopted_and_reaped(agent: Any) -> None:
     while os.path.exists(f"/proc/{orphan}") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not os.path.exists(f"/proc/{orphan}"), "the orphan was not reaped (zombie left)"
+
+
+def test_stdin_not_read_by_a_command_that_exits(agent: Any) -> None:
+    job = agent.exec(command="exit 0", stdin="x" * (2 * 1024 * 1024)).json()
+    assert job["state"] == "exited"
+    assert agent.exec(command="echo still-serving").json()["stdout"] == "still-serving\n"
+    assert "Traceback" not in agent.log_text()
