@@ -165,12 +165,21 @@ def _abort_upload(fd: int, offset: int) -> None:
         os.ftruncate(fd, offset)
 
 
+class _NotRegular(Exception):
+    pass
+
+
 def _open_read(path: str) -> tuple[int, os.stat_result]:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    # O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below).
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     st = os.fstat(fd)
     if stat.S_ISDIR(st.st_mode):
         os.close(fd)
         raise IsADirectoryError(21, "Is a directory", path)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise _NotRegular(path)
+    os.set_blocking(fd, True)
     return fd, st
 
 
@@ -301,6 +310,8 @@ class FileHandlers:
             fd, st = await loop.run_in_executor(None, _open_read, path)
         except OSError as exc:
             raise _os_error(exc, path) from None
+        except _NotRegular:
+            raise _bad(f"{path} is not a regular file (a device, FIFO or socket)") from None
         fobj = os.fdopen(fd, "rb", buffering=0)  # wraps the fd opened off the loop; closed below
         try:
             size = st.st_size

@@ -263,3 +263,11 @@ def test_stat(agent: Any, tmp_path: Path, check_schema: Any) -> None:
     resp = agent.request("GET", f"/v1/stat?path={_q(tmp_path / 'nope')}")
     assert resp.status == 404
     assert resp.json()["error"]["code"] == "not_found"
+
+
+def test_fifo_and_devices_are_refused_not_hung(agent: Any, tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "fifo")
+    for path in (tmp_path / "fifo", Path("/dev/null")):
+        resp = agent.request("GET", f"/v1/files?path={_q(path)}", timeout=10)
+        assert resp.status == 400
+        assert "not a regular file" in resp.json()["error"]["message"]
