@@ -25,7 +25,12 @@ from local_helpers import RUNTIMES, host
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
-from gym_substrate.local.backend import read_backend_info, runtime_for_state, state_leftovers
+from gym_substrate.local.backend import (
+    REGISTRY_ENV,
+    read_backend_info,
+    runtime_for_state,
+    state_leftovers,
+)
 from gym_substrate.local.cli import local
 from gym_substrate.local.store import Store
 
@@ -211,8 +216,19 @@ def test_sigkill_loses_nothing_and_restart_adopts(state: Path, runtime_name: str
     assert asyncio.run(state_leftovers(state)) == []
 
 
-@pytest.mark.parametrize("runtime_name", RUNTIMES)
-def test_down_after_interrupted_run_leaves_nothing(state: Path, runtime_name: str) -> None:
+@pytest.mark.parametrize(
+    ("runtime_name", "how"),
+    [
+        ("process", "state-dir"),
+        ("process", "orphans"),
+        pytest.param("gvisor", "state-dir", marks=pytest.mark.runsc),
+    ],
+)
+def test_down_after_interrupted_run_leaves_nothing(
+    state: Path, runtime_name: str, how: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a private registry: `down --orphans` must not touch other test sessions' backends
+    monkeypatch.setenv(REGISTRY_ENV, str(tmp_path / "registry"))
     up = Up(state, runtime_name, workers=2)
     up.stub.CreateAtespace(pb.CreateAtespaceRequest(name="t"))
     up.stub.CreateActor(
@@ -230,10 +246,14 @@ def test_down_after_interrupted_run_leaves_nothing(state: Path, runtime_name: st
             os.kill(json.loads(entry.read_text())["pid"], signal.SIGKILL)
         time.sleep(0.2)
     assert asyncio.run(state_leftovers(state)), "the orphaned job processes should still run"
-    result = CliRunner().invoke(local, ["down", "--state-dir", str(state)])
+    assert [p.name for p in (tmp_path / "registry").iterdir()] == [up.info["instance"]]
+    target = ["--state-dir", str(state)] if how == "state-dir" else ["--orphans"]
+    result = CliRunner().invoke(local, ["down", *target])
     assert result.exit_code == 0, result.output
     assert "removed leftover" in result.output
     assert asyncio.run(state_leftovers(state)) == []
+    if how == "orphans":
+        assert list((tmp_path / "registry").iterdir()) == []
 
 
 def test_daemon_status_down(state: Path, runtime_name: str) -> None:

@@ -31,6 +31,7 @@ from gym_substrate.local.runtime import (
     RUNTIME_NAMES,
     Runtime,
     RuntimeConfig,
+    RuntimeFailure,
     TemplateSpec,
     create_runtime,
     select_runtime,
@@ -41,9 +42,11 @@ from gym_substrate.local.templates import TemplateError, default_template, parse
 __all__ = [
     "BackendError",
     "LocalBackend",
+    "cleanup_orphans",
     "cleanup_state_dir",
     "default_state_dir",
     "read_backend_info",
+    "registry_dir",
     "runtime_for_state",
     "state_leftovers",
 ]
@@ -51,6 +54,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 STATE_ENV = "GYM_SUBSTRATE_STATE_DIR"
+REGISTRY_ENV = "GYM_SUBSTRATE_LOCAL_REGISTRY"
 
 
 class BackendError(RuntimeError):
@@ -118,6 +122,64 @@ async def cleanup_state_dir(state_dir: Path) -> list[str]:
     return removed
 
 
+def registry_dir() -> Path:
+    """Machine-wide list of backends that may own sandboxes (one file per instance).
+
+    A backend that dies without stopping its sandboxes (SIGKILL, an interrupted test run whose
+    state folder nobody remembers) stays listed here, so `local down --orphans` can find it.
+    """
+    override = os.environ.get(REGISTRY_ENV)
+    if override:
+        return Path(override)
+    base = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/gym-substrate-{os.getuid()}"
+    return Path(base) / "gym-substrate-backends"
+
+
+def _register(instance: str, state_dir: Path, runtime: str, workers: int) -> None:
+    folder = registry_dir()
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    entry = {"state_dir": str(state_dir), "runtime": runtime, "workers": workers}
+    tmp = folder / f".{instance}.tmp"
+    tmp.write_text(json.dumps(entry))
+    tmp.replace(folder / instance)
+
+
+def _unregister(instance: str) -> None:
+    with contextlib.suppress(OSError):
+        (registry_dir() / instance).unlink()
+
+
+async def cleanup_orphans() -> list[str]:
+    """Stop the sandboxes of every registered backend that is no longer running."""
+    removed: list[str] = []
+    folder = registry_dir()
+    if not folder.is_dir():
+        return removed
+    for path in sorted(folder.iterdir()):
+        if path.name.startswith("."):
+            continue
+        try:
+            entry = json.loads(path.read_text())
+            state_dir = Path(entry["state_dir"])
+            config = RuntimeConfig(
+                state_dir / "runtime" / entry["runtime"], path.name, int(entry["workers"])
+            )
+            runtime = create_runtime(entry["runtime"], config)
+        except (OSError, ValueError, KeyError, TypeError, RuntimeFailure) as exc:
+            log.warning("ignoring unreadable backend registration %s: %s", path, exc)
+            continue
+        if read_backend_info(state_dir) is not None:
+            continue  # that backend is alive and owns its sandboxes
+        try:
+            removed += [f"{state_dir}: {line}" for line in await runtime.cleanup()]
+            left = await runtime.leftovers()
+        finally:
+            await runtime.close()
+        if not left:
+            path.unlink(missing_ok=True)
+    return removed
+
+
 async def state_leftovers(state_dir: Path) -> list[str]:
     """Anything of this state folder's backend still on the host (for leak checks)."""
     runtime = runtime_for_state(state_dir)
@@ -165,6 +227,7 @@ class LocalBackend:
         self._server: grpc.aio.Server | None = None
         self._router: Router | None = None
         self._lock_fd: int | None = None
+        self._instance = ""
         self.api_port = 0
         self.router_port = 0
 
@@ -240,6 +303,8 @@ class LocalBackend:
                 await old.close()
         store.set_meta("runtime", name)
         store.set_meta("workers", str(self.workers))
+        _register(instance, self.state_dir.resolve(), name, self.workers)
+        self._instance = instance
         config = RuntimeConfig(self.state_dir / "runtime" / name, instance, self.workers)
         self.runtime = create_runtime(name, config)
         warning = self.runtime.warning()
@@ -323,6 +388,8 @@ class LocalBackend:
         if self.plane is not None:
             if stop_sandboxes:
                 await self.plane.shutdown()
+                if self._instance:
+                    _unregister(self._instance)
             else:
                 await self.plane.detach()
             self.plane = None

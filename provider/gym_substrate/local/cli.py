@@ -263,8 +263,23 @@ def _answers(info: dict[str, Any]) -> bool:
     show_default=True,
     help="Seconds to wait for a clean stop before killing the backend.",
 )
-def down(state_dir: Path | None, timeout: float) -> None:
+@click.option(
+    "--orphans",
+    is_flag=True,
+    help="Instead: clean up after every backend on this machine that died without "
+    "stopping its sandboxes (crashed or interrupted runs, any state folder).",
+)
+def down(state_dir: Path | None, timeout: float, orphans: bool) -> None:
     """Stop the backend and remove every sandbox it made (also after a crash)."""
+    if orphans:
+        from gym_substrate.local.backend import cleanup_orphans
+
+        found = asyncio.run(cleanup_orphans())
+        for line in found:
+            console.print(f"removed leftover: {line}")
+        if not found:
+            console.print("no orphaned sandboxes on this machine")
+        return
     folder = _resolve(state_dir)
     info = read_backend_info(folder)
     if info is not None:
