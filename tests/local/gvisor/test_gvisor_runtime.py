@@ -255,3 +255,36 @@ def _fetch(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=10) as resp:  # noqa: S310
         data: bytes = resp.read()
     return data
+
+
+async def test_concurrent_actors_swap_slots_and_a_busy_slot_is_refused(
+    runtime: Any, tmp_path: Path
+) -> None:
+    template = counter_template(tmp_path / "snaps")
+    golden = await runtime.prepare_template(template, Slot(0), tmp_path / "snaps" / "golden")
+    actors = [ActorSpec("default", f"par-{i}", template) for i in range(2)]
+    started = await asyncio.gather(
+        *(runtime.start(a, Slot(i), golden.snapshot, timeout_s=30) for i, a in enumerate(actors))
+    )
+    with pytest.raises(RuntimeFailure, match="still runs sandbox"):
+        await runtime.start(ActorSpec("default", "intruder", template), Slot(0), None, timeout_s=5)
+    for i, s in enumerate(started):
+        await aget(s.address, f"/write?text=mine-{i}")
+    snaps = await asyncio.gather(
+        *(
+            runtime.checkpoint(a, s.handle, SnapshotKind.LOCAL, tmp_path / "par" / a.actor_id)
+            for a, s in zip(actors, started, strict=True)
+        )
+    )
+    # Each actor comes back on the other one's slot, at the other one's address.
+    swapped = await asyncio.gather(
+        *(
+            runtime.start(a, Slot(1 - i), snap.snapshot, timeout_s=30)
+            for i, (a, snap) in enumerate(zip(actors, snaps, strict=True))
+        )
+    )
+    for i, s in enumerate(swapped):
+        assert s.address == started[1 - i].address
+        state = await aget(s.address, "/state")
+        assert state["actor_id"] == f"par-{i}"
+        assert state["marker"] == f"mine-{i}"

@@ -280,6 +280,14 @@ class GvisorRuntime:
                 f"snapshot {source.path} has no checkpoint.img: it was removed or never "
                 "completed; resume with boot=true to cold-boot instead"
             )
+        for other in list(self._sandboxes.values()):
+            pids = self.runsc.pids(other.cid) if other.slot == slot.index else None
+            if pids is not None and _pid_running(pids[0], other.cid):
+                # Two sandboxes in one netns would fight over its veth: refuse loudly.
+                raise RuntimeFailure(
+                    f"slot {slot.index} still runs sandbox {other.cid} ({other.actor_key}); "
+                    "checkpoint or stop it before starting another actor there"
+                )
         cid = self._new_cid(f"{actor.atespace}-{actor.actor_id}")
         sandbox = await asyncio.to_thread(self._prepare_dir, actor, slot.index, cid)
         self._sandboxes[cid] = sandbox
