@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import logging.handlers
 import os
 import signal
 import sys
@@ -167,17 +168,32 @@ def _clean_environment() -> None:
             env["LD_LIBRARY_PATH"] = orig
 
 
+def _setup_logging(level: int) -> logging.handlers.QueueListener:
+    """Log to stderr from a background thread.
+
+    Writing to stderr can block when whoever reads it (a container runtime's log pipe) falls
+    behind; the event loop only puts records on a queue.
+    """
+    import queue
+
+    records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+    stream = logging.StreamHandler(sys.stderr)
+    stream.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.setLevel(level)
+    root.addHandler(logging.handlers.QueueHandler(records))
+    listener = logging.handlers.QueueListener(records, stream)
+    listener.start()
+    return listener
+
+
 def main(argv: list[str] | None = None) -> None:
     _clean_environment()
     parser = _parser()
     args = parser.parse_args(argv)
     port = args.port if args.port is not None else _default_port()
     token = _read_token(parser, args.token_file)
-    logging.basicConfig(
-        stream=sys.stderr,
-        level=getattr(logging, args.log_level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    listener = _setup_logging(getattr(logging, args.log_level.upper()))
     from ._config import ACTOR_ID_FILE, AgentConfig
 
     try:
@@ -193,7 +209,10 @@ def main(argv: list[str] | None = None) -> None:
     _import_runtime_without_tls()
     import asyncio
 
-    asyncio.run(serve(config))
+    try:
+        asyncio.run(serve(config))
+    finally:
+        listener.stop()
 
 
 if __name__ == "__main__":
