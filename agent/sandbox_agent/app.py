@@ -97,12 +97,10 @@ def create_app(config: AgentConfig | None = None) -> web.Application:
     identity = Identity(config.restore_jump_s)
     files = FileHandlers(config.max_upload_bytes)
     token = config.token.encode() if config.token else None
-    loop_ref: list[asyncio.AbstractEventLoop] = []
 
     async def current_actor_id() -> str | None:
-        if not loop_ref:
-            loop_ref.append(asyncio.get_running_loop())
-        actor_id = await loop_ref[0].run_in_executor(
+        """Read the actor id now (off the loop) and let restore detection see it."""
+        actor_id = await asyncio.get_running_loop().run_in_executor(
             None, read_actor_id, config.actor_id_file, ACTOR_ID_ENV
         )
         identity.observe_actor_id(actor_id)
