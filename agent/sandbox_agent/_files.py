@@ -157,7 +157,22 @@ def _finish_upload(fd: int, path: str, end: int, final: bool, mode: int, hasher:
     os.fsync(fd)
     digest = hasher.hexdigest() if hasher is not None else _hash_file(fd)
     os.rename(_tmp_path(path), path)
+    _fsync_dir(os.path.dirname(path) or "/")
     return str(digest)
+
+
+def _fsync_dir(directory: str) -> None:
+    """Make the rename itself durable; some file systems cannot fsync a directory."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _abort_upload(fd: int, offset: int) -> None:
