@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import resource
+import sys
 from typing import Any
 
 import aiohttp
@@ -211,3 +213,34 @@ async def test_response_headers_pass_through(stub: Any, backend: LocalBackend, h
             assert response.status == 206
             assert await response.read() == b"zzzz"
     await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("hdr")))
+
+
+async def test_request_during_an_explicit_resume_waits_for_it(
+    stub: Any, backend: LocalBackend, http: Any
+) -> None:
+    assert backend.plane is not None
+    default = backend.plane.templates["local/sandbox"]
+    agent = f"exec {sys.executable} -m sandbox_agent --host 127.0.0.1"
+    slow = dataclasses.replace(default, name="slow", command=("/bin/sh", "-c", f"sleep 1; {agent}"))
+    await backend.plane.add_template(slow)
+    await stub.CreateAtespace(pb.CreateAtespaceRequest(name="t"))
+    await stub.CreateActor(
+        pb.CreateActorRequest(
+            actor_ref=ref("late"), actor_template_namespace="local", actor_template_name="slow"
+        )
+    )
+    resume = asyncio.ensure_future(stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("late"))))
+    for _ in range(400):  # until the resume is in flight
+        actor = (await stub.GetActor(pb.GetActorRequest(actor_ref=ref("late")))).actor
+        if actor.status == S.STATUS_RESUMING:
+            break
+        await asyncio.sleep(0.005)
+    assert actor.status == S.STATUS_RESUMING
+    status, body = await _readyz(http, backend, host("late"))  # ABORTED inside: it waits
+    assert status == 200
+    assert body["actor_id"] == "late"
+    running = (await resume).actor
+    assert running.status == S.STATUS_RUNNING
+    after = (await stub.GetActor(pb.GetActorRequest(actor_ref=ref("late")))).actor
+    assert after.version == running.version  # one resume, not two
+    await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("late")))

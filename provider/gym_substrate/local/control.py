@@ -162,6 +162,7 @@ class ControlPlane:
         self._workers: list[WorkerRecord] = []
         self._busy: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._inflight: dict[str, asyncio.Task[Any]] = {}
         # called with a sandbox handle before it is checkpointed or stopped, so the router can
         # drop its pooled connections into it (a checkpoint with open connections fails, and a
         # pooled connection into a restored sandbox hangs)
@@ -433,8 +434,23 @@ class ControlPlane:
 
         task = asyncio.get_running_loop().create_task(run())
         self._tasks.add(task)
+        self._inflight[key] = task
         task.add_done_callback(self._tasks.discard)
+
+        def finished(done: asyncio.Task[T]) -> None:
+            if self._inflight.get(key) is done:
+                del self._inflight[key]
+
+        task.add_done_callback(finished)
         return await asyncio.shield(task)
+
+    async def wait_idle(self, key: str, timeout_s: float) -> bool:
+        """Wait until the operation in flight on ``key`` (if any) ends; True if one was waited."""
+        task = self._inflight.get(key)
+        if task is None:
+            return False
+        await asyncio.wait([task], timeout=timeout_s)
+        return True
 
     # ---------------------------------------------------------------- atespaces
     def create_atespace(self, name: str) -> str:

@@ -252,8 +252,12 @@ class Router:
                 raise ApiError(
                     grpc.StatusCode.DEADLINE_EXCEEDED, "resume exceeded its budget"
                 ) from None
-            await asyncio.sleep(delay * random.uniform(0.8, 1.2))
-            delay *= 1.5
+            # ABORTED: another operation holds the actor. Wait for exactly that one to end
+            # (no sleeping past it), else back off like atenet's resumer.
+            remaining = deadline - time.monotonic()
+            if not await self.plane.wait_idle(f"{atespace}/{actor_id}", remaining):
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                delay *= 1.5
 
     async def _proxy(self, request: web.Request, record: ActorRecord) -> web.StreamResponse:
         pool = self._pool(record)
