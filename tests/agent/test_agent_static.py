@@ -44,6 +44,13 @@ def static_binary() -> Path:
     assert proc.returncode == 0, f"static build failed:\n{proc.stderr[-4000:]}"
     binary = REPO / proc.stdout.strip().splitlines()[-1]
     assert binary.is_file()
+    again = subprocess.run(
+        ["bash", str(BUILD_SCRIPT)], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert again.returncode == 0
+    assert "up to date" in again.stderr, "an unchanged tree must reuse the cached binary"
+    assert (REPO / again.stdout.strip().splitlines()[-1]) == binary
+    assert (binary.parent / "image" / "sandbox-agent").samefile(binary)
     return binary
 
 
