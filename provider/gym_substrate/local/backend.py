@@ -379,32 +379,35 @@ class LocalBackend:
         await self._teardown(stop_sandboxes=False)
 
     async def _teardown(self, *, stop_sandboxes: bool) -> None:
-        if self._router is not None:
-            await self._router.close()
-            self._router = None
-        if self._server is not None:
-            await self._server.stop(grace=1.0)
-            self._server = None
-        if self.plane is not None:
-            if stop_sandboxes:
-                await self.plane.shutdown()
-                if self._instance:
-                    _unregister(self._instance)
-            else:
-                await self.plane.detach()
-            self.plane = None
-        elif self.runtime is not None:
-            await self.runtime.close()
-        if self._store is not None:
-            self._store.close()
-            self._store = None
-        with contextlib.suppress(OSError):
-            info = json.loads((self.state_dir / "backend.json").read_text())
-            if info.get("pid") == os.getpid():
-                (self.state_dir / "backend.json").unlink()
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        try:
+            if self._router is not None:
+                router, self._router = self._router, None
+                await router.close()
+            if self._server is not None:
+                server, self._server = self._server, None
+                await server.stop(grace=1.0)
+            if self.plane is not None:
+                plane, self.plane = self.plane, None
+                if stop_sandboxes:
+                    await plane.shutdown()
+                    if self._instance:
+                        _unregister(self._instance)
+                else:
+                    await plane.detach()
+            elif self.runtime is not None:
+                await self.runtime.close()
+        finally:
+            # whatever failed above, the state folder is released for the next backend
+            if self._store is not None:
+                self._store.close()
+                self._store = None
+            with contextlib.suppress(OSError, ValueError):
+                info = json.loads((self.state_dir / "backend.json").read_text())
+                if info.get("pid") == os.getpid():
+                    (self.state_dir / "backend.json").unlink()
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
 
     # ------------------------------------------------------------------ admin endpoints
     async def _add_template(self, request: web.Request) -> web.StreamResponse:
