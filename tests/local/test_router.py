@@ -79,9 +79,8 @@ async def test_503_when_full_and_timeout(stub: Any, backend: LocalBackend, http:
     status, text = await _readyz(http, backend, host("full2"))
     assert status == 503
     assert text == 'actor "full2" unavailable: no free workers available'
-    # the per-request limit (configured to 1 s here; 10 s by default, as in Substrate)
-    loop = asyncio.get_running_loop()
-    started = loop.time()
+    # the per-request limit (configured to 1 s here; 10 s by default, as in Substrate): the
+    # agent would answer 200 after 4 s, so a 504 means the router cut the request
     async with http.post(
         f"{backend.router_url}/v1/exec?wait=5",
         json={"command": "sleep 4"},
@@ -89,7 +88,6 @@ async def test_503_when_full_and_timeout(stub: Any, backend: LocalBackend, http:
     ) as response:
         assert response.status == 504
         assert await response.text() == "upstream request timeout"
-    assert loop.time() - started < 3.0
     await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("full1")))
 
 
