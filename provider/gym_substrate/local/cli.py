@@ -34,7 +34,11 @@ from gym_substrate.local.backend import (
     state_leftovers,
 )
 from gym_substrate.local.runtime import RUNTIME_NAMES, RuntimeFailure
-from gym_substrate.local.templates import TemplateError
+from gym_substrate.local.templates import (
+    DEFAULT_TEMPLATE_NAME,
+    DEFAULT_TEMPLATE_NAMESPACE,
+    TemplateError,
+)
 
 __all__ = ["local"]
 
@@ -59,8 +63,20 @@ def _resolve(state_dir: Path | None) -> Path:
 
 
 def _provider_block(api: str, router: str) -> str:
-    block = {"connection": {"api": api, "router": router, "tls": {"plaintext": True}}}
+    block = {
+        "connection": {"api": api, "router": router, "tls": {"plaintext": True}},
+        "create": {"template": f"{DEFAULT_TEMPLATE_NAMESPACE}/{DEFAULT_TEMPLATE_NAME}"},
+    }
     return yaml.safe_dump(block, sort_keys=False).rstrip()
+
+
+def _provider_env(api: str, router: str) -> str:
+    """The same settings as the variables configs/substrate.yaml interpolates."""
+    template = f"{DEFAULT_TEMPLATE_NAMESPACE}/{DEFAULT_TEMPLATE_NAME}"
+    return (
+        f"export SUBSTRATE_API={api} SUBSTRATE_ROUTER={router} SUBSTRATE_PLAINTEXT=true "
+        f"SUBSTRATE_TEMPLATE={template}"
+    )
 
 
 def _print_up(info: dict[str, Any]) -> None:
@@ -76,6 +92,10 @@ def _print_up(info: dict[str, Any]) -> None:
     console.print(f"  metrics: {info['router']}/metrics")
     console.print("Provider config (paste under your substrate provider):")
     console.print(_provider_block(info["api"], info["router"]), markup=False, highlight=False)
+    console.print("or, with configs/substrate.yaml:")
+    console.print(
+        _provider_env(info["api"], info["router"]), markup=False, highlight=False, soft_wrap=True
+    )
 
 
 @click.group()
