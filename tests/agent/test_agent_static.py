@@ -174,66 +174,69 @@ def netns() -> Iterator[tuple[str, str, str, str]]:
         _run("ip", "netns", "del", ns, check=False)
 
 
-@pytest.mark.runsc
-@pytest.mark.slow
-def test_static_binary_is_pid1_in_gvisor_on_busybox_rootfs(
-    static_binary: Path, netns: tuple[str, str, str, str], tmp_path: Path
-) -> None:
-    ns, _, sb_if, sb_ip = netns
-    rootfs, bundle, state = tmp_path / "rootfs", tmp_path / "bundle", tmp_path / "state"
-    _busybox_rootfs(rootfs)
-    bundle.mkdir()
-    state.mkdir()
-    (tmp_path / "resolv.conf").write_text("nameserver 127.0.0.1\n")
-    (tmp_path / "hosts").write_text("127.0.0.1 localhost\n")
-    _run("runsc", "spec", "--bundle", str(bundle))
-    spec = json.loads((bundle / "config.json").read_text())
-    spec["root"] = {"path": str(rootfs), "readonly": False}
-    spec["hostname"] = "sa-static-test"
-    spec["process"]["terminal"] = False
-    spec["process"]["args"] = ["/opt/sandbox-agent/sandbox-agent"]
-    # `runsc spec` grants only three capabilities; add the ones Docker grants by default that
-    # running a command as another user needs.
-    for kind, caps in spec["process"]["capabilities"].items():
-        if kind != "inheritable":
-            caps += [c for c in ("CAP_SETUID", "CAP_SETGID", "CAP_CHOWN") if c not in caps]
-    spec["process"]["env"] = [
-        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        "SANDBOX_AGENT_ACTOR_ID=actor-static-1",
-    ]
-    spec["mounts"] += [
-        {
-            "destination": "/etc/resolv.conf",
-            "type": "bind",
-            "source": str(tmp_path / "resolv.conf"),
-            "options": ["rbind", "ro"],
-        },
-        {
-            "destination": "/etc/hosts",
-            "type": "bind",
-            "source": str(tmp_path / "hosts"),
-            "options": ["rbind", "ro"],
-        },
-        {
-            "destination": "/opt/sandbox-agent/sandbox-agent",
-            "type": "bind",
-            "source": str(static_binary),
-            "options": ["rbind", "ro"],
-        },
-    ]
-    for entry in spec["linux"]["namespaces"]:
-        if entry["type"] == "network":
-            entry["path"] = f"/var/run/netns/{ns}"
-    (bundle / "config.json").write_text(json.dumps(spec))
+class _GvisorSandbox:
+    """One runsc sandbox running the static agent as PID 1 on a busybox-only rootfs."""
 
-    container = f"sagt-{uuid.uuid4().hex[:12]}"
-    log = tmp_path / "runsc.log"
-    runsc = ["runsc", f"--root={state}", "--network=sandbox", "--overlay2=root:memory"]
-    try:
-        _run("ip", "-n", ns, "addr", "replace", f"{sb_ip}/24", "dev", sb_if)
-        _run("ip", "-n", ns, "link", "set", sb_if, "up")
-        with open(log, "wb") as out:
-            started = subprocess.run(
+    def __init__(self, binary: Path, netns: tuple[str, str, str, str], work: Path) -> None:
+        self.ns, _, self.sb_if, self.sb_ip = netns
+        self.work = work
+        self.rootfs, self.state = work / "rootfs", work / "state"
+        _busybox_rootfs(self.rootfs)
+        self.state.mkdir()
+        (work / "resolv.conf").write_text("nameserver 127.0.0.1\n")
+        (work / "hosts").write_text("127.0.0.1 localhost\n")
+        self.binary = binary
+        self.runsc = [
+            "runsc",
+            f"--root={self.state}",
+            "--network=sandbox",
+            "--overlay2=root:memory",
+            "--net-disconnect-ok",
+        ]
+        self.containers: list[str] = []
+        self.log = work / "runsc.log"
+
+    def bundle(self, name: str, actor_id: str) -> Path:
+        """A bundle whose /run/ate/actor-id says `actor_id` (as Substrate mounts it)."""
+        bundle = self.work / name
+        bundle.mkdir()
+        (bundle / "actor-id").write_text(actor_id + "\n")
+        _run("runsc", "spec", "--bundle", str(bundle))
+        spec = json.loads((bundle / "config.json").read_text())
+        spec["root"] = {"path": str(self.rootfs), "readonly": False}
+        spec["hostname"] = "sa-static-test"
+        spec["process"]["terminal"] = False
+        spec["process"]["args"] = ["/opt/sandbox-agent/sandbox-agent"]
+        # `runsc spec` grants only three capabilities; add the ones Docker grants by default
+        # that running a command as another user needs.
+        for kind, caps in spec["process"]["capabilities"].items():
+            if kind != "inheritable":
+                caps += [c for c in ("CAP_SETUID", "CAP_SETGID", "CAP_CHOWN") if c not in caps]
+        spec["process"]["env"] = [
+            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        ]
+        binds = {
+            "/etc/resolv.conf": self.work / "resolv.conf",
+            "/etc/hosts": self.work / "hosts",
+            "/opt/sandbox-agent/sandbox-agent": self.binary,
+            "/run/ate/actor-id": bundle / "actor-id",
+        }
+        spec["mounts"] += [
+            {"destination": dest, "type": "bind", "source": str(src), "options": ["rbind", "ro"]}
+            for dest, src in binds.items()
+        ]
+        for entry in spec["linux"]["namespaces"]:
+            if entry["type"] == "network":
+                entry["path"] = f"/var/run/netns/{self.ns}"
+        (bundle / "config.json").write_text(json.dumps(spec))
+        return bundle
+
+    def _masked(self, *args: str) -> None:
+        # The veth loses its address whenever a sandbox leaves the netns: re-add it first.
+        _run("ip", "-n", self.ns, "addr", "replace", f"{self.sb_ip}/24", "dev", self.sb_if)
+        _run("ip", "-n", self.ns, "link", "set", self.sb_if, "up")
+        with open(self.log, "ab") as out:
+            done = subprocess.run(
                 [
                     "unshare",
                     "-m",
@@ -243,26 +246,91 @@ def test_static_binary_is_pid1_in_gvisor_on_busybox_rootfs(
                     "-c",
                     _MASKED_RUNSC,
                     "runsc",
-                    *runsc[1:],
-                    "run",
-                    "--detach",
-                    "--bundle",
-                    str(bundle),
-                    container,
+                    *self.runsc[1:],
+                    *args,
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                timeout=60,
+                timeout=120,
             )
-        assert started.returncode == 0, log.read_text()
-        agent = _Http(sb_ip)
-        ready = agent.wait_ready(60, lambda: log.read_text()[-2000:])
-        assert ready["actor_id"] == "actor-static-1"
-        assert ready["agent_version"]
-        _drive(agent)
+        assert done.returncode == 0, self.log.read_text()[-3000:]
+
+    def run(self, bundle: Path) -> _Http:
+        container = f"sagt-{uuid.uuid4().hex[:12]}"
+        self.containers.append(container)
+        self._masked("run", "--detach", "--bundle", str(bundle), container)
+        return _Http(self.sb_ip)
+
+    def checkpoint_and_restore(self, image: Path, bundle: Path) -> _Http:
+        old = self.containers[-1]
+        _run(*self.runsc, "checkpoint", f"--image-path={image}", old, timeout=120)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            state = _run(*self.runsc, "state", old, check=False).stdout
+            if '"stopped"' in state or not state:
+                break
+            time.sleep(0.1)
+        _run(*self.runsc, "delete", "--force", old, check=False)
+        self.containers.remove(old)
+        container = f"sagt-{uuid.uuid4().hex[:12]}"
+        self.containers.append(container)
+        self._masked(
+            "restore", "--detach", f"--image-path={image}", "--bundle", str(bundle), container
+        )
+        return _Http(self.sb_ip)
+
+    def close(self) -> None:
+        for container in reversed(self.containers):
+            _run(*self.runsc, "delete", "--force", container, check=False)
+
+
+@pytest.fixture
+def gvisor(
+    static_binary: Path, netns: tuple[str, str, str, str], tmp_path: Path
+) -> Iterator[_GvisorSandbox]:
+    sandbox = _GvisorSandbox(static_binary, netns, tmp_path)
+    try:
+        yield sandbox
     finally:
-        _run(*runsc, "delete", "--force", container, check=False)
+        sandbox.close()
+
+
+@pytest.mark.runsc
+@pytest.mark.slow
+def test_static_binary_is_pid1_in_gvisor_on_busybox_rootfs(gvisor: _GvisorSandbox) -> None:
+    agent = gvisor.run(gvisor.bundle("bundle", "actor-static-1"))
+    ready = agent.wait_ready(60, lambda: gvisor.log.read_text()[-2000:])
+    assert ready["actor_id"] == "actor-static-1"
+    assert ready["agent_version"]
+    _drive(agent)
+
+
+@pytest.mark.runsc
+@pytest.mark.slow
+def test_restore_as_another_actor_gets_a_new_boot_id(gvisor: _GvisorSandbox) -> None:
+    """A golden snapshot restored for another actor must not keep the first one's identity."""
+    agent = gvisor.run(gvisor.bundle("golden", "actor-golden"))
+    golden = agent.wait_ready(60, lambda: gvisor.log.read_text()[-2000:])
+    assert golden["actor_id"] == "actor-golden"
+    job = agent.exec(command="echo kept > /work-state; echo ok")
+    assert job["stdout"] == "ok\n"
+
+    restored = gvisor.checkpoint_and_restore(gvisor.work / "image", gvisor.bundle("b2", "actor-2"))
+    after = restored.wait_ready(60, lambda: gvisor.log.read_text()[-2000:])
+    assert after["actor_id"] == "actor-2"
+    assert after["boot_id"] != golden["boot_id"]
+    assert after["uptime_s"] < golden["uptime_s"] + 30
+    status, _, body = restored.call(
+        "POST",
+        "/v1/exec?wait=8",
+        {"command": "cat /work-state"},
+        headers={"X-Sandbox-Actor-Id": "actor-golden"},
+    )
+    assert status == 409, "a call meant for the golden actor must not run in actor-2"
+    assert json.loads(body)["error"]["code"] == "actor_mismatch"
+    job = restored.exec(command="cat /work-state")
+    assert job["stdout"] == "kept\n", "memory and files survive the restore"
 
 
 @pytest.mark.docker
