@@ -26,6 +26,7 @@ import aiohttp
 import grpc
 from aiohttp import web
 from multidict import CIMultiDict
+from yarl import URL
 
 from gym_substrate.local.control import RUNNING, ApiError, ControlPlane
 from gym_substrate.local.metrics import CONTENT_TYPE, Metrics
@@ -149,6 +150,7 @@ class Router:
                 # an agent answers SYNs in microseconds; a silent address means a dead sandbox
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=_CONNECT_TIMEOUT_S),
                 skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+                cookie_jar=aiohttp.DummyCookieJar(),  # a proxy passes cookies, never keeps them
             )
             self._pools[record.handle] = session
         return session
@@ -262,7 +264,7 @@ class Router:
     async def _proxy(self, request: web.Request, record: ActorRecord) -> web.StreamResponse:
         pool = self._pool(record)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
-        url = f"http://{record.address}{request.raw_path}"
+        url = URL(f"http://{record.address}{request.raw_path}", encoded=True)  # forwarded as sent
         has_body = request.body_exists
         response: web.StreamResponse | None = None
         try:
