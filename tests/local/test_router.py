@@ -189,7 +189,7 @@ async def test_response_headers_pass_through(stub: Any, backend: LocalBackend, h
         f"{backend.router_url}/v1/exec?wait=8", json={"command": "pwd"}, headers=host("hdr")
     ) as response:
         folder = (await response.json())["stdout"].strip()
-    path = f"{folder.rstrip('/')}/h.bin"
+    path = f"{folder.rstrip('/')}/h é+%.bin"  # quoting survives the router
     for size in (10, 200_000):  # below and above the router's small-body path
         async with http.put(
             f"{backend.router_url}/v1/files",
@@ -210,6 +210,10 @@ async def test_response_headers_pass_through(stub: Any, backend: LocalBackend, h
         ) as response:
             assert response.status == 206
             assert await response.read() == b"zzzz"
+    async with http.post(
+        f"{backend.router_url}/v1/exec?wait=8", json={"command": "ls"}, headers=host("hdr")
+    ) as response:
+        assert "h é+%.bin" in (await response.json())["stdout"].splitlines()
     await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("hdr")))
 
 
