@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,9 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
+from local_helpers import RUNTIMES
 
+from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.local import LocalBackend
 from gym_substrate.local.cli import local
 from gym_substrate.local.store import Store
@@ -195,3 +198,37 @@ async def test_add_through_running_backend(
         assert response.status == 400
         assert "spec.rootfs.directory" in (await response.json())["error"]["message"]
     assert not (tmp_path / "other").exists()
+
+
+@pytest.mark.parametrize("runtime_name", RUNTIMES)
+async def test_registered_template_resumes_from_its_golden_snapshot(
+    tmp_path: Path, backend: LocalBackend, http: Any, stub: Any
+) -> None:
+    doc = good(tmp_path / "snaps")
+    doc["spec"]["containers"][0]["command"] = [
+        sys.executable, "-m", "sandbox_agent", "--host", "0.0.0.0", "--port", "80",
+    ]  # fmt: skip
+    body = yaml.safe_dump(doc).encode()
+    async with http.post(f"{backend.router_url}/_local/templates", data=body) as response:
+        assert response.status == 200, await response.text()
+        result = await response.json()
+    gvisor = backend.runtime_name == "gvisor"
+    # gVisor boots the template once and checkpoints it; the process runtime has no memory image
+    assert (result["golden_snapshot"] is not None) is gvisor
+    await stub.CreateAtespace(pb.CreateAtespaceRequest(name="t"))
+    await stub.CreateActor(
+        pb.CreateActorRequest(
+            actor_ref=pb.ActorRef(atespace="t", name="g1"),
+            actor_template_namespace="local",
+            actor_template_name="mine",
+        )
+    )
+    await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=pb.ActorRef(atespace="t", name="g1")))
+    async with http.get(f"{backend.router_url}/metrics") as response:
+        metrics = await response.text()
+    source = "golden" if gvisor else "boot"
+    assert (
+        "gym_substrate_local_operation_duration_seconds_count"
+        f'{{operation="resume",source="{source}"}} 1.0'
+    ) in metrics
+    await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=pb.ActorRef(atespace="t", name="g1")))
