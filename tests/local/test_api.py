@@ -10,12 +10,14 @@ from typing import Any
 
 import grpc
 import pytest
+from click.testing import CliRunner
 from local_helpers import RUNTIMES, host, make_actor, ref, status_code
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
 from gym_substrate.local import LocalBackend
 from gym_substrate.local.backend import BackendError
+from gym_substrate.local.cli import local
 
 S = pb.Actor.Status
 C = grpc.StatusCode
@@ -397,3 +399,10 @@ async def test_broken_template_fails_resume_cleanly(
         assert actor.ateom_pod_ip == ""
     workers = (await stub.ListWorkers(pb.ListWorkersRequest())).workers
     assert [w.actor_id for w in workers] == ["", ""]  # no slot leaked
+
+
+def test_down_never_signals_an_embedding_process(backend: LocalBackend) -> None:
+    result = CliRunner().invoke(local, ["down", "--state-dir", str(backend.state_dir)])
+    assert result.exit_code != 0
+    assert "embedded" in result.output
+    assert backend.plane is not None  # still serving

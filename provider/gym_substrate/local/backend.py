@@ -228,6 +228,9 @@ class LocalBackend:
         self._router: Router | None = None
         self._lock_fd: int | None = None
         self._instance = ""
+        # True when this process exists only to serve the backend (`local up`): `local down`
+        # may then SIGTERM it; an embedding program (tests, a trainer) is never signalled
+        self.standalone = False
         self.api_port = 0
         self.router_port = 0
 
@@ -365,6 +368,7 @@ class LocalBackend:
             "runtime_warning": warning or "",
             "instance": instance,
             "workers": self.workers,
+            "standalone": self.standalone,
             "started_at": time.time(),
         }
         tmp = self.state_dir / "backend.json.tmp"

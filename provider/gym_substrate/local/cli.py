@@ -195,6 +195,7 @@ async def _foreground(
         router_port=router_port,
         router_timeout_s=router_timeout,
     )
+    backend.standalone = True
     async with backend:
         info = read_backend_info(folder) or {}
         if as_json:
@@ -302,6 +303,11 @@ def down(state_dir: Path | None, timeout: float, orphans: bool) -> None:
         return
     folder = _resolve(state_dir)
     info = read_backend_info(folder)
+    if info is not None and not info.get("standalone", False):
+        raise click.ClickException(
+            f"the backend on {folder} runs inside process {info['pid']} (an embedded "
+            "LocalBackend), not `local up`; stop it from that program"
+        )
     if info is not None:
         pid = int(info["pid"])
         with console.status(f"stopping backend pid {pid} ..."):
