@@ -285,9 +285,6 @@ class Job:
         "_body",
     )
 
-    def matches(self, spec: ExecSpec) -> bool:
-        return self.spec == spec
-
     def __init__(self, job_id: str, spec: ExecSpec) -> None:
         self.id = job_id
         self.spec = spec
@@ -314,6 +311,10 @@ class Job:
     @property
     def finished(self) -> bool:
         return self._t1 is not None
+
+    def matches(self, spec: ExecSpec) -> bool:
+        """Whether `spec` is the same request (idempotent retry) as the one that started this."""
+        return self.spec == spec
 
     def complete(self) -> None:
         """Freeze the job: render its JSON once and drop everything else it held.
