@@ -77,6 +77,24 @@ _exec_body = st.fixed_dictionaries(
     },
 )
 
+# Well-formed requests with every optional field exercised, so that the generated traffic also
+# runs commands (in every mode) and not only fails validation.
+_valid_exec_body = st.fixed_dictionaries(
+    {"command": _commands},
+    optional={
+        "id": st.from_regex(r"[A-Za-z0-9._-]{1,12}", fullmatch=True),
+        "shell": st.sampled_from(["/bin/sh", "/bin/bash"]),
+        "cwd": st.sampled_from(["/", "/tmp", "/nonexistent-dir"]),
+        "env": st.dictionaries(
+            st.from_regex(r"[A-Z][A-Z0-9_]{0,6}", fullmatch=True), st.text(max_size=8), max_size=3
+        ),
+        "timeout_s": st.floats(min_value=0.001, max_value=5),
+        "stdin": st.text(max_size=200),
+        "user": st.sampled_from(["root", "nobody", 0, 65534, 4242]),
+        "max_output_bytes": st.integers(0, 300),
+    },
+)
+
 _wait = st.none() | st.sampled_from(["0", "0.01", "8", "9", "-1", "x", "nan", "1e400", ""])
 _job_ids = st.sampled_from(["a", "b", "fuzz-1"]) | st.text(min_size=1, max_size=12)
 
@@ -86,11 +104,15 @@ def _requests(draw: st.DrawFn, root: str) -> tuple[str, str, bytes | None, dict[
     headers: dict[str, str] = {}
     if draw(st.integers(0, 9)) == 0:
         headers["X-Sandbox-Actor-Id"] = draw(st.from_regex(r"[a-z0-9-]{0,10}", fullmatch=True))
-    kind = draw(st.sampled_from(["exec", "exec", "exec", "job", "put", "get", "stat", "any"]))
+    kind = draw(
+        st.sampled_from(["exec", "exec", "valid", "valid", "job", "put", "get", "stat", "any"])
+    )
     wait = draw(_wait)
     wait_q = "" if wait is None else f"?wait={quote(wait)}"
     scratch = st.from_regex(r"[a-z0-9._-]{1,10}", fullmatch=True).map(lambda n: f"{root}/{n}")
     paths = scratch | st.sampled_from([root, "relative/x", "", f"{root}/d/e/f", "/etc/hostname"])
+    if kind == "valid":
+        return "POST", "/v1/exec" + wait_q, json.dumps(draw(_valid_exec_body)).encode(), headers
     if kind == "exec":
         if draw(st.integers(0, 5)) == 0:
             body = draw(st.binary(max_size=40))
