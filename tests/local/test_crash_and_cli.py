@@ -286,3 +286,31 @@ def test_daemon_status_down(state: Path, runtime_name: str) -> None:
         os.kill(int(info["pid"]), 0)
     gone = runner.invoke(local, ["status", "--json"] + common)
     assert json.loads(gone.output)["running"] is False
+
+
+@pytest.mark.parametrize("runtime_name", RUNTIMES)
+def test_down_suspends_running_actors_and_up_resumes_them(state: Path, runtime_name: str) -> None:
+    up = Up(state, runtime_name, workers=2)
+    up.stub.CreateAtespace(pb.CreateAtespaceRequest(name="t"))
+    up.stub.CreateActor(
+        pb.CreateActorRequest(
+            actor_ref=_ref("kept"), actor_template_namespace="local", actor_template_name="sandbox"
+        )
+    )
+    up.stub.ResumeActor(pb.ResumeActorRequest(actor_ref=_ref("kept")))
+    assert up.http("kept", "/v1/exec?wait=8", {"command": "echo kept > f"})["exit_code"] == 0
+    up.http("kept", "/v1/exec", {"id": "ctr", "command": "sleep 300", "timeout_s": 600})
+    up.stop()  # what `local down` sends
+    assert up.proc.returncode == 0, up.log.read_text()
+    assert asyncio.run(state_leftovers(state)) == []
+
+    up = Up(state, runtime_name, workers=2)
+    actor = up.actors()["kept"]
+    assert actor.status == S.STATUS_SUSPENDED
+    assert actor.latest_snapshot_info.type == pb.SNAPSHOT_TYPE_EXTERNAL  # suspended, not lost
+    up.stub.ResumeActor(pb.ResumeActorRequest(actor_ref=_ref("kept")))
+    assert up.http("kept", "/v1/exec?wait=8", {"command": "cat f"})["stdout"] == "kept\n"
+    if runtime_name == "gvisor":  # memory survives suspend: the job is still there
+        assert up.http("kept", "/v1/exec/ctr")["state"] == "running"
+    up.stop()
+    assert asyncio.run(state_leftovers(state)) == []

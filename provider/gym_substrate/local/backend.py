@@ -201,6 +201,7 @@ class LocalBackend:
         router_port: int = 0,
         router_timeout_s: float = 10.0,
         start_timeout_s: float = 60.0,
+        suspend_on_stop: bool = False,
     ) -> None:
         if runtime not in RUNTIME_NAMES:
             raise ValueError(f"unknown runtime {runtime!r}: use one of {', '.join(RUNTIME_NAMES)}")
@@ -218,6 +219,7 @@ class LocalBackend:
         self._router_port = router_port
         self.router_timeout_s = router_timeout_s
         self.start_timeout_s = start_timeout_s
+        self.suspend_on_stop = suspend_on_stop
         self.runtime_name = ""
         self.runtime_reason = ""
         self.runtime: Runtime | None = None
@@ -393,7 +395,7 @@ class LocalBackend:
             if self.plane is not None:
                 plane, self.plane = self.plane, None
                 if stop_sandboxes:
-                    await plane.shutdown()
+                    await plane.shutdown(suspend=self.suspend_on_stop)
                     if self._instance:
                         _unregister(self._instance)
                 else:

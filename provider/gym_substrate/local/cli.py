@@ -140,6 +140,11 @@ def local() -> None:
     show_default=True,
     help="Per-request router timeout in seconds (Substrate: 10).",
 )
+@click.option(
+    "--kill-on-stop",
+    is_flag=True,
+    help="On stop, kill running actors instead of suspending them first.",
+)
 @click.option("--daemon", is_flag=True, help="Run in the background; return once it answers.")
 @click.option("--json", "as_json", is_flag=True, help="Print the addresses as JSON.")
 def up(
@@ -149,10 +154,15 @@ def up(
     api_port: int,
     router_port: int,
     router_timeout: float,
+    kill_on_stop: bool,
     daemon: bool,
     as_json: bool,
 ) -> None:
-    """Start the backend (foreground unless --daemon)."""
+    """Start the backend (foreground unless --daemon).
+
+    Stopping it (Ctrl-C, SIGTERM, `local down`) suspends every running actor first, so a later
+    `up` resumes them where they were; --kill-on-stop skips that.
+    """
     folder = _resolve(state_dir)
     running = read_backend_info(folder)
     if running is not None:
@@ -161,14 +171,25 @@ def up(
             f"stop it first with `gym-substrate local down --state-dir {folder}`"
         )
     if daemon:
-        _daemon(folder, workers, runtime, api_port, router_port, router_timeout, as_json)
+        _daemon(
+            folder, workers, runtime, api_port, router_port, router_timeout, kill_on_stop, as_json
+        )
         return
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
         asyncio.run(
-            _foreground(folder, workers, runtime, api_port, router_port, router_timeout, as_json)
+            _foreground(
+                folder,
+                workers,
+                runtime,
+                api_port,
+                router_port,
+                router_timeout,
+                kill_on_stop,
+                as_json,
+            )
         )
     except (BackendError, RuntimeFailure, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
@@ -181,6 +202,7 @@ async def _foreground(
     api_port: int,
     router_port: int,
     router_timeout: float,
+    kill_on_stop: bool,
     as_json: bool,
 ) -> None:
     stop = asyncio.Event()
@@ -196,6 +218,7 @@ async def _foreground(
         router_timeout_s=router_timeout,
     )
     backend.standalone = True
+    backend.suspend_on_stop = not kill_on_stop
     async with backend:
         info = read_backend_info(folder) or {}
         if as_json:
@@ -205,7 +228,10 @@ async def _foreground(
             console.print("Ctrl-C (or `gym-substrate local down`) stops it and every sandbox.")
         sys.stdout.flush()
         await stop.wait()
-        err.print("stopping: ending every sandbox ...")
+        if kill_on_stop:
+            err.print("stopping: ending every sandbox ...")
+        else:
+            err.print("stopping: suspending running actors, then ending every sandbox ...")
 
 
 def _daemon(
@@ -215,6 +241,7 @@ def _daemon(
     api_port: int,
     router_port: int,
     router_timeout: float,
+    kill_on_stop: bool,
     as_json: bool,
 ) -> None:
     folder.mkdir(parents=True, exist_ok=True)
@@ -224,7 +251,7 @@ def _daemon(
         "--workers", str(workers), "--runtime", runtime, "--state-dir", str(folder),
         "--api-port", str(api_port), "--router-port", str(router_port),
         "--router-timeout", str(router_timeout),
-    ]  # fmt: skip
+    ] + (["--kill-on-stop"] if kill_on_stop else [])  # fmt: skip
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(
             argv,
@@ -279,10 +306,11 @@ def _answers(info: dict[str, Any]) -> bool:
 @_state_dir_option
 @click.option(
     "--timeout",
-    type=click.FloatRange(1, 600),
-    default=60,
+    type=click.FloatRange(1, 3600),
+    default=180,
     show_default=True,
-    help="Seconds to wait for a clean stop before killing the backend.",
+    help="Seconds to wait for a clean stop (running actors are suspended first) before killing "
+    "the backend.",
 )
 @click.option(
     "--orphans",

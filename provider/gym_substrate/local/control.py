@@ -254,9 +254,31 @@ class ControlPlane:
         for line in swept:
             log.warning("removed a sandbox no actor claims: %s", line)
 
-    async def shutdown(self) -> None:
-        """Wait for in-flight operations, then stop every sandbox (``local down``)."""
+    async def shutdown(self, *, suspend: bool = False, timeout_s: float = 120.0) -> None:
+        """Wait for in-flight operations, then stop every sandbox (``local down``).
+
+        With ``suspend`` every RUNNING actor is suspended first, so nothing it did is lost (with
+        gVisor not even its memory); an actor whose suspend fails or overruns is killed and falls
+        back to its last snapshot at the next start.
+        """
         await self._drain_tasks()
+        if suspend:
+            running = [r for r in self._actors.values() if r.status == RUNNING]
+            if running:
+                log.info("suspending %d running actors before stopping", len(running))
+                results = await asyncio.wait(
+                    [
+                        asyncio.ensure_future(self.suspend_actor(r.atespace, r.actor_id))
+                        for r in running
+                    ],
+                    timeout=timeout_s,
+                )
+                for task in results[1]:
+                    task.cancel()
+                for task in results[0]:
+                    if task.exception() is not None:
+                        log.warning("suspend at shutdown failed: %s", task.exception())
+                await self._drain_tasks()
         for record in list(self._actors.values()):
             for handle in (record.handle, record.retained_handle):
                 await self._stop(handle)
