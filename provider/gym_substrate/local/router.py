@@ -235,7 +235,12 @@ class Router:
                 self._resume_with_retry(atespace, actor_id)
             )
             self._resumes[key] = task
-            task.add_done_callback(lambda _t: self._resumes.pop(key, None))
+
+            def forget(done: asyncio.Task[ActorRecord]) -> None:
+                if self._resumes.get(key) is done:
+                    del self._resumes[key]
+
+            task.add_done_callback(forget)
         return await asyncio.shield(task)
 
     async def _resume_with_retry(self, atespace: str, actor_id: str) -> ActorRecord:
