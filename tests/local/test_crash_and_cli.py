@@ -285,7 +285,12 @@ def test_daemon_status_down(state: Path, runtime_name: str) -> None:
     with pytest.raises(ProcessLookupError):
         os.kill(int(info["pid"]), 0)
     gone = runner.invoke(local, ["status", "--json"] + common)
-    assert json.loads(gone.output)["running"] is False
+    stored = json.loads(gone.output)
+    assert stored["running"] is False
+    assert [t["template"] for t in stored["templates"]] == ["local/sandbox"]  # kept on disk
+    table = runner.invoke(local, ["status"] + common)
+    assert table.exit_code == 0
+    assert "no backend is running" in table.output
 
 
 @pytest.mark.parametrize("runtime_name", RUNTIMES)

@@ -49,6 +49,7 @@ __all__ = [
     "registry_dir",
     "runtime_for_state",
     "state_leftovers",
+    "stored_status",
 ]
 
 log = logging.getLogger(__name__)
@@ -178,6 +179,48 @@ async def cleanup_orphans() -> list[str]:
         if not left:
             path.unlink(missing_ok=True)
     return removed
+
+
+def stored_status(state_dir: Path) -> dict[str, Any] | None:
+    """What a stopped backend's state folder holds (actors, templates), or None if nothing."""
+    if not (state_dir / "state.db").exists():
+        return None
+    store = Store(state_dir / "state.db")
+    try:
+        actors = [
+            {
+                "atespace": a.atespace,
+                "actor": a.actor_id,
+                "template": f"{a.template_namespace}/{a.template_name}",
+                "status": a.status,
+                "version": a.version,
+                "address": "",
+                "worker": "",
+                "snapshot": a.snapshot_path,
+            }
+            for a in store.actors()
+        ]
+        templates = [
+            {
+                "template": t.key,
+                "rootfs": t.rootfs.kind,
+                "snapshots": str(t.snapshot_location),
+                "golden_snapshot": golden.path if golden else "",
+            }
+            for t, golden in store.templates()
+        ]
+        atespaces = store.atespaces()
+        runtime = store.get_meta("runtime") or ""
+    finally:
+        store.close()
+    return {
+        "runtime": runtime,
+        "state_dir": str(state_dir),
+        "workers": [],
+        "actors": actors,
+        "templates": templates,
+        "atespaces": atespaces,
+    }
 
 
 async def state_leftovers(state_dir: Path) -> list[str]:

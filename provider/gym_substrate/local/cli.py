@@ -381,15 +381,28 @@ def status(state_dir: Path | None, as_json: bool) -> None:
     """Show workers, actors and templates of the running backend."""
     import urllib.request
 
+    from gym_substrate.local.backend import stored_status
+
     folder = _resolve(state_dir)
     info = read_backend_info(folder)
     if info is None:
+        stored = stored_status(folder)
         if as_json:
-            console.print_json(json.dumps({"running": False, "state_dir": str(folder)}))
+            console.print_json(
+                json.dumps({"running": False, "state_dir": str(folder), **(stored or {})})
+            )
             return
-        raise click.ClickException(
-            f"no backend is running on {folder}; start one with `gym-substrate local up`"
+        if stored is None:
+            raise click.ClickException(
+                f"no backend is running on {folder} and it holds no state; start one with "
+                "`gym-substrate local up`"
+            )
+        console.print(
+            f"[bold]no backend is running[/] on {folder}; its stored state (start it with "
+            "`gym-substrate local up`):"
         )
+        _print_status(stored)
+        return
     with urllib.request.urlopen(f"{info['router']}/_local/status", timeout=10) as response:
         data = json.loads(response.read())
     if as_json:
@@ -399,14 +412,19 @@ def status(state_dir: Path | None, as_json: bool) -> None:
         f"runtime [bold]{data['runtime']}[/], API {data['api']}, router {data['router']}, "
         f"state {data['state_dir']}"
     )
-    workers = Table(title="workers")
-    for column in ("worker", "status", "actor", "address", "version"):
-        workers.add_column(column)
-    for row in data["workers"]:
-        workers.add_row(
-            row["worker"], row["status"], row["actor"], row["address"], str(row["version"])
-        )
-    console.print(workers)
+    _print_status(data)
+
+
+def _print_status(data: dict[str, Any]) -> None:
+    if data["workers"]:
+        workers = Table(title="workers")
+        for column in ("worker", "status", "actor", "address", "version"):
+            workers.add_column(column)
+        for row in data["workers"]:
+            workers.add_row(
+                row["worker"], row["status"], row["actor"], row["address"], str(row["version"])
+            )
+        console.print(workers)
     actors = Table(title=f"actors ({len(data['actors'])})")
     for column in ("atespace", "actor", "template", "status", "version", "worker", "address"):
         actors.add_column(column)
