@@ -8,6 +8,7 @@ what the scripts print on a real machine.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import runpy
 from dataclasses import dataclass, field
@@ -105,7 +106,6 @@ def _stdout(name: str, inputs: dict[str, Any]) -> str:
 
 
 def run_stack(stack: str, overrides: dict[str, Any] | None = None) -> StackRun:
-    import pulumi
     from pulumi.runtime import mocks as pm
 
     registrations: list[Registration] = []
@@ -141,8 +141,32 @@ def run_stack(stack: str, overrides: dict[str, Any] | None = None) -> StackRun:
             )
             return response
 
-    mocks = Mocks()
-    pm.set_mocks(mocks, project="gym-substrate", stack=stack, preview=False, monitor=Monitor(mocks))
+    # Pulumi's mock runtime drives its own event loop through asyncio.get_event_loop(); an
+    # earlier pytest-asyncio test may have closed and unset the main thread's loop, so give the
+    # program a fresh one and close it afterwards.
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        return _run_program(stack, overrides, registrations, Mocks, Monitor)
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
+
+
+def _run_program(
+    stack: str,
+    overrides: dict[str, Any] | None,
+    registrations: list[Registration],
+    mocks_cls: Any,
+    monitor_cls: Any,
+) -> StackRun:
+    import pulumi
+    from pulumi.runtime import mocks as pm
+
+    mocks = mocks_cls()
+    pm.set_mocks(
+        mocks, project="gym-substrate", stack=stack, preview=False, monitor=monitor_cls(mocks)
+    )
     values = stack_values(stack)
     values.update(overrides or {})
     config = {k: v if isinstance(v, str) else json.dumps(v) for k, v in values.items()}
