@@ -153,6 +153,18 @@ def test_cli_add_rejects_bad_file_and_creates_nothing(tmp_path: Path) -> None:
     assert not (state / "state.db").exists()
 
 
+def test_cli_add_rejects_non_utf8_file(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(b"metadata: {name: caf\xe9}\n")
+    result = CliRunner().invoke(
+        local, ["templates", "add", str(path), "--state-dir", str(tmp_path / "state")]
+    )
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert "not UTF-8 text" in result.output
+    assert not (tmp_path / "state" / "state.db").exists()
+
+
 def test_cli_add_offline_then_up_registers_it(tmp_path: Path) -> None:
     state = tmp_path / "state"
     path = tmp_path / "tpl.yaml"

@@ -542,4 +542,8 @@ def load_template_file(path: Path) -> TemplateSpec:
         text = path.read_text()
     except OSError as exc:
         raise TemplateError(f"{path}: cannot read it ({exc.strerror})") from exc
+    except UnicodeDecodeError as exc:
+        raise TemplateError(
+            f"{path}: not UTF-8 text (byte {exc.start}); save the template as UTF-8 YAML"
+        ) from exc
     return parse_template_yaml(text, source=str(path), base_dir=path.parent.resolve())
