@@ -114,6 +114,11 @@ def _mutations(tmp: Path) -> list[tuple[str, dict[str, Any], str]]:
             "spec.snapshotsConfig.location: 'snaps' is relative",
         ),
         (
+            "location under a file",
+            good(tmp / "s", snapshotsConfig={"location": str(tmp / "a-file" / "snaps")}),
+            f"spec.snapshotsConfig.location: {tmp / 'a-file'} is a file",
+        ),
+        (
             "Data scope",
             good(tmp / "s", snapshotsConfig={"location": str(tmp), "onPause": "Data"}),
             "spec.snapshotsConfig.onPause: 'Data' is not supported locally",
@@ -121,8 +126,9 @@ def _mutations(tmp: Path) -> list[tuple[str, dict[str, Any], str]]:
     ]
 
 
-@pytest.mark.parametrize("case", range(15))
+@pytest.mark.parametrize("case", range(16))
 def test_bad_templates_name_field_and_fix(tmp_path: Path, case: int) -> None:
+    (tmp_path / "a-file").write_text("not a folder")
     title, doc, expected = _mutations(tmp_path)[case]
     with pytest.raises(TemplateError) as info:
         parse_template(doc)

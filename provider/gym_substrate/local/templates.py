@@ -107,6 +107,15 @@ def _location(value: Any, path: str, base_dir: Path | None) -> Path:
         location = base_dir / location
     if location.exists() and not location.is_dir():
         raise _fail(path, f"{location} exists and is not a folder", "point it at a folder")
+    for parent in location.parents:  # the folder is created later: no file may sit in the way
+        if parent.exists():
+            if not parent.is_dir():
+                raise _fail(
+                    path,
+                    f"{parent} is a file, so {location} cannot be created",
+                    "point it at a folder path",
+                )
+            break
     return location
 
 
