@@ -524,7 +524,9 @@ class SubstrateProvider:
             raise ValueError(f"cwd must be an absolute path, got {workdir!r}")
         job: dict[str, Any] = {
             "id": f"gx-{uuid.uuid4().hex}",
-            "command": command,
+            # The agent refuses a blank command string (400); `sh -c ""` is a valid no-op, so
+            # send that one as argv and keep its result a result, not a sandbox failure.
+            "command": command if command.strip() else [self.exec_config.shell, "-c", command],
             "shell": self.exec_config.shell,
             "cwd": workdir,
             "env": {**actor.env, **(env or {})},

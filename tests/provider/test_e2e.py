@@ -226,6 +226,16 @@ async def test_exec_user_env_and_bad_user(stack: Stack) -> None:
     await p.aclose()
 
 
+async def test_blank_command_is_a_no_op_not_a_sandbox_failure(stack: Stack) -> None:
+    p = stack.provider()
+    h = await p.create(SandboxSpec())
+    for blank in ("", "  \n"):
+        r = await p.exec(h, blank)
+        assert (r.return_code, r.error_type, r.stdout, r.stderr) == (0, None, "", "")
+    await p.close(h)
+    await p.aclose()
+
+
 async def test_exec_concurrency_limit_bounds_jobs_in_flight(stack: Stack, tmp_path: Path) -> None:
     p = stack.provider(exec={"concurrency": 2})
     h = await p.create(SandboxSpec())
