@@ -181,6 +181,22 @@ def test_missing_stack_file_message(tmp_path: Path) -> None:
         load_stack_file(tmp_path / "Pulumi.nope.yaml")
 
 
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("config: [unclosed\n", "not valid YAML"),
+        ("- a\n- b\n", "expected a mapping with a `config:` key, got list"),
+    ],
+)
+def test_malformed_stack_file_is_a_config_error(tmp_path: Path, text: str, needle: str) -> None:
+    path = tmp_path / "Pulumi.bad.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_stack_file(path)
+    assert needle in str(info.value)
+    assert "Fix:" in str(info.value)
+
+
 def test_image_volume_needs_a_substrate_that_has_them() -> None:
     raw, secrets = _raw("kind-gvisor")
     raw["agent"]["mount"] = "image-volume"

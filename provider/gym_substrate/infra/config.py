@@ -678,7 +678,19 @@ def load_stack_file(path: Path) -> StackConfig:
             f"stack file {path} does not exist. Fix: pick one of the stacks in "
             f"{path.parent} (Pulumi.<stack>.yaml)"
         )
-    doc = yaml.safe_load(path.read_text()) or {}
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        detail = " ".join(str(exc).split())
+        raise ConfigError(
+            f"{path}: not valid YAML ({detail}). Fix: correct the file's syntax "
+            "(`pulumi config` writes it correctly)"
+        ) from None
+    if not isinstance(doc, Mapping):
+        raise ConfigError(
+            f"{path}: expected a mapping with a `config:` key, got {type(doc).__name__}. Fix: "
+            "start the file with `config:` and list the `gym-substrate:<key>` entries under it"
+        )
     values = doc.get("config") or {}
     if not isinstance(values, Mapping):
         raise ConfigError(f"{path}: `config` must be a mapping")
