@@ -246,3 +246,45 @@ async def test_request_during_an_explicit_resume_waits_for_it(
     after = (await stub.GetActor(pb.GetActorRequest(actor_ref=ref("late")))).actor
     assert after.version == running.version  # one resume, not two
     await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("late")))
+
+
+async def test_resume_still_aborted_after_retries_is_500_like_atenet(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """atenet retries ABORTED, then maps it like any other error: 500 (reference §4.3)."""
+    import grpc
+
+    from gym_substrate.local import router as router_mod
+    from gym_substrate.local.control import ApiError
+    from gym_substrate.local.metrics import Metrics
+
+    class AlwaysBusy:
+        sandbox_listeners: list[Any] = []
+        calls = 0
+
+        def lookup(self, atespace: str, actor_id: str) -> None:
+            return None
+
+        async def resume_actor(self, atespace: str, actor_id: str) -> None:
+            AlwaysBusy.calls += 1
+            raise ApiError(grpc.StatusCode.ABORTED, "another operation is in progress")
+
+        async def wait_idle(self, key: str, timeout_s: float) -> bool:
+            return False
+
+    monkeypatch.setattr(router_mod, "_RESUME_BUDGET_S", 0.5)
+    plane: Any = AlwaysBusy()
+    router = router_mod.Router(plane, Metrics())
+    port = await router.start("127.0.0.1", 0)
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{port}/readyz", headers=host("busy")) as response,
+        ):
+            assert (response.status, await response.text()) == (
+                500,
+                'error resuming actor "busy"',
+            )
+    finally:
+        await router.close()
+    assert AlwaysBusy.calls > 1  # it was retried before giving up

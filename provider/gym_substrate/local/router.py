@@ -109,8 +109,7 @@ _GRPC_TO_HTTP = {
     grpc.StatusCode.FAILED_PRECONDITION: (503, 'actor "{id}" unavailable: {msg}', "error"),
     grpc.StatusCode.UNAVAILABLE: (503, 'actor "{id}" unavailable', "error"),
     grpc.StatusCode.DEADLINE_EXCEEDED: (504, 'actor "{id}" request timed out', "error"),
-    grpc.StatusCode.ABORTED: (503, 'actor "{id}" unavailable: {msg}', "error"),
-}
+}  # anything else, ABORTED after its retries included, is atenet's 500
 
 
 class _UpstreamDown(Exception):
