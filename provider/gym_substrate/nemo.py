@@ -647,13 +647,22 @@ class SubstrateProvider:
                 if not final:
                     final = await source.at_eof()
                 await _hash(digest, data)
-                reply = await self._with_http_retry(
-                    handle,
-                    lambda agent, d=data, o=offset, f=final: agent.put_chunk(
-                        target, o, d, final=f, mode=mode
-                    ),
-                    what=f"upload {target}",
-                )
+                try:
+                    reply = await self._with_http_retry(
+                        handle,
+                        lambda agent, d=data, o=offset, f=final: agent.put_chunk(
+                            target, o, d, final=f, mode=mode
+                        ),
+                        what=f"upload {target}",
+                    )
+                except AgentResponseError as exc:
+                    if not (final and offset and exc.code == "offset_mismatch"):
+                        raise
+                    # A resent final chunk finds no upload in progress when the first attempt
+                    # landed and only its reply was lost: accept the file if it is ours.
+                    reply = await self._uploaded_already(
+                        handle, target, offset + len(data), digest.hexdigest(), exc
+                    )
                 offset += len(data)
                 if final:
                     break
@@ -663,6 +672,23 @@ class SubstrateProvider:
                 f"{digest.hexdigest()}, sandbox has {reply.get('size')} bytes sha256 "
                 f"{reply.get('sha256')}"
             )
+
+    async def _uploaded_already(
+        self, handle: SandboxHandle, target: str, size: int, sha256: str, cause: Exception
+    ) -> dict[str, Any]:
+        """The agent reply for an upload whose final chunk landed but whose reply was lost."""
+        try:
+            info = await self._with_http_retry(
+                handle, lambda agent: agent.stat(target), what=f"stat {target}"
+            )
+        except AgentResponseError:
+            info = {}
+        remote = None
+        if info.get("type") == "file" and int(info.get("size", -1)) == size:
+            remote = await self._remote_sha256(handle, target)
+        if remote != sha256:
+            raise TransferError(f"upload of {target} failed: {cause}") from cause
+        return {"path": target, "size": size, "sha256": sha256}
 
     async def download_file(
         self, handle: SandboxHandle, source_path: str, target_path: Path

@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gym_substrate import SubstrateCreateError, SubstrateCreateVerificationError
+from gym_substrate import SubstrateCreateError, SubstrateCreateVerificationError, TransferError
 from gym_substrate.types import SandboxSpec, SandboxStatus
 
 from .conftest import GrpcFault, HttpFault, Stack, count_runs, make_stack
@@ -244,3 +244,59 @@ async def test_200_rollouts_with_random_faults_leak_nothing_and_never_double_run
         assert sum(runs) + len(failures) == 200
         assert len(failures) <= 10, failures
         await provider.aclose()
+
+
+@pytest.mark.parametrize("chunk", [1, 4], ids=["first-chunk", "final-chunk"])
+async def test_upload_survives_a_lost_reply_to_any_chunk(
+    stack: Stack, tmp_path: Path, chunk: int
+) -> None:
+    p = stack.provider(exec={"transfer_chunk_bytes": 64 * 1024})
+    handle = await p.create(SandboxSpec())
+    src = tmp_path / "src.bin"
+    data = random.Random(3).randbytes(3 * 64 * 1024 + 100)  # four chunks
+    src.write_bytes(data)
+    puts = 0
+
+    def fault(method: str, path: str) -> HttpFault | None:
+        nonlocal puts
+        if method != "PUT":
+            return None
+        puts += 1
+        return HttpFault("reset_after") if puts == chunk else None
+
+    dst = str(tmp_path / "dst.bin")
+    stack.http_proxy.random_fault = fault
+    await p.upload_file(handle, src, dst)
+    stack.http_proxy.random_fault = None
+    back = tmp_path / "back.bin"
+    await p.download_file(handle, dst, back)
+    assert back.read_bytes() == data
+    await p.close(handle)
+    await p.aclose()
+
+
+async def test_upload_lost_final_reply_then_a_different_file_is_a_transfer_error(
+    stack: Stack, tmp_path: Path
+) -> None:
+    p = stack.provider(exec={"transfer_chunk_bytes": 64 * 1024})
+    handle = await p.create(SandboxSpec())
+    src = tmp_path / "src.bin"
+    src.write_bytes(random.Random(4).randbytes(64 * 1024 + 10))  # two chunks
+    dst = tmp_path / "dst.bin"
+    puts = 0
+
+    def fault(method: str, path: str) -> HttpFault | None:
+        nonlocal puts
+        if method != "PUT":
+            return None
+        puts += 1
+        if puts == 3:  # the resent final chunk: someone replaced the file meanwhile
+            dst.write_bytes(b"not ours")
+        return HttpFault("reset_after") if puts == 2 else None
+
+    stack.http_proxy.random_fault = fault
+    with pytest.raises(TransferError, match="offset_mismatch"):
+        await p.upload_file(handle, src, str(dst))
+    stack.http_proxy.random_fault = None
+    await p.close(handle)
+    await p.aclose()
