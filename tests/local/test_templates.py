@@ -171,6 +171,60 @@ def test_cli_add_rejects_non_utf8_file(tmp_path: Path) -> None:
     assert not (tmp_path / "state" / "state.db").exists()
 
 
+def test_cli_add_reports_a_failing_or_unreachable_backend(tmp_path: Path) -> None:
+    """A plain-text 500 or a dead address from the backend is a message, not a traceback."""
+    import fcntl
+    import json
+    import os
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    class Broken(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            body = b"500 Internal Server Error"
+            self.send_response(500)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    path = tmp_path / "tpl.yaml"
+    path.write_text(yaml.safe_dump(good(tmp_path / "snaps")))
+    state = tmp_path / "state"
+    state.mkdir()
+    server = HTTPServer(("127.0.0.1", 0), Broken)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        dead_port = closed.getsockname()[1]
+    lock_fd = os.open(state / "backend.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(lock_fd, fcntl.LOCK_EX)  # "a backend runs here"
+    try:
+        for port, needle in (
+            (server.server_port, "the backend answered 500: 500 Internal Server Error"),
+            (dead_port, "cannot reach the backend at"),
+        ):
+            info = {"pid": os.getpid(), "router": f"http://127.0.0.1:{port}", "api": "x"}
+            (state / "backend.json").write_text(json.dumps(info))
+            result = CliRunner().invoke(
+                local, ["templates", "add", str(path), "--state-dir", str(state)]
+            )
+            assert result.exit_code == 1, result.output
+            assert result.exception is None or isinstance(result.exception, SystemExit), (
+                result.exception
+            )
+            assert needle in result.output
+    finally:
+        os.close(lock_fd)
+        server.shutdown()
+        server.server_close()
+
+
 def test_cli_add_offline_then_up_registers_it(tmp_path: Path) -> None:
     state = tmp_path / "state"
     path = tmp_path / "tpl.yaml"

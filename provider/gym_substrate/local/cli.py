@@ -486,8 +486,18 @@ def templates_add(file: Path, state_dir: Path | None) -> None:
             with urllib.request.urlopen(request, timeout=300) as response:
                 result = json.loads(response.read())
         except urllib.error.HTTPError as exc:
-            detail = json.loads(exc.read() or b"{}").get("error", {}).get("message", str(exc))
+            raw = exc.read()
+            try:
+                detail = str(json.loads(raw)["error"]["message"])
+            except (ValueError, TypeError, KeyError):
+                text = raw.decode(errors="replace").strip()
+                detail = f"the backend answered {exc.code}: {text or exc.reason}"
             raise click.ClickException(detail) from exc
+        except (urllib.error.URLError, OSError) as exc:
+            raise click.ClickException(
+                f"cannot reach the backend at {info['router']} ({exc}); check `gym-substrate "
+                f"local status --state-dir {folder}`"
+            ) from exc
     golden = result.get("golden_snapshot") or "none (this runtime boots actors cold)"
     state = "registered" if result.get("changed") else "already registered, unchanged"
     console.print(f"{result['template']}: {state}; golden snapshot: {golden}")
