@@ -171,7 +171,7 @@ def test_cli_add_rejects_non_utf8_file(tmp_path: Path) -> None:
     assert not (tmp_path / "state" / "state.db").exists()
 
 
-def test_cli_add_reports_a_failing_or_unreachable_backend(tmp_path: Path) -> None:
+def test_cli_add_and_status_report_a_failing_or_unreachable_backend(tmp_path: Path) -> None:
     """A plain-text 500 or a dead address from the backend is a message, not a traceback."""
     import fcntl
     import json
@@ -219,6 +219,12 @@ def test_cli_add_reports_a_failing_or_unreachable_backend(tmp_path: Path) -> Non
                 result.exception
             )
             assert needle in result.output
+            result = CliRunner().invoke(local, ["status", "--state-dir", str(state)])
+            assert result.exit_code == 1, result.output
+            assert result.exception is None or isinstance(result.exception, SystemExit), (
+                result.exception
+            )
+            assert "did not report its status" in result.output
     finally:
         os.close(lock_fd)
         server.shutdown()

@@ -403,8 +403,15 @@ def status(state_dir: Path | None, as_json: bool) -> None:
         )
         _print_status(stored)
         return
-    with urllib.request.urlopen(f"{info['router']}/_local/status", timeout=10) as response:
-        data = json.loads(response.read())
+    try:
+        with urllib.request.urlopen(f"{info['router']}/_local/status", timeout=10) as response:
+            data = json.loads(response.read())
+    except (OSError, ValueError) as exc:  # URLError, HTTPError, timeouts, a non-JSON answer
+        raise click.ClickException(
+            f"the backend (pid {info.get('pid')}) on {folder} did not report its status at "
+            f"{info['router']}: {exc}; if it hangs, stop it with `gym-substrate local down "
+            f"--state-dir {folder}`"
+        ) from exc
     if as_json:
         console.print_json(json.dumps({"running": True, **data}))
         return
