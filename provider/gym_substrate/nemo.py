@@ -156,7 +156,13 @@ class SubstrateProvider:
         lifecycle: LifecycleConfig | Mapping[str, Any] | None = None,
         pause_mode: PauseMode = "pause",
         metrics: MetricsConfig | Mapping[str, Any] | None = None,
+        **unknown: Any,
     ) -> None:
+        if unknown:
+            raise ConfigError(
+                f"unknown key(s) {', '.join(sorted(unknown))} in the substrate block; allowed "
+                "keys: connection, create, exec, lifecycle, pause_mode, metrics"
+            )
         if connection is None:
             raise ConfigError(
                 "connection: required (api: host:port of ateapi, router: URL of the router)"

@@ -49,6 +49,11 @@ def _err(**kwargs: Any) -> str:
     [
         ({}, "connection: required (api: host:port of ateapi, router: URL of the router)"),
         (
+            {"connection": CONN, "bogus": 1, "exce": {}},
+            "unknown key(s) bogus, exce in the substrate block; allowed keys: connection, "
+            "create, exec, lifecycle, pause_mode, metrics",
+        ),
+        (
             {"connection": {**CONN, "bogus": 1}},
             "connection: unknown key(s) bogus; allowed keys: api, router, atespace, tls, token, "
             "request_timeout_s",
