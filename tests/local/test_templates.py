@@ -119,6 +119,16 @@ def _mutations(tmp: Path) -> list[tuple[str, dict[str, Any], str]]:
             f"spec.snapshotsConfig.location: {tmp / 'a-file'} is a file",
         ),
         (
+            "selector labels not a mapping",
+            good(tmp / "s", workerSelector={"matchLabels": 5}),
+            "spec.workerSelector.matchLabels: must be a mapping, got int",
+        ),
+        (
+            "selector label not a string",
+            good(tmp / "s", workerSelector={"matchLabels": {"gpu": True}}),
+            "spec.workerSelector.matchLabels.gpu: must be a string, got True",
+        ),
+        (
             "Data scope",
             good(tmp / "s", snapshotsConfig={"location": str(tmp), "onPause": "Data"}),
             "spec.snapshotsConfig.onPause: 'Data' is not supported locally",
@@ -126,7 +136,7 @@ def _mutations(tmp: Path) -> list[tuple[str, dict[str, Any], str]]:
     ]
 
 
-@pytest.mark.parametrize("case", range(16))
+@pytest.mark.parametrize("case", range(18))
 def test_bad_templates_name_field_and_fix(tmp_path: Path, case: int) -> None:
     (tmp_path / "a-file").write_text("not a folder")
     title, doc, expected = _mutations(tmp_path)[case]

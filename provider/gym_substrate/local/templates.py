@@ -241,6 +241,18 @@ def parse_template(document: Any, *, base_dir: Path | None = None) -> TemplateSp
     if "workerSelector" in spec:
         selector = _mapping(spec["workerSelector"], "spec.workerSelector", "{matchLabels: {}}")
         _check_keys(selector, "spec.workerSelector", {"matchLabels"})
+        labels = _mapping(
+            selector.get("matchLabels", {}),
+            "spec.workerSelector.matchLabels",
+            "{matchLabels: {workload: sandbox}}",
+        )
+        for key, label in labels.items():
+            if not isinstance(label, str):
+                raise _fail(
+                    f"spec.workerSelector.matchLabels.{key}",
+                    f"must be a string, got {label!r}",
+                    "quote the label value",
+                )
     containers = spec.get("containers")
     if not isinstance(containers, list) or not containers:
         raise _fail(
