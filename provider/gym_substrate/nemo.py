@@ -87,6 +87,7 @@ log = logging.getLogger("gym_substrate.provider")
 SANDBOX_RUNTIME_RETURN_CODE = 125
 _PARKED_STATES = frozenset({"PAUSING", "PAUSED", "SUSPENDING", "SUSPENDED"})
 _TRANSITIONAL = frozenset({"RESUMING", "PAUSING", "SUSPENDING"})
+_DELETED = "DELETED"  # `SubstrateActor.status` once `close()` deleted the actor
 _DESCRIPTOR_KEYS = frozenset({"sandbox_id", "atespace", "template", "workdir", "env", "ports"})
 
 
@@ -485,6 +486,8 @@ class SubstrateProvider:
     async def _active(self, handle: SandboxHandle) -> AsyncIterator[SubstrateActor]:
         """Mark the sandbox busy, resume it if parked, and re-arm the idle timer afterwards."""
         actor = self._actor(handle)
+        if actor.status == _DELETED:
+            raise SubstrateError(f"sandbox {actor.actor_id} was closed")
         state = self._state(actor)
         if state.closed:
             raise SubstrateError(f"sandbox {actor.actor_id} was closed")
@@ -916,6 +919,8 @@ class SubstrateProvider:
     async def close(self, handle: SandboxHandle) -> None:
         """Suspend (resuming a paused actor first) then delete. Idempotent; NOT_FOUND is done."""
         actor = self._actor(handle)
+        if actor.status == _DELETED:
+            return
         state = self._state(actor)
         if state.closed:
             return
@@ -937,6 +942,10 @@ class SubstrateProvider:
             if state.counted:
                 METRICS.running.dec()
             self._record("deleted", actor)
+            # The handle remembers the close, so the per-sandbox state can go: a provider that
+            # serves a whole training run would otherwise keep one entry per sandbox ever made.
+            handle.raw = dataclasses.replace(self._actor(handle), status=_DELETED, pod_ip="")
+            self._states.pop((actor.atespace, actor.actor_id), None)
 
     async def _teardown(self, actor: SubstrateActor) -> None:
         """Drive the actor to SUSPENDED, waiting out transitions, then DeleteActor."""

@@ -284,3 +284,21 @@ async def test_concurrent_transfers_on_one_handle_and_empty_files(
         assert (tmp_path / "back" / s.name).read_bytes() == s.read_bytes()
     await p.close(h)
     await p.aclose()
+
+
+async def test_close_forgets_the_sandbox_and_stays_idempotent(stack: Stack) -> None:
+    p = stack.provider()
+    handles = [await p.create(SandboxSpec()) for _ in range(3)]
+    for h in handles:
+        await p.close(h)
+    assert p._states == {}  # no per-sandbox state outlives close()
+    calls = dict(stack.grpc_proxy.calls)
+    await p.close(handles[0])  # again: nothing to do, no RPC
+    assert dict(stack.grpc_proxy.calls) == calls
+    r = await p.exec(handles[0], "true")
+    assert (r.return_code, r.error_type) == (125, "sandbox")
+    assert r.stderr is not None
+    assert "was closed" in r.stderr
+    assert p._states == {}
+    assert await stack.actors() == []
+    await p.aclose()
