@@ -241,6 +241,24 @@ def test_cli_add_and_status_report_a_failing_or_unreachable_backend(tmp_path: Pa
         server.server_close()
 
 
+def test_cli_unusable_state_dir_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    state = blocker / "state"
+    path = tmp_path / "tpl.yaml"
+    path.write_text(yaml.safe_dump(good(tmp_path / "snaps")))
+    for args in (
+        ["up", "--runtime", "process", "--state-dir", str(state)],
+        ["templates", "add", str(path), "--state-dir", str(state)],
+    ):
+        result = CliRunner().invoke(local, args)
+        assert result.exit_code == 1, result.output
+        assert result.exception is None or isinstance(result.exception, SystemExit), (
+            result.exception
+        )
+        assert f"cannot create the state folder {state}" in result.output
+
+
 def test_cli_add_offline_then_up_registers_it(tmp_path: Path) -> None:
     state = tmp_path / "state"
     path = tmp_path / "tpl.yaml"

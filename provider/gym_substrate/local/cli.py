@@ -62,6 +62,16 @@ def _resolve(state_dir: Path | None) -> Path:
     return (state_dir or default_state_dir()).expanduser().resolve()
 
 
+def _make_state_dir(folder: Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise click.ClickException(
+            f"cannot create the state folder {folder} ({exc.strerror or exc}); pick a writable "
+            "one with --state-dir or $GYM_SUBSTRATE_STATE_DIR"
+        ) from exc
+
+
 def _provider_block(api: str, router: str) -> str:
     block = {
         "connection": {"api": api, "router": router, "tls": {"plaintext": True}},
@@ -170,6 +180,7 @@ def up(
             f"a backend (pid {running['pid']}) already runs on {folder} at {running['api']}; "
             f"stop it first with `gym-substrate local down --state-dir {folder}`"
         )
+    _make_state_dir(folder)
     if daemon:
         _daemon(
             folder, workers, runtime, api_port, router_port, router_timeout, kill_on_stop, as_json
@@ -474,6 +485,7 @@ def templates_add(file: Path, state_dir: Path | None) -> None:
     if info is None:
         from gym_substrate.local.store import Store
 
+        _make_state_dir(folder)
         store = Store(folder / "state.db")
         try:
             store.put_template(template)
