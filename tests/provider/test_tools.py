@@ -71,6 +71,19 @@ def test_smoke_exits_nonzero_and_says_why(tmp_path: Path) -> None:
     assert "not valid YAML" in bad.output
 
 
+def test_sweep_with_the_control_plane_down_says_why(tmp_path: Path) -> None:
+    cfg = tmp_path / "dead.yaml"
+    cfg.write_text(
+        "sandbox:\n  substrate:\n    connection: {api: '127.0.0.1:9', router: 'http://127.0.0.1:9',"
+        " tls: {plaintext: true}, request_timeout_s: 0.2}\n    lifecycle: {ledger: null}\n"
+    )
+    result = CliRunner().invoke(main, ["sweep", "--all", "--config", str(cfg)])
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert "sweep failed" in result.output
+    assert "ListActors: UNAVAILABLE" in result.output
+
+
 @pytest.mark.cluster
 def test_smoke_against_the_live_stack() -> None:
     code, steps = _smoke("--config", os.environ["GYM_SUBSTRATE_STACK_CONFIG"])

@@ -95,7 +95,7 @@ async def sweep_actors(
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 def sweep(config_file: str, everything: bool, dry_run: bool, as_json: bool) -> None:
     """Delete actors a provider created and left behind (past ttl_s, orphaned, or --all)."""
-    from gym_substrate._errors import ConfigError
+    from gym_substrate._errors import ConfigError, SubstrateError
     from gym_substrate._yaml import load_substrate_block
 
     try:
@@ -103,6 +103,8 @@ def sweep(config_file: str, everything: bool, dry_run: bool, as_json: bool) -> N
         results = asyncio.run(sweep_actors(kwargs, everything=everything, dry_run=dry_run))
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
+    except SubstrateError as exc:  # e.g. ateapi unreachable while listing the atespace
+        raise click.ClickException(f"sweep failed, nothing more was deleted: {exc}") from exc
     if as_json:
         click.echo(json.dumps([r.__dict__ for r in results], indent=2))
     else:
