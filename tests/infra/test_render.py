@@ -71,6 +71,24 @@ def test_render_reports_a_bad_stack_file(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+def test_render_reports_unwritable_out_and_malformed_stack_file(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    result = CliRunner().invoke(
+        main, ["render", "--stack", "kind-gvisor", "--out", str(blocker / "out")]
+    )
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    assert f"cannot write into {blocker / 'out'}" in result.output
+    bad = tmp_path / "Pulumi.bad.yaml"
+    bad.write_text("config: [unclosed\n")
+    result = CliRunner().invoke(
+        main, ["render", "--stack-file", str(bad), "--out", str(tmp_path / "out")]
+    )
+    assert result.exit_code == 1, result.output
+    assert f"{bad}: not valid YAML" in result.output.replace("\n", "")
+
+
 def test_render_needs_exactly_one_stack_source(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["render", "--out", str(tmp_path)])
     assert result.exit_code == 2

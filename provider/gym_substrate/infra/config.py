@@ -683,12 +683,12 @@ def load_stack_file(path: Path) -> StackConfig:
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         detail = " ".join(str(exc).split())
         raise ConfigError(
-            f"{path}: not valid YAML ({detail}). Fix: correct the file's syntax "
+            f"not valid YAML ({detail}). Fix: correct the file's syntax "
             "(`pulumi config` writes it correctly)"
         ) from None
     if not isinstance(doc, Mapping):
         raise ConfigError(
-            f"{path}: expected a mapping with a `config:` key, got {type(doc).__name__}. Fix: "
+            f"expected a mapping with a `config:` key, got {type(doc).__name__}. Fix: "
             "start the file with `config:` and list the `gym-substrate:<key>` entries under it"
         )
     values = doc.get("config") or {}

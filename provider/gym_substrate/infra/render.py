@@ -119,7 +119,12 @@ def render(stack: str | None, stack_file_path: Path | None, out: Path, as_json: 
         cfg = load_stack_file(path)
     except ConfigError as exc:
         raise click.ClickException(f"{path}: {exc}") from exc
-    files, skipped = render_stack(cfg, out)
+    try:
+        files, skipped = render_stack(cfg, out)
+    except OSError as exc:
+        raise click.ClickException(
+            f"cannot write into {out} ({exc.strerror or exc}); pick a writable --out folder"
+        ) from exc
     if as_json:
         click.echo(
             json.dumps(
