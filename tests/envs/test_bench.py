@@ -37,6 +37,32 @@ def test_bench_env_rejects_a_config_without_a_substrate_block(tmp_path: Path) ->
     assert "must hold exactly one provider key, `substrate`" in result.output
 
 
+def test_bench_env_rejects_a_bad_provider_config(tmp_path: Path) -> None:
+    config = tmp_path / "sandbox.yaml"
+    config.write_text(
+        "sandbox:\n  substrate:\n    connection: {api: '127.0.0.1:9', router: 'http://127.0.0.1:9'"
+        ", tls: {plaintext: true}}\n    exec: {poll_wait_s: 60}\n"
+    )
+    result = CliRunner().invoke(main, ["bench", "env", "--config", str(config)])
+    assert result.exit_code == 2, result.output
+    assert "exec.poll_wait_s: must be <= 8" in result.output
+
+
+def test_bench_env_with_the_stack_down_says_why(tmp_path: Path) -> None:
+    config = tmp_path / "sandbox.yaml"
+    config.write_text(
+        "sandbox:\n  substrate:\n    connection: {api: '127.0.0.1:9', router: 'http://127.0.0.1:9'"
+        ", tls: {plaintext: true}, request_timeout_s: 0.2}\n"
+        "    create: {retry: {deadline: 0.3}}\n    lifecycle: {ledger: null}\n"
+    )
+    args = ["bench", "env", "--config", str(config), "--steps", "10", "--vector", "sync"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, SystemExit)
+    assert "baseline: provider.exec, 1 sandbox failed" in result.output
+    assert "CreateAtespace" in result.output
+
+
 def test_bench_env_against_a_configured_stack(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -170,9 +170,11 @@ def _provider_config(
     if config is not None:
         from gym_substrate._errors import ConfigError
         from gym_substrate._yaml import load_substrate_block
+        from gym_substrate.nemo import SubstrateProvider
 
         try:  # the same reading (and ${oc.env:...} resolution) as `gym-substrate smoke`
             block = load_substrate_block(config)
+            SubstrateProvider(**block)  # validates every key and value; does no I/O
         except ConfigError as exc:
             raise click.BadParameter(str(exc), param_hint="--config") from exc
         yield block, f"stack from {config.name}"
@@ -284,9 +286,14 @@ def env(
                 lambda: _vector_env(provider, num_envs, vector_steps, vector_mode),
             ),
         ]
+        from gym_substrate._errors import SubstrateError
+
         for label, run in plan:
             with console.status(f"measuring {label}"):
-                results.append(run())
+                try:
+                    results.append(run())
+                except SubstrateError as exc:  # e.g. the stack is unreachable
+                    raise click.ClickException(f"{label} failed: {exc}") from exc
     single = next(r for r in results if r.name == "SandboxEnv ×1")
     gvisor = "gvisor" in where
     verdict = "met" if single.steps_per_s >= TARGET_STEPS_PER_S else "missed"
