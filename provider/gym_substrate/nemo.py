@@ -546,8 +546,10 @@ class SubstrateProvider:
         METRICS.execs.inc()
         try:
             async with self._resources().exec_slots, self._active(handle):
+                # The timeout is the command's: time queued for a slot or spent resuming a parked
+                # actor must not use it up before the command was even submitted.
                 result = await self._run_job(
-                    handle, job, started + timeout + self.exec_config.timeout_margin_s
+                    handle, job, time.monotonic() + timeout + self.exec_config.timeout_margin_s
                 )
         except ProviderClosedError:
             raise
