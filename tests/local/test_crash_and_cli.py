@@ -319,3 +319,49 @@ def test_down_suspends_running_actors_and_up_resumes_them(state: Path, runtime_n
         assert up.http("kept", "/v1/exec/ctr")["state"] == "running"
     up.stop()
     assert asyncio.run(state_leftovers(state)) == []
+
+
+def test_orphan_cleanup_spares_a_backend_that_is_still_starting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`down --orphans` must judge liveness by the state folder's lock: a backend that holds
+    it but has not written backend.json yet (golden snapshots still being taken) is alive."""
+    import fcntl
+    import secrets
+
+    from gym_substrate.local.backend import cleanup_orphans
+    from gym_substrate.local.process import INSTANCE_ENV
+
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    monkeypatch.setenv(REGISTRY_ENV, str(registry))
+    instance = "gsorph" + secrets.token_hex(2)
+    state = tmp_path / "state"
+    state.mkdir()
+    (registry / instance).write_text(
+        json.dumps({"state_dir": str(state), "runtime": "process", "workers": 1})
+    )
+    # one of its sandboxes, already running while the backend finishes starting
+    sandbox = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)"],
+        env={**os.environ, INSTANCE_ENV: instance},
+    )
+    lock_fd = os.open(state / "backend.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(lock_fd, fcntl.LOCK_EX)
+    try:
+        asyncio.run(cleanup_orphans())
+        assert sandbox.poll() is None, "the starting backend's sandbox was killed"
+        assert (registry / instance).exists()
+        os.close(lock_fd)
+        lock_fd = -1
+        # once nobody holds the lock the backend is dead, and its leftovers go
+        asyncio.run(cleanup_orphans())
+        assert sandbox.wait(timeout=10) is not None
+        asyncio.run(cleanup_orphans())  # a SIGKILLed process may outlive the first check
+        assert not (registry / instance).exists()
+    finally:
+        if lock_fd >= 0:
+            os.close(lock_fd)
+        if sandbox.poll() is None:
+            sandbox.kill()
+            sandbox.wait()

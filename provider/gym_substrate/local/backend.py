@@ -123,6 +123,23 @@ async def cleanup_state_dir(state_dir: Path) -> list[str]:
     return removed
 
 
+def _lock_held(state_dir: Path) -> bool:
+    """True while some process holds the state folder's backend lock."""
+    try:
+        fd = os.open(state_dir / "backend.lock", os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
 def registry_dir() -> Path:
     """Machine-wide list of backends that may own sandboxes (one file per instance).
 
@@ -169,8 +186,10 @@ async def cleanup_orphans() -> list[str]:
         except (OSError, ValueError, KeyError, TypeError, RuntimeFailure) as exc:
             log.warning("ignoring unreadable backend registration %s: %s", path, exc)
             continue
-        if read_backend_info(state_dir) is not None:
-            continue  # that backend is alive and owns its sandboxes
+        if _lock_held(state_dir):
+            # alive (or still starting: backend.json is written only once it serves) and owns
+            # its sandboxes
+            continue
         try:
             removed += [f"{state_dir}: {line}" for line in await runtime.cleanup()]
             left = await runtime.leftovers()
