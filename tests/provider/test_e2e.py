@@ -307,9 +307,9 @@ async def test_close_forgets_the_sandbox_and_stays_idempotent(stack: Stack) -> N
 async def test_exec_timeout_counts_from_submission_not_from_queueing(stack: Stack) -> None:
     p = stack.provider(exec={"concurrency": 1, "timeout_margin_s": 0})
     h = await p.create(SandboxSpec())
-    slow = asyncio.ensure_future(p.exec(h, "sleep 1.2; echo slow"))
+    slow = asyncio.ensure_future(p.exec(h, "sleep 2; echo slow"))
     await asyncio.sleep(0.1)  # `slow` holds the only slot
-    quick = await p.exec(h, "echo quick", timeout_s=0.8)
+    quick = await p.exec(h, "echo quick", timeout_s=1.5)
     assert (quick.return_code, quick.stdout, quick.error_type) == (0, "quick\n", None)
     assert (await slow).stdout == "slow\n"
     await p.close(h)
