@@ -365,3 +365,41 @@ def test_orphan_cleanup_spares_a_backend_that_is_still_starting(
         if sandbox.poll() is None:
             sandbox.kill()
             sandbox.wait()
+
+
+def test_down_spares_a_backend_that_is_still_starting(tmp_path: Path) -> None:
+    """`local down` finds no backend.json while a backend is still starting; it must not tear
+    down that backend's sandboxes from under it."""
+    import fcntl
+    import secrets
+
+    from gym_substrate.local.process import INSTANCE_ENV
+
+    instance = "gsdown" + secrets.token_hex(2)
+    state = tmp_path / "state"
+    store = Store(state / "state.db")
+    for key, value in (("runtime", "process"), ("instance", instance), ("workers", "1")):
+        store.set_meta(key, value)
+    store.close()
+    sandbox = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)"],
+        env={**os.environ, INSTANCE_ENV: instance},
+    )
+    lock_fd = os.open(state / "backend.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(lock_fd, fcntl.LOCK_EX)
+    try:
+        result = CliRunner().invoke(local, ["down", "--state-dir", str(state)])
+        assert result.exit_code == 1, result.output
+        assert "still holds" in result.output
+        assert sandbox.poll() is None, "the starting backend's sandbox was killed"
+        os.close(lock_fd)
+        lock_fd = -1
+        result = CliRunner().invoke(local, ["down", "--state-dir", str(state)])
+        assert result.exit_code == 0, result.output
+        assert sandbox.wait(timeout=10) is not None
+    finally:
+        if lock_fd >= 0:
+            os.close(lock_fd)
+        if sandbox.poll() is None:
+            sandbox.kill()
+            sandbox.wait()

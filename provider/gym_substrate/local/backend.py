@@ -115,6 +115,12 @@ def runtime_for_state(state_dir: Path) -> Runtime | None:
 
 async def cleanup_state_dir(state_dir: Path) -> list[str]:
     """Remove every sandbox a (crashed) backend of this state folder left behind."""
+    if _lock_held(state_dir):
+        raise BackendError(
+            f"a backend still holds {state_dir} (starting up, or embedded in another program) "
+            "and owns its sandboxes: wait until it answers and run `gym-substrate local down` "
+            "again, or stop that program"
+        )
     runtime = runtime_for_state(state_dir)
     if runtime is None:
         return []

@@ -362,7 +362,10 @@ def down(state_dir: Path | None, timeout: float, orphans: bool) -> None:
                 while _pid_alive(pid):
                     time.sleep(0.05)
         console.print(f"stopped the backend (pid {pid})")
-    removed = asyncio.run(cleanup_state_dir(folder))
+    try:
+        removed = asyncio.run(cleanup_state_dir(folder))
+    except BackendError as exc:
+        raise click.ClickException(str(exc)) from exc
     for line in removed:
         console.print(f"removed leftover: {line}")
     left = asyncio.run(state_leftovers(folder))
