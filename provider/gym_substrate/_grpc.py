@@ -17,7 +17,7 @@ import grpc
 import grpc.aio
 
 from gym_substrate._config import ConnectionConfig
-from gym_substrate._errors import translate_grpc_error
+from gym_substrate._errors import ControlPlaneError, translate_grpc_error
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
 
@@ -69,9 +69,14 @@ class ControlPlane:
 
     async def _call(self, method: str, fn: Callable[..., Awaitable[R]], request: Any) -> R:
         try:
-            return await fn(
-                request, timeout=self._conn.request_timeout_s, metadata=self._metadata()
-            )
+            metadata = self._metadata()
+        except OSError as exc:  # e.g. the token file is missing or unreadable right now
+            raise ControlPlaneError(
+                f"{method}: cannot read the bearer token (connection.token.file): {exc}",
+                method=method,
+            ) from exc
+        try:
+            return await fn(request, timeout=self._conn.request_timeout_s, metadata=metadata)
         except grpc.RpcError as exc:
             raise translate_grpc_error(exc, method) from exc
 

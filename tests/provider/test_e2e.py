@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from gym_substrate import SubstrateActor, SubstrateCreateError, TransferError, _shared
+from gym_substrate import (
+    CloseError,
+    SubstrateActor,
+    SubstrateCreateError,
+    TransferError,
+    _shared,
+)
 from gym_substrate.types import SandboxSpec, SandboxStatus
 
 from .conftest import Stack, make_stack
@@ -262,6 +268,24 @@ async def test_bearer_token_is_sent_on_every_rpc_and_reread(stack: Stack, tmp_pa
     await p.status(h)
     assert stack.grpc_proxy.metadata["GetActor"]["authorization"] == "Bearer second"
     await p.close(h)
+    await p.aclose()
+
+
+async def test_unreadable_token_file_is_a_provider_error(stack: Stack, tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("t")
+    p = stack.provider(connection={"token": {"file": str(token)}})
+    h = await p.create(SandboxSpec())
+    token.unlink()
+    with pytest.raises(CloseError, match=r"cannot read the bearer token.*No such file"):
+        await p.close(h)
+    ledger = await asyncio.to_thread(Path(stack.kwargs()["lifecycle"]["ledger"]).read_text)
+    assert '"close_failed"' in ledger
+    with pytest.raises(SubstrateCreateError, match="cannot read the bearer token"):
+        await p.create(SandboxSpec(provider_options={"atespace": "other"}))
+    token.write_text("t")
+    await p.close(h)
+    assert await stack.actors() == []
     await p.aclose()
 
 
