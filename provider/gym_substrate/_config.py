@@ -194,6 +194,11 @@ class TLSConfig:
             raise _fail(self._path, "plaintext: true cannot be combined with ca_file or ca_pem")
         if self.ca_file is not None:
             _string(f"{self._path}.ca_file", self.ca_file)
+            if not os.path.isfile(self.ca_file):
+                raise _fail(
+                    f"{self._path}.ca_file",
+                    f"no such file: {self.ca_file!r}; point it at ateapi's CA bundle (PEM)",
+                )
         if self.ca_pem is not None and "BEGIN CERTIFICATE" not in _string(
             f"{self._path}.ca_pem", self.ca_pem
         ):

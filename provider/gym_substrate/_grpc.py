@@ -17,7 +17,7 @@ import grpc
 import grpc.aio
 
 from gym_substrate._config import ConnectionConfig
-from gym_substrate._errors import ControlPlaneError, translate_grpc_error
+from gym_substrate._errors import ConfigError, ControlPlaneError, translate_grpc_error
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
 
@@ -44,7 +44,10 @@ def create_channel(conn: ConnectionConfig) -> grpc.aio.Channel:
     if conn.tls.ca_pem is not None:
         root = conn.tls.ca_pem.encode()
     elif conn.tls.ca_file is not None:
-        root = Path(conn.tls.ca_file).read_bytes()
+        try:
+            root = Path(conn.tls.ca_file).read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"connection.tls.ca_file: cannot read it: {exc}") from exc
     options.append(("grpc.ssl_target_name_override", conn.tls.server_name))
     creds = grpc.ssl_channel_credentials(root_certificates=root)
     return grpc.aio.secure_channel(conn.api, creds, options=options)

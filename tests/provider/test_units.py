@@ -81,6 +81,11 @@ def _err(**kwargs: Any) -> str:
             "connection.tls.plaintext: expected true or false, got 'maybe'",
         ),
         (
+            {"connection": {**CONN, "tls": {"ca_file": "/nonexistent/ca.pem"}}},
+            "connection.tls.ca_file: no such file: '/nonexistent/ca.pem'; point it at ateapi's "
+            "CA bundle (PEM)",
+        ),
+        (
             {"connection": {**CONN, "token": {"file": "/a", "env": "B"}}},
             "connection.token: set exactly one of file, env or value",
         ),
@@ -357,3 +362,14 @@ def test_ledger_folds_events(tmp_path: Path) -> None:
     assert entries[("a:1", "gym", "x")].expired(now=entries[("a:1", "gym", "x")].created_at + 1)
     assert entries[("a:1", "gym", "y")].state == "deleted"
     assert not entries[("a:1", "gym", "x")].orphaned()  # this process is alive
+
+
+def test_ca_file_gone_after_construction_is_a_config_error(tmp_path: Path) -> None:
+    from gym_substrate._grpc import create_channel
+
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    p = SubstrateProvider(connection={**CONN, "tls": {"ca_file": str(ca)}})
+    ca.unlink()
+    with pytest.raises(ConfigError, match="connection.tls.ca_file: cannot read it"):
+        create_channel(p.connection)
