@@ -11,6 +11,8 @@ import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from gym_substrate._errors import ConfigError
+
 __all__ = ["METRICS", "Metrics", "serve_metrics"]
 
 log = logging.getLogger("gym_substrate.metrics")
@@ -74,7 +76,13 @@ def serve_metrics(host: str, port: int) -> int:
     with _serve_lock:
         if (host, port) in _served:
             return _served[(host, port)]
-        server, _thread = start_http_server(port, addr=host, registry=METRICS.registry)
+        try:
+            server, _thread = start_http_server(port, addr=host, registry=METRICS.registry)
+        except OSError as exc:  # e.g. the port is taken by another process
+            raise ConfigError(
+                f"metrics.port: cannot serve metrics on {host}:{port}: {exc.strerror or exc}; "
+                "pick a free port (or 0 for any)"
+            ) from exc
         bound = int(server.server_port)
         _served[(host, port)] = bound
         log.info("serving provider metrics on http://%s:%d/metrics", host, bound)

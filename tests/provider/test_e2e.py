@@ -12,6 +12,7 @@ import pytest
 
 from gym_substrate import (
     CloseError,
+    ConfigError,
     SubstrateActor,
     SubstrateCreateError,
     TransferError,
@@ -189,6 +190,22 @@ async def test_metrics_endpoint_serves_counters(stack: Stack) -> None:
     assert "gym_substrate_exec_seconds_bucket" in text
     await p.close(h)
     await p.aclose()
+
+
+async def test_metrics_port_in_use_is_a_config_error(stack: Stack) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        p = stack.provider(metrics={"host": "127.0.0.1", "port": port})
+        with pytest.raises(
+            ConfigError, match=f"metrics.port: cannot serve metrics on 127.0.0.1:{port}"
+        ):
+            await p.create(SandboxSpec())
+    await p.aclose()
+    assert await stack.actors() == []
 
 
 async def test_pause_mode_suspend_and_idle_policy_pause(stack: Stack) -> None:
