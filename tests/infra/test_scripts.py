@@ -626,3 +626,25 @@ def test_microvm_hosts_get_the_asset_build_tools() -> None:
     mv = scripts.host_install_tools_script(stack_config("host-microvm"))
     assert "awscli" not in gv
     assert "cargo libcap-ng-dev libseccomp-dev pkg-config awscli" in mv
+
+
+def test_client_token_is_never_readable_by_others(fakes: Fakes) -> None:
+    """The bearer token file is private from its first byte, not only after a chmod."""
+    modes = fakes.root / "modes"
+    fakes.handler(
+        "kubectl",
+        f'if [ "$3 $4" = "create token" ]; then stat -L -c %a /proc/self/fd/1 >> "{modes}"; '
+        "echo secret-token; fi\n",
+    )
+    cfg = stack_config("kind-gvisor")
+    target = scripts.Paths(cfg).token_file.replace("${HOME}", str(fakes.root / "home"))
+    stale = Path(target + ".tmp")  # left by an interrupted run, with the default mode
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    stale.write_text("old")
+    stale.chmod(0o644)
+    proc = fakes.run(scripts.token_script(cfg))
+    token_file = Path(proc.stdout.strip())
+    assert token_file == Path(target)
+    assert token_file.read_text() == "secret-token\n"
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    assert modes.read_text().split() == ["600"]

@@ -380,8 +380,10 @@ def token_script(cfg: StackConfig, duration_h: int = 24) -> str:
     return (
         _PREAMBLE
         + p.env()
-        + "kubectl -n ate-system create token ate-client --audience=api.ate-system.svc "
-        f'--duration={duration_h}h > "{p.token_file}.tmp"\n'
+        # umask first (and no stale .tmp): the file is private from its first byte
+        + f'(umask 077; rm -f "{p.token_file}.tmp"; '
+        "kubectl -n ate-system create token ate-client --audience=api.ate-system.svc "
+        f'--duration={duration_h}h > "{p.token_file}.tmp")\n'
         f'chmod 600 "{p.token_file}.tmp" && mv "{p.token_file}.tmp" "{p.token_file}"\n'
         f'echo "{p.token_file}"\n'
     )
