@@ -237,9 +237,12 @@ class SubstrateProvider:
             state = self._states[key] = _State()
         return state
 
-    def _record(self, event: str, actor: SubstrateActor, **extra: Any) -> None:
+    async def _record(self, event: str, actor: SubstrateActor, **extra: Any) -> None:
+        # Off the loop: the append takes an exclusive flock on a file that other trainers (and
+        # a network file system) may share, which must not stall every other rollout.
         if self._ledger is not None:
-            self._ledger.append(
+            await asyncio.to_thread(
+                self._ledger.append,
                 event,
                 api=self.connection.api,
                 atespace=actor.atespace,
@@ -314,7 +317,7 @@ class SubstrateProvider:
         ttl = spec.ttl_s if spec.ttl_s is not None else self.lifecycle.ttl_s
         # Recorded before CreateActor: a reply lost on the way back still leaves a ledger entry
         # that `sweep` can act on, even if this process dies right after.
-        self._record(
+        await self._record(
             "created", actor, ttl_s=ttl, template=template, metadata=dict(spec.metadata or {})
         )
         try:
@@ -395,9 +398,9 @@ class SubstrateProvider:
             await self._teardown(actor)
         except Exception as exc:  # noqa: BLE001 - cleanup must not mask the create error
             log.warning("actor %s may be leaked after a failed create: %s", actor.actor_id, exc)
-            self._record("close_failed", actor, error=str(exc))
+            await self._record("close_failed", actor, error=str(exc))
         else:
-            self._record("deleted", actor)
+            await self._record("deleted", actor)
         self._states.pop((actor.atespace, actor.actor_id), None)
 
     # ------------------------------------------------------------------ resume / park
@@ -936,14 +939,14 @@ class SubstrateProvider:
                 await self._teardown(actor)
             except SubstrateError as exc:
                 METRICS.failures.labels("close").inc()
-                self._record("close_failed", actor, error=str(exc))
+                await self._record("close_failed", actor, error=str(exc))
                 raise CloseError(f"could not delete actor {actor.actor_id}: {exc}") from exc
             state.closed = True
             if state.parked:
                 METRICS.parked.dec()
             if state.counted:
                 METRICS.running.dec()
-            self._record("deleted", actor)
+            await self._record("deleted", actor)
             # The handle remembers the close, so the per-sandbox state can go: a provider that
             # serves a whole training run would otherwise keep one entry per sandbox ever made.
             handle.raw = dataclasses.replace(self._actor(handle), status=_DELETED, pod_ip="")

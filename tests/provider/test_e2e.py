@@ -355,3 +355,26 @@ async def test_exec_timeout_counts_from_submission_not_from_queueing(stack: Stac
     assert (await slow).stdout == "slow\n"
     await p.close(h)
     await p.aclose()
+
+
+async def test_ledger_is_written_off_the_event_loop(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from gym_substrate._ledger import Ledger
+
+    threads: list[threading.Thread] = []
+    append = Ledger.append
+
+    def spy(self: Ledger, event: str, **fields: object) -> None:
+        threads.append(threading.current_thread())
+        append(self, event, **fields)
+
+    monkeypatch.setattr(Ledger, "append", spy)
+    p = stack.provider()
+    h = await p.create(SandboxSpec())
+    await p.close(h)
+    assert len(threads) == 2  # created, deleted
+    assert threading.current_thread() not in threads
+    await p.aclose()

@@ -68,10 +68,10 @@ async def sweep_actors(
                 await provider._teardown(actor)
             except Exception as exc:  # report every actor, keep going
                 results.append(SweepResult(actor_id, space, reason, False, str(exc)))
-                provider._record("close_failed", actor, error=str(exc))
+                await provider._record("close_failed", actor, error=str(exc))
             else:
                 results.append(SweepResult(actor_id, space, reason, True))
-                provider._record("deleted", actor)
+                await provider._record("deleted", actor)
     finally:
         await provider.aclose()
     return results
