@@ -538,7 +538,11 @@ class SubstrateProvider:
             "id": f"gx-{uuid.uuid4().hex}",
             # The agent refuses a blank command string (400); `sh -c ""` is a valid no-op, so
             # send that one as argv and keep its result a result, not a sandbox failure.
-            "command": command if command.strip() else [self.exec_config.shell, "-c", command],
+            "command": (
+                [self.exec_config.shell, "-c", command]
+                if isinstance(command, str) and not command.strip()
+                else command
+            ),
             "shell": self.exec_config.shell,
             "cwd": workdir,
             "env": {**actor.env, **(env or {})},

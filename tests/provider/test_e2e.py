@@ -255,6 +255,9 @@ async def test_blank_command_is_a_no_op_not_a_sandbox_failure(stack: Stack) -> N
     for blank in ("", "  \n"):
         r = await p.exec(h, blank)
         assert (r.return_code, r.error_type, r.stdout, r.stderr) == (0, None, "", "")
+    # An argv list (outside Gym's `str` protocol) still reaches the agent as argv.
+    r = await p.exec(h, ["echo", "a  b"])  # type: ignore[arg-type]
+    assert (r.return_code, r.stdout) == (0, "a  b\n")
     await p.close(h)
     await p.aclose()
 
