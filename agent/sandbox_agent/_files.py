@@ -246,6 +246,9 @@ class FileHandlers:
 
     def __init__(self, max_upload_bytes: int) -> None:
         self._max = max_upload_bytes
+        # One writer per path: concurrent PUTs to one path would share (and truncate) one
+        # temporary file, and a rename could move it into place while the other still writes.
+        self._writers: dict[str, tuple[asyncio.Lock, list[int]]] = {}
 
     def _too_large(self) -> ApiError:
         return ApiError(
@@ -263,6 +266,22 @@ class FileHandlers:
         length = request.content_length
         if length is not None and length > self._max:
             raise self._too_large()
+        entry = self._writers.get(path)
+        if entry is None:
+            entry = self._writers[path] = (asyncio.Lock(), [0])
+        lock, users = entry
+        users[0] += 1
+        try:
+            async with lock:
+                return await self._put_locked(request, path, offset, final, mode)
+        finally:
+            users[0] -= 1
+            if not users[0]:
+                del self._writers[path]
+
+    async def _put_locked(
+        self, request: web.Request, path: str, offset: int, final: bool, mode: int
+    ) -> web.Response:
         loop = asyncio.get_running_loop()
         try:
             fd = await loop.run_in_executor(None, _open_upload, path, offset)

@@ -271,3 +271,27 @@ def test_fifo_and_devices_are_refused_not_hung(agent: Any, tmp_path: Path) -> No
         resp = agent.request("GET", f"/v1/files?path={_q(path)}", timeout=10)
         assert resp.status == 400
         assert "not a regular file" in resp.json()["error"]["message"]
+
+
+def test_concurrent_uploads_to_one_path_never_mix(agent: Any, tmp_path: Path) -> None:
+    import http.client
+    from concurrent.futures import ThreadPoolExecutor
+
+    target = tmp_path / "contended.bin"
+    bodies = [os.urandom(4 * MiB), os.urandom(4 * MiB)]
+    digests = {hashlib.sha256(b).hexdigest() for b in bodies}
+
+    def put(body: bytes) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", agent.port, timeout=60)
+        try:
+            conn.request("PUT", f"/v1/files?path={_q(target)}", body=body)
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            conn.close()
+
+    with ThreadPoolExecutor(2) as pool:
+        for _ in range(8):
+            replies = list(pool.map(put, bodies))
+            assert [status for status, _ in replies] == [200, 200], replies
+            assert hashlib.sha256(target.read_bytes()).hexdigest() in digests
