@@ -87,6 +87,7 @@ log = logging.getLogger("gym_substrate.provider")
 SANDBOX_RUNTIME_RETURN_CODE = 125
 _PARKED_STATES = frozenset({"PAUSING", "PAUSED", "SUSPENDING", "SUSPENDED"})
 _TRANSITIONAL = frozenset({"RESUMING", "PAUSING", "SUSPENDING"})
+_AGENT_MAX_TIMEOUT_S = 1e8  # the sandbox agent's upper bound for an exec's timeout_s
 _DELETED = "DELETED"  # `SubstrateActor.status` once `close()` deleted the actor
 _DESCRIPTOR_KEYS = frozenset({"sandbox_id", "atespace", "template", "workdir", "env", "ports"})
 
@@ -529,8 +530,11 @@ class SubstrateProvider:
         """Run `command` with `exec.shell -c`; never raises for the command's own failure."""
         actor = self._actor(handle)
         timeout = float(self.exec_config.default_timeout_s if timeout_s is None else timeout_s)
-        if timeout <= 0:
+        if not timeout > 0:  # NaN too
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        # The agent refuses timeouts above _AGENT_MAX_TIMEOUT_S (and JSON has no Infinity): a
+        # longer one means "no practical limit", so it is capped rather than failing the call.
+        timeout = min(timeout, _AGENT_MAX_TIMEOUT_S)
         workdir = cwd if cwd is not None else actor.workdir
         if workdir is not None and not workdir.startswith("/"):
             raise ValueError(f"cwd must be an absolute path, got {workdir!r}")

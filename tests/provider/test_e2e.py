@@ -245,6 +245,11 @@ async def test_exec_user_env_and_bad_user(stack: Stack) -> None:
     assert "no-such-user-xyz" in r.stderr
     with pytest.raises(ValueError, match="timeout_s must be > 0"):
         await p.exec(h, "true", timeout_s=0)
+    with pytest.raises(ValueError, match="timeout_s must be > 0"):
+        await p.exec(h, "true", timeout_s=float("nan"))
+    for huge in (1e9, float("inf")):  # "no practical limit": capped to what the agent accepts
+        r = await p.exec(h, "echo ok", timeout_s=huge)
+        assert (r.return_code, r.stdout, r.error_type) == (0, "ok\n", None)
     await p.close(h)
     await p.aclose()
 
