@@ -902,14 +902,25 @@ class SubstrateProvider:
                 f"unknown descriptor key(s): {', '.join(unknown)}; "
                 f"expected: {', '.join(sorted(_DESCRIPTOR_KEYS))}"
             )
+        workdir, env = descriptor.get("workdir"), descriptor.get("env") or {}
+        if workdir is not None and not (isinstance(workdir, str) and workdir.startswith("/")):
+            raise ValueError(
+                f"descriptor 'workdir' must be an absolute path or null, got {workdir!r}"
+            )
+        if not isinstance(env, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+        ):
+            raise ValueError(f"descriptor 'env' must map names to string values, got {env!r}")
         atespace = descriptor.get("atespace") or self.connection.atespace
+        if not isinstance(atespace, str):
+            raise ValueError(f"descriptor 'atespace' must be a string, got {atespace!r}")
         got = await self.control.get_actor(atespace, descriptor["sandbox_id"])
         actor = SubstrateActor(
             actor_id=got.actor_id,
             atespace=atespace,
             template=f"{got.actor_template_namespace}/{got.actor_template_name}",
-            workdir=descriptor.get("workdir"),
-            env=dict(descriptor.get("env") or {}),
+            workdir=workdir,
+            env=dict(env),
             status=status_name(got.status),
             pod_ip=got.ateom_pod_ip,
         )

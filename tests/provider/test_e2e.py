@@ -95,6 +95,14 @@ async def test_connect_from_descriptor_and_exec_transparently_resumes(stack: Sta
     await a.close(handle)  # already gone: NOT_FOUND is success
     with pytest.raises(ValueError, match="unknown descriptor key"):
         await b.connect({"sandbox_id": "x", "bogus": 1})
+    for bad, message in [
+        ({"env": ["A=1"]}, "descriptor 'env' must map names to string values"),
+        ({"env": {"A": 1}}, "descriptor 'env' must map names to string values"),
+        ({"workdir": "rel"}, "descriptor 'workdir' must be an absolute path or null"),
+        ({"atespace": 5}, "descriptor 'atespace' must be a string"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            await b.connect({**desc, **bad})
     await a.aclose()
     await b.aclose()
 
