@@ -288,6 +288,11 @@ class SubstrateProvider:
             raise SubstrateCreateError(
                 f"SandboxSpec.workdir must be absolute, got {spec.workdir!r}"
             )
+        relative = [p for p in (spec.files or {}) if not str(p).startswith("/")]
+        if relative:
+            raise SubstrateCreateError(
+                f"SandboxSpec.files paths must be absolute, got {relative}; e.g. /work/{relative[0]}"
+            )
         if spec.resources not in (None, type(spec.resources)()):
             log.warning(
                 "SandboxSpec.resources is ignored: an actor gets its worker pool's resources"

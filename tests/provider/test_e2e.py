@@ -114,6 +114,7 @@ async def test_create_rejects_bad_specs_before_allocating(stack: Stack) -> None:
         (SandboxSpec(entrypoint=["/bin/x"]), "entrypoint is not supported"),
         (SandboxSpec(ports=[8080]), "forwards only to port 80"),
         (SandboxSpec(provider_options={"nope": 1}), "Expected keys: atespace, template"),
+        (SandboxSpec(files={"rel.txt": "x"}), r"files paths must be absolute, got \['rel.txt'\]"),
         (SandboxSpec(provider_options={"template": "missing/tmpl"}), "could not create actor"),
     ]:
         with pytest.raises(SubstrateCreateError, match=message):
