@@ -291,7 +291,8 @@ class SubstrateProvider:
         relative = [p for p in (spec.files or {}) if not str(p).startswith("/")]
         if relative:
             raise SubstrateCreateError(
-                f"SandboxSpec.files paths must be absolute, got {relative}; e.g. /work/{relative[0]}"
+                f"SandboxSpec.files paths must be absolute, got {relative}; "
+                f"e.g. /work/{relative[0]}"
             )
         if spec.resources not in (None, type(spec.resources)()):
             log.warning(
