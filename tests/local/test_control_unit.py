@@ -7,8 +7,10 @@ runtimes are covered by the gRPC, router and crash tests.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -240,3 +242,113 @@ async def test_recovery_adopts_or_falls_back(tmp_path: Path) -> None:
     busy, free = again._worker_counts()
     assert (busy, free) == (1, 2)
     again.store.close()
+
+
+async def test_template_in_use_cannot_change(tmp_path: Path) -> None:
+    """A changed spec under a name actors use is refused; unchanged is a no-op; unused replaces."""
+    runtime = FakeRuntime()
+    plane = await _plane(tmp_path, runtime)
+    base = default_template(tmp_path / "store")
+    golden = plane.golden(base.key)
+    assert golden is not None
+    assert await plane.add_template(base) is False  # identical: no-op, golden kept
+    assert plane.golden(base.key) == golden
+    plane.create_atespace("t")
+    for name in ("a", "b"):
+        plane.create_actor("t", name, "local", "sandbox", {})
+    changed = dataclasses.replace(base, command=(*base.command, "--verbose"))
+    with pytest.raises(ApiError) as info:
+        await plane.add_template(changed)
+    assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    message = info.value.message
+    assert "local/sandbox is used by 2 actor(s)" in message
+    assert "--verbose" in message  # names what changed
+    assert "Delete those actors" in message
+    assert "new metadata.name" in message
+    assert plane.templates[base.key] == base
+    assert [t for t, _ in plane.store.templates()] == [base]
+    assert plane.golden(base.key) == golden
+    assert _exists(Path(golden.path))
+    for name in ("a", "b"):
+        await plane.delete_actor("t", name)
+    # no actor uses it any more: the changed spec replaces it, with a fresh golden snapshot
+    assert await plane.add_template(changed) is True
+    assert plane.templates[base.key] == changed
+    fresh = plane.golden(base.key)
+    assert fresh is not None
+    assert fresh.digest == changed.digest()
+    assert not _exists(Path(golden.path))
+    plane.store.close()
+
+
+async def test_up_keeps_a_changed_default_template_while_actors_use_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    runtime = FakeRuntime()
+    plane = await _plane(tmp_path, runtime)
+    plane.create_atespace("t")
+    plane.create_actor("t", "a", "local", "sandbox", {})
+    await plane.resume_actor("t", "a")
+    await plane.suspend_actor("t", "a")
+    await plane.shutdown()
+    plane.store.close()
+    stored = default_template(tmp_path / "store")
+    upgraded = dataclasses.replace(stored, command=("/new/python", "-m", "sandbox_agent"))
+    again = ControlPlane(
+        Store(tmp_path / "state.db"),
+        runtime,
+        state_dir=tmp_path,
+        instance="gstest",
+        workers=2,
+        metrics=Metrics(),
+    )
+    with caplog.at_level("WARNING", logger="gym_substrate.local.control"):
+        await again.start([upgraded])  # what `local up` does after an upgrade
+    assert again.templates[stored.key] == stored
+    warning = "\n".join(r.getMessage() for r in caplog.records)
+    assert "local/sandbox differs from the stored one" in warning
+    assert "/new/python" in warning
+    assert "1 actor(s)" in warning
+    resumed = await again.resume_actor("t", "a")
+    assert resumed.status == "STATUS_RUNNING"
+    again.store.close()
+
+
+def test_cli_offline_add_refuses_to_change_a_template_in_use(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from gym_substrate.local.cli import local
+    from gym_substrate.local.store import ActorRecord
+
+    state = tmp_path / "state"
+    state.mkdir()
+    path = tmp_path / "tpl.yaml"
+
+    def write(port: int) -> None:
+        path.write_text(
+            "metadata: {name: mine, namespace: local}\n"
+            "spec:\n  containers:\n  - name: agent\n"
+            f"    command: [python3, -m, sandbox_agent, --port, '{port}']\n"
+            f"    readyz: {{httpGet: {{path: /readyz, port: {port}}}}}\n"
+            "  snapshotsConfig: {location: snaps}\n  rootfs: host\n"
+        )
+
+    def add() -> Any:
+        return CliRunner().invoke(local, ["templates", "add", str(path), "--state-dir", str(state)])
+
+    write(80)
+    assert add().exit_code == 0
+    assert add().exit_code == 0  # unchanged: fine
+    store = Store(state / "state.db")
+    (registered,) = [t for t, _ in store.templates()]
+    store.add_atespace("t")
+    record = ActorRecord("t", "a", "local", "mine", "STATUS_SUSPENDED")
+    store.insert_actor(record)
+    store.close()
+    write(81)
+    result = add()
+    assert result.exit_code == 1, result.output
+    assert "local/mine is used by 1 actor(s)" in result.output
+    store = Store(state / "state.db")
+    assert [t for t, _ in store.templates()] == [registered]
+    store.close()

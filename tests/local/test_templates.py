@@ -288,7 +288,7 @@ def test_cli_add_offline_then_up_registers_it(tmp_path: Path) -> None:
 
 
 async def test_add_through_running_backend(
-    tmp_path: Path, backend: LocalBackend, http: Any
+    tmp_path: Path, backend: LocalBackend, http: Any, stub: Any
 ) -> None:
     body = yaml.safe_dump(good(tmp_path / "snaps"))
     async with http.post(f"{backend.router_url}/_local/templates", data=body.encode()) as response:
@@ -304,6 +304,23 @@ async def test_add_through_running_backend(
         assert response.status == 400
         assert "spec.rootfs.directory" in (await response.json())["error"]["message"]
     assert not (tmp_path / "other").exists()
+    # templates are immutable while an actor uses them
+    await stub.CreateAtespace(pb.CreateAtespaceRequest(name="t"))
+    await stub.CreateActor(
+        pb.CreateActorRequest(
+            actor_ref=pb.ActorRef(atespace="t", name="a"),
+            actor_template_namespace="local",
+            actor_template_name="mine",
+        )
+    )
+    changed = good(tmp_path / "snaps")
+    changed["spec"]["containers"][0]["env"] = [{"name": "MODE", "value": "other"}]
+    body = yaml.safe_dump(changed)
+    async with http.post(f"{backend.router_url}/_local/templates", data=body.encode()) as response:
+        assert response.status == 409
+        message = (await response.json())["error"]["message"]
+    assert "local/mine is used by 1 actor(s)" in message
+    assert "env MODE" in message
 
 
 @pytest.mark.parametrize("runtime_name", RUNTIMES)

@@ -24,7 +24,12 @@ import grpc
 from aiohttp import web
 
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
-from gym_substrate.local.control import ControlPlane, ControlServicer, SessionIdentityServicer
+from gym_substrate.local.control import (
+    ApiError,
+    ControlPlane,
+    ControlServicer,
+    SessionIdentityServicer,
+)
 from gym_substrate.local.metrics import Metrics
 from gym_substrate.local.router import Router, json_error
 from gym_substrate.local.runtime import (
@@ -492,7 +497,10 @@ class LocalBackend:
             template = parse_template_yaml(text, source=request.query.get("source", "<request>"))
         except (UnicodeDecodeError, TemplateError) as exc:
             return json_error(400, "bad_request", str(exc))
-        changed = await self.plane.add_template(template)
+        try:
+            changed = await self.plane.add_template(template)
+        except ApiError as exc:
+            return json_error(409, "conflict", exc.message)
         golden = self.plane.golden(template.key)
         return web.json_response(
             {

@@ -489,8 +489,19 @@ def templates_add(file: Path, state_dir: Path | None) -> None:
         from gym_substrate.local.store import Store
 
         _make_state_dir(folder)
+        from gym_substrate.local.control import template_in_use_message
+
         store = Store(folder / "state.db")
         try:
+            stored = {t.key: t for t, _ in store.templates()}.get(template.key)
+            if stored is not None and stored != template:
+                users = sum(
+                    1
+                    for record in store.actors()
+                    if f"{record.template_namespace}/{record.template_name}" == template.key
+                )
+                if users:
+                    raise click.ClickException(template_in_use_message(stored, template, users))
             store.put_template(template)
         finally:
             store.close()

@@ -131,6 +131,40 @@ def _remove_tree(path: str | Path) -> None:
         target.parent.rmdir()
 
 
+def template_changes(old: TemplateSpec, new: TemplateSpec) -> str:
+    """What differs between two specs of one template, for messages (env values stay out)."""
+    changes = []
+    if old.command != new.command:
+        changes.append(f"command {list(old.command)} -> {list(new.command)}")
+    if old.env != new.env:
+        before, after = dict(old.env), dict(new.env)
+        names = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+        changes.append(f"env {', '.join(names) or '(order)'}")
+    if (old.readyz_path, old.readyz_port) != (new.readyz_path, new.readyz_port):
+        changes.append(
+            f"readyz {old.readyz_path}:{old.readyz_port} -> {new.readyz_path}:{new.readyz_port}"
+        )
+    if old.snapshot_location != new.snapshot_location:
+        changes.append(
+            f"snapshotsConfig.location {old.snapshot_location} -> {new.snapshot_location}"
+        )
+    if old.rootfs != new.rootfs:
+        changes.append(
+            f"rootfs {old.rootfs.kind}:{old.rootfs.path or ''} -> "
+            f"{new.rootfs.kind}:{new.rootfs.path or ''}"
+        )
+    return "; ".join(changes) or "spec"
+
+
+def template_in_use_message(old: TemplateSpec, new: TemplateSpec, actors: int) -> str:
+    return (
+        f"ActorTemplate {new.key} is used by {actors} actor(s) and cannot be changed while they "
+        f"exist (their snapshots were taken under the current spec; changed: "
+        f"{template_changes(old, new)}). Delete those actors first, or register the changed "
+        "template under a new metadata.name"
+    )
+
+
 class ControlPlane:
     def __init__(
         self,
@@ -183,7 +217,7 @@ class ControlPlane:
         await self._recover()
         added = set()
         for template in templates:
-            await self.add_template(template)
+            await self.add_template(template, keep_if_in_use=True)
             added.add(template.key)
         for key in list(self._templates):
             if key not in added:
@@ -309,12 +343,42 @@ class ControlPlane:
     def golden(self, key: str) -> GoldenRecord | None:
         return self._golden.get(key)
 
-    async def add_template(self, template: TemplateSpec) -> bool:
-        """Register (or replace) a template; returns True when it changed anything."""
+    async def add_template(self, template: TemplateSpec, *, keep_if_in_use: bool = False) -> bool:
+        """Register a template; returns True when it changed anything.
+
+        Templates are immutable while actors use them (as Substrate's ActorTemplates are): an
+        actor's own snapshot was taken under the old spec and may not restore under a new one,
+        so a changed spec under a name some actor uses is refused (``ApiError``), or with
+        ``keep_if_in_use`` (``local up`` re-registering the built-in template) kept as stored
+        with a warning. A changed template no actor uses is replaced and its golden snapshot
+        re-taken.
+        """
         old = self._templates.get(template.key)
         if old == template:
             await self._ensure_golden(template)  # e.g. its golden snapshot folder was removed
             return False
+        if old is not None:
+            users = sum(
+                1
+                for record in self._actors.values()
+                if f"{record.template_namespace}/{record.template_name}" == template.key
+            )
+            if users and keep_if_in_use:
+                log.warning(
+                    "template %s differs from the stored one (%s) but %d actor(s) use it; "
+                    "keeping the stored template. Delete those actors (or use a fresh "
+                    "--state-dir) to pick up the new one",
+                    template.key,
+                    template_changes(old, template),
+                    users,
+                )
+                await self._ensure_golden(old)
+                return False
+            if users:
+                raise ApiError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    template_in_use_message(old, template, users),
+                )
         template.snapshot_location.mkdir(parents=True, exist_ok=True)
         self.store.put_template(template)
         self._templates[template.key] = template
