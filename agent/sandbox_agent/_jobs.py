@@ -73,6 +73,8 @@ _EXEC_KEYS = (
 # Variables that configure the agent itself and must not leak into commands.
 _PRIVATE_ENV = ("SANDBOX_AGENT_TOKEN",)
 _READ_SIZE = 256 * 1024
+# Reads smaller than this are coalesced into the newest tail chunk (bounds the chunk count).
+_TAIL_CHUNK = 64 * 1024
 _DRAIN_GRACE_S = 0.1
 
 
@@ -222,39 +224,73 @@ def parse_exec_request(body: Any) -> tuple[str | None, ExecSpec]:
 
 
 class _Output:
-    """Head plus rolling tail of one stream; at most `limit` bytes are ever held."""
+    """Head plus rolling tail of one stream; at most `limit` bytes are ever held.
 
-    __slots__ = ("head", "tail", "head_limit", "tail_limit", "total", "limit")
+    The tail is a deque of chunks with a running byte count: a large read is appended as the
+    bytes object it arrived in, small reads are coalesced into a bytearray chunk (so the chunk
+    count stays bounded by tail / 64 KiB), and trimming drops whole chunks and slices only the
+    oldest, so each read costs O(its size) however large the tail is.
+    """
+
+    __slots__ = ("head", "chunks", "tail_len", "head_limit", "tail_limit", "total", "limit")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.head_limit = limit // 2
         self.tail_limit = limit - self.head_limit
         self.head = bytearray()
-        self.tail = bytearray()
+        self.chunks: collections.deque[bytes | bytearray] = collections.deque()
+        self.tail_len = 0
         self.total = 0
 
     def feed(self, data: bytes) -> None:
-        self.total += len(data)
+        n = len(data)
+        self.total += n
         room = self.head_limit - len(self.head)
-        view = memoryview(data)
         if room > 0:
-            self.head += view[:room]
-            view = view[room:]
-        if view:
-            self.tail += view
-            excess = len(self.tail) - self.tail_limit
-            if excess > 0:
-                del self.tail[:excess]
+            if n <= room:
+                self.head += data
+                return
+            self.head += memoryview(data)[:room]
+            data = data[room:]  # one copy, once per stream
+            n -= room
+        chunks = self.chunks
+        tail_limit = self.tail_limit
+        if n >= tail_limit:  # this read alone fills the tail
+            chunks.clear()
+            if tail_limit:
+                chunks.append(data[n - tail_limit :] if n > tail_limit else data)
+            self.tail_len = tail_limit
+            return
+        if n >= _TAIL_CHUNK:
+            chunks.append(data)  # kept as the object it arrived in: no copy
+        elif chunks and type(last := chunks[-1]) is bytearray and len(last) < _TAIL_CHUNK:
+            last += data
+        else:
+            chunks.append(bytearray(data))
+        tail_len = self.tail_len + n
+        excess = tail_len - tail_limit
+        if excess > 0:
+            # The chunks hold tail_len > excess bytes, so this stops before the deque is empty.
+            while len(chunks[0]) <= excess:
+                excess -= len(chunks.popleft())
+            if excess:
+                oldest = chunks[0]
+                if type(oldest) is bytearray:
+                    del oldest[:excess]
+                else:
+                    chunks[0] = oldest[excess:]
+            tail_len = tail_limit
+        self.tail_len = tail_len
 
     def render(self) -> tuple[str, bool]:
         if self.total <= self.limit:
-            if not self.tail:
-                return self.head.decode("utf-8", "replace"), False
-            return (self.head + self.tail).decode("utf-8", "replace"), False
-        dropped = self.total - len(self.head) - len(self.tail)
+            whole = self.head + b"".join(self.chunks) if self.chunks else self.head
+            return whole.decode("utf-8", "replace"), False
+        tail = b"".join(self.chunks)
+        dropped = self.total - len(self.head) - len(tail)
         marker = f"\n[... sandbox-agent: {dropped} bytes truncated ...]\n"
-        text = self.head.decode("utf-8", "replace") + marker + self.tail.decode("utf-8", "replace")
+        text = self.head.decode("utf-8", "replace") + marker + tail.decode("utf-8", "replace")
         return text, True
 
 
