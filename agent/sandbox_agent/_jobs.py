@@ -59,6 +59,8 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ID_RE = re.compile(r"[A-Za-z0-9._-]{1,128}\Z")
 DEFAULT_MAX_OUTPUT = 16 * MiB
 MAX_OUTPUT_LIMIT = 64 * MiB
+# Upper bound of timeout_s, about 3 years (documented in contract.md and openapi.json).
+MAX_TIMEOUT_S = 100_000_000
 _EXEC_KEYS = (
     "id",
     "command",
@@ -175,8 +177,11 @@ def parse_exec_request(body: Any) -> tuple[str | None, ExecSpec]:
         if isinstance(timeout, bool) or not isinstance(timeout, int | float):
             raise _bad("timeout_s must be a number of seconds > 0, or null for no timeout")
         timeout_s = float(timeout)
-        if not math.isfinite(timeout_s) or timeout_s <= 0 or timeout_s > 1e8:
-            raise _bad("timeout_s must be a number of seconds > 0 (and finite), or null")
+        if not math.isfinite(timeout_s) or not 0 < timeout_s <= MAX_TIMEOUT_S:
+            raise _bad(
+                f"timeout_s must be a number of seconds > 0 and at most {MAX_TIMEOUT_S} (1e8), "
+                "or null for no timeout"
+            )
 
     stdin = body.get("stdin")
     if stdin is not None:

@@ -128,7 +128,12 @@ _SCHEMAS: dict[str, Any] = {
                 "additionalProperties": {"type": "string"},
                 "description": "Added to the agent's environment.",
             },
-            "timeout_s": {"type": ["number", "null"], "exclusiveMinimum": 0},
+            "timeout_s": {
+                "type": ["number", "null"],
+                "exclusiveMinimum": 0,
+                "maximum": 100_000_000,
+                "description": "Seconds; null for no timeout.",
+            },
             "stdin": {"type": ["string", "null"]},
             "user": {
                 "oneOf": [

@@ -17,6 +17,7 @@ from aiohttp import web
 from sandbox_agent import __version__
 from sandbox_agent._config import AgentConfig
 from sandbox_agent._identity import Identity
+from sandbox_agent._jobs import MAX_TIMEOUT_S
 from sandbox_agent._openapi import openapi_document
 from sandbox_agent.app import create_app
 
@@ -151,6 +152,8 @@ def test_token_auth(agent_factory: Any, tmp_path: Path, how: str) -> None:
         (b'{"command": "ls", "timeout_s": 0}', "timeout_s"),
         (b'{"command": "ls", "timeout_s": "5"}', "timeout_s"),
         (b'{"command": "ls", "timeout_s": true}', "timeout_s"),
+        (b'{"command": "ls", "timeout_s": 100000000.5}', "at most 100000000"),
+        (b'{"command": "ls", "timeout_s": 1e300}', "at most 100000000"),
         (b'{"command": "ls", "stdin": 5}', "stdin"),
         (b'{"command": "ls", "user": true}', "user"),
         (b'{"command": "ls", "user": -1}', "user"),
@@ -175,6 +178,14 @@ def test_bad_exec_bodies_are_400(agent: Any, check_schema: Any, body: bytes, fra
     check_schema(doc, "Error")
     assert doc["error"]["code"] == "bad_request"
     assert fragment in doc["error"]["message"]
+
+
+def test_timeout_limit_is_the_documented_maximum(agent: Any, openapi: dict[str, Any]) -> None:
+    schema = openapi["components"]["schemas"]["ExecRequest"]["properties"]["timeout_s"]
+    assert schema["maximum"] == MAX_TIMEOUT_S
+    job = agent.exec(command="true", timeout_s=MAX_TIMEOUT_S).json()
+    assert job["state"] == "exited"
+    assert job["exit_code"] == 0
 
 
 def test_oversize_json_is_413(agent: Any) -> None:
