@@ -7,6 +7,7 @@ runtimes are covered by the gRPC, router and crash tests.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Collection
 from pathlib import Path
@@ -53,6 +54,7 @@ class FakeRuntime:
         self.fail_checkpoint: RuntimeFailure | None = None
         self.swept_keep: set[str] | None = None
         self.forgotten: list[str] = []
+        self.gate: asyncio.Event | None = None  # when set, start() waits for it
         self._n = 0
 
     def warning(self) -> str | None:
@@ -74,6 +76,8 @@ class FakeRuntime:
         self, actor: ActorSpec, slot: Slot, source: SnapshotRef | None, *, timeout_s: float
     ) -> StartedSandbox:
         self.starts.append((actor.key, source))
+        if self.gate is not None:
+            await self.gate.wait()
         if self.fail_start:
             raise RuntimeFailure(self.fail_start)
         self._n += 1
@@ -352,3 +356,30 @@ def test_cli_offline_add_refuses_to_change_a_template_in_use(tmp_path: Path) -> 
     store = Store(state / "state.db")
     assert [t for t, _ in store.templates()] == [registered]
     store.close()
+
+
+async def test_concurrent_operation_keeps_the_first_in_flight(tmp_path: Path) -> None:
+    """Two calls in one loop turn: the second is ABORTED and the first stays waitable."""
+    runtime = FakeRuntime()
+    plane = await _plane(tmp_path, runtime)
+    plane.create_atespace("t")
+    plane.create_actor("t", "a", "local", "sandbox", {})
+    runtime.gate = asyncio.Event()
+    first = asyncio.ensure_future(plane.resume_actor("t", "a"))
+    second = asyncio.ensure_future(plane.resume_actor("t", "a"))
+    with pytest.raises(ApiError) as info:
+        await second
+    assert info.value.code == grpc.StatusCode.ABORTED
+    assert not first.done()
+    # the router waits on the first operation instead of backing off blindly
+    waiter = asyncio.ensure_future(plane.wait_idle("t/a", 5.0))
+    await asyncio.sleep(0)
+    runtime.gate.set()
+    assert await waiter is True
+    assert first.done()
+    assert (await first).status == "STATUS_RUNNING"
+    assert len(runtime.starts) == 1
+    assert await plane.wait_idle("t/a", 5.0) is False
+    assert plane._busy == set()
+    assert (await plane.suspend_actor("t", "a")).status == "STATUS_SUSPENDED"
+    plane.store.close()

@@ -508,24 +508,35 @@ class ControlPlane:
             self._busy.discard(key)
 
     async def _detached(self, key: str, work: Callable[[], Awaitable[T]]) -> T:
-        """Run a lifecycle workflow to completion even if the caller goes away."""
+        """Run a lifecycle workflow to completion even if the caller goes away.
+
+        The actor is marked busy before the task is created, not when it first runs: a second
+        call in the same loop turn is refused here instead of replacing this task's `_inflight`
+        entry (which `wait_idle` relies on). Busy and `_inflight` are released together by the
+        task's own done-callback, which runs before the caller sees the result.
+        """
         if key in self._busy:
             raise ApiError(
                 grpc.StatusCode.ABORTED, "another operation is in progress for this actor"
             )
+        self._busy.add(key)
 
         async def run() -> T:
-            async with self._lock(key):
-                return await work()
+            return await work()
 
-        task = asyncio.get_running_loop().create_task(run())
+        try:
+            task = asyncio.get_running_loop().create_task(run())
+        except BaseException:
+            self._busy.discard(key)
+            raise
         self._tasks.add(task)
         self._inflight[key] = task
-        task.add_done_callback(self._tasks.discard)
 
         def finished(done: asyncio.Task[T]) -> None:
+            self._tasks.discard(done)
             if self._inflight.get(key) is done:
                 del self._inflight[key]
+                self._busy.discard(key)
 
         task.add_done_callback(finished)
         return await asyncio.shield(task)
