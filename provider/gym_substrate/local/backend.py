@@ -86,19 +86,7 @@ def read_backend_info(state_dir: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     # the flock, not the pid (which the kernel may have reused), says whether it still runs
-    try:
-        fd = os.open(state_dir / "backend.lock", os.O_RDWR)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return info
-    else:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return None
-    finally:
-        os.close(fd)
+    return info if _lock_held(state_dir) else None
 
 
 def runtime_for_state(state_dir: Path) -> Runtime | None:
