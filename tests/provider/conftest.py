@@ -24,6 +24,7 @@ import pytest
 from aiohttp import web
 
 from gym_substrate import SubstrateProvider
+from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
 
 TEMPLATE = "local/sandbox"
@@ -31,22 +32,8 @@ TEMPLATE = "local/sandbox"
 # The Gym conformance tests need nemo-gym on sys.path before gym_substrate.types is imported;
 # test_gym_conformance.py runs them in a subprocess that sets this.
 collect_ignore = [] if os.environ.get("GYM_SUBSTRATE_GYM_CONFORMANCE") else ["gym_conformance"]
-_METHODS = (
-    "GetActor",
-    "CreateActor",
-    "UpdateActor",
-    "SuspendActor",
-    "PauseActor",
-    "ResumeActor",
-    "DeleteActor",
-    "ListWorkers",
-    "ListActors",
-    "CreateAtespace",
-    "GetAtespace",
-    "ListAtespaces",
-    "DeleteAtespace",
-    "DebugClear",
-)
+# The forwarder serves every Control RPC the proto declares.
+_METHODS = tuple(m.name for m in pb.DESCRIPTOR.services_by_name["Control"].methods)
 
 
 @dataclass
