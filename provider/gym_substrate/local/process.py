@@ -37,6 +37,7 @@ from gym_substrate.local.runtime import (
     SnapshotRef,
     StartedSandbox,
     TemplateSpec,
+    pss_bytes,
 )
 
 __all__ = ["ProcessRuntime", "rewrite_argv"]
@@ -174,19 +175,6 @@ def _popen(
 def _write_new(path: Path, body: bytes) -> None:
     path.parent.mkdir(parents=True)
     path.write_bytes(body)
-
-
-def _pss(pids: Collection[int]) -> int:
-    total = 0
-    for pid in pids:
-        try:
-            text = Path(f"/proc/{pid}/smaps_rollup").read_text()
-        except OSError:
-            continue
-        for line in text.splitlines():
-            if line.startswith("Pss:"):
-                total += int(line.split()[1]) * 1024
-    return total
 
 
 class _PortTaken(RuntimeFailure):
@@ -483,7 +471,7 @@ class ProcessRuntime:
         entry = self._entry(handle)
         if entry is None:
             return None
-        return _pss(await asyncio.to_thread(self._pids, handle, entry))
+        return await asyncio.to_thread(lambda: pss_bytes(self._pids(handle, entry)))
 
     async def cleanup(self) -> list[str]:
         removed = await self.sweep(keep=())

@@ -23,7 +23,6 @@ __all__ = [
     "find_mounts",
     "find_processes",
     "kill_processes",
-    "pss_bytes",
     "remove_cgroups",
     "unmount",
 ]
@@ -133,17 +132,3 @@ def find_mounts(needles: list[str]) -> list[str]:
 
 def unmount(path: str) -> None:
     subprocess.run(["umount", "-l", path], capture_output=True, timeout=20, check=False)
-
-
-def pss_bytes(pids: set[int]) -> int:
-    """Proportional set size summed over ``pids`` (smaps_rollup), in bytes."""
-    total = 0
-    for pid in pids:
-        try:
-            text = Path(f"/proc/{pid}/smaps_rollup").read_text()
-        except OSError:
-            continue
-        match = re.search(r"^Pss:\s+(\d+) kB", text, re.MULTILINE)
-        if match:
-            total += int(match.group(1)) * 1024
-    return total

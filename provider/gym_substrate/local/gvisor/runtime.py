@@ -41,6 +41,7 @@ from gym_substrate.local.runtime import (
     SnapshotRef,
     StartedSandbox,
     TemplateSpec,
+    pss_bytes,
 )
 
 __all__ = ["AGENT_PORT", "GOLDEN_ATESPACE", "GvisorRuntime", "http_status"]
@@ -504,7 +505,7 @@ class GvisorRuntime:
         if pids is None or not _pid_running(pids[0], handle):
             return None
         roots = {pid for pid in pids if pid > 0}
-        return await asyncio.to_thread(lambda: host.pss_bytes(host.children_of(roots)))
+        return await asyncio.to_thread(lambda: pss_bytes(host.children_of(roots)))
 
     # -- cleanup -------------------------------------------------------------------------------
     async def cleanup(self) -> list[str]:
