@@ -23,15 +23,9 @@ from gym_substrate._errors import (
     RouterError,
     translate_http_errors,
 )
+from gym_substrate._names import actor_host
 
-__all__ = ["ACTOR_DOMAIN", "AgentClient", "actor_host"]
-
-ACTOR_DOMAIN = "actors.resources.substrate.ate.dev"
-
-
-def actor_host(actor_id: str, atespace: str) -> str:
-    """The Host header the router routes on."""
-    return f"{actor_id}.{atespace}.{ACTOR_DOMAIN}"
+__all__ = ["AgentClient"]
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any, Literal, TypeVar, cast
 from urllib.parse import urlsplit
 
 from gym_substrate._errors import ConfigError
+from gym_substrate._names import is_dns_label
 
 __all__ = [
     "ConnectionConfig",
@@ -36,8 +36,6 @@ __all__ = [
 
 IdlePolicy = Literal["never", "pause", "suspend"]
 PauseMode = Literal["pause", "suspend"]
-
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 C = TypeVar("C")
 
@@ -100,7 +98,7 @@ def _choice(path: str, value: Any, choices: tuple[str, ...]) -> str:
 def _template_ref(path: str, value: Any) -> str:
     text = _string(path, value)
     ns, sep, name = text.partition("/")
-    if not sep or not _DNS_LABEL.match(ns) or not _DNS_LABEL.match(name):
+    if not sep or not is_dns_label(ns) or not is_dns_label(name):
         raise _fail(
             path, f"expected an ActorTemplate as 'namespace/name' (DNS labels), got {text!r}"
         )
@@ -109,7 +107,7 @@ def _template_ref(path: str, value: Any) -> str:
 
 def _atespace(path: str, value: Any) -> str:
     text = _string(path, value)
-    if not _DNS_LABEL.match(text):
+    if not is_dns_label(text):
         raise _fail(path, f"an atespace must be a DNS-1123 label (a-z, 0-9, '-'), got {text!r}")
     return text
 

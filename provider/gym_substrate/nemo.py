@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, ClassVar
 
 from gym_substrate import _shared
-from gym_substrate._agent_client import AgentClient, actor_host
+from gym_substrate._agent_client import AgentClient
 from gym_substrate._config import (
     ConnectionConfig,
     CreateConfig,
@@ -70,6 +70,7 @@ from gym_substrate._errors import (
 from gym_substrate._grpc import ControlPlane, status_name
 from gym_substrate._ledger import Ledger
 from gym_substrate._metrics import METRICS, serve_metrics
+from gym_substrate._names import actor_host
 from gym_substrate._retry import RetryPolicy, retry_target
 from gym_substrate.types import (
     HAS_PAUSED_STATUS,
