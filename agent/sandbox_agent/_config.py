@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .contract import MAX_JSON_BYTES, MAX_UPLOAD_BYTES, MiB
+
 __all__ = ["AgentConfig", "ACTOR_ID_FILE", "ACTOR_ID_ENV", "MiB"]
 
-MiB = 1024 * 1024
 ACTOR_ID_FILE = "/run/ate/actor-id"
 ACTOR_ID_ENV = "SANDBOX_AGENT_ACTOR_ID"
 
@@ -19,8 +20,8 @@ class AgentConfig:
     port: int = 80
     token: str | None = None
     actor_id_file: str = ACTOR_ID_FILE
-    max_upload_bytes: int = 64 * MiB
-    max_json_bytes: int = 16 * MiB
+    max_upload_bytes: int = MAX_UPLOAD_BYTES
+    max_json_bytes: int = MAX_JSON_BYTES
     max_running_jobs: int = 256
     job_retention_s: float = 600.0
     job_retention_count: int = 1024

@@ -40,8 +40,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ._config import AgentConfig, MiB
+from ._config import AgentConfig
 from ._errors import ApiError
+from .contract import DEFAULT_MAX_OUTPUT_BYTES, MAX_OUTPUT_BYTES, MAX_TIMEOUT_S
 
 __all__ = [
     "AnyJob",
@@ -57,10 +58,6 @@ log = logging.getLogger("sandbox_agent.jobs")
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ID_RE = re.compile(r"[A-Za-z0-9._-]{1,128}\Z")
-DEFAULT_MAX_OUTPUT = 16 * MiB
-MAX_OUTPUT_LIMIT = 64 * MiB
-# Upper bound of timeout_s, about 3 years (documented in contract.md and openapi.json).
-MAX_TIMEOUT_S = 100_000_000
 _EXEC_KEYS = (
     "id",
     "command",
@@ -209,11 +206,11 @@ def parse_exec_request(body: Any) -> tuple[str | None, ExecSpec]:
 
     max_out = body.get("max_output_bytes")
     if max_out is None:
-        max_out = DEFAULT_MAX_OUTPUT
+        max_out = DEFAULT_MAX_OUTPUT_BYTES
     elif isinstance(max_out, bool) or not isinstance(max_out, int):
         raise _bad("max_output_bytes must be an integer number of bytes per stream")
-    if not 0 <= max_out <= MAX_OUTPUT_LIMIT:
-        raise _bad(f"max_output_bytes must be between 0 and {MAX_OUTPUT_LIMIT} (64 MiB)")
+    if not 0 <= max_out <= MAX_OUTPUT_BYTES:
+        raise _bad(f"max_output_bytes must be between 0 and {MAX_OUTPUT_BYTES} (64 MiB)")
 
     spec = ExecSpec(
         command=command,

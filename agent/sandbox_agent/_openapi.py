@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from . import __version__
+from .contract import ACTOR_ID_HEADER, JOB_STATES, MAX_OUTPUT_BYTES
 
 __all__ = ["openapi_document"]
 
@@ -67,7 +68,7 @@ _WAIT_PARAM = {
 }
 
 _ACTOR_PARAM = {
-    "name": "X-Sandbox-Actor-Id",
+    "name": ACTOR_ID_HEADER,
     "in": "header",
     "required": False,
     "description": "The actor id the caller expects; a different known id gives 409.",
@@ -146,7 +147,7 @@ _SCHEMAS: dict[str, Any] = {
             "max_output_bytes": {
                 "type": ["integer", "null"],
                 "minimum": 0,
-                "maximum": 64 * 1024 * 1024,
+                "maximum": MAX_OUTPUT_BYTES,
                 "default": 16 * 1024 * 1024,
                 "description": "Per stream; beyond it the head and the tail are kept.",
             },
@@ -170,7 +171,7 @@ _SCHEMAS: dict[str, Any] = {
         "additionalProperties": False,
         "properties": {
             "id": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,128}$"},
-            "state": {"enum": ["running", "exited", "timeout", "killed", "failed"]},
+            "state": {"enum": list(JOB_STATES)},
             "exit_code": {"type": ["integer", "null"]},
             "signal": {"type": ["integer", "null"]},
             "stdout": {"type": "string"},

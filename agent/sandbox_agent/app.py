@@ -26,6 +26,7 @@ from ._files import FileHandlers
 from ._identity import Identity, read_actor_id
 from ._jobs import AnyJob, JobManager, parse_exec_request
 from ._openapi import openapi_document
+from .contract import ACTOR_ID_HEADER, MAX_WAIT_S
 
 __all__ = ["create_app", "JOBS_KEY", "CONFIG_KEY"]
 
@@ -36,8 +37,6 @@ CONFIG_KEY = web.AppKey("config", AgentConfig)
 JOBS_KEY = web.AppKey("jobs", JobManager)
 IDENTITY_KEY = web.AppKey("identity", Identity)
 
-ACTOR_HEADER = "X-Sandbox-Actor-Id"
-MAX_WAIT_S = 8.0
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -124,7 +123,7 @@ def create_app(config: AgentConfig | None = None) -> web.Application:
                         "missing or wrong bearer token; send Authorization: Bearer <token>",
                         headers={"WWW-Authenticate": "Bearer"},
                     )
-            claimed = request.headers.get(ACTOR_HEADER)
+            claimed = request.headers.get(ACTOR_ID_HEADER)
             if claimed is not None:
                 actual = await current_actor_id()
                 if actual is not None and claimed != actual:

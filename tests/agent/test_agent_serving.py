@@ -17,9 +17,9 @@ from aiohttp import web
 from sandbox_agent import __version__
 from sandbox_agent._config import AgentConfig
 from sandbox_agent._identity import Identity
-from sandbox_agent._jobs import MAX_TIMEOUT_S
 from sandbox_agent._openapi import openapi_document
 from sandbox_agent.app import create_app
+from sandbox_agent.contract import MAX_TIMEOUT_S
 
 OPENAPI_FILE = Path(__file__).resolve().parents[2] / "agent" / "openapi.json"
 

@@ -1,0 +1,119 @@
+"""Contract v1 as data: the header, limits, job states and body shapes both sides rely on.
+
+The agent enforces these values and the provider speaks them, so they live here once, with no
+import beyond the standard library: the provider imports this module without pulling in the
+agent's server (aiohttp handlers, the job table). `agent/contract.md` is the prose; a test checks
+that the OpenAPI document agrees with the states and limits named here.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal, TypedDict
+
+__all__ = [
+    "ACTOR_ID_HEADER",
+    "CONTRACT_VERSION",
+    "DEFAULT_MAX_OUTPUT_BYTES",
+    "FINISHED_STATES",
+    "JOB_STATES",
+    "MAX_JSON_BYTES",
+    "MAX_OUTPUT_BYTES",
+    "MAX_TIMEOUT_S",
+    "MAX_UPLOAD_BYTES",
+    "MAX_WAIT_S",
+    "ErrorBody",
+    "ExecRequest",
+    "FileStat",
+    "Job",
+    "JobState",
+    "MiB",
+    "Readiness",
+    "UploadReply",
+]
+
+CONTRACT_VERSION: Final = 1
+MiB: Final = 1024 * 1024
+
+# Every request that carries this header is refused (409 actor_mismatch) by an agent whose actor
+# id differs: a request routed to a reused IP after a resume never runs in the wrong sandbox.
+ACTOR_ID_HEADER: Final = "X-Sandbox-Actor-Id"
+
+MAX_WAIT_S: Final = 8.0  # long-poll cap, under the router's 10 s cut
+MAX_TIMEOUT_S: Final = 100_000_000  # 1e8 s: JSON has no Infinity, so "no limit" is capped
+DEFAULT_MAX_OUTPUT_BYTES: Final = 16 * MiB  # per stream
+MAX_OUTPUT_BYTES: Final = 64 * MiB
+MAX_UPLOAD_BYTES: Final = 64 * MiB  # per PUT chunk
+MAX_JSON_BYTES: Final = 16 * MiB
+
+JobState = Literal["running", "exited", "timeout", "killed", "failed"]
+JOB_STATES: Final[tuple[JobState, ...]] = ("running", "exited", "timeout", "killed", "failed")
+FINISHED_STATES: Final = frozenset(JOB_STATES) - {"running"}
+
+
+class ExecRequest(TypedDict, total=False):
+    """`POST /v1/exec` body. Only `command` is required."""
+
+    id: str | None
+    command: str | list[str]
+    shell: str
+    cwd: str | None
+    env: dict[str, str]
+    timeout_s: float | None
+    stdin: str | None
+    user: str | int | None
+    max_output_bytes: int
+
+
+class Job(TypedDict, total=False):
+    """A job as `POST /v1/exec`, `GET /v1/exec/{id}` and `DELETE` return it."""
+
+    id: str
+    state: JobState
+    exit_code: int | None
+    signal: int | None
+    stdout: str
+    stderr: str
+    stdout_truncated: bool
+    stderr_truncated: bool
+    started_at: float
+    duration_ms: float
+    error: str | None
+
+
+class Readiness(TypedDict):
+    """`GET /readyz`."""
+
+    status: str
+    agent_version: str
+    actor_id: str | None
+    boot_id: str
+    uptime_s: float
+
+
+class FileStat(TypedDict):
+    """`GET /v1/stat`."""
+
+    path: str
+    type: Literal["file", "dir", "symlink", "other"]
+    size: int
+    mode: int
+    mtime: float
+
+
+class UploadReply(TypedDict):
+    """`PUT /v1/files`: `sha256` is set once the upload is final."""
+
+    path: str
+    size: int
+    sha256: str | None
+
+
+class ErrorDetail(TypedDict):
+    code: str
+    message: str
+
+
+class ErrorBody(TypedDict):
+    """Every error the agent sends: `{"error": {"code", "message"}}`."""
+
+    error: ErrorDetail
