@@ -1,18 +1,20 @@
 """HTTP client for the sandbox agent (contract v1), reached through the Substrate router.
 
-A client is a few strings over a shared aiohttp pool, so making one per call costs nothing. It is
-the only code that sees aiohttp: every response is classified here into "the agent answered"
-(JSON error object -> `AgentResponseError`) or "the router answered" (anything else non-2xx ->
-`RouterError`, 503 -> `ActorUnavailableError`), and transport failures become
-`AgentTransportError`. Retrying is the caller's job: only the caller knows whether a request is
-idempotent (exec submissions carry a client id; file chunks carry an offset).
+A client is a few strings over a shared `HttpTransport`, so making one per call costs nothing.
+The transport is the one seam to the network (as httpx's transports): `AiohttpTransport` in
+production, an in-memory fake in tests, no patching. Every response is classified here into
+"the agent answered" (JSON error object -> `AgentResponseError`) or "the router answered"
+(anything else non-2xx -> `RouterError`, 503 -> `ActorUnavailableError`); transport failures
+become `AgentTransportError`. Retrying is the caller's job: only the caller knows whether a
+request is idempotent (exec submissions carry a client id; file chunks carry an offset).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, cast
 
 import aiohttp
 
@@ -24,13 +26,65 @@ from gym_substrate._errors import (
     translate_http_errors,
 )
 from gym_substrate._names import actor_host
+from sandbox_agent.contract import ACTOR_ID_HEADER, FileStat, Job, Readiness, UploadReply
 
-__all__ = ["AgentClient"]
+__all__ = ["AgentClient", "AiohttpTransport", "HttpResponse", "HttpTransport"]
+
+
+@dataclass(frozen=True)
+class HttpResponse:
+    status: int
+    headers: Mapping[str, str]  # lower-case names
+    body: bytes
+
+
+class HttpTransport(Protocol):
+    """Send one HTTP request and return the whole response; raise `AgentTransportError`."""
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        params: Mapping[str, str] | None,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        timeout_s: float,
+        what: str,
+    ) -> HttpResponse: ...
+
+
+@dataclass(frozen=True)
+class AiohttpTransport:
+    """`HttpTransport` over one shared aiohttp pool (the only code here that sees aiohttp)."""
+
+    session: aiohttp.ClientSession
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        params: Mapping[str, str] | None,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        timeout_s: float,
+        what: str,
+    ) -> HttpResponse:
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        with translate_http_errors(what):
+            async with self.session.request(
+                method, url, params=params, data=body, headers=dict(headers), timeout=timeout
+            ) as resp:
+                payload = await resp.read()
+                return HttpResponse(
+                    resp.status, {k.lower(): v for k, v in resp.headers.items()}, payload
+                )
 
 
 @dataclass(frozen=True)
 class AgentClient:
-    session: aiohttp.ClientSession
+    transport: HttpTransport
     router: str
     actor_id: str
     atespace: str
@@ -41,7 +95,7 @@ class AgentClient:
         return actor_host(self.actor_id, self.atespace)
 
     def _headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        headers = {"Host": self.host, "X-Sandbox-Actor-Id": self.actor_id}
+        headers = {"Host": self.host, ACTOR_ID_HEADER: self.actor_id}
         if extra:
             headers.update(extra)
         return headers
@@ -58,22 +112,23 @@ class AgentClient:
         timeout_s: float | None = None,
     ) -> tuple[int, dict[str, str], bytes]:
         what = f"{method} {path} on {self.actor_id}"
-        timeout = aiohttp.ClientTimeout(total=timeout_s or self.request_timeout_s)
         body = data
         hdrs = self._headers(headers)
         if json_body is not None:
             body = json.dumps(json_body).encode()
             hdrs["Content-Type"] = "application/json"
-        with translate_http_errors(what):
-            async with self.session.request(
-                method, self.router + path, params=params, data=body, headers=hdrs, timeout=timeout
-            ) as resp:
-                payload = await resp.read()
-                status = resp.status
-                resp_headers = {k.lower(): v for k, v in resp.headers.items()}
-        if status < 300:
-            return status, resp_headers, payload
-        raise self._classify(what, status, resp_headers, payload)
+        resp = await self.transport.request(
+            method,
+            self.router + path,
+            params=params,
+            headers=hdrs,
+            body=body,
+            timeout_s=timeout_s or self.request_timeout_s,
+            what=what,
+        )
+        if resp.status < 300:
+            return resp.status, dict(resp.headers), resp.body
+        raise self._classify(what, resp.status, dict(resp.headers), resp.body)
 
     @staticmethod
     def _classify(what: str, status: int, headers: dict[str, str], payload: bytes) -> Exception:
@@ -92,12 +147,11 @@ class AgentClient:
         cls2 = ActorUnavailableError if status == 503 else RouterError
         return cls2(message, status=status, body=text)
 
-    async def readyz(self, timeout_s: float = 5.0) -> dict[str, Any]:
+    async def readyz(self, timeout_s: float = 5.0) -> Readiness:
         _, _, body = await self._request("GET", "/readyz", timeout_s=timeout_s)
-        result: dict[str, Any] = json.loads(body)
-        return result
+        return cast(Readiness, json.loads(body))
 
-    async def submit(self, job: dict[str, Any], wait_s: float) -> dict[str, Any]:
+    async def submit(self, job: Mapping[str, Any], wait_s: float) -> Job:
         _, _, body = await self._request(
             "POST",
             "/v1/exec",
@@ -105,27 +159,24 @@ class AgentClient:
             json_body=job,
             timeout_s=wait_s + self.request_timeout_s,
         )
-        result: dict[str, Any] = json.loads(body)
-        return result
+        return cast(Job, json.loads(body))
 
-    async def poll(self, job_id: str, wait_s: float) -> dict[str, Any]:
+    async def poll(self, job_id: str, wait_s: float) -> Job:
         _, _, body = await self._request(
             "GET",
             f"/v1/exec/{job_id}",
             params={"wait": f"{wait_s:.3f}"},
             timeout_s=wait_s + self.request_timeout_s,
         )
-        result: dict[str, Any] = json.loads(body)
-        return result
+        return cast(Job, json.loads(body))
 
-    async def kill(self, job_id: str) -> dict[str, Any]:
+    async def kill(self, job_id: str) -> Job:
         _, _, body = await self._request("DELETE", f"/v1/exec/{job_id}")
-        result: dict[str, Any] = json.loads(body)
-        return result
+        return cast(Job, json.loads(body))
 
     async def put_chunk(
         self, path: str, offset: int, data: bytes, *, final: bool, mode: int
-    ) -> dict[str, Any]:
+    ) -> UploadReply:
         params = {
             "path": path,
             "offset": str(offset),
@@ -139,13 +190,11 @@ class AgentClient:
             data=data,
             headers={"Content-Type": "application/octet-stream"},
         )
-        result: dict[str, Any] = json.loads(body)
-        return result
+        return cast(UploadReply, json.loads(body))
 
-    async def stat(self, path: str) -> dict[str, Any]:
+    async def stat(self, path: str) -> FileStat:
         _, _, body = await self._request("GET", "/v1/stat", params={"path": path})
-        result: dict[str, Any] = json.loads(body)
-        return result
+        return cast(FileStat, json.loads(body))
 
     async def get_range(self, path: str, start: int, end: int) -> tuple[bytes, dict[str, str]]:
         """Bytes [start, end] inclusive of `path`."""

@@ -1,7 +1,7 @@
 """One exception tree for the provider, and the two places foreign errors are translated.
 
 Callers catch at whatever level they care about; grpc and aiohttp errors never escape this package
-raw. `translate_grpc_error` (used only by `_grpc.ControlPlane`) and `translate_http_errors` (used
+raw. `translate_grpc_error` (used only by `_grpc.ControlClient`) and `translate_http_errors` (used
 only by `_agent_client.AgentClient`) are the single crossing points; both chain the original with
 `raise ... from exc`.
 

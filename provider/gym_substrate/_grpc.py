@@ -1,6 +1,6 @@
 """The control-plane client: one `grpc.aio` channel per (event loop, connection), typed calls.
 
-Every ateapi call goes through `ControlPlane._call`, the only place a `grpc.RpcError` is caught
+Every ateapi call goes through `ControlClient._call`, the only place a `grpc.RpcError` is caught
 and translated (see `_errors`). The bearer token is attached per call, not baked into channel
 credentials, so a rotated token file is picked up on the next RPC and plaintext channels (the
 local backend) work the same way as TLS ones.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import grpc
 import grpc.aio
@@ -21,7 +21,7 @@ from gym_substrate._errors import ConfigError, ControlPlaneError, translate_grpc
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
 
-__all__ = ["ControlPlane", "create_channel", "status_name"]
+__all__ = ["ControlAPI", "ControlClient", "create_channel", "status_name"]
 
 log = logging.getLogger("gym_substrate.grpc")
 
@@ -58,7 +58,20 @@ def status_name(status: int) -> str:
     return pb.Actor.Status.Name(status).removeprefix("STATUS_")
 
 
-class ControlPlane:
+class ControlAPI(Protocol):
+    """The ateapi calls the provider makes: `ControlClient`, or an in-memory fake in tests."""
+
+    async def create_atespace(self, name: str) -> None: ...
+    async def create_actor(self, atespace: str, actor_id: str, template: str) -> pb.Actor: ...
+    async def get_actor(self, atespace: str, actor_id: str) -> pb.Actor: ...
+    async def resume_actor(self, atespace: str, actor_id: str) -> pb.Actor: ...
+    async def suspend_actor(self, atespace: str, actor_id: str) -> pb.Actor: ...
+    async def pause_actor(self, atespace: str, actor_id: str) -> pb.Actor: ...
+    async def delete_actor(self, atespace: str, actor_id: str) -> None: ...
+    async def list_actors(self, atespace: str) -> list[pb.Actor]: ...
+
+
+class ControlClient:
     """Typed ateapi calls with translated errors; owns nothing (the channel is shared)."""
 
     def __init__(self, channel: grpc.aio.Channel, conn: ConnectionConfig) -> None:
@@ -158,6 +171,8 @@ class ControlPlane:
                 self._stub.ListActors,
                 pb.ListActorsRequest(page_size=1000, page_token=token, atespace=atespace),
             )
+            # A short or empty page with a token is not the end: the real server pages a Redis
+            # SCAN, so only an empty token ends the listing.
             actors.extend(resp.actors)
             token = resp.next_page_token
             if not token:

@@ -9,6 +9,7 @@ process is gone. Appends are tiny and line-atomic, so concurrent trainers can sh
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
 import logging
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Ledger", "LedgerEntry"]
+__all__ = ["Ledger", "LedgerEntry", "LedgerRecorder"]
 
 log = logging.getLogger("gym_substrate.ledger")
 
@@ -110,3 +111,26 @@ class Ledger:
                 result[key].state = str(rec.get("event"))
                 result[key].error = str(rec.get("error", ""))
         return result
+
+
+@dataclass(frozen=True)
+class LedgerRecorder:
+    """What a provider records about its actors: an append off the event loop, or nothing.
+
+    Off the loop because the append takes an exclusive flock on a file that other trainers (and
+    a network file system) may share, which must not stall every other rollout.
+    """
+
+    ledger: Ledger | None
+    api: str
+
+    async def __call__(self, event: str, actor: Any, **extra: Any) -> None:
+        if self.ledger is not None:
+            await asyncio.to_thread(
+                self.ledger.append,
+                event,
+                api=self.api,
+                atespace=actor.atespace,
+                actor_id=actor.actor_id,
+                **extra,
+            )

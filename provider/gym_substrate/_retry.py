@@ -1,8 +1,10 @@
-"""Retry as a value object: one policy type, one jittered backoff, one loop.
+"""Retry as a value object: one policy type, one jittered backoff, one loop, named predicates.
 
-Retries live in the control-plane layer (and in exec's resubmission, which is safe only because
-every resubmission reuses the job id), never hidden inside the HTTP client. Full jitter keeps
-hundreds of rollouts that hit "no free workers" at the same moment from retrying in lockstep.
+Every retry in the provider is `retry_target` with a `RetryPolicy` and one of the predicates
+below: control-plane calls, agent requests (exec resubmission is safe only because every
+resubmission reuses the job id; file chunks carry an offset) and teardown. The HTTP and gRPC
+clients never retry on their own. Full jitter keeps hundreds of rollouts that hit "no free
+workers" at the same moment from retrying in lockstep.
 """
 
 from __future__ import annotations
@@ -14,9 +16,25 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from gym_substrate._errors import RetryError
+from gym_substrate._errors import (
+    ActorUnavailableError,
+    AgentTransportError,
+    NoFreeWorkersError,
+    RetryError,
+    RouterError,
+    TransientControlPlaneError,
+)
 
-__all__ = ["RetryPolicy", "retry_target", "sleep_generator"]
+__all__ = [
+    "HTTP_RETRY",
+    "RetryPolicy",
+    "is_lost_worker",
+    "is_resumable",
+    "is_router_glitch",
+    "is_transient_control",
+    "retry_target",
+    "sleep_generator",
+]
 
 T = TypeVar("T")
 
@@ -32,6 +50,37 @@ class RetryPolicy:
 
     def with_deadline(self, deadline: float) -> RetryPolicy:
         return replace(self, deadline=deadline)
+
+
+# Agent requests through the router: short first sleeps (a reset is usually over at once).
+HTTP_RETRY = RetryPolicy(initial=0.05, maximum=1.0, multiplier=2.0, deadline=60.0)
+
+
+def is_transient_control(exc: BaseException) -> bool:
+    """UNAVAILABLE, ABORTED, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED from ateapi."""
+    return isinstance(exc, TransientControlPlaneError)
+
+
+def is_resumable(exc: BaseException) -> bool:
+    """What a ResumeActor waits out: transient errors and "no free workers" (workers free up)."""
+    return isinstance(exc, (TransientControlPlaneError, NoFreeWorkersError))
+
+
+def is_router_glitch(exc: BaseException) -> bool:
+    """The request may not have reached the agent: a reset, or router 500/502/504.
+
+    Other router answers (404: no such actor) are final; 503 is `is_lost_worker`.
+    """
+    return isinstance(exc, AgentTransportError) or (
+        isinstance(exc, RouterError)
+        and not isinstance(exc, ActorUnavailableError)
+        and exc.status in (500, 502, 504)
+    )
+
+
+def is_lost_worker(exc: BaseException) -> bool:
+    """Router 503: the actor has no worker; ResumeActor over gRPC, then ask again."""
+    return isinstance(exc, ActorUnavailableError)
 
 
 def sleep_generator(policy: RetryPolicy) -> Iterator[float]:

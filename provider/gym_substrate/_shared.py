@@ -1,40 +1,68 @@
 """Connections shared by every provider instance on one event loop.
 
 Gym's `AsyncSandbox` builds a new provider per sandbox and calls `aclose()` at `stop()`, so a
-channel per provider would mean a TLS handshake per rollout. Instead the gRPC channel, the aiohttp
+channel per provider would mean a TLS handshake per rollout. Instead the gRPC channel, the HTTP
 pool and the exec semaphore live here, keyed by (event loop, connection config, concurrency) and
 reference-counted; the last `release()` closes them. Keys include the loop because `grpc.aio` and
 aiohttp objects are bound to the loop they were created on (Gym's sync `Sandbox` runs its own).
+A provider given its own `control` and `http` (tests, embedders) shares nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import aiohttp
-import grpc.aio
 
+from gym_substrate._agent_client import AiohttpTransport, HttpTransport
 from gym_substrate._config import ConnectionConfig
-from gym_substrate._grpc import ControlPlane, create_channel
+from gym_substrate._grpc import ControlAPI, ControlClient, create_channel
 
-__all__ = ["SharedResources", "acquire", "release", "shared_count"]
+__all__ = ["SharedResources", "acquire", "private", "release", "shared_count"]
+
+_Key = tuple[asyncio.AbstractEventLoop, ConnectionConfig, int]
 
 
 @dataclass(eq=False)
 class SharedResources:
-    key: tuple[asyncio.AbstractEventLoop, ConnectionConfig, int]
-    channel: grpc.aio.Channel
-    control: ControlPlane
-    session: aiohttp.ClientSession
+    key: _Key | None  # None: private to one provider, never in the shared table
+    control: ControlAPI
+    transport: HttpTransport
     exec_slots: asyncio.Semaphore
+    close: Callable[[], Awaitable[None]]
     known_atespaces: set[str] = field(default_factory=set)
     refs: int = 0
 
 
 _lock = threading.Lock()
-_shared: dict[tuple[asyncio.AbstractEventLoop, ConnectionConfig, int], SharedResources] = {}
+_shared: dict[_Key, SharedResources] = {}
+
+
+def _open(
+    conn: ConnectionConfig, control: ControlAPI | None, transport: HttpTransport | None
+) -> tuple[ControlAPI, HttpTransport, Callable[[], Awaitable[None]]]:
+    """The clients not given, created for `conn`, and one closer for what was created here."""
+    closers: list[Callable[[], Awaitable[None]]] = []
+    if control is None:
+        channel = create_channel(conn)
+        control = ControlClient(channel, conn)
+        closers.append(lambda: channel.close(None))
+    if transport is None:
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+        session = aiohttp.ClientSession(
+            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
+        )
+        transport = AiohttpTransport(session)
+        closers.insert(0, session.close)
+
+    async def close() -> None:
+        for closer in closers:
+            await closer()
+
+    return control, transport, close
 
 
 def acquire(conn: ConnectionConfig, concurrency: int) -> SharedResources:
@@ -44,21 +72,36 @@ def acquire(conn: ConnectionConfig, concurrency: int) -> SharedResources:
     with _lock:
         res = _shared.get(key)
         if res is None:
-            channel = create_channel(conn)
-            connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-            session = aiohttp.ClientSession(
-                connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
-            )
+            control, transport, close = _open(conn, None, None)
             res = SharedResources(
                 key=key,
-                channel=channel,
-                control=ControlPlane(channel, conn),
-                session=session,
+                control=control,
+                transport=transport,
                 exec_slots=asyncio.Semaphore(concurrency),
+                close=close,
             )
             _shared[key] = res
         res.refs += 1
         return res
+
+
+def private(
+    conn: ConnectionConfig,
+    concurrency: int,
+    *,
+    control: ControlAPI | None,
+    transport: HttpTransport | None,
+) -> SharedResources:
+    """Resources for one provider given its own clients; what it was not given is made here."""
+    control, transport, close = _open(conn, control, transport)
+    return SharedResources(
+        key=None,
+        control=control,
+        transport=transport,
+        exec_slots=asyncio.Semaphore(concurrency),
+        close=close,
+        refs=1,
+    )
 
 
 async def release(res: SharedResources) -> None:
@@ -66,11 +109,10 @@ async def release(res: SharedResources) -> None:
     with _lock:
         res.refs -= 1
         last = res.refs <= 0
-        if last:
+        if last and res.key is not None:
             _shared.pop(res.key, None)
     if last:
-        await res.session.close()
-        await res.channel.close(None)
+        await res.close()
 
 
 def shared_count() -> int:

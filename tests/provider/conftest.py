@@ -232,14 +232,14 @@ class Stack:
 
     async def actors(self, atespace: str = "gym") -> list[str]:
         from gym_substrate._config import ConnectionConfig
-        from gym_substrate._grpc import ControlPlane, create_channel
+        from gym_substrate._grpc import ControlClient, create_channel
 
         conn = ConnectionConfig(
             api=self.backend.api_address, router=self.backend.router_url, tls={"plaintext": True}
         )  # type: ignore[arg-type]
         channel = create_channel(conn)
         try:
-            return [a.actor_id for a in await ControlPlane(channel, conn).list_actors(atespace)]
+            return [a.actor_id for a in await ControlClient(channel, conn).list_actors(atespace)]
         finally:
             await channel.close()
 

@@ -349,7 +349,7 @@ async def test_close_forgets_the_sandbox_and_stays_idempotent(stack: Stack) -> N
     handles = [await p.create(SandboxSpec()) for _ in range(3)]
     for h in handles:
         await p.close(h)
-    assert p._states == {}  # no per-sandbox state outlives close()
+    assert p._actors == {}  # no per-sandbox state outlives close()
     calls = dict(stack.grpc_proxy.calls)
     await p.close(handles[0])  # again: nothing to do, no RPC
     assert dict(stack.grpc_proxy.calls) == calls
@@ -357,7 +357,7 @@ async def test_close_forgets_the_sandbox_and_stays_idempotent(stack: Stack) -> N
     assert (r.return_code, r.error_type) == (125, "sandbox")
     assert r.stderr is not None
     assert "was closed" in r.stderr
-    assert p._states == {}
+    assert p._actors == {}
     assert await stack.actors() == []
     await p.aclose()
 

@@ -162,7 +162,7 @@ async def test_router_503_resumes_over_grpc_then_resubmits(stack: Stack, tmp_pat
 async def test_actor_deleted_behind_the_providers_back(stack: Stack) -> None:
     p, other = stack.provider(), stack.provider()
     handle = await p.create(SandboxSpec())
-    await other._teardown(handle.raw)  # someone else deletes it
+    await other.delete_actor(handle.raw.actor_id)  # someone else deletes it
     r = await p.exec(handle, "echo hi")
     assert (r.return_code, r.error_type) == (125, "sandbox")
     assert r.stderr

@@ -30,9 +30,9 @@ from gym_substrate._errors import (
     RouterError,
     translate_grpc_error,
 )
+from gym_substrate._exec import job_result as _job_result
 from gym_substrate._ledger import Ledger
 from gym_substrate._yaml import load_substrate_block
-from gym_substrate.nemo import _job_result
 
 ROOT = Path(__file__).resolve().parents[2]
 CONN = {"api": "127.0.0.1:1", "router": "http://127.0.0.1:2", "tls": {"plaintext": True}}

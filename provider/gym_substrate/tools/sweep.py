@@ -35,7 +35,6 @@ async def sweep_actors(
     """Delete expired/orphaned ledger actors (or, with `everything`, the whole atespace)."""
     from gym_substrate import SubstrateProvider
     from gym_substrate._ledger import Ledger
-    from gym_substrate.nemo import SubstrateActor
 
     provider = SubstrateProvider(**provider_kwargs)
     results: list[SweepResult] = []
@@ -63,15 +62,12 @@ async def sweep_actors(
             if dry_run:
                 results.append(SweepResult(actor_id, space, reason, False, "dry run"))
                 continue
-            actor = SubstrateActor(actor_id=actor_id, atespace=space, template="")
             try:
-                await provider._teardown(actor)
+                await provider.delete_actor(actor_id, space)
             except Exception as exc:  # report every actor, keep going
                 results.append(SweepResult(actor_id, space, reason, False, str(exc)))
-                await provider._record("close_failed", actor, error=str(exc))
             else:
                 results.append(SweepResult(actor_id, space, reason, True))
-                await provider._record("deleted", actor)
     finally:
         await provider.aclose()
     return results

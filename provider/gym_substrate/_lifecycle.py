@@ -1,0 +1,408 @@
+"""One object per sandbox: where its actor is, whether it is parked, and how to get it back.
+
+`ManagedActor` is the only place that resumes, parks, recovers or deletes an actor, so the lock,
+the in-flight count, the idle timer and the provider's gauges change together. Its lifecycle is
+one value (`Lifecycle`), and every transition goes through `_enter`, which keeps the `parked` and
+`running` gauges equal to the number of sandboxes in each state, whatever order calls arrive in.
+
+The current `SubstrateActor` is published to every handle attached to the sandbox, so a caller
+holding a handle sees a consistent value (it is replaced, never mutated, on resume and park).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import enum
+import logging
+import time
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from gym_substrate._actor import DELETED, SubstrateActor
+from gym_substrate._agent_client import AgentClient, HttpTransport
+from gym_substrate._config import IdlePolicy, PauseMode
+from gym_substrate._errors import (
+    ActorNotFoundError,
+    ControlPlaneError,
+    NoFreeWorkersError,
+    SubstrateError,
+    TransientControlPlaneError,
+)
+from gym_substrate._grpc import ControlAPI, status_name
+from gym_substrate._metrics import METRICS
+from gym_substrate._retry import (
+    HTTP_RETRY,
+    RetryPolicy,
+    is_lost_worker,
+    is_resumable,
+    is_router_glitch,
+    is_transient_control,
+    retry_target,
+)
+from gym_substrate.types import SandboxHandle
+
+__all__ = [
+    "ActorServices",
+    "Lifecycle",
+    "ManagedActor",
+    "ResumeFailedError",
+]
+
+log = logging.getLogger("gym_substrate.provider")
+
+T = TypeVar("T")
+
+
+class Lifecycle(enum.Enum):
+    """Where a sandbox is, as this process knows it."""
+
+    ACTIVE = "active"  # on a worker, or believed to be: the next request finds out
+    PARKED = "parked"  # paused or suspended (by us or before connect); the next call resumes it
+    CLOSED = "closed"  # deleted by close(); every later call is refused
+
+
+class Recorder(Protocol):
+    async def __call__(self, event: str, actor: SubstrateActor, **extra: Any) -> None: ...
+
+
+@dataclass(frozen=True)
+class ActorServices:
+    """What every sandbox of one provider shares: clients, policies and the ledger."""
+
+    control: ControlAPI
+    transport: HttpTransport
+    router: str
+    retry: RetryPolicy
+    ready_timeout_s: float
+    close_timeout_s: float
+    idle_policy: IdlePolicy
+    idle_after_s: float
+    record: Recorder
+
+    def agent(self, actor: SubstrateActor) -> AgentClient:
+        return AgentClient(self.transport, self.router, actor.actor_id, actor.atespace)
+
+
+class ResumeFailedError(SubstrateError):
+    """The actor lost its worker (router 503) and could not be resumed; chained to why."""
+
+
+class _StillMoving(SubstrateError):
+    """The actor is between states; teardown looks again after a backoff."""
+
+
+def _teardown_may_retry(exc: BaseException) -> bool:
+    if isinstance(exc, (_StillMoving, TransientControlPlaneError, NoFreeWorkersError)):
+        return True
+    # e.g. a delete that raced a resume: look at the actor again
+    return (
+        isinstance(exc, ControlPlaneError)
+        and exc.code is not None
+        and exc.code.name == "FAILED_PRECONDITION"
+    )
+
+
+class ManagedActor:
+    """A sandbox's actor and everything this process does to it."""
+
+    def __init__(
+        self,
+        actor: SubstrateActor,
+        services: ActorServices,
+        *,
+        parked: bool = False,
+        counted: bool = False,
+    ) -> None:
+        self.actor = actor
+        self.services = services
+        self.lock = asyncio.Lock()
+        self.inflight = 0
+        self.counted = False  # created by this process: in the `running` gauge until closed
+        self._idle_task: asyncio.Task[None] | None = None
+        self._handles: list[weakref.ref[SandboxHandle]] = []
+        self._state = Lifecycle.ACTIVE
+        if counted:
+            self.mark_created()
+        if parked:
+            self._enter(Lifecycle.PARKED)
+
+    def __repr__(self) -> str:
+        return f"ManagedActor({self.actor.atespace}/{self.actor.actor_id}, {self._state.value})"
+
+    def mark_created(self) -> None:
+        """Count this sandbox in the `running` gauge (made here, so ours to close)."""
+        self.counted = True
+        METRICS.running.inc()
+
+    @property
+    def state(self) -> Lifecycle:
+        return self._state
+
+    def _enter(self, new: Lifecycle) -> None:
+        old, self._state = self._state, new
+        if old is new:
+            return
+        if old is Lifecycle.PARKED:
+            METRICS.parked.dec()
+        if new is Lifecycle.PARKED:
+            METRICS.parked.inc()
+        if new is Lifecycle.CLOSED and self.counted:
+            METRICS.running.dec()
+
+    def attach(self, handle: SandboxHandle) -> None:
+        """Keep `handle.raw` current from now on (weakly: a dropped handle is forgotten)."""
+        self._handles = [r for r in self._handles if r() is not None and r() is not handle]
+        self._handles.append(weakref.ref(handle))
+        handle.raw = self.actor
+
+    def _publish(self, **changes: Any) -> None:
+        self.actor = dataclasses.replace(self.actor, **changes)
+        for ref in self._handles:
+            handle = ref()
+            if handle is not None:
+                handle.raw = self.actor
+
+    def check_open(self) -> None:
+        if self._state is Lifecycle.CLOSED:
+            raise SubstrateError(f"sandbox {self.actor.actor_id} was closed")
+
+    # ------------------------------------------------------------------ being busy
+
+    @contextlib.asynccontextmanager
+    async def active(self) -> AsyncIterator[None]:
+        """Mark the sandbox busy, resume it if parked, and re-arm the idle timer afterwards."""
+        self.check_open()
+        self.inflight += 1
+        self.cancel_idle()
+        try:
+            # A held lock means a park may be under way: wait for it, then resume, rather than
+            # racing a request into an actor that is being checkpointed.
+            if self._state is Lifecycle.PARKED or self.lock.locked():
+                async with self.lock:
+                    self.check_open()
+                    if self._state is Lifecycle.PARKED:
+                        await self._resume_and_wait(self._ready_deadline())
+            yield
+        finally:
+            self.inflight -= 1
+            self.schedule_idle()
+
+    def _ready_deadline(self) -> float:
+        return time.monotonic() + self.services.ready_timeout_s
+
+    async def call_agent(
+        self,
+        request: Callable[[AgentClient], Awaitable[T]],
+        *,
+        what: str,
+        deadline: float | None = None,
+    ) -> T:
+        """An idempotent agent request, retried through resets, router 5xx and lost workers.
+
+        A 503 (the actor lost its worker) resumes it over gRPC before the request is sent
+        again. Other errors, and the deadline running out (`RetryError`), are the caller's.
+        """
+        end = self._ready_deadline() if deadline is None else deadline
+
+        async def on_error(exc: BaseException) -> None:
+            if is_lost_worker(exc):
+                log.info("%s: %s; resuming the actor", what, exc)
+                try:
+                    await self.recover(end)
+                except SubstrateError as rexc:
+                    raise ResumeFailedError(f"{what}: {rexc}") from rexc
+
+        return await retry_target(
+            lambda: request(self.services.agent(self.actor)),
+            lambda exc: is_router_glitch(exc) or is_lost_worker(exc),
+            HTTP_RETRY.with_deadline(max(0.001, end - time.monotonic())),
+            what=what,
+            on_error=on_error,
+        )
+
+    # ------------------------------------------------------------------ resume
+
+    async def _resume_and_wait(self, deadline: float) -> None:
+        """ResumeActor (retrying through no-free-workers) then `/readyz` through the router.
+
+        Caller holds `self.lock`.
+        """
+        control, actor = self.services.control, self.actor
+        started = time.monotonic()
+        resumed = await retry_target(
+            lambda: control.resume_actor(actor.atespace, actor.actor_id),
+            is_resumable,
+            self.services.retry.with_deadline(max(0.001, deadline - time.monotonic())),
+            what=f"ResumeActor {actor.actor_id}",
+        )
+        agent = self.services.agent(actor)
+        # Right after a resume the router may still answer 503 or reset: wait those out.
+        ready = await retry_target(
+            agent.readyz,
+            lambda exc: is_router_glitch(exc) or is_lost_worker(exc),
+            RetryPolicy(
+                initial=0.02,
+                maximum=0.5,
+                multiplier=2.0,
+                deadline=max(0.001, deadline - time.monotonic()),
+            ),
+            what=f"GET /readyz on {actor.actor_id}",
+        )
+        self._publish(
+            status=status_name(resumed.status),
+            pod_ip=resumed.ateom_pod_ip,
+            boot_id=ready.get("boot_id"),
+        )
+        self._enter(Lifecycle.ACTIVE)
+        METRICS.resume_latency.observe(time.monotonic() - started)
+
+    async def start(self, deadline: float) -> None:
+        """The first resume after CreateActor."""
+        async with self.lock:
+            await self._resume_and_wait(deadline)
+
+    async def resume(self) -> None:
+        """Resume now (an explicit `resume()` call), whatever this process believes."""
+        async with self.lock:
+            self.check_open()
+            await self._resume_and_wait(self._ready_deadline())
+        self.schedule_idle()
+
+    async def recover(self, deadline: float) -> None:
+        """The router said 503: the actor lost its worker. Resume it over gRPC with backoff."""
+        async with self.lock:
+            self.check_open()
+            await self._resume_and_wait(deadline)
+
+    # ------------------------------------------------------------------ park
+
+    async def _park(self, mode: PauseMode) -> None:
+        control, actor = self.services.control, self.actor
+
+        async def attempt() -> Any:
+            if mode == "pause":
+                return await control.pause_actor(actor.atespace, actor.actor_id)
+            return await control.suspend_actor(actor.atespace, actor.actor_id)
+
+        parked = await retry_target(
+            attempt,
+            is_transient_control,
+            self.services.retry,
+            what=f"{mode.capitalize()}Actor {actor.actor_id}",
+        )
+        self._publish(status=status_name(parked.status), pod_ip="")
+        self._enter(Lifecycle.PARKED)
+
+    async def park(self, mode: PauseMode) -> None:
+        """Pause or suspend now (an explicit `pause()` call), freeing the worker."""
+        self.cancel_idle()
+        async with self.lock:
+            self.check_open()
+            if self._state is not Lifecycle.PARKED:
+                await self._park(mode)
+
+    def cancel_idle(self) -> None:
+        if self._idle_task is not None:
+            self._idle_task.cancel()
+            self._idle_task = None
+
+    def schedule_idle(self) -> None:
+        """Park after `idle_after_s` without a call, as the idle policy says."""
+        if (
+            self.services.idle_policy == "never"
+            or self.inflight
+            or self._state is not Lifecycle.ACTIVE
+        ):
+            return
+        self.cancel_idle()
+        self._idle_task = asyncio.get_running_loop().create_task(self._idle_park())
+
+    async def _idle_park(self) -> None:
+        await asyncio.sleep(self.services.idle_after_s)
+        mode: PauseMode = "pause" if self.services.idle_policy == "pause" else "suspend"
+        async with self.lock:
+            if self.inflight or self._state is not Lifecycle.ACTIVE:
+                return
+            self._idle_task = None
+            try:
+                await self._park(mode)
+            except SubstrateError as exc:
+                log.warning(
+                    "idle park of %s failed (it keeps running): %s", self.actor.actor_id, exc
+                )
+                return
+            log.debug("parked idle sandbox %s (%s)", self.actor.actor_id, mode)
+
+    # ------------------------------------------------------------------ delete
+
+    async def teardown(self) -> None:
+        """Drive the actor to SUSPENDED, waiting out transitions, then DeleteActor.
+
+        NOT_FOUND at any step means someone else deleted it: done.
+        """
+        control, actor = self.services.control, self.actor
+
+        async def step() -> None:
+            for _ in range(3):  # RUNNING -> suspend; PAUSED -> resume, suspend; then delete
+                got = await control.get_actor(actor.atespace, actor.actor_id)
+                name = status_name(got.status)
+                if name == "SUSPENDED":
+                    await control.delete_actor(actor.atespace, actor.actor_id)
+                    return
+                if name == "RUNNING":
+                    await control.suspend_actor(actor.atespace, actor.actor_id)
+                elif name == "PAUSED":
+                    await control.resume_actor(actor.atespace, actor.actor_id)
+                else:
+                    raise _StillMoving(f"actor {actor.actor_id} is {name}")
+            raise _StillMoving(f"actor {actor.actor_id} keeps changing state")
+
+        try:
+            await retry_target(
+                step,
+                _teardown_may_retry,
+                RetryPolicy(
+                    initial=0.05,
+                    maximum=0.5,
+                    multiplier=2.0,
+                    deadline=self.services.close_timeout_s,
+                ),
+                what=f"deleting actor {actor.actor_id} (suspend, then delete)",
+            )
+        except ActorNotFoundError:
+            return
+
+    async def close(self) -> None:
+        """Tear down and record it; idempotent. A failure leaves the sandbox open to retry."""
+        self.cancel_idle()
+        async with self.lock:
+            if self._state is Lifecycle.CLOSED:
+                return
+            try:
+                await self.teardown()
+            except SubstrateError as exc:
+                METRICS.failures.labels("close").inc()
+                await self.services.record("close_failed", self.actor, error=str(exc))
+                raise
+            self._enter(Lifecycle.CLOSED)
+            self._publish(status=DELETED, pod_ip="")
+            await self.services.record("deleted", self.actor)
+
+    async def discard(self) -> None:
+        """Best-effort delete after a failed create: never raises, logs what may be leaked."""
+        self.cancel_idle()
+        try:
+            await self.teardown()
+        except Exception as exc:  # noqa: BLE001 - cleanup must not mask the create error
+            log.warning(
+                "actor %s may be leaked after a failed create: %s", self.actor.actor_id, exc
+            )
+            await self.services.record("close_failed", self.actor, error=str(exc))
+        else:
+            await self.services.record("deleted", self.actor)
+        self._enter(Lifecycle.CLOSED)
+        self._publish(status=DELETED, pod_ip="")
