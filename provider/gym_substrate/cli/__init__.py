@@ -54,7 +54,7 @@ class LazyGroup(click.Group):
             "gym_substrate.tools.smoke:smoke",
             "Take one sandbox through every provider method and time each step.",
         ),
-        "bench": ("gym_substrate.tools.bench:bench", "Benchmarks (provider, env, agent)."),
+        "bench": ("gym_substrate.cli.bench:bench", "Benchmarks (provider, env, agent)."),
         "sweep": (
             "gym_substrate.tools.sweep:sweep",
             "Delete actors a provider created and left behind.",

@@ -18,7 +18,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["Column", "console", "emit", "emit_json", "fail", "table"]
+__all__ = ["Column", "console", "emit", "emit_json", "fail", "progress", "table"]
 
 
 def _console() -> Console:
@@ -29,6 +29,8 @@ def _console() -> Console:
 
 
 console = _console()
+# Progress goes to stderr, so `--json` output on stdout stays parseable while a run shows it.
+progress = Console(stderr=True)
 
 
 @dataclass(frozen=True)

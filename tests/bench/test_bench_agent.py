@@ -6,7 +6,8 @@ import json
 
 from click.testing import CliRunner
 
-from sandbox_agent.bench import _TARGETS, command
+from gym_substrate.bench.agent import TARGETS
+from gym_substrate.cli.bench import agent as command
 
 
 def test_bench_json_has_every_figure() -> None:
@@ -28,7 +29,7 @@ def test_bench_json_has_every_figure() -> None:
     )
     assert result.exit_code == 0, result.output
     figures = json.loads(result.output)
-    for key, *_ in _TARGETS:
+    for key, *_ in TARGETS:
         if key != "exec_overhead_p50_ms":  # a difference of two medians may be negative
             assert figures[key] > 0, key
     assert figures["exec_p50_ms"] <= figures["exec_p99_ms"]

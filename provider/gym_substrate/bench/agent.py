@@ -1,10 +1,10 @@
-"""`python -m sandbox_agent.bench` / `gym-substrate bench agent`: the agent on loopback.
+"""The sandbox agent on loopback (`gym-substrate bench agent`).
 
 Every figure is measured in one run against a freshly started agent, next to a baseline taken in
 the same run (the spawn floor, `subprocess.run(["true"])`), so the numbers stay comparable on a
 busy or a different machine. Clients use plain `http.client` keep-alive connections from
-threads: light enough that the agent, not the client, is what is measured. click and rich are
-imported here only, never on the agent's start-up path.
+threads: light enough that the agent, not the client, is what is measured. This lives outside
+the agent's package, so the agent (and its static build) never carries benchmark code.
 """
 
 from __future__ import annotations
@@ -26,16 +26,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import click
+from gym_substrate.bench import BenchError
 
-__all__ = ["command", "main", "run_bench"]
+__all__ = ["TARGETS", "rows", "run_bench"]
 
 MiB = 1024 * 1024
 _EXEC_BODY = json.dumps({"command": ["true"]}).encode()
 _JSON = {"Content-Type": "application/json"}
 
 # (key, label, unit, target, higher_is_better, peer figures for context)
-_TARGETS: list[tuple[str, str, str, float | None, bool, str]] = [
+TARGETS: list[tuple[str, str, str, float | None, bool, str]] = [
     ("spawn_floor_p50_ms", "spawn floor p50 (subprocess.run true)", "ms", None, False, "0.71"),
     ("exec_p50_ms", "exec p50 (500 sequential, keep-alive)", "ms", 1.1, False, "Go 1.07, py 1.58"),
     ("exec_p90_ms", "exec p90", "ms", None, False, ""),
@@ -95,10 +95,10 @@ def _start(argv: list[str], log: Any, log_level: str) -> _Agent:
         except OSError:
             if proc.poll() is not None:
                 msg = f"the agent exited with status {proc.returncode} during start-up"
-                raise click.ClickException(msg) from None
+                raise BenchError(msg) from None
             time.sleep(0.001)
     proc.kill()
-    raise click.ClickException("the agent did not answer /readyz within 30 s")
+    raise BenchError("the agent did not answer /readyz within 30 s")
 
 
 def _stop(agent: _Agent) -> None:
@@ -129,7 +129,7 @@ def _exec_once(conn: http.client.HTTPConnection) -> None:
     resp = conn.getresponse()
     body = resp.read()
     if resp.status != 200:
-        raise click.ClickException(f"exec failed: {resp.status} {body[:200]!r}")
+        raise BenchError(f"exec failed: {resp.status} {body[:200]!r}")
 
 
 def _exec_latency(port: int, n: int) -> list[float]:
@@ -171,7 +171,7 @@ def _throughput(port: int, clients: int, seconds: float) -> float:
         t.join()
     elapsed = time.perf_counter() - t0
     if errors:
-        raise click.ClickException(f"throughput run failed: {errors[0]}")
+        raise BenchError(f"throughput run failed: {errors[0]}")
     return sum(counts) / elapsed
 
 
@@ -187,7 +187,7 @@ def _transfer(port: int, workdir: Path, size_mib: int, rounds: int) -> tuple[flo
         resp.read()
         up.append(len(data) / (time.perf_counter() - t0) / 1e6)
         if resp.status != 200:
-            raise click.ClickException(f"upload failed: {resp.status}")
+            raise BenchError(f"upload failed: {resp.status}")
         t0 = time.perf_counter()
         conn.request("GET", f"/v1/files?path={path}")
         resp = conn.getresponse()
@@ -196,7 +196,7 @@ def _transfer(port: int, workdir: Path, size_mib: int, rounds: int) -> tuple[flo
             got += len(chunk)
         down.append(len(data) / (time.perf_counter() - t0) / 1e6)
         if got != len(data):
-            raise click.ClickException(f"download returned {got} of {len(data)} bytes")
+            raise BenchError(f"download returned {got} of {len(data)} bytes")
     conn.close()
     return statistics.median(up), statistics.median(down)
 
@@ -270,7 +270,7 @@ def run_bench(
     log_level: str = "info",
     progress: Any = None,
 ) -> dict[str, Any]:
-    """Run every measurement and return the figures (see `_TARGETS` for the keys)."""
+    """Run every measurement and return the figures (see `TARGETS` for the keys)."""
 
     def step(text: str) -> None:
         if progress is not None:
@@ -322,94 +322,20 @@ def _verdict(value: float, target: float | None, higher: bool) -> str:
     return "ok" if ok else "MISSED"
 
 
-def _print_table(results: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"sandbox-agent on loopback ({results['agent_command']})")
-    for col in ("figure", "value", "target", "", "peers (same machine kind)"):
-        table.add_column(col, justify="right" if col in ("value", "target") else "left")
-    for key, label, unit, target, higher, peers in _TARGETS:
+def rows(results: dict[str, Any]) -> list[dict[str, str]]:
+    """One table row per figure: value, target and whether it was met."""
+    out = []
+    for key, label, unit, target, higher, peers in TARGETS:
         value = float(results[key])
         shown = f"{value:,.0f} {unit}" if value >= 100 else f"{value:.2f} {unit}"
         tgt = "" if target is None else f"{'>=' if higher else '<='} {target:g} {unit}"
-        table.add_row(label, shown, tgt, _verdict(value, target, higher), peers)
-    console = Console()
-    console.print(table)
-    console.print(
-        f"start-ups (ms): {results['startup_all_ms']}; agent log level {results['log_level']}; "
-        f"{results['cpus']} CPUs, load average {results['load_avg_1m']:.2f}"
-    )
-
-
-@click.command("agent")
-@click.option("--requests", default=500, show_default=True, help="Sequential execs for latency.")
-@click.option("--clients", default=8, show_default=True, help="Concurrent clients for req/s.")
-@click.option("--seconds", default=10.0, show_default=True, help="Duration of the req/s run.")
-@click.option("--file-mib", default=64, show_default=True, help="File size for up/download.")
-@click.option("--starts", default=5, show_default=True, help="Cold starts timed for start-up.")
-@click.option(
-    "--binary",
-    type=click.Path(exists=True, dir_okay=False),
-    default=None,
-    help="Benchmark this agent executable (e.g. the static build) instead of the installed one.",
-)
-@click.option(
-    "--log-level",
-    type=click.Choice(["debug", "info", "warning", "error"]),
-    default="info",
-    show_default=True,
-    help="The agent's log level (info writes one line per request, as in production).",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-def command(
-    requests: int,
-    clients: int,
-    seconds: float,
-    file_mib: int,
-    starts: int,
-    binary: str | None,
-    log_level: str,
-    as_json: bool,
-) -> None:
-    """Benchmark the sandbox agent on loopback against the spawn floor measured in the same run."""
-    for name, value in (("requests", requests), ("clients", clients), ("starts", starts)):
-        if value < 1:
-            raise click.BadParameter(f"must be >= 1, got {value}", param_hint=f"--{name}")
-    if seconds <= 0 or file_mib < 1:
-        raise click.BadParameter("--seconds must be > 0 and --file-mib >= 1")
-    if as_json:
-        results = run_bench(
-            requests=requests,
-            clients=clients,
-            seconds=seconds,
-            file_mib=file_mib,
-            starts=starts,
-            binary=binary,
-            log_level=log_level,
+        out.append(
+            {
+                "figure": label,
+                "value": shown,
+                "target": tgt,
+                "verdict": _verdict(value, target, higher),
+                "peers": peers,
+            }
         )
-        click.echo(json.dumps(results, indent=2))
-        return
-    from rich.console import Console
-
-    console = Console(stderr=True)
-    with console.status("benchmarking") as status:
-        results = run_bench(
-            requests=requests,
-            clients=clients,
-            seconds=seconds,
-            file_mib=file_mib,
-            starts=starts,
-            binary=binary,
-            log_level=log_level,
-            progress=lambda text: status.update(f"benchmarking: {text}"),
-        )
-    _print_table(results)
-
-
-def main() -> None:
-    command(prog_name="python -m sandbox_agent.bench")
-
-
-if __name__ == "__main__":
-    main()
+    return out
