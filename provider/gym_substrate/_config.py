@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from gym_substrate._errors import ConfigError
 from gym_substrate._names import is_dns_label
+from sandbox_agent.contract import DEFAULT_MAX_OUTPUT_BYTES, MAX_OUTPUT_BYTES
 
 __all__ = [
     "ConnectionConfig",
@@ -305,6 +306,9 @@ class ExecConfig:
     concurrency: int = 64
     timeout_margin_s: float = 5.0
     transfer_chunk_bytes: int = 8 * 1024 * 1024
+    # Per stream; beyond it the agent keeps head and tail around a marker line and the provider
+    # says so in stderr and the log. At most the agent's 64 MiB.
+    max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
     _path: str = field(default="exec", repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -341,6 +345,19 @@ class ExecConfig:
                     self.transfer_chunk_bytes,
                     minimum=64 * 1024,
                     maximum=64 * 1024 * 1024,
+                    integer=True,
+                )
+            ),
+        )
+        object.__setattr__(
+            self,
+            "max_output_bytes",
+            int(
+                _number(
+                    f"{p}.max_output_bytes",
+                    self.max_output_bytes,
+                    minimum=0,
+                    maximum=MAX_OUTPUT_BYTES,
                     integer=True,
                 )
             ),
@@ -411,6 +428,9 @@ class ProviderOptions:
 
     template: str | None = None
     atespace: str | None = None
+    # Accepted for Gym's stock configs (an OpenSandbox option); an actor gets its worker pool's
+    # resources, so it is ignored with one warning per process.
+    resource_requests: Mapping[str, Any] | None = None
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any] | None) -> ProviderOptions:
@@ -418,7 +438,7 @@ class ProviderOptions:
             return cls()
         if not isinstance(options, Mapping):
             raise TypeError(f"provider_options must be a mapping, got {type(options).__name__}")
-        allowed = ("atespace", "template")
+        allowed = ("atespace", "resource_requests", "template")
         unknown = sorted(str(k) for k in options if k not in allowed)
         if unknown:
             raise ValueError(
@@ -431,4 +451,10 @@ class ProviderOptions:
             _template_ref("provider_options.template", template)
         if atespace is not None:
             _atespace("provider_options.atespace", atespace)
-        return cls(template=template, atespace=atespace)
+        requests = options.get("resource_requests")
+        if requests is not None and not isinstance(requests, Mapping):
+            raise TypeError(
+                "provider_options.resource_requests must be a mapping (e.g. {cpu: 2}), got "
+                f"{type(requests).__name__}"
+            )
+        return cls(template=template, atespace=atespace, resource_requests=requests)

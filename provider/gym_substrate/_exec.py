@@ -10,7 +10,10 @@ command never runs twice; a router 503 resumes the actor first (`ManagedActor.ca
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import posixpath
+import shlex
 import time
 import uuid
 from collections.abc import Mapping
@@ -22,11 +25,32 @@ from gym_substrate._lifecycle import ManagedActor, ResumeFailedError
 from gym_substrate.types import SandboxExecResult
 from sandbox_agent.contract import MAX_TIMEOUT_S, ExecRequest, Job
 
-__all__ = ["SANDBOX_RUNTIME_RETURN_CODE", "build_job", "job_result", "run_job", "sandbox_failure"]
+__all__ = [
+    "SANDBOX_RUNTIME_RETURN_CODE",
+    "build_job",
+    "job_result",
+    "load_defaults",
+    "resolve_path",
+    "run_job",
+    "sandbox_failure",
+    "store_defaults",
+    "timed_out_before_start",
+]
 
 log = logging.getLogger("gym_substrate.provider")
 
 SANDBOX_RUNTIME_RETURN_CODE = 125
+
+
+# Where a sandbox keeps its own workdir and env, so `connect({"sandbox_id": id})` (Gym's sandboxed
+# agents reattach by id alone) still runs commands with them. Under $HOME of the agent's user:
+# private to the sandbox on every runtime, and kept across pause and suspend.
+_DEFAULTS = '"$HOME/.gym-substrate/sandbox.json"'
+
+
+def resolve_path(path: str, base: str | None) -> str:
+    """A relative sandbox path against the sandbox's workdir (else `/`), as Gym's local does."""
+    return posixpath.normpath(posixpath.join(base or "/", path))
 
 
 def build_job(
@@ -37,9 +61,11 @@ def build_job(
     env: Mapping[str, str],
     timeout_s: float,
     user: str | int | None,
+    max_output_bytes: int | None = None,
+    stdin: str | None = None,
 ) -> ExecRequest:
     """The agent job for one `exec()`; a fresh id, reused on every resubmission."""
-    return {
+    job: ExecRequest = {
         "id": f"gx-{uuid.uuid4().hex}",
         # The agent refuses a blank command string (400); `sh -c ""` is a valid no-op, so send
         # that one as argv and keep its result a result, not a sandbox failure.
@@ -53,6 +79,66 @@ def build_job(
         "timeout_s": min(timeout_s, MAX_TIMEOUT_S),
         "user": user,
     }
+    if max_output_bytes is not None:
+        job["max_output_bytes"] = max_output_bytes
+    if stdin is not None:
+        job["stdin"] = stdin
+    return job
+
+
+async def store_defaults(
+    managed: ManagedActor, *, shell: str, workdir: str | None, env: Mapping[str, str]
+) -> SandboxExecResult:
+    """Create the workdir and record workdir and env inside the sandbox (one job)."""
+    steps = [f"mkdir -p {shlex.quote(workdir)}"] if workdir else []
+    steps += ['mkdir -p "$HOME/.gym-substrate"', f"cat > {_DEFAULTS}"]
+    job = build_job(
+        " && ".join(steps),
+        shell=shell,
+        cwd="/",
+        env={},
+        timeout_s=30,
+        user=None,
+        stdin=json.dumps({"workdir": workdir, "env": dict(env)}),
+    )
+    return await run_job(managed, job, deadline=time.monotonic() + 35, poll_wait_s=8.0)
+
+
+async def load_defaults(managed: ManagedActor, *, shell: str) -> tuple[str | None, dict[str, str]]:
+    """The workdir and env `store_defaults` recorded; none for a sandbox that has no record."""
+    job = build_job(
+        f"cat {_DEFAULTS} 2>/dev/null || true",
+        shell=shell,
+        cwd="/",
+        env={},
+        timeout_s=30,
+        user=None,
+    )
+    result = await run_job(managed, job, deadline=time.monotonic() + 35, poll_wait_s=8.0)
+    if result.return_code != 0:
+        raise SubstrateError(f"could not read the sandbox's defaults: {result.stderr}")
+    try:
+        stored = json.loads(result.stdout or "null") or {}
+        workdir, env = stored.get("workdir"), dict(stored.get("env") or {})
+    except (ValueError, AttributeError, TypeError):
+        log.warning("sandbox %s: unreadable %s, ignored", managed.actor.actor_id, _DEFAULTS)
+        return None, {}
+    if not (workdir is None or isinstance(workdir, str)) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        log.warning("sandbox %s: malformed %s, ignored", managed.actor.actor_id, _DEFAULTS)
+        return None, {}
+    return workdir, env
+
+
+def timed_out_before_start(timeout_s: float) -> SandboxExecResult:
+    """`timeout_s <= 0`: the limit is over before the command could start (Gym's local)."""
+    return SandboxExecResult(
+        stdout=None,
+        stderr=f"command timed out after {timeout_s:g} s (it was not started)\n",
+        return_code=SANDBOX_RUNTIME_RETURN_CODE,
+        error_type="timeout",
+    )
 
 
 async def run_job(
@@ -92,7 +178,7 @@ async def run_job(
                 )
             return sandbox_failure(str(exc))
         if state.get("state") != "running":
-            return job_result(state)
+            return job_result(state, job.get("timeout_s"))
         if poll_wait_s < 0.05:  # poll_wait_s 0: do not spin on the agent
             await asyncio.sleep(0.05)
 
@@ -125,10 +211,31 @@ def sandbox_failure(message: str) -> SandboxExecResult:
     )
 
 
-def job_result(job: Mapping[str, Any]) -> SandboxExecResult:
-    """A finished agent job as Gym's result (exit code, 128+signal, or 125 with a reason)."""
+def _truncation_note(job: Mapping[str, Any]) -> str:
+    cut = [name for name in ("stdout", "stderr") if job.get(f"{name}_truncated")]
+    if not cut:
+        return ""
+    log.warning(
+        "job %s: %s over the output limit; head and tail kept around a "
+        "'[... sandbox-agent: N bytes truncated ...]' line (raise exec.max_output_bytes)",
+        job.get("id"),
+        " and ".join(cut),
+    )
+    return (
+        f"[gym-substrate: {' and '.join(cut)} truncated at the output limit; the middle was "
+        "replaced by a '[... sandbox-agent: N bytes truncated ...]' line]\n"
+    )
+
+
+def job_result(job: Mapping[str, Any], timeout_s: float | None = None) -> SandboxExecResult:
+    """A finished agent job as Gym's result (exit code, 128+signal, or 125 with a reason).
+
+    Truncated output and timeouts are said in stderr, where an agent shows them to the model.
+    """
     state = job.get("state")
-    stdout, stderr = job.get("stdout"), job.get("stderr")
+    stdout, stderr, note = job.get("stdout"), job.get("stderr"), _truncation_note(job)
+    if note:
+        stderr = (stderr or "") + note
     if state == "exited":
         code = job.get("exit_code")
         if code is None:
@@ -136,9 +243,10 @@ def job_result(job: Mapping[str, Any]) -> SandboxExecResult:
             code = 128 + int(signal) if signal else SANDBOX_RUNTIME_RETURN_CODE
         return SandboxExecResult(stdout=stdout, stderr=stderr, return_code=int(code))
     if state == "timeout":
+        limit = f" after {timeout_s:g} s" if timeout_s is not None else ""
         return SandboxExecResult(
             stdout=stdout,
-            stderr=stderr,
+            stderr=f"{stderr or ''}command timed out{limit}\n",
             return_code=SANDBOX_RUNTIME_RETURN_CODE,
             error_type="timeout",
         )

@@ -18,7 +18,7 @@ import enum
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -125,6 +125,7 @@ class ManagedActor:
         self._idle_task: asyncio.Task[None] | None = None
         self._handles: list[weakref.ref[SandboxHandle]] = []
         self._state = Lifecycle.ACTIVE
+        self.defaults_known = True  # False after connect() by id alone: read them from the sandbox
         if counted:
             self.mark_created()
         if parked:
@@ -165,6 +166,10 @@ class ManagedActor:
             handle = ref()
             if handle is not None:
                 handle.raw = self.actor
+
+    def remember_defaults(self, workdir: str | None, env: Mapping[str, str]) -> None:
+        self._publish(workdir=workdir, env=dict(env))
+        self.defaults_known = True
 
     def check_open(self) -> None:
         if self._state is Lifecycle.CLOSED:

@@ -11,9 +11,11 @@ A provider given its own `control` and `http` (tests, embedders) shares nothing.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import aiohttp
 
@@ -21,9 +23,11 @@ from gym_substrate._agent_client import AiohttpTransport, HttpTransport
 from gym_substrate._config import ConnectionConfig
 from gym_substrate._grpc import ControlAPI, ControlClient, create_channel
 
-__all__ = ["SharedResources", "acquire", "private", "release", "shared_count"]
+__all__ = ["Lease", "SharedResources", "acquire", "holding", "private", "release", "shared_count"]
 
 _Key = tuple[asyncio.AbstractEventLoop, ConnectionConfig, int]
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @dataclass(eq=False)
@@ -119,3 +123,50 @@ def shared_count() -> int:
     """How many shared resource sets are open (for tests and metrics)."""
     with _lock:
         return len(_shared)
+
+
+class Lease:
+    """One provider's share of the resources, held only while it has sandboxes or calls.
+
+    Gym's facade never calls `aclose()` after a failed `start()`, so a share held until
+    `aclose()` would keep the HTTP pool open (and warn "Unclosed client session" at exit). The
+    share is taken on first use and given back when the last call returns with no sandbox left.
+    """
+
+    def __init__(self, open_: Callable[[], SharedResources], idle: Callable[[], bool]) -> None:
+        self._open = open_
+        self._idle = idle
+        self.resources: SharedResources | None = None
+        self.calls = 0
+
+    def get(self) -> SharedResources:
+        if self.resources is None:
+            self.resources = self._open()
+        return self.resources
+
+    async def release(self) -> None:
+        res, self.resources = self.resources, None
+        if res is not None:
+            await release(res)
+
+    async def after_call(self) -> None:
+        if not self.calls and self._idle():
+            await self.release()
+
+
+def holding(
+    method: Callable[Concatenate[Any, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[Any, P], Coroutine[Any, Any, R]]:
+    """Count a provider method as a call on `self._lease` (see `Lease`)."""
+
+    @functools.wraps(method)
+    async def call(self: Any, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        lease: Lease = self._lease
+        lease.calls += 1
+        try:
+            return await method(self, *args, **kwargs)
+        finally:
+            lease.calls -= 1
+            await lease.after_call()
+
+    return call

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import shlex
+import math
 import time
 import uuid
 from collections.abc import Mapping
@@ -35,14 +35,11 @@ from gym_substrate._config import (
 )
 from gym_substrate._errors import (
     ActorNotFoundError,
-    AgentError,
     CloseError,
     ConfigError,
     ControlPlaneError,
     ProviderClosedError,
-    RetryError,
     SubstrateCreateError,
-    SubstrateCreateVerificationError,
     SubstrateError,
 )
 from gym_substrate._exec import SANDBOX_RUNTIME_RETURN_CODE
@@ -112,7 +109,7 @@ class SubstrateProvider:
         self._record = LedgerRecorder(ledger, self.connection.api)
         self._injected = (control, http)
         self._files = _transfer.FileMover(self.exec_config.transfer_chunk_bytes, self._run_in)
-        self._res: _shared.SharedResources | None = None
+        self._lease = _shared.Lease(self._open, idle=lambda: not self._actors)
         self._services: ActorServices | None = None
         self._actors: dict[tuple[str, str], ManagedActor] = {}
         self._closed = False
@@ -134,18 +131,16 @@ class SubstrateProvider:
     def _resources(self) -> _shared.SharedResources:
         if self._closed:
             raise ProviderClosedError("this SubstrateProvider was closed with aclose()")
-        if self._res is None:
-            if self.metrics_config.port is not None:
-                serve_metrics(self.metrics_config.host, self.metrics_config.port)
-            control, http = self._injected
-            concurrency = self.exec_config.concurrency
-            if control is None and http is None:
-                self._res = _shared.acquire(self.connection, concurrency)
-            else:
-                self._res = _shared.private(
-                    self.connection, concurrency, control=control, transport=http
-                )
-        return self._res
+        return self._lease.get()
+
+    def _open(self) -> _shared.SharedResources:
+        if self.metrics_config.port is not None:
+            serve_metrics(self.metrics_config.host, self.metrics_config.port)
+        control, http = self._injected
+        concurrency = self.exec_config.concurrency
+        if control is None and http is None:
+            return _shared.acquire(self.connection, concurrency)
+        return _shared.private(self.connection, concurrency, control=control, transport=http)
 
     @property
     def control(self) -> ControlAPI:
@@ -154,7 +149,7 @@ class SubstrateProvider:
 
     def _shared_services(self) -> ActorServices:
         res = self._resources()
-        if self._services is None:
+        if self._services is None or self._services.control is not res.control:
             self._services = ActorServices(
                 control=res.control,
                 transport=res.transport,
@@ -199,8 +194,12 @@ class SubstrateProvider:
 
     # ------------------------------------------------------------------ create
 
+    @_shared.holding
     async def create(self, spec: SandboxSpec) -> SandboxHandle:
-        """Create an actor, resume it onto a worker, wait for its agent, upload `spec.files`."""
+        """Create an actor, resume it onto a worker, wait for its agent, record workdir and env.
+
+        `spec.files` are left to the caller (Gym's facade uploads them after `create()`).
+        """
         started = time.monotonic()
         options = _create.validate_spec(spec)
         template = _create.choose_template(spec, options, self.create_config)
@@ -230,7 +229,13 @@ class SubstrateProvider:
         )
         self._actors[(atespace, actor.actor_id)] = managed
         try:
-            await self._prepare(managed, handle, spec, ready_timeout)
+            await _create.prepare(
+                managed,
+                res.control,
+                self._retry,
+                ready_timeout_s=ready_timeout,
+                shell=self.exec_config.shell,
+            )
         except BaseException as exc:
             METRICS.failures.labels("create").inc()
             with contextlib.suppress(BaseException):
@@ -249,39 +254,9 @@ class SubstrateProvider:
         METRICS.create_latency.observe(time.monotonic() - started)
         return handle
 
-    async def _prepare(
-        self,
-        managed: ManagedActor,
-        handle: SandboxHandle,
-        spec: SandboxSpec,
-        ready_timeout_s: float,
-    ) -> None:
-        actor = managed.actor
-        try:
-            await _create.create_actor(self.control, actor, self._retry)
-        except SubstrateCreateError:
-            raise
-        except SubstrateError as exc:
-            raise SubstrateCreateError(f"could not create actor {actor.actor_id}: {exc}") from exc
-        try:
-            await managed.start(time.monotonic() + ready_timeout_s)
-        except (RetryError, AgentError) as exc:
-            raise SubstrateCreateVerificationError(
-                f"actor {actor.actor_id} did not become ready within {ready_timeout_s:g} s: {exc}"
-            ) from exc
-        if spec.workdir:
-            result = await self.exec(
-                handle, f"mkdir -p {shlex.quote(spec.workdir)}", cwd="/", timeout_s=30
-            )
-            if result.return_code != 0:
-                raise SubstrateCreateError(
-                    f"could not create workdir {spec.workdir}: {result.stderr}"
-                )
-        for target, text in (spec.files or {}).items():
-            await self._files.upload(managed, _transfer.BytesSource(text.encode()), target, 0o644)
-
     # ------------------------------------------------------------------ exec
 
+    @_shared.holding
     async def exec(
         self,
         handle: SandboxHandle,
@@ -292,27 +267,33 @@ class SubstrateProvider:
         timeout_s: int | float | None = None,
         user: str | int | None = None,
     ) -> SandboxExecResult:
-        """Run `command` with `exec.shell -c`; never raises for the command's own failure."""
-        actor = self._actor(handle)
+        """Run `command` with `exec.shell -c`; never raises for the command's own failure.
+
+        A relative `cwd` is taken from the sandbox's workdir (else `/`); `timeout_s <= 0` is a
+        timeout result without running anything, as in Gym's local provider.
+        """
+        self._actor(handle)
         timeout = float(self.exec_config.default_timeout_s if timeout_s is None else timeout_s)
-        if not timeout > 0:  # NaN too
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
-        workdir = cwd if cwd is not None else actor.workdir
-        if workdir is not None and not workdir.startswith("/"):
-            raise ValueError(f"cwd must be an absolute path, got {workdir!r}")
-        job = _exec.build_job(
-            command,
-            shell=self.exec_config.shell,
-            cwd=workdir,
-            env={**actor.env, **(env or {})},
-            timeout_s=timeout,
-            user=user,
-        )
+        if math.isnan(timeout):
+            raise ValueError(f"timeout_s must be a number of seconds, got {timeout_s!r}")
+        if timeout <= 0:
+            METRICS.failures.labels("exec_timeout").inc()
+            return _exec.timed_out_before_start(timeout)
         started = time.monotonic()
         METRICS.execs.inc()
         try:
             managed = self._managed(handle)
             async with self._resources().exec_slots, managed.active():
+                actor = await self._with_defaults(managed)
+                job = _exec.build_job(
+                    command,
+                    shell=self.exec_config.shell,
+                    cwd=_exec.resolve_path(cwd, actor.workdir) if cwd else actor.workdir,
+                    env={**actor.env, **(env or {})},
+                    timeout_s=timeout,
+                    user=user,
+                    max_output_bytes=self.exec_config.max_output_bytes,
+                )
                 # The timeout is the command's: time queued for a slot or spent resuming a parked
                 # actor must not use it up before the command was even submitted.
                 deadline = time.monotonic() + timeout + self.exec_config.timeout_margin_s
@@ -328,26 +309,42 @@ class SubstrateProvider:
             METRICS.failures.labels(f"exec_{result.error_type}").inc()
         return result
 
+    async def _with_defaults(self, managed: ManagedActor) -> SubstrateActor:
+        """The actor with its workdir and env, read from the sandbox once after `connect()`."""
+        if not managed.defaults_known:
+            workdir, env = await _exec.load_defaults(managed, shell=self.exec_config.shell)
+            managed.remember_defaults(workdir, env)
+        return managed.actor
+
     # ------------------------------------------------------------------ files
 
+    @_shared.holding
     async def upload_file(self, handle: SandboxHandle, source_path: Path, target_path: str) -> None:
         """Stream a local file into the sandbox in chunks; sha256-verified, atomic on the agent."""
-        if not str(target_path).startswith("/"):
-            raise ValueError(f"target_path must be absolute, got {target_path!r}")
         managed = self._managed(handle)
+        target = str(target_path)
+        if not target.startswith("/"):  # as Gym's local provider: under the sandbox's workdir
+            async with managed.active():
+                target = _exec.resolve_path(target, (await self._with_defaults(managed)).workdir)
         source = Path(source_path)
         mode = (await asyncio.to_thread(source.stat)).st_mode & 0o777
         fh = await asyncio.to_thread(source.open, "rb")
         try:
-            await self._files.upload(managed, _transfer.FileSource(fh), str(target_path), mode)
+            await self._files.upload(managed, _transfer.FileSource(fh), target, mode)
         finally:
             await asyncio.to_thread(fh.close)
 
+    @_shared.holding
     async def download_file(
         self, handle: SandboxHandle, source_path: str, target_path: Path
     ) -> None:
         """Fetch a sandbox file in ranged chunks into a temp file, then rename it into place."""
-        await self._files.download(self._managed(handle), source_path, Path(target_path))
+        managed = self._managed(handle)
+        if not source_path.startswith("/"):  # as Gym's local provider: under the workdir
+            async with managed.active():
+                workdir = (await self._with_defaults(managed)).workdir
+            source_path = _exec.resolve_path(source_path, workdir)
+        await self._files.download(managed, source_path, Path(target_path))
 
     async def _run_in(self, managed: ManagedActor, command: str) -> SandboxExecResult:
         handle = SandboxHandle(managed.actor.actor_id, self.name, managed.actor)
@@ -355,6 +352,7 @@ class SubstrateProvider:
 
     # ------------------------------------------------------------------ status / pause / resume
 
+    @_shared.holding
     async def status(self, handle: SandboxHandle) -> SandboxStatus:
         """Control-plane status from GetActor only: asking never wakes a parked actor."""
         actor = self._actor(handle)
@@ -367,16 +365,19 @@ class SubstrateProvider:
             return SandboxStatus.UNKNOWN
         return gym_status(status_name(got.status))
 
+    @_shared.holding
     async def pause(self, handle: SandboxHandle) -> None:
         """Park the actor (PauseActor or SuspendActor per `pause_mode`), freeing its worker."""
         await self._managed(handle).park(self.pause_mode)
 
+    @_shared.holding
     async def resume(self, handle: SandboxHandle) -> None:
         """ResumeActor, wait for the agent, and refresh `handle.raw` in place."""
         await self._managed(handle).resume()
 
     # ------------------------------------------------------------------ connect / endpoint
 
+    @_shared.holding
     async def serialize_handle(
         self, handle: SandboxHandle, *, scope: str | None = None
     ) -> dict[str, Any]:
@@ -384,6 +385,7 @@ class SubstrateProvider:
         del scope
         return Descriptor.of(self._managed(handle).actor)
 
+    @_shared.holding
     async def connect(self, descriptor: Mapping[str, Any]) -> SandboxHandle:
         """Rebuild a handle from `serialize_handle()` output; checks the actor exists."""
         wanted = Descriptor.parse(descriptor, self.connection.atespace)
@@ -401,9 +403,12 @@ class SubstrateProvider:
         managed = self._actors.pop((actor.atespace, actor.actor_id), None)
         if managed is not None:  # connected again: forget what we believed, take the fresh view
             managed.cancel_idle()
-        self._managed(handle)
+        managed = self._managed(handle)
+        # Gym's sandboxed agents reattach by id alone: then the sandbox's own record says.
+        managed.defaults_known = "workdir" in descriptor or "env" in descriptor
         return handle
 
+    @_shared.holding
     async def endpoint(self, handle: SandboxHandle, port: int) -> SandboxEndpoint:
         """Port 80 of the sandbox, as the router URL plus the Host header that routes to it."""
         actor = self._managed(handle).actor
@@ -416,6 +421,7 @@ class SubstrateProvider:
 
     # ------------------------------------------------------------------ close
 
+    @_shared.holding
     async def close(self, handle: SandboxHandle) -> None:
         """Suspend (resuming a paused actor first) then delete. Idempotent; NOT_FOUND is done."""
         if self._actor(handle).status == DELETED:
@@ -443,6 +449,4 @@ class SubstrateProvider:
         self._closed = True
         for managed in self._actors.values():
             managed.cancel_idle()
-        res, self._res = self._res, None
-        if res is not None:
-            await _shared.release(res)
+        await self._lease.release()

@@ -136,6 +136,10 @@ class HttpFaultProxy:
     ) -> None:
         self.faults.extend([HttpFault(kind, status, method, path_prefix)] * times)
 
+    def requests(self, method: str, path_prefix: str) -> int:
+        """How many requests of `method` under `path_prefix` passed through."""
+        return sum(m == method and p.startswith(path_prefix) for m, p in self.seen)
+
     def _take(self, method: str, path: str) -> HttpFault | None:
         for i, f in enumerate(self.faults):
             if (not f.method or f.method == method) and path.startswith(f.path_prefix):

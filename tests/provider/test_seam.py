@@ -41,7 +41,7 @@ async def test_a_rollout_runs_on_fakes_and_opens_no_shared_connection() -> None:
         assert (result.return_code, result.stdout) == (0, "hi\n")
         agents = p._injected[1]
         assert isinstance(agents, FakeAgents)
-        assert agents.files[(handle.sandbox_id, "/work/a.txt")] == b"hello"
+        assert agents.files == {}  # spec.files are the facade's to upload
         assert _shared.shared_count() == before
         await p.close(handle)
     assert control.actors == {}

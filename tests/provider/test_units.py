@@ -142,7 +142,7 @@ def test_config_accepts_strings_from_oc_env_and_does_no_io() -> None:
     )
     assert p.connection.request_timeout_s == 2.5
     assert p.exec_config.concurrency == 8
-    assert p._res is None  # nothing opened until the first call
+    assert p._lease.resources is None  # nothing opened until the first call
 
 
 def test_token_file_is_reread_every_time(tmp_path: Path) -> None:
@@ -317,7 +317,7 @@ def test_http_responses_are_classified(status: int, ctype: str, body: bytes, cls
         ),
         (
             {"state": "timeout", "exit_code": None, "stdout": "p", "stderr": "e"},
-            (125, "p", "e", "timeout"),
+            (125, "p", "ecommand timed out\n", "timeout"),
         ),
         (
             {"state": "failed", "stdout": "", "stderr": "", "error": "cwd missing"},

@@ -77,19 +77,18 @@ async def run_smoke(
             nonlocal handle
             options = {"template": template} if template else {}
             handle = await provider.create(
-                SandboxSpec(
-                    workdir=work,
-                    env={"SMOKE": "1"},
-                    files={f"{work}/hello.txt": "hi\n"},
-                    provider_options=options,
-                )
+                SandboxSpec(workdir=work, env={"SMOKE": "1"}, provider_options=options)
             )
+            # As Gym's facade does with spec.files: an upload right after create.
+            hello = Path(tmp) / "hello.txt"
+            hello.write_text("hi\n")
+            await provider.upload_file(handle, hello, "hello.txt")
             return str(handle.sandbox_id)
 
         async def exec_ok() -> str:
             r = await provider.exec(handle, "cat hello.txt; echo $SMOKE; pwd")
             _check(r.return_code == 0 and r.stdout == f"hi\n1\n{work}\n", f"got {r}")
-            return "exit 0, workdir, env and spec.files seen"
+            return "exit 0, workdir, env and the uploaded file seen"
 
         async def exec_fail() -> str:
             r = await provider.exec(handle, "echo oops >&2; exit 3")
