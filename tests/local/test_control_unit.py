@@ -18,11 +18,11 @@ import pytest
 
 from gym_substrate.local.control import ApiError, ControlPlane
 from gym_substrate.local.metrics import Metrics
-from gym_substrate.local.runtime import (
+from gym_substrate.local.runtimes.base import (
     ActorSpec,
     CheckpointResult,
-    Runtime,
     RuntimeFailure,
+    SandboxRuntime,
     Slot,
     SnapshotKind,
     SnapshotRef,
@@ -141,7 +141,7 @@ async def _plane(state: Path, runtime: FakeRuntime, workers: int = 2) -> Control
 
 
 def test_fake_runtime_satisfies_the_protocol() -> None:
-    assert isinstance(FakeRuntime(), Runtime)
+    assert isinstance(FakeRuntime(), SandboxRuntime)
 
 
 async def test_snapshot_choice_follows_substrate(tmp_path: Path) -> None:

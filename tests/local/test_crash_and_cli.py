@@ -330,7 +330,7 @@ def test_orphan_cleanup_spares_a_backend_that_is_still_starting(
     import secrets
 
     from gym_substrate.local.backend import cleanup_orphans
-    from gym_substrate.local.process import INSTANCE_ENV
+    from gym_substrate.local.runtimes.process import INSTANCE_ENV
 
     registry = tmp_path / "registry"
     registry.mkdir()
@@ -373,7 +373,7 @@ def test_down_spares_a_backend_that_is_still_starting(tmp_path: Path) -> None:
     import fcntl
     import secrets
 
-    from gym_substrate.local.process import INSTANCE_ENV
+    from gym_substrate.local.runtimes.process import INSTANCE_ENV
 
     instance = "gsdown" + secrets.token_hex(2)
     state = tmp_path / "state"

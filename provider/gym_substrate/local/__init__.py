@@ -1,6 +1,6 @@
 """Agent Substrate on one machine: ateapi control plane, Host-routing router, sandbox runtimes.
 
-`LocalBackend` is imported lazily so `gym_substrate.local.runtime` (the runtime seam) stays
+`LocalBackend` is imported lazily so `gym_substrate.local.runtimes.base` (the runtime seam) stays
 importable without pulling in grpc and aiohttp.
 """
 

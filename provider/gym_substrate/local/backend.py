@@ -32,14 +32,12 @@ from gym_substrate.local.control import (
 )
 from gym_substrate.local.metrics import Metrics
 from gym_substrate.local.router import Router, json_error
-from gym_substrate.local.runtime import (
-    RUNTIME_NAMES,
-    Runtime,
+from gym_substrate.local.runtimes import RUNTIME_NAMES, create_runtime, select_runtime
+from gym_substrate.local.runtimes.base import (
     RuntimeConfig,
     RuntimeFailure,
+    SandboxRuntime,
     TemplateSpec,
-    create_runtime,
-    select_runtime,
 )
 from gym_substrate.local.store import Store
 from gym_substrate.local.templates import TemplateError, default_template, parse_template_yaml
@@ -89,7 +87,7 @@ def read_backend_info(state_dir: Path) -> dict[str, Any] | None:
     return info if _lock_held(state_dir) else None
 
 
-def runtime_for_state(state_dir: Path) -> Runtime | None:
+def runtime_for_state(state_dir: Path) -> SandboxRuntime | None:
     store_path = state_dir / "state.db"
     if not store_path.exists():
         return None
@@ -283,7 +281,7 @@ class LocalBackend:
         self.suspend_on_stop = suspend_on_stop
         self.runtime_name = ""
         self.runtime_reason = ""
-        self.runtime: Runtime | None = None
+        self.runtime: SandboxRuntime | None = None
         self.plane: ControlPlane | None = None
         self.metrics = Metrics()
         self._store: Store | None = None

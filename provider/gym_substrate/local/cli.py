@@ -33,7 +33,8 @@ from gym_substrate.local.backend import (
     read_backend_info,
     state_leftovers,
 )
-from gym_substrate.local.runtime import RUNTIME_NAMES, RuntimeFailure
+from gym_substrate.local.runtimes import RUNTIME_NAMES
+from gym_substrate.local.runtimes.base import RuntimeFailure
 from gym_substrate.local.templates import (
     DEFAULT_TEMPLATE_NAME,
     DEFAULT_TEMPLATE_NAMESPACE,

@@ -31,10 +31,10 @@ import grpc
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
 from gym_substrate.local.metrics import Metrics
-from gym_substrate.local.runtime import (
+from gym_substrate.local.runtimes.base import (
     ActorSpec,
-    Runtime,
     RuntimeFailure,
+    SandboxRuntime,
     Slot,
     SnapshotKind,
     SnapshotRef,
@@ -169,7 +169,7 @@ class ControlPlane:
     def __init__(
         self,
         store: Store,
-        runtime: Runtime,
+        runtime: SandboxRuntime,
         *,
         state_dir: Path,
         instance: str,

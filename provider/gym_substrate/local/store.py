@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gym_substrate.local.runtime import TemplateSpec
+from gym_substrate.local.runtimes.base import TemplateSpec
 from gym_substrate.local.templates import template_from_json, template_to_json
 
 __all__ = ["ActorRecord", "GoldenRecord", "Store", "WorkerRecord"]

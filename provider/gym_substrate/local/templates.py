@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 
 import yaml
 
-from gym_substrate.local.runtime import Rootfs, TemplateSpec
+from gym_substrate.local.runtimes.base import Rootfs, TemplateSpec
 
 __all__ = [
     "DEFAULT_TEMPLATE_NAME",
