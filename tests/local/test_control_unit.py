@@ -16,7 +16,8 @@ from typing import Any
 import grpc
 import pytest
 
-from gym_substrate.local.control import ApiError, ControlPlane
+from gym_substrate.local.control import ControlPlane
+from gym_substrate.local.errors import ApiError
 from gym_substrate.local.metrics import Metrics
 from gym_substrate.local.runtimes.base import (
     ActorSpec,

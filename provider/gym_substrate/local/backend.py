@@ -24,12 +24,8 @@ import grpc
 from aiohttp import web
 
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
-from gym_substrate.local.control import (
-    ApiError,
-    ControlPlane,
-    ControlServicer,
-    SessionIdentityServicer,
-)
+from gym_substrate.local.control import ControlPlane, ControlServicer, SessionIdentityServicer
+from gym_substrate.local.errors import ApiError
 from gym_substrate.local.metrics import Metrics
 from gym_substrate.local.router import Router, json_error
 from gym_substrate.local.runtimes import RUNTIME_NAMES, create_runtime, select_runtime

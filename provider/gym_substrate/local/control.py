@@ -15,7 +15,6 @@ import binascii
 import contextlib
 import dataclasses
 import logging
-import re
 import secrets
 import shutil
 import socket
@@ -30,6 +29,7 @@ import grpc
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
+from gym_substrate.local.errors import ApiError, check_label, check_selector
 from gym_substrate.local.metrics import Metrics
 from gym_substrate.local.runtimes.base import (
     ActorSpec,
@@ -41,9 +41,8 @@ from gym_substrate.local.runtimes.base import (
     TemplateSpec,
 )
 from gym_substrate.local.store import ActorRecord, GoldenRecord, Store, WorkerRecord
-from gym_substrate.local.templates import is_dns_label
 
-__all__ = ["ApiError", "ControlPlane", "ControlServicer", "WORKER_POOL"]
+__all__ = ["ControlPlane", "ControlServicer", "WORKER_POOL"]
 
 log = logging.getLogger(__name__)
 
@@ -59,56 +58,11 @@ PAUSING = "STATUS_PAUSING"
 _HOLDS_SLOT = {RUNNING, RESUMING, PAUSING, SUSPENDING}
 
 T = TypeVar("T")
-_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-
-
-class ApiError(Exception):
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
 
 
 def _ts() -> str:
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H-%M-%S")
     return f"{now}Z-{secrets.token_hex(3)}"
-
-
-def _check_label(value: str, what: str) -> None:
-    if not value:
-        raise ApiError(grpc.StatusCode.INVALID_ARGUMENT, f"{what} must not be empty")
-    if not is_dns_label(value):
-        raise ApiError(
-            grpc.StatusCode.INVALID_ARGUMENT,
-            f"{what} {value!r} is not a valid DNS-1123 label: use at most 63 lowercase letters, "
-            "digits and '-', starting and ending with a letter or digit",
-        )
-
-
-def _check_selector(labels: Mapping[str, str]) -> None:
-    """Kubernetes label rules, as Substrate's CreateActor applies them to worker_selector."""
-    if len(labels) > 10:
-        raise ApiError(grpc.StatusCode.INVALID_ARGUMENT, "worker_selector has more than 10 labels")
-    for key, value in labels.items():
-        prefix, _, name = key.rpartition("/")
-        if (
-            not _LABEL_NAME.match(name)
-            or len(name) > 63
-            or (prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)))
-            or ("/" in key and not prefix)
-        ):
-            raise ApiError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"worker_selector key {key!r} is not a valid label key: use [prefix/]name with a "
-                "name of at most 63 letters, digits, '-', '_' or '.', alphanumeric at both ends",
-            )
-        if len(value) > 63 or (value and not _LABEL_NAME.match(value)):
-            raise ApiError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"worker_selector value {value!r} for {key!r} is not a valid label value: at "
-                "most 63 letters, digits, '-', '_' or '.', alphanumeric at both ends",
-            )
 
 
 def _snapshot_dest(parent: Path, prefix: str = "") -> Path:
@@ -472,8 +426,8 @@ class ControlPlane:
         self._workers[index] = dataclasses.replace(self._workers[index], version=version)
 
     def _ref(self, atespace: str, actor_id: str) -> str:
-        _check_label(actor_id, "actor id")
-        _check_label(atespace, "atespace")
+        check_label(actor_id, "actor id")
+        check_label(atespace, "atespace")
         return f"{atespace}/{actor_id}"
 
     def _get(self, key: str) -> ActorRecord:
@@ -551,7 +505,7 @@ class ControlPlane:
 
     # ---------------------------------------------------------------- atespaces
     def create_atespace(self, name: str) -> str:
-        _check_label(name, "atespace name")
+        check_label(name, "atespace name")
         if name in self._atespaces:
             raise ApiError(grpc.StatusCode.ALREADY_EXISTS, f"Atespace {name} already exists")
         self.store.add_atespace(name)
@@ -559,7 +513,7 @@ class ControlPlane:
         return name
 
     def get_atespace(self, name: str) -> str:
-        _check_label(name, "atespace name")
+        check_label(name, "atespace name")
         if name not in self._atespaces:
             raise ApiError(grpc.StatusCode.NOT_FOUND, f"Atespace {name} not found")
         return name
@@ -591,7 +545,7 @@ class ControlPlane:
         selector: Mapping[str, str],
     ) -> ActorRecord:
         key = self._ref(atespace, actor_id)
-        _check_selector(selector)
+        check_selector(selector)
         template_key = f"{template_namespace}/{template_name}"
         if template_key not in self._templates:
             raise ApiError(
@@ -623,7 +577,7 @@ class ControlPlane:
     ) -> ActorRecord:
         key = self._ref(atespace, actor_id)
         record = self._get(key)
-        _check_selector(selector)
+        check_selector(selector)
         if key in self._busy:
             raise ApiError(grpc.StatusCode.ABORTED, "concurrent update conflict, please retry")
         return self._write(record, worker_selector=dict(selector))
@@ -1093,7 +1047,7 @@ class ControlServicer(pb_grpc.ControlServicer):
     ) -> pb.ListActorsResponse:
         async def work() -> pb.ListActorsResponse:
             if request.atespace:
-                _check_label(request.atespace, "atespace")
+                check_label(request.atespace, "atespace")
             records, token = self.plane.list_actors(
                 request.page_size, request.page_token, request.atespace
             )

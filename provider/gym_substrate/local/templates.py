@@ -19,6 +19,7 @@ from urllib.parse import urlparse
 
 import yaml
 
+from gym_substrate._names import is_dns_label
 from gym_substrate.local.runtimes.base import Rootfs, TemplateSpec
 
 __all__ = [
@@ -26,7 +27,6 @@ __all__ = [
     "DEFAULT_TEMPLATE_NAMESPACE",
     "TemplateError",
     "default_template",
-    "is_dns_label",
     "parse_template",
     "parse_template_yaml",
     "template_from_json",
@@ -36,17 +36,12 @@ __all__ = [
 DEFAULT_TEMPLATE_NAMESPACE = "local"
 DEFAULT_TEMPLATE_NAME = "sandbox"
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _ENV_NAME = re.compile(r"^[ -<>-~]+$")
 _PATH_CHARS = re.compile(r"^/[A-Za-z0-9\-._~!$&'()*+,;=:@/%]*$")
 
 
 class TemplateError(ValueError):
     """A template that cannot be used; the message names the field and the fix."""
-
-
-def is_dns_label(value: str) -> bool:
-    return len(value) <= 63 and bool(_DNS_LABEL.match(value))
 
 
 def _fail(path: str, problem: str, fix: str) -> TemplateError:

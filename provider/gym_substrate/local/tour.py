@@ -25,10 +25,10 @@ import grpc
 from rich.console import Console
 from rich.table import Table
 
+from gym_substrate._names import actor_host
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
 from gym_substrate.local.backend import LocalBackend
-from gym_substrate.local.router import actor_host
 
 __all__ = ["Session", "run_bench", "run_demo"]
 
