@@ -16,8 +16,8 @@ from typing import Any
 import grpc
 import pytest
 
-from gym_substrate.local.control import ControlPlane
 from gym_substrate.local.errors import ApiError
+from gym_substrate.local.lifecycle import ControlPlane
 from gym_substrate.local.metrics import Metrics
 from gym_substrate.local.runtimes.base import (
     ActorSpec,
@@ -244,7 +244,7 @@ async def test_recovery_adopts_or_falls_back(tmp_path: Path) -> None:
     recovered = again.get_actor("t", "stuck")
     assert recovered.status == "STATUS_SUSPENDED"
     assert not _exists(tmp_path / "half")
-    busy, free = again._worker_counts()
+    busy, free = again.slots.counts()
     assert (busy, free) == (1, 2)
     again.store.close()
 
@@ -307,7 +307,7 @@ async def test_up_keeps_a_changed_default_template_while_actors_use_it(
         workers=2,
         metrics=Metrics(),
     )
-    with caplog.at_level("WARNING", logger="gym_substrate.local.control"):
+    with caplog.at_level("WARNING", logger="gym_substrate.local.template_registry"):
         await again.start([upgraded])  # what `local up` does after an upgrade
     assert again.templates[stored.key] == stored
     warning = "\n".join(r.getMessage() for r in caplog.records)
@@ -381,6 +381,6 @@ async def test_concurrent_operation_keeps_the_first_in_flight(tmp_path: Path) ->
     assert (await first).status == "STATUS_RUNNING"
     assert len(runtime.starts) == 1
     assert await plane.wait_idle("t/a", 5.0) is False
-    assert plane._busy == set()
+    assert not plane.workflows.busy()
     assert (await plane.suspend_actor("t", "a")).status == "STATUS_SUSPENDED"
     plane.store.close()

@@ -23,9 +23,8 @@ from typing import Any
 import grpc
 from aiohttp import web
 
-from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
-from gym_substrate.local.control import ControlPlane, ControlServicer, SessionIdentityServicer
 from gym_substrate.local.errors import ApiError
+from gym_substrate.local.lifecycle import ControlPlane
 from gym_substrate.local.metrics import Metrics
 from gym_substrate.local.router import Router, json_error
 from gym_substrate.local.runtimes import RUNTIME_NAMES, create_runtime, select_runtime
@@ -35,6 +34,7 @@ from gym_substrate.local.runtimes.base import (
     SandboxRuntime,
     TemplateSpec,
 )
+from gym_substrate.local.servicer import add_ateapi_services
 from gym_substrate.local.store import Store
 from gym_substrate.local.templates import TemplateError, default_template, parse_template_yaml
 
@@ -382,12 +382,7 @@ class LocalBackend:
         await self.plane.start([default_template(self.state_dir / "snapshots" / "store")])
 
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-        pb_grpc.add_ControlServicer_to_server(  # type: ignore[no-untyped-call]
-            ControlServicer(self.plane), server
-        )
-        pb_grpc.add_SessionIdentityServicer_to_server(  # type: ignore[no-untyped-call]
-            SessionIdentityServicer(), server
-        )
+        add_ateapi_services(server, self.plane)
         try:
             port = server.add_insecure_port(f"127.0.0.1:{self._api_port}")
         except RuntimeError:

@@ -490,7 +490,7 @@ def templates_add(file: Path, state_dir: Path | None) -> None:
         from gym_substrate.local.store import Store
 
         _make_state_dir(folder)
-        from gym_substrate.local.control import template_in_use_message
+        from gym_substrate.local.template_registry import template_in_use_message
 
         store = Store(folder / "state.db")
         try:

@@ -28,8 +28,8 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from gym_substrate._names import ACTOR_DOMAIN, is_dns_label
-from gym_substrate.local.control import RUNNING, ControlPlane
 from gym_substrate.local.errors import ApiError
+from gym_substrate.local.lifecycle import RUNNING, ControlPlane
 from gym_substrate.local.metrics import CONTENT_TYPE, Metrics
 from gym_substrate.local.store import ActorRecord
 
