@@ -322,7 +322,7 @@ async def test_up_keeps_a_changed_default_template_while_actors_use_it(
 def test_cli_offline_add_refuses_to_change_a_template_in_use(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from gym_substrate.local.cli import local
+    from gym_substrate.cli.local import local
     from gym_substrate.local.store import ActorRecord
 
     state = tmp_path / "state"

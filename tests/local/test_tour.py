@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 from local_helpers import RUNTIMES
 
-from gym_substrate.local.cli import local
+from gym_substrate.cli.local import local
 
 
 @pytest.mark.parametrize("runtime_name", RUNTIMES)

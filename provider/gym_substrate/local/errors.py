@@ -1,9 +1,11 @@
-"""`ApiError` and the name checks ateapi applies before it touches any state.
+"""The local backend's errors, and the name checks ateapi applies before it touches any state.
 
-The control plane raises `ApiError(code, message)` with the exact gRPC status codes and messages
-Substrate's ateapi uses (reference/substrate.md §1.2-1.5); the gRPC servicer aborts with them
-as they are and the router maps them to atenet's HTTP answers, so both front doors report one
-error the same way.
+`ApiError` is what an ateapi call answers; `BackendError` is a backend that cannot start or stop
+(both messages say what to do); a runtime's `RuntimeFailure` belongs to its contract
+(`runtimes/base.py`). The control plane raises `ApiError(code, message)` with the exact gRPC
+status codes and messages Substrate's ateapi uses (reference/substrate.md §1.2-1.5); the gRPC
+servicer aborts with them as they are and the router maps them to atenet's HTTP answers, so both
+front doors report one error the same way.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import grpc
 
 from gym_substrate._names import is_dns_label
 
-__all__ = ["ApiError", "check_label", "check_selector"]
+__all__ = ["ApiError", "BackendError", "check_label", "check_selector"]
 
 # Kubernetes label keys and values (not DNS labels: upper case, '_' and '.' are allowed)
 _LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
@@ -29,6 +31,10 @@ class ApiError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+class BackendError(RuntimeError):
+    """The backend cannot start or stop; the message says why and what to do."""
 
 
 def check_label(value: str, what: str) -> None:

@@ -3,42 +3,35 @@
 `up` runs the backend in the foreground (Ctrl-C stops it and every sandbox) or, with
 `--daemon`, re-executes itself detached and returns once the API and the router answer. Other
 commands find a running backend through `<state-dir>/backend.json`, so they work from any shell.
+The work is done by `gym_substrate.local` (`LocalBackend`, `statedir`, `daemon`); this module
+parses options and prints.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
-import os
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import click
 import yaml
 from rich.console import Console
-from rich.table import Table
 
-from gym_substrate.local.backend import (
-    BackendError,
-    LocalBackend,
-    cleanup_state_dir,
-    default_state_dir,
-    load_template_file,
-    read_backend_info,
-    state_leftovers,
-)
+from gym_substrate.cli._output import Column, console, emit_json, fail, table
+from gym_substrate.local import daemon, statedir
+from gym_substrate.local.backend import LocalBackend
+from gym_substrate.local.errors import BackendError
 from gym_substrate.local.runtimes import RUNTIME_NAMES
 from gym_substrate.local.runtimes.base import RuntimeFailure
 from gym_substrate.local.templates import (
     DEFAULT_TEMPLATE_NAME,
     DEFAULT_TEMPLATE_NAMESPACE,
     TemplateError,
+    absolute_template_doc,
+    load_template_file,
 )
 
 __all__ = ["local"]
@@ -46,7 +39,6 @@ __all__ = ["local"]
 DEFAULT_API_PORT = 47051
 DEFAULT_ROUTER_PORT = 47080
 
-console = Console()
 err = Console(stderr=True)
 
 
@@ -60,14 +52,14 @@ def _state_dir_option(func: Any) -> Any:
 
 
 def _resolve(state_dir: Path | None) -> Path:
-    return (state_dir or default_state_dir()).expanduser().resolve()
+    return (state_dir or statedir.default_state_dir()).expanduser().resolve()
 
 
 def _make_state_dir(folder: Path) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise click.ClickException(
+        raise fail(
             f"cannot create the state folder {folder} ({exc.strerror or exc}); pick a writable "
             "one with --state-dir or $GYM_SUBSTRATE_STATE_DIR"
         ) from exc
@@ -175,143 +167,78 @@ def up(
     `up` resumes them where they were; --kill-on-stop skips that.
     """
     folder = _resolve(state_dir)
-    running = read_backend_info(folder)
+    running = statedir.read_backend_info(folder)
     if running is not None:
-        raise click.ClickException(
+        raise fail(
             f"a backend (pid {running['pid']}) already runs on {folder} at {running['api']}; "
             f"stop it first with `gym-substrate local down --state-dir {folder}`"
         )
     _make_state_dir(folder)
+    options = {
+        "workers": workers,
+        "runtime": runtime,
+        "api_port": api_port,
+        "router_port": router_port,
+        "router_timeout": router_timeout,
+        "kill_on_stop": kill_on_stop,
+    }
     if daemon:
-        _daemon(
-            folder, workers, runtime, api_port, router_port, router_timeout, kill_on_stop, as_json
-        )
+        _up_detached(folder, options, as_json)
         return
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
-        asyncio.run(
-            _foreground(
-                folder,
-                workers,
-                runtime,
-                api_port,
-                router_port,
-                router_timeout,
-                kill_on_stop,
-                as_json,
-            )
-        )
+        asyncio.run(_foreground(folder, options, as_json))
     except (BackendError, RuntimeFailure, ValueError) as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise fail(str(exc)) from exc
 
 
-async def _foreground(
-    folder: Path,
-    workers: int,
-    runtime: str,
-    api_port: int,
-    router_port: int,
-    router_timeout: float,
-    kill_on_stop: bool,
-    as_json: bool,
-) -> None:
+async def _foreground(folder: Path, options: dict[str, Any], as_json: bool) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     backend = LocalBackend(
         folder,
-        runtime=runtime,
-        workers=workers,
-        api_port=api_port,
-        router_port=router_port,
-        router_timeout_s=router_timeout,
+        runtime=options["runtime"],
+        workers=options["workers"],
+        api_port=options["api_port"],
+        router_port=options["router_port"],
+        router_timeout_s=options["router_timeout"],
     )
     backend.standalone = True
-    backend.suspend_on_stop = not kill_on_stop
+    backend.suspend_on_stop = not options["kill_on_stop"]
     async with backend:
-        info = read_backend_info(folder) or {}
+        info = statedir.read_backend_info(folder) or {}
         if as_json:
-            console.print_json(json.dumps(info))
+            emit_json(info)
         else:
             _print_up(info)
             console.print("Ctrl-C (or `gym-substrate local down`) stops it and every sandbox.")
         sys.stdout.flush()
         await stop.wait()
-        if kill_on_stop:
+        if options["kill_on_stop"]:
             err.print("stopping: ending every sandbox ...")
         else:
             err.print("stopping: suspending running actors, then ending every sandbox ...")
 
 
-def _daemon(
-    folder: Path,
-    workers: int,
-    runtime: str,
-    api_port: int,
-    router_port: int,
-    router_timeout: float,
-    kill_on_stop: bool,
-    as_json: bool,
-) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    log_path = folder / "backend.log"
-    argv = [
-        sys.executable, "-m", "gym_substrate.local", "up",
-        "--workers", str(workers), "--runtime", runtime, "--state-dir", str(folder),
-        "--api-port", str(api_port), "--router-port", str(router_port),
-        "--router-timeout", str(router_timeout),
-    ] + (["--kill-on-stop"] if kill_on_stop else [])  # fmt: skip
-    with open(log_path, "ab") as log_file:
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    deadline = time.monotonic() + 120
+def _up_detached(folder: Path, options: dict[str, Any], as_json: bool) -> None:
+    proc = daemon.spawn(folder, **options)
     with console.status("starting the backend (control plane, router, templates) ..."):
-        while True:
-            info = read_backend_info(folder)
-            if info is not None and info.get("pid") == proc.pid and _answers(info):
-                break
-            if proc.poll() is not None:
-                tail = log_path.read_text(errors="replace")[-3000:]
-                raise click.ClickException(f"the backend exited during start-up:\n{tail}")
-            if time.monotonic() > deadline:
-                raise click.ClickException(f"the backend did not answer in 120 s; see {log_path}")
-            time.sleep(0.1)
+        try:
+            info = daemon.wait_until_serving(folder, proc)
+        except BackendError as exc:
+            raise fail(str(exc)) from exc
     if as_json:
-        console.print_json(json.dumps(info))
+        emit_json(info)
     else:
         _print_up(info)
         console.print(
-            f"log: {log_path}; stop it with `gym-substrate local down --state-dir {folder}`"
+            f"log: {folder / 'backend.log'}; stop it with `gym-substrate local down "
+            f"--state-dir {folder}`"
         )
-
-
-def _answers(info: dict[str, Any]) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"{info['router']}/readyz", timeout=1) as response:
-            if response.status != 200:
-                return False
-    except OSError:
-        return False
-    import grpc
-
-    channel = grpc.insecure_channel(info["api"])
-    try:
-        grpc.channel_ready_future(channel).result(timeout=1)
-    except grpc.FutureTimeoutError:
-        return False
-    finally:
-        channel.close()
-    return True
 
 
 @local.command()
@@ -333,60 +260,41 @@ def _answers(info: dict[str, Any]) -> bool:
 def down(state_dir: Path | None, timeout: float, orphans: bool) -> None:
     """Stop the backend and remove every sandbox it made (also after a crash)."""
     if orphans:
-        from gym_substrate.local.backend import cleanup_orphans
-
-        found = asyncio.run(cleanup_orphans())
+        found = asyncio.run(statedir.cleanup_orphans())
         for line in found:
             console.print(f"removed leftover: {line}")
         if not found:
             console.print("no orphaned sandboxes on this machine")
         return
     folder = _resolve(state_dir)
-    info = read_backend_info(folder)
+    info = statedir.read_backend_info(folder)
     if info is not None and not info.get("standalone", False):
-        raise click.ClickException(
+        raise fail(
             f"the backend on {folder} runs inside process {info['pid']} (an embedded "
             "LocalBackend), not `local up`; stop it from that program"
         )
     if info is not None:
         pid = int(info["pid"])
         with console.status(f"stopping backend pid {pid} ..."):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline and _pid_alive(pid):
-                time.sleep(0.05)
-            if _pid_alive(pid):
-                err.print(f"backend pid {pid} did not stop in {timeout:.0f} s; killing it")
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-                while _pid_alive(pid):
-                    time.sleep(0.05)
+            daemon.stop(
+                pid,
+                timeout,
+                on_kill=lambda: err.print(
+                    f"backend pid {pid} did not stop in {timeout:.0f} s; killing it"
+                ),
+            )
         console.print(f"stopped the backend (pid {pid})")
     try:
-        removed = asyncio.run(cleanup_state_dir(folder))
+        removed = asyncio.run(statedir.cleanup_state_dir(folder))
     except BackendError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise fail(str(exc)) from exc
     for line in removed:
         console.print(f"removed leftover: {line}")
-    left = asyncio.run(state_leftovers(folder))
+    left = asyncio.run(statedir.state_leftovers(folder))
     if left:
-        raise click.ClickException("could not remove: " + "; ".join(left))
+        raise fail("could not remove: " + "; ".join(left))
     if info is None and not removed:
         console.print(f"no backend was running on {folder}; nothing left behind")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            state = fh.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    if state == "Z":
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-        return False
-    return True
 
 
 @local.command()
@@ -394,21 +302,15 @@ def _pid_alive(pid: int) -> bool:
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def status(state_dir: Path | None, as_json: bool) -> None:
     """Show workers, actors and templates of the running backend."""
-    import urllib.request
-
-    from gym_substrate.local.backend import stored_status
-
     folder = _resolve(state_dir)
-    info = read_backend_info(folder)
+    info = statedir.read_backend_info(folder)
     if info is None:
-        stored = stored_status(folder)
+        stored = statedir.stored_status(folder)
         if as_json:
-            console.print_json(
-                json.dumps({"running": False, "state_dir": str(folder), **(stored or {})})
-            )
+            emit_json({"running": False, "state_dir": str(folder), **(stored or {})})
             return
         if stored is None:
-            raise click.ClickException(
+            raise fail(
                 f"no backend is running on {folder} and it holds no state; start one with "
                 "`gym-substrate local up`"
             )
@@ -419,16 +321,11 @@ def status(state_dir: Path | None, as_json: bool) -> None:
         _print_status(stored)
         return
     try:
-        with urllib.request.urlopen(f"{info['router']}/_local/status", timeout=10) as response:
-            data = json.loads(response.read())
-    except (OSError, ValueError) as exc:  # URLError, HTTPError, timeouts, a non-JSON answer
-        raise click.ClickException(
-            f"the backend (pid {info.get('pid')}) on {folder} did not report its status at "
-            f"{info['router']}: {exc}; if it hangs, stop it with `gym-substrate local down "
-            f"--state-dir {folder}`"
-        ) from exc
+        data = daemon.fetch_status(info, folder)
+    except BackendError as exc:
+        raise fail(str(exc)) from exc
     if as_json:
-        console.print_json(json.dumps({"running": True, **data}))
+        emit_json({"running": True, **data})
         return
     console.print(
         f"runtime [bold]{data['runtime']}[/], API {data['api']}, router {data['router']}, "
@@ -437,33 +334,29 @@ def status(state_dir: Path | None, as_json: bool) -> None:
     _print_status(data)
 
 
+_WORKER_COLUMNS = ("worker", "status", "actor", "address", "version")
+_ACTOR_COLUMNS = (
+    "atespace",
+    "actor",
+    "template",
+    Column("status", fmt=lambda status: str(status).removeprefix("STATUS_")),
+    "version",
+    "worker",
+    "address",
+)
+_TEMPLATE_COLUMNS = (
+    "template",
+    "rootfs",
+    "snapshots",
+    Column("golden_snapshot", "golden snapshot", fmt=lambda path: path or "-"),
+)
+
+
 def _print_status(data: dict[str, Any]) -> None:
     if data["workers"]:
-        workers = Table(title="workers")
-        for column in ("worker", "status", "actor", "address", "version"):
-            workers.add_column(column)
-        for row in data["workers"]:
-            workers.add_row(
-                row["worker"], row["status"], row["actor"], row["address"], str(row["version"])
-            )
-        console.print(workers)
-    actors = Table(title=f"actors ({len(data['actors'])})")
-    for column in ("atespace", "actor", "template", "status", "version", "worker", "address"):
-        actors.add_column(column)
-    for row in data["actors"]:
-        actors.add_row(
-            row["atespace"], row["actor"], row["template"], row["status"].removeprefix("STATUS_"),
-            str(row["version"]), row["worker"], row["address"],
-        )  # fmt: skip
-    console.print(actors)
-    templates = Table(title="templates")
-    for column in ("template", "rootfs", "snapshots", "golden snapshot"):
-        templates.add_column(column)
-    for row in data["templates"]:
-        templates.add_row(
-            row["template"], row["rootfs"], row["snapshots"], row["golden_snapshot"] or "-"
-        )
-    console.print(templates)
+        console.print(table(data["workers"], _WORKER_COLUMNS, title="workers"))
+    console.print(table(data["actors"], _ACTOR_COLUMNS, title=f"actors ({len(data['actors'])})"))
+    console.print(table(data["templates"], _TEMPLATE_COLUMNS, title="templates"))
 
 
 @local.group()
@@ -476,85 +369,33 @@ def templates() -> None:
 @_state_dir_option
 def templates_add(file: Path, state_dir: Path | None) -> None:
     """Register the ActorTemplate in FILE (YAML, ActorTemplate shape plus `rootfs`)."""
-    import urllib.error
-    import urllib.parse
-    import urllib.request
-
     try:
         template = load_template_file(file)
     except TemplateError as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise fail(str(exc)) from exc
     folder = _resolve(state_dir)
-    info = read_backend_info(folder)
+    info = statedir.read_backend_info(folder)
     if info is None:
-        from gym_substrate.local.store import Store
-
         _make_state_dir(folder)
-        from gym_substrate.local.template_registry import template_in_use_message
-
-        store = Store(folder / "state.db")
         try:
-            stored = {t.key: t for t, _ in store.templates()}.get(template.key)
-            if stored is not None and stored != template:
-                users = sum(
-                    1
-                    for record in store.actors()
-                    if f"{record.template_namespace}/{record.template_name}" == template.key
-                )
-                if users:
-                    raise click.ClickException(template_in_use_message(stored, template, users))
-            store.put_template(template)
-        finally:
-            store.close()
+            statedir.store_template(folder, template)
+        except BackendError as exc:
+            raise fail(str(exc)) from exc
         console.print(
             f"registered {template.key} in {folder}; its golden snapshot is taken at the next "
             "`gym-substrate local up`"
         )
         return
     # the running backend re-validates relative paths against the file's folder itself
-    body = yaml.safe_dump(_absolute_doc(file), sort_keys=False).encode()
-    url = f"{info['router']}/_local/templates?" + urllib.parse.urlencode({"source": str(file)})
-    request = urllib.request.Request(url, data=body, method="POST")
+    body = yaml.safe_dump(absolute_template_doc(file), sort_keys=False).encode()
     with console.status(f"registering {template.key} (golden snapshot) ..."):
         try:
-            with urllib.request.urlopen(request, timeout=300) as response:
-                result = json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            raw = exc.read()
-            try:
-                detail = str(json.loads(raw)["error"]["message"])
-            except (ValueError, TypeError, KeyError):
-                text = raw.decode(errors="replace").strip()
-                detail = f"the backend answered {exc.code}: {text or exc.reason}"
-            raise click.ClickException(detail) from exc
-        except (urllib.error.URLError, OSError) as exc:
-            raise click.ClickException(
-                f"cannot reach the backend at {info['router']} ({exc}); check `gym-substrate "
-                f"local status --state-dir {folder}`"
-            ) from exc
+            result = daemon.post_template(info, folder, body, str(file))
+        except BackendError as exc:
+            raise fail(str(exc)) from exc
     golden = result.get("golden_snapshot") or "none (this runtime boots actors cold)"
     state = "registered" if result.get("changed") else "already registered, unchanged"
     console.print(f"{result['template']}: {state}; golden snapshot: {golden}")
-
-
-def _absolute_doc(file: Path) -> Any:
-    """The template document with relative rootfs/location paths made absolute."""
-    doc = yaml.safe_load(file.read_text())
-    base = file.parent.resolve()
-    spec = doc.get("spec", {}) if isinstance(doc, dict) else {}
-    snaps = spec.get("snapshotsConfig") if isinstance(spec, dict) else None
-    if isinstance(snaps, dict) and isinstance(snaps.get("location"), str):
-        location = snaps["location"]
-        if "://" not in location and not Path(location).expanduser().is_absolute():
-            snaps["location"] = str(base / location)
-    rootfs = spec.get("rootfs") if isinstance(spec, dict) else None
-    if (
-        isinstance(rootfs, dict)
-        and isinstance(rootfs.get("directory"), str)
-        and not Path(rootfs["directory"]).expanduser().is_absolute()
-    ):
-        rootfs["directory"] = str(base / rootfs["directory"])
-    return doc
 
 
 @local.command()
@@ -570,7 +411,7 @@ def demo(runtime: str, sandboxes: int) -> None:
             run_demo(console, runtime=runtime, sandboxes=sandboxes, workers=max(4, sandboxes))
         )
     except (BackendError, RuntimeFailure) as exc:
-        raise click.ClickException(str(exc)) from exc
+        raise fail(str(exc)) from exc
     console.print(
         "[bold green]demo finished[/]: every sandbox was deleted and the backend stopped."
     )
@@ -600,4 +441,4 @@ def bench(runtime: str, iterations: int, execs: int, as_json: bool) -> None:
     logging.basicConfig(level=logging.ERROR)
     result = asyncio.run(run_bench(console, runtime=runtime, iterations=iterations, execs=execs))
     if as_json:
-        console.print_json(json.dumps(result))
+        emit_json(result)
