@@ -23,12 +23,15 @@ from rich.console import Console
 from gym_substrate.cli._output import Column, console, emit_json, fail, table
 from gym_substrate.local import daemon, statedir
 from gym_substrate.local.backend import LocalBackend
+from gym_substrate.local.client_config import (
+    provider_config,
+    provider_config_env,
+    provider_config_yaml,
+)
 from gym_substrate.local.errors import BackendError
 from gym_substrate.local.runtimes import RUNTIME_NAMES
 from gym_substrate.local.runtimes.base import RuntimeFailure
 from gym_substrate.local.templates import (
-    DEFAULT_TEMPLATE_NAME,
-    DEFAULT_TEMPLATE_NAMESPACE,
     TemplateError,
     absolute_template_doc,
     load_template_file,
@@ -65,23 +68,6 @@ def _make_state_dir(folder: Path) -> None:
         ) from exc
 
 
-def _provider_block(api: str, router: str) -> str:
-    block = {
-        "connection": {"api": api, "router": router, "tls": {"plaintext": True}},
-        "create": {"template": f"{DEFAULT_TEMPLATE_NAMESPACE}/{DEFAULT_TEMPLATE_NAME}"},
-    }
-    return yaml.safe_dump(block, sort_keys=False).rstrip()
-
-
-def _provider_env(api: str, router: str) -> str:
-    """The same settings as the variables configs/substrate.yaml interpolates."""
-    template = f"{DEFAULT_TEMPLATE_NAMESPACE}/{DEFAULT_TEMPLATE_NAME}"
-    return (
-        f"export SUBSTRATE_API={api} SUBSTRATE_ROUTER={router} SUBSTRATE_PLAINTEXT=true "
-        f"SUBSTRATE_TEMPLATE={template}"
-    )
-
-
 def _print_up(info: dict[str, Any]) -> None:
     console.print(f"[bold green]local Agent Substrate is up[/] (runtime: {info['runtime']})")
     if info.get("runtime_reason"):
@@ -93,12 +79,11 @@ def _print_up(info: dict[str, Any]) -> None:
         f"  router (Host: <actor>.<atespace>.actors.resources.substrate.ate.dev): {info['router']}"
     )
     console.print(f"  metrics: {info['router']}/metrics")
+    config = provider_config(info["api"], info["router"])
     console.print("Provider config (paste under your substrate provider):")
-    console.print(_provider_block(info["api"], info["router"]), markup=False, highlight=False)
+    console.print(provider_config_yaml(config), markup=False, highlight=False)
     console.print("or, with configs/substrate.yaml:")
-    console.print(
-        _provider_env(info["api"], info["router"]), markup=False, highlight=False, soft_wrap=True
-    )
+    console.print(provider_config_env(config), markup=False, highlight=False, soft_wrap=True)
 
 
 @click.group()

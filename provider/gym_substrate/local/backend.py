@@ -21,6 +21,7 @@ import grpc
 from aiohttp import web
 
 from gym_substrate.local import statedir
+from gym_substrate.local.client_config import provider_config
 from gym_substrate.local.errors import ApiError, BackendError
 from gym_substrate.local.lifecycle import ControlPlane
 from gym_substrate.local.metrics import Metrics
@@ -92,8 +93,8 @@ class LocalBackend:
         return f"http://127.0.0.1:{self.router_port}"
 
     def provider_config(self) -> dict[str, Any]:
-        """The `connection:` block of the NeMo Gym provider config for this backend."""
-        return {"api": self.api_address, "router": self.router_url, "tls": {"plaintext": True}}
+        """The NeMo Gym provider's `substrate:` block for this backend (`client_config.py`)."""
+        return provider_config(self.api_address, self.router_url)
 
     # ------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> LocalBackend:
