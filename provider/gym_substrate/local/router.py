@@ -162,9 +162,8 @@ class Router:
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, backlog=1024, reuse_address=True)
         await site.start()
-        server = site._server
-        assert isinstance(server, asyncio.base_events.Server)
-        self.port = int(server.sockets[0].getsockname()[1])
+        # the runner's public list of bound (host, port, ...) addresses; port 0 picked one
+        self.port = int(self._runner.addresses[0][1])
         return self.port
 
     async def close(self) -> None:
