@@ -64,6 +64,16 @@ PAUSED = "STATUS_PAUSED"
 PAUSING = "STATUS_PAUSING"
 
 
+# the fields of a record whose sandbox is no longer running (it holds no slot)
+_NO_SANDBOX: dict[str, Any] = {
+    "slot": None,
+    "handle": "",
+    "address": "",
+    "pod_uid": "",
+    "in_progress_snapshot": "",
+}
+
+
 def _template_key(record: ActorRecord) -> str:
     return f"{record.template_namespace}/{record.template_name}"
 
@@ -252,15 +262,7 @@ class ControlPlane:
 
     def _fall_back(self, record: ActorRecord) -> ActorRecord:
         """Record that the actor's sandbox is gone: SUSPENDED, resumable from its last snapshot."""
-        return self._write(
-            record,
-            status=SUSPENDED,
-            slot=None,
-            handle="",
-            address="",
-            pod_uid="",
-            in_progress_snapshot="",
-        )
+        return self._write(record, status=SUSPENDED, **_NO_SANDBOX)
 
     def _status_counts(self) -> Mapping[str, int]:
         counts = Counter(record.status for record in self._actors.values())
@@ -582,11 +584,7 @@ class ControlPlane:
         record = self._write(
             record,
             status=target,
-            slot=None,
-            handle="",
-            address="",
-            pod_uid="",
-            in_progress_snapshot="",
+            **_NO_SANDBOX,
             snapshot_kind=result.snapshot.kind.value,
             snapshot_path=str(result.snapshot.path),
             retained_handle=result.retained_handle or "",
