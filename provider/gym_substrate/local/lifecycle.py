@@ -5,7 +5,7 @@
 the exact gRPC status codes Substrate's ateapi uses (`errors.py`). It owns every actor record and
 every transition between statuses; the worker slots (`slots.py`), the templates with their golden
 snapshots (`template_registry.py`) and the sandboxes (a `SandboxRuntime`) are its parts. Resume,
-pause and suspend run as detached tasks (like Substrate's workflows): a client that disconnects
+pause, suspend and delete run as detached workflows (`workflows.py`): a client that disconnects
 mid-restore does not leave a half-started sandbox behind.
 """
 
@@ -17,7 +17,6 @@ import binascii
 import contextlib
 import dataclasses
 import logging
-import socket
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
@@ -79,6 +78,8 @@ def _template_key(record: ActorRecord) -> str:
 
 
 class ControlPlane:
+    """Actors, atespaces and their transitions, write-through to the `Store` (see the module)."""
+
     def __init__(
         self,
         store: Store,
@@ -100,7 +101,6 @@ class ControlPlane:
         self.metrics = metrics
         self.start_timeout_s = start_timeout_s
         self.pool_labels = {"ate.dev/worker-pool": WORKER_POOL, "runtime": runtime.name}
-        self.node_name = socket.gethostname()
         self._actors: dict[str, ActorRecord] = {}
         self._atespaces: set[str] = set()
         self.workflows = Workflows()
