@@ -18,7 +18,7 @@ import pytest
 
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
 from gym_substrate.local import LocalBackend
-from gym_substrate.local.backend import state_leftovers
+from gym_substrate.local.statedir import state_leftovers
 
 
 @pytest.fixture

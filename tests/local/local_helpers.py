@@ -7,8 +7,8 @@ from typing import Any
 import grpc
 import pytest
 
+from gym_substrate._names import actor_host
 from gym_substrate.ateapi import ateapi_pb2 as pb
-from gym_substrate.local.router import actor_host
 
 # runtimes a lifecycle test runs against; gVisor needs runsc and root (the `runsc` marker)
 RUNTIMES = ["process", pytest.param("gvisor", marks=pytest.mark.runsc)]

@@ -15,9 +15,9 @@ from local_helpers import RUNTIMES, host, make_actor, ref, status_code
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
+from gym_substrate.cli.local import local
 from gym_substrate.local import LocalBackend
-from gym_substrate.local.backend import BackendError
-from gym_substrate.local.cli import local
+from gym_substrate.local.errors import BackendError
 
 S = pb.Actor.Status
 C = grpc.StatusCode

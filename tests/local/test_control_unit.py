@@ -16,13 +16,14 @@ from typing import Any
 import grpc
 import pytest
 
-from gym_substrate.local.control import ApiError, ControlPlane
+from gym_substrate.local.errors import ApiError
+from gym_substrate.local.lifecycle import ControlPlane
 from gym_substrate.local.metrics import Metrics
-from gym_substrate.local.runtime import (
+from gym_substrate.local.runtimes.base import (
     ActorSpec,
     CheckpointResult,
-    Runtime,
     RuntimeFailure,
+    SandboxRuntime,
     Slot,
     SnapshotKind,
     SnapshotRef,
@@ -141,7 +142,7 @@ async def _plane(state: Path, runtime: FakeRuntime, workers: int = 2) -> Control
 
 
 def test_fake_runtime_satisfies_the_protocol() -> None:
-    assert isinstance(FakeRuntime(), Runtime)
+    assert isinstance(FakeRuntime(), SandboxRuntime)
 
 
 async def test_snapshot_choice_follows_substrate(tmp_path: Path) -> None:
@@ -243,7 +244,7 @@ async def test_recovery_adopts_or_falls_back(tmp_path: Path) -> None:
     recovered = again.get_actor("t", "stuck")
     assert recovered.status == "STATUS_SUSPENDED"
     assert not _exists(tmp_path / "half")
-    busy, free = again._worker_counts()
+    busy, free = again.slots.counts()
     assert (busy, free) == (1, 2)
     again.store.close()
 
@@ -306,7 +307,7 @@ async def test_up_keeps_a_changed_default_template_while_actors_use_it(
         workers=2,
         metrics=Metrics(),
     )
-    with caplog.at_level("WARNING", logger="gym_substrate.local.control"):
+    with caplog.at_level("WARNING", logger="gym_substrate.local.template_registry"):
         await again.start([upgraded])  # what `local up` does after an upgrade
     assert again.templates[stored.key] == stored
     warning = "\n".join(r.getMessage() for r in caplog.records)
@@ -321,7 +322,7 @@ async def test_up_keeps_a_changed_default_template_while_actors_use_it(
 def test_cli_offline_add_refuses_to_change_a_template_in_use(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
-    from gym_substrate.local.cli import local
+    from gym_substrate.cli.local import local
     from gym_substrate.local.store import ActorRecord
 
     state = tmp_path / "state"
@@ -380,6 +381,6 @@ async def test_concurrent_operation_keeps_the_first_in_flight(tmp_path: Path) ->
     assert (await first).status == "STATUS_RUNNING"
     assert len(runtime.starts) == 1
     assert await plane.wait_idle("t/a", 5.0) is False
-    assert plane._busy == set()
+    assert not plane.workflows.busy()
     assert (await plane.suspend_actor("t", "a")).status == "STATUS_SUSPENDED"
     plane.store.close()

@@ -25,13 +25,13 @@ from local_helpers import RUNTIMES, host
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
-from gym_substrate.local.backend import (
+from gym_substrate.cli.local import local
+from gym_substrate.local.statedir import (
     REGISTRY_ENV,
     read_backend_info,
     runtime_for_state,
     state_leftovers,
 )
-from gym_substrate.local.cli import local
 from gym_substrate.local.store import Store
 
 S = pb.Actor.Status
@@ -329,8 +329,8 @@ def test_orphan_cleanup_spares_a_backend_that_is_still_starting(
     import fcntl
     import secrets
 
-    from gym_substrate.local.backend import cleanup_orphans
-    from gym_substrate.local.process import INSTANCE_ENV
+    from gym_substrate.local.runtimes.process import INSTANCE_ENV
+    from gym_substrate.local.statedir import cleanup_orphans
 
     registry = tmp_path / "registry"
     registry.mkdir()
@@ -373,7 +373,7 @@ def test_down_spares_a_backend_that_is_still_starting(tmp_path: Path) -> None:
     import fcntl
     import secrets
 
-    from gym_substrate.local.process import INSTANCE_ENV
+    from gym_substrate.local.runtimes.process import INSTANCE_ENV
 
     instance = "gsdown" + secrets.token_hex(2)
     state = tmp_path / "state"

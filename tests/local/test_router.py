@@ -255,7 +255,7 @@ async def test_resume_still_aborted_after_retries_is_500_like_atenet(
     import grpc
 
     from gym_substrate.local import router as router_mod
-    from gym_substrate.local.control import ApiError
+    from gym_substrate.local.errors import ApiError
     from gym_substrate.local.metrics import Metrics
 
     class AlwaysBusy:

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from local_helpers import RUNTIMES
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
+from gym_substrate.cli.local import local
 from gym_substrate.local import LocalBackend
-from gym_substrate.local.cli import local
 from gym_substrate.local.store import Store
 from gym_substrate.local.templates import TemplateError, parse_template, parse_template_yaml
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
 from local_helpers import RUNTIMES
 
-from gym_substrate.local.cli import local
+from gym_substrate.cli.local import local
 
 
 @pytest.mark.parametrize("runtime_name", RUNTIMES)
@@ -38,3 +41,38 @@ def test_bench_prints_percentiles() -> None:
     for name, row in series.items():
         assert 0 < row["p50_ms"] <= row["p90_ms"], name
     assert figures["memory_per_actor_bytes"] > 1_000_000
+
+
+_PRINT_ROWS = """
+import sys
+from rich.console import Console
+from gym_substrate.cli._output import console
+from gym_substrate.local.tour import print_step
+
+chosen = console if sys.argv[1] == "cli" else Console()
+print_step(chosen, "exec `uname -sr && echo $((6*7))`", "Linux 6.1.0-13-amd64 | " + "x" * 120, 12.5)
+print_step(chosen, "upload hello.txt", "27 bytes, sha256 0123456789ab…", 3.25)
+"""
+
+
+def _rows_printed_to_a_pipe(which: str) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    done = subprocess.run(
+        [sys.executable, "-c", _PRINT_ROWS, which],
+        stdout=subprocess.PIPE,
+        env=env,
+        check=True,
+        timeout=60,
+    )
+    return done.stdout.decode().splitlines()
+
+
+def test_demo_rows_are_not_wrapped_on_a_pipe() -> None:
+    """`local demo | tee log`: each row stays one line, so no value is split in the log."""
+    lines = _rows_printed_to_a_pipe("cli")
+    assert len(lines) == 2, lines
+    assert lines[0].endswith("Linux 6.1.0-13-amd64 | " + "x" * 120)
+    assert "12.5 ms" in lines[0]
+    assert lines[1].endswith("27 bytes, sha256 0123456789ab…")
+    # what the demo printed before: rich's default console wraps at 80 columns on a pipe
+    assert len(_rows_printed_to_a_pipe("default")) > 2

@@ -47,7 +47,7 @@ class LazyGroup(click.Group):
     cls=LazyGroup,
     lazy={
         "local": (
-            "gym_substrate.local.cli:local",
+            "gym_substrate.cli.local:local",
             "Run Agent Substrate on this machine (control plane, router, sandboxes).",
         ),
         "smoke": (

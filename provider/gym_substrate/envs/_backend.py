@@ -29,17 +29,11 @@ class BackgroundBackend:
 
     def connection(self) -> dict[str, Any]:
         """The provider's `connection:` block for this backend."""
-        return dict(self.backend.provider_config())
+        return dict(self.backend.provider_config()["connection"])
 
     def provider_config(self, **sections: Any) -> dict[str, Any]:
         """The provider's keyword config for this backend: its addresses, its default template."""
-        from gym_substrate.local.templates import (
-            DEFAULT_TEMPLATE_NAME,
-            DEFAULT_TEMPLATE_NAMESPACE,
-        )
-
-        template = f"{DEFAULT_TEMPLATE_NAMESPACE}/{DEFAULT_TEMPLATE_NAME}"
-        return {"connection": self.connection(), "create": {"template": template}, **sections}
+        return {**self.backend.provider_config(), **sections}
 
     def provider_mapping(self, **sections: Any) -> dict[str, Any]:
         """`{"substrate": {...}}` for `SandboxEnv(provider=...)`."""

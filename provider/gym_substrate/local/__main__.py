@@ -6,7 +6,7 @@ console script being on PATH.
 
 from __future__ import annotations
 
-from gym_substrate.local.cli import local
+from gym_substrate.cli.local import local
 
 if __name__ == "__main__":
     local(prog_name="gym-substrate local")

@@ -18,7 +18,6 @@ import ipaddress
 import json
 import logging
 import random
-import re
 import time
 from collections.abc import Awaitable, Callable
 
@@ -28,16 +27,16 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
-from gym_substrate.local.control import RUNNING, ApiError, ControlPlane
+from gym_substrate._names import ACTOR_DOMAIN, is_dns_label
+from gym_substrate.local.errors import ApiError
+from gym_substrate.local.lifecycle import RUNNING, ControlPlane
 from gym_substrate.local.metrics import CONTENT_TYPE, Metrics
 from gym_substrate.local.store import ActorRecord
 
-__all__ = ["ACTOR_DOMAIN", "Router", "actor_host", "parse_host"]
+__all__ = ["Router", "json_error", "parse_host"]
 
 log = logging.getLogger(__name__)
 
-ACTOR_DOMAIN = "actors.resources.substrate.ate.dev"
-_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _HOP_BY_HOP = frozenset(
     h.lower()
     for h in (
@@ -61,10 +60,6 @@ _SMALL_BODY = 64 * 1024
 AdminHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def actor_host(actor_id: str, atespace: str) -> str:
-    return f"{actor_id}.{atespace}.{ACTOR_DOMAIN}"
-
-
 def parse_host(host: str) -> tuple[str, str] | str:
     """(actor_id, atespace) from a Host header, or the reason it is not an actor's host."""
     name = host
@@ -81,7 +76,7 @@ def parse_host(host: str) -> tuple[str, str] | str:
         return "want <actor_id>.<atespace>." + ACTOR_DOMAIN
     actor_id, atespace = labels
     for label in labels:
-        if len(label) > 63 or not _LABEL.match(label):
+        if not is_dns_label(label):
             return f"{label!r} is not a DNS-1123 label"
     return actor_id, atespace
 
@@ -167,9 +162,8 @@ class Router:
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, backlog=1024, reuse_address=True)
         await site.start()
-        server = site._server
-        assert isinstance(server, asyncio.base_events.Server)
-        self.port = int(server.sockets[0].getsockname()[1])
+        # the runner's public list of bound (host, port, ...) addresses; port 0 picked one
+        self.port = int(self._runner.addresses[0][1])
         return self.port
 
     async def close(self) -> None:

@@ -3,7 +3,8 @@
 Why SQLite and why write-through: every state change is committed before the RPC that caused it
 answers, in WAL mode, so a SIGKILL at any point loses nothing an RPC reported as done. Reads are
 served from the control plane's in-memory mirror; the database is the crash-safe copy, read once
-at start. One process owns a state folder at a time (the control plane holds a lock file).
+at start. One process owns a state folder at a time (its backend holds the folder's lock, see
+`statedir.py`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from gym_substrate.local.runtime import TemplateSpec
+from gym_substrate.local.runtimes.base import TemplateSpec
 from gym_substrate.local.templates import template_from_json, template_to_json
 
 __all__ = ["ActorRecord", "GoldenRecord", "Store", "WorkerRecord"]

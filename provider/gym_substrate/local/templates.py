@@ -19,14 +19,16 @@ from urllib.parse import urlparse
 
 import yaml
 
-from gym_substrate.local.runtime import Rootfs, TemplateSpec
+from gym_substrate._names import is_dns_label
+from gym_substrate.local.runtimes.base import Rootfs, TemplateSpec
 
 __all__ = [
     "DEFAULT_TEMPLATE_NAME",
     "DEFAULT_TEMPLATE_NAMESPACE",
     "TemplateError",
+    "absolute_template_doc",
     "default_template",
-    "is_dns_label",
+    "load_template_file",
     "parse_template",
     "parse_template_yaml",
     "template_from_json",
@@ -36,17 +38,12 @@ __all__ = [
 DEFAULT_TEMPLATE_NAMESPACE = "local"
 DEFAULT_TEMPLATE_NAME = "sandbox"
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _ENV_NAME = re.compile(r"^[ -<>-~]+$")
 _PATH_CHARS = re.compile(r"^/[A-Za-z0-9\-._~!$&'()*+,;=:@/%]*$")
 
 
 class TemplateError(ValueError):
     """A template that cannot be used; the message names the field and the fix."""
-
-
-def is_dns_label(value: str) -> bool:
-    return len(value) <= 63 and bool(_DNS_LABEL.match(value))
 
 
 def _fail(path: str, problem: str, fix: str) -> TemplateError:
@@ -362,3 +359,40 @@ def template_from_json(data: Mapping[str, Any]) -> TemplateSpec:
         snapshot_location=Path(data["snapshot_location"]),
         rootfs=Rootfs(rootfs["kind"], Path(rootfs["path"]) if rootfs["path"] else None),
     )
+
+
+def load_template_file(path: Path) -> TemplateSpec:
+    """Read and validate a template file (used by `local templates add`)."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise TemplateError(f"{path}: cannot read it ({exc.strerror})") from exc
+    except UnicodeDecodeError as exc:
+        raise TemplateError(
+            f"{path}: not UTF-8 text (byte {exc.start}); save the template as UTF-8 YAML"
+        ) from exc
+    return parse_template_yaml(text, source=str(path), base_dir=path.parent.resolve())
+
+
+def absolute_template_doc(path: Path) -> Any:
+    """The template document in ``path`` with relative rootfs/location paths made absolute.
+
+    A running backend validates a document it is sent against its own working folder; this
+    makes the paths mean what they mean next to the file.
+    """
+    doc = yaml.safe_load(path.read_text())
+    base = path.parent.resolve()
+    spec = doc.get("spec", {}) if isinstance(doc, dict) else {}
+    snaps = spec.get("snapshotsConfig") if isinstance(spec, dict) else None
+    if isinstance(snaps, dict) and isinstance(snaps.get("location"), str):
+        location = snaps["location"]
+        if "://" not in location and not Path(location).expanduser().is_absolute():
+            snaps["location"] = str(base / location)
+    rootfs = spec.get("rootfs") if isinstance(spec, dict) else None
+    if (
+        isinstance(rootfs, dict)
+        and isinstance(rootfs.get("directory"), str)
+        and not Path(rootfs["directory"]).expanduser().is_absolute()
+    ):
+        rootfs["directory"] = str(base / rootfs["directory"])
+    return doc

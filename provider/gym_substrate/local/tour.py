@@ -1,9 +1,11 @@
-"""`local demo` and `local bench`: both drive a real backend through its public doors only.
+"""`local demo` and `local bench`: both drive a real backend through its public doors.
 
-Everything goes over the ateapi gRPC API and the router's Host-based HTTP, exactly as the NeMo
-Gym provider does against a cluster, so the figures printed are what a user gets, not what an
-in-process shortcut would show. The direct-to-agent exec path is timed beside the router path
-in the same run as the baseline the router is judged against.
+Every lifecycle call and exec goes over the ateapi gRPC API and the router's Host-based HTTP,
+exactly as the NeMo Gym provider does against a cluster, so the timings printed are what a user
+gets, not what an in-process shortcut would show. The direct-to-agent exec path is timed beside
+the router path in the same run as the baseline the router is judged against. Two things no
+public door reports are read from the in-process backend: the runtime's warning line (demo) and
+the memory per running actor (bench, `SandboxRuntime.memory_bytes`).
 """
 
 from __future__ import annotations
@@ -25,12 +27,12 @@ import grpc
 from rich.console import Console
 from rich.table import Table
 
+from gym_substrate._names import actor_host
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
 from gym_substrate.local.backend import LocalBackend
-from gym_substrate.local.router import actor_host
 
-__all__ = ["Session", "run_bench", "run_demo"]
+__all__ = ["Session", "print_step", "run_bench", "run_demo"]
 
 T = TypeVar("T")
 ATESPACE = "demo"
@@ -146,6 +148,15 @@ async def _timed(work: Awaitable[T]) -> tuple[T, float]:
 
 
 # ---------------------------------------------------------------------------------------- demo
+def print_step(console: Console, step: str, result: str, ms: float) -> None:
+    """One row of the demo's table: step, time, result, on one line however long.
+
+    Pass a console that does not wrap on a pipe (`gym_substrate.cli._output.console`, as
+    `local demo` does), so a row in a log is never split mid-value.
+    """
+    console.print(f"  [green]✓[/] {step:<42} {ms:8.1f} ms  {result}")
+
+
 async def run_demo(
     console: Console, *, runtime: str = "auto", workers: int = 4, sandboxes: int = 3
 ) -> list[tuple[str, str, float]]:
@@ -154,7 +165,7 @@ async def run_demo(
 
     def note(step: str, result: str, ms: float) -> None:
         rows.append((step, result, ms))
-        console.print(f"  [green]✓[/] {step:<42} {ms:8.1f} ms  {result}")
+        print_step(console, step, result, ms)
 
     with tempfile.TemporaryDirectory(prefix="gym-substrate-demo-") as tmp:
         console.print(f"[bold]Starting a local Agent Substrate[/] (state in {tmp}) ...")

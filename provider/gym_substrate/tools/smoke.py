@@ -197,18 +197,15 @@ async def local_provider_kwargs(
 ) -> AsyncIterator[tuple[dict[str, Any], Any]]:
     """Start a local backend and point `base` (provider kwargs) at it."""
     from gym_substrate.local import LocalBackend
-    from gym_substrate.local.templates import DEFAULT_TEMPLATE_NAME, DEFAULT_TEMPLATE_NAMESPACE
 
     with tempfile.TemporaryDirectory(prefix="gym-substrate-local-") as state:
         async with LocalBackend(Path(state), runtime=runtime, workers=workers) as backend:
+            block = backend.provider_config()
             kwargs = dict(base)
-            kwargs["connection"] = {
-                **dict(base.get("connection") or {}),
-                **backend.provider_config(),
-            }
+            kwargs["connection"] = {**dict(base.get("connection") or {}), **block["connection"]}
             create = dict(kwargs.get("create") or {})
             # The local backend serves one template; the config's (a cluster's) does not exist.
-            create["template"] = f"{DEFAULT_TEMPLATE_NAMESPACE}/{DEFAULT_TEMPLATE_NAME}"
+            create["template"] = block["create"]["template"]
             kwargs["create"] = create
             lifecycle = dict(kwargs.get("lifecycle") or {})
             lifecycle.setdefault("ledger", os.path.join(state, "ledger.jsonl"))

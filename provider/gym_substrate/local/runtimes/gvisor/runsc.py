@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gym_substrate.local.gvisor._proc import CommandError, CommandResult, run_command, tail
+from gym_substrate.local.runtimes.gvisor._proc import CommandError, CommandResult, run_command, tail
 
 __all__ = ["ContainerState", "Runsc", "RunscError", "check_container_id"]
 

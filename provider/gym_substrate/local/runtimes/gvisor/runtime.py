@@ -27,11 +27,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from gym_substrate.local.gvisor import host, net
-from gym_substrate.local.gvisor._proc import run_command
-from gym_substrate.local.gvisor.bundle import masks_for, write_actor_id, write_bundle
-from gym_substrate.local.gvisor.runsc import Runsc, RunscError
-from gym_substrate.local.runtime import (
+from gym_substrate.local.runtimes.base import (
     ActorSpec,
     CheckpointResult,
     RuntimeConfig,
@@ -43,6 +39,10 @@ from gym_substrate.local.runtime import (
     TemplateSpec,
     pss_bytes,
 )
+from gym_substrate.local.runtimes.gvisor import host, net
+from gym_substrate.local.runtimes.gvisor._proc import run_command
+from gym_substrate.local.runtimes.gvisor.bundle import masks_for, write_actor_id, write_bundle
+from gym_substrate.local.runtimes.gvisor.runsc import Runsc, RunscError
 
 __all__ = ["AGENT_PORT", "GOLDEN_ATESPACE", "GvisorRuntime", "http_status"]
 
@@ -134,7 +134,7 @@ class _Sandbox:
 
 
 class GvisorRuntime:
-    """``gym_substrate.local.runtime.Runtime`` backed by runsc (see gvisor-local.md)."""
+    """The ``SandboxRuntime`` contract (``runtimes/base.py``) backed by runsc (gvisor-local.md)."""
 
     name = "gvisor"
     isolates = True

@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 from gvisor_helpers import counter_template, get
 
-from gym_substrate.local.gvisor import gvisor_problem
-from gym_substrate.local.runtime import (
+from gym_substrate.local.runtimes.base import (
     ActorSpec,
     RuntimeFailure,
     Slot,
     SnapshotKind,
     SnapshotRef,
 )
+from gym_substrate.local.runtimes.gvisor import gvisor_problem
 
 pytestmark = pytest.mark.runsc
 
@@ -107,7 +107,7 @@ async def test_memory_and_files_survive_pause_suspend_and_slot_moves(
 
 
 async def test_nothing_leaves_the_host(runtime: Any, tmp_path: Path) -> None:
-    from gym_substrate.local.gvisor import net
+    from gym_substrate.local.runtimes.gvisor import net
 
     template = counter_template(tmp_path / "snaps", marker=False)
     started = await runtime.start(
@@ -175,7 +175,7 @@ async def test_failures_are_clear_and_leave_nothing(runtime: Any, tmp_path: Path
 async def test_restarted_runtime_adopts_running_sandboxes(
     runtime: Any, runtime_config: Any, tmp_path: Path
 ) -> None:
-    from gym_substrate.local.gvisor import GvisorRuntime
+    from gym_substrate.local.runtimes.gvisor import GvisorRuntime
 
     template = counter_template(tmp_path / "snaps", marker=False)
     actor = ActorSpec("default", "adopted", template)
@@ -226,7 +226,7 @@ async def test_directory_rootfs_runs_and_snapshots(runtime: Any, tmp_path: Path)
     """A rootfs folder holding nothing but a static busybox serves readyz and survives pause."""
     import shutil
 
-    from gym_substrate.local.runtime import Rootfs
+    from gym_substrate.local.runtimes.base import Rootfs
 
     rootfs = tmp_path / "rootfs"
     (rootfs / "bin").mkdir(parents=True)

@@ -10,7 +10,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from gym_substrate.local.runtime import Rootfs, TemplateSpec
+from gym_substrate.local.runtimes.base import Rootfs, TemplateSpec
 
 COUNTER_AGENT = Path(__file__).with_name("counter_agent.py")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from gvisor_helpers import new_instance
 
-from gym_substrate.local.gvisor import net
+from gym_substrate.local.runtimes.gvisor import net
 
 pytestmark = pytest.mark.runsc
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from gvisor_helpers import kernel_leftovers, new_instance
 
-from gym_substrate.local.runtime import RuntimeConfig
+from gym_substrate.local.runtimes.base import RuntimeConfig
 
 pytestmark = pytest.mark.runsc
 
@@ -40,7 +40,7 @@ def _run_and_kill(runtime_dir: Path, instance: str) -> None:
 async def test_interrupted_run_leaves_nothing_after_cleanup(
     tmp_path: Path, lose_runsc_state: bool
 ) -> None:
-    from gym_substrate.local.gvisor import GvisorRuntime
+    from gym_substrate.local.runtimes.gvisor import GvisorRuntime
 
     instance = new_instance()
     runtime_dir = tmp_path / "state" / "runtime" / "gvisor"

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from gym_substrate.local.gvisor.bundle import masks_for, write_actor_id, write_bundle
-from gym_substrate.local.gvisor.net import NetError, host_if_name, netns_name
-from gym_substrate.local.gvisor.runsc import check_container_id
-from gym_substrate.local.runtime import RuntimeConfig
+from gym_substrate.local.runtimes.base import RuntimeConfig
+from gym_substrate.local.runtimes.gvisor.bundle import masks_for, write_actor_id, write_bundle
+from gym_substrate.local.runtimes.gvisor.net import NetError, host_if_name, netns_name
+from gym_substrate.local.runtimes.gvisor.runsc import check_container_id
 
 
 def test_bundle_carries_the_workarounds_and_safety_settings(tmp_path: Path) -> None:
@@ -73,7 +73,7 @@ def test_names_fit_linux_limits() -> None:
 
 
 def test_runtime_rejects_bad_config(tmp_path: Path) -> None:
-    from gym_substrate.local.gvisor import GvisorRuntime
+    from gym_substrate.local.runtimes.gvisor import GvisorRuntime
 
     with pytest.raises(ValueError, match="lowercase letters or digits"):
         GvisorRuntime(RuntimeConfig(tmp_path, "Bad-Prefix", 1))

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from gvisor_helpers import counter_template
 
-from gym_substrate.local.gvisor import GvisorRuntime
-from gym_substrate.local.runtime import ActorSpec, RuntimeConfig, Slot
+from gym_substrate.local.runtimes.base import ActorSpec, RuntimeConfig, Slot
+from gym_substrate.local.runtimes.gvisor import GvisorRuntime
 
 
 async def main(runtime_dir: str, instance: str) -> None:

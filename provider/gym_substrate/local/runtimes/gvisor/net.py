@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from gym_substrate.local.gvisor._proc import run_command
+from gym_substrate.local.runtimes.gvisor._proc import run_command
 
 __all__ = [
     "DEFAULT_POOL",

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gym_substrate.local.gvisor.host import find_cgroups, remove_cgroups
+from gym_substrate.local.runtimes.gvisor.host import find_cgroups, remove_cgroups
 
 __all__ = ["PROBE_DIR", "gvisor_problem"]
 

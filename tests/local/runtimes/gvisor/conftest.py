@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from gvisor_helpers import kernel_leftovers, new_instance
 
-from gym_substrate.local.runtime import RuntimeConfig
+from gym_substrate.local.runtimes.base import RuntimeConfig
 
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def runtime_config(tmp_path: Path) -> RuntimeConfig:
 
 @pytest.fixture
 async def runtime(runtime_config: RuntimeConfig) -> AsyncIterator[Any]:
-    from gym_substrate.local.gvisor import GvisorRuntime
+    from gym_substrate.local.runtimes.gvisor import GvisorRuntime
 
     rt = GvisorRuntime(runtime_config)
     await rt.open()

@@ -27,7 +27,7 @@ from typing import Any
 
 import aiohttp
 
-from gym_substrate.local.runtime import (
+from gym_substrate.local.runtimes.base import (
     ActorSpec,
     CheckpointResult,
     RuntimeConfig,
@@ -263,7 +263,7 @@ class ProcessRuntime:
                 raise RuntimeFailure(f"readyz at {url} did not answer 200 in time")
             await asyncio.sleep(0.01)
 
-    # ------------------------------------------------------------------ Runtime protocol
+    # ------------------------------------------------------------------ SandboxRuntime protocol
     async def open(self) -> None:
         self.procs.mkdir(parents=True, exist_ok=True)
         self.actors.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,9 @@
 """The seam between the local control plane and whatever runs an actor's sandbox.
 
-The control plane (``control.py``) owns every decision Substrate's ateapi makes: which slot an
+This module is the contract only (``SandboxRuntime`` and the values it trades); it imports no
+runtime, and the runtimes import it. ``runtimes/__init__.py`` picks and builds one.
+
+The control plane (``lifecycle.py``) owns every decision Substrate's ateapi makes: which slot an
 actor gets, which snapshot it resumes from (its latest, else the template's golden one unless
 ``boot``, else a cold boot), where a snapshot is written, and what the SQLite record says. A
 runtime only does what atelet + ateom do on a node: boot, checkpoint, restore, kill. Keeping that
@@ -33,10 +36,7 @@ Identity and addresses
       ``/run/ate/actor-id`` (rebuilt on every start/restore, as atelet does); the process runtime
       sets ``SANDBOX_AGENT_ACTOR_ID``.
 
-Loading
-    * ``create_runtime`` imports ``gym_substrate.local.gvisor:GvisorRuntime`` (constructed as
-      ``GvisorRuntime(config: RuntimeConfig)``) and ``gvisor_problem() -> str | None`` (None when
-      runsc works here) lazily, only for ``--runtime auto|gvisor``.
+Slots
     * ``RuntimeConfig.workers`` slots are numbered 0..workers-1 and fixed for the instance's life.
 
 Calls
@@ -61,22 +61,18 @@ from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
 __all__ = [
-    "RUNTIME_NAMES",
     "ActorSpec",
     "CheckpointResult",
     "Rootfs",
-    "Runtime",
     "RuntimeConfig",
     "RuntimeFailure",
+    "SandboxRuntime",
     "Slot",
     "SnapshotKind",
     "SnapshotRef",
     "StartedSandbox",
     "TemplateSpec",
-    "create_runtime",
-    "gvisor_problem",
     "pss_bytes",
-    "select_runtime",
 ]
 
 
@@ -217,7 +213,7 @@ class RuntimeConfig:
 
 
 @runtime_checkable
-class Runtime(Protocol):
+class SandboxRuntime(Protocol):
     """What the control plane needs from a sandbox runtime. See the module docstring."""
 
     name: str  # "process" | "gvisor"
@@ -299,50 +295,3 @@ class Runtime(Protocol):
     async def leftovers(self) -> list[str]:
         """Describe anything of this instance still on the host; [] after ``cleanup``."""
         ...
-
-
-RUNTIME_NAMES = ("auto", "gvisor", "process")
-
-
-def gvisor_problem() -> str | None:
-    """Why the gVisor runtime cannot run here, or None when it can."""
-    try:
-        from gym_substrate.local import gvisor
-    except ImportError as exc:  # the gvisor package is built separately
-        return f"the gVisor runtime is not available in this build ({exc})"
-    problem: str | None = gvisor.gvisor_problem()
-    return problem
-
-
-def select_runtime(requested: str) -> tuple[str, str]:
-    """Resolve ``auto|gvisor|process`` to a runtime name plus a sentence saying why."""
-    if requested not in RUNTIME_NAMES:
-        raise ValueError(f"unknown runtime {requested!r}: use one of {', '.join(RUNTIME_NAMES)}")
-    if requested == "process":
-        return "process", "the process runtime was requested (--runtime process)"
-    problem = gvisor_problem()
-    if requested == "gvisor":
-        if problem is not None:
-            raise RuntimeFailure(
-                f"--runtime gvisor cannot run here: {problem}; "
-                "install runsc and run as root, or use --runtime process"
-            )
-        return "gvisor", "the gVisor runtime was requested (--runtime gvisor)"
-    if problem is None:
-        return "gvisor", "runsc works here, so actors run as gVisor sandboxes"
-    return "process", f"gVisor is unavailable ({problem}), so actors run as plain processes"
-
-
-def create_runtime(name: str, config: RuntimeConfig) -> Runtime:
-    """Build a runtime by its resolved name; implementations are imported only when used."""
-    if name == "process":
-        from gym_substrate.local.process import ProcessRuntime
-
-        process_runtime: Runtime = ProcessRuntime(config)
-        return process_runtime
-    if name == "gvisor":
-        from gym_substrate.local.gvisor import GvisorRuntime
-
-        runtime: Runtime = GvisorRuntime(config)
-        return runtime
-    raise ValueError(f"unknown runtime {name!r}: use gvisor or process")

@@ -7,7 +7,7 @@ Layers, lowest first: ``net`` (per-slot netns + veth, machine-wide address lease
 
 from __future__ import annotations
 
-from gym_substrate.local.gvisor.probe import gvisor_problem
-from gym_substrate.local.gvisor.runtime import GvisorRuntime, default_agent_command
+from gym_substrate.local.runtimes.gvisor.probe import gvisor_problem
+from gym_substrate.local.runtimes.gvisor.runtime import GvisorRuntime, default_agent_command
 
 __all__ = ["GvisorRuntime", "default_agent_command", "gvisor_problem"]

@@ -1,0 +1,171 @@
+"""A backend in another process: start it detached, ask it what it serves, stop it.
+
+`local up --daemon` re-executes `python -m gym_substrate.local up ...` in a new session with its
+output in `<state-dir>/backend.log`, and is done once the API and the router both answer. Other
+commands find such a backend through `backend.json` (`statedir.read_backend_info`) and talk to it
+over its router's own endpoints (`/_local/status`, `/_local/templates`) or stop it by signal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from gym_substrate.local.errors import BackendError
+from gym_substrate.local.statedir import read_backend_info
+
+__all__ = [
+    "START_TIMEOUT_S",
+    "answers",
+    "fetch_status",
+    "pid_alive",
+    "post_template",
+    "spawn",
+    "stop",
+    "wait_until_serving",
+]
+
+START_TIMEOUT_S = 120
+
+
+def spawn(
+    folder: Path,
+    *,
+    workers: int,
+    runtime: str,
+    api_port: int,
+    router_port: int,
+    router_timeout: float,
+    kill_on_stop: bool,
+) -> subprocess.Popen[bytes]:
+    """Start `local up` for ``folder`` detached, logging to `<folder>/backend.log`."""
+    folder.mkdir(parents=True, exist_ok=True)
+    argv = [
+        sys.executable, "-m", "gym_substrate.local", "up",
+        "--workers", str(workers), "--runtime", runtime, "--state-dir", str(folder),
+        "--api-port", str(api_port), "--router-port", str(router_port),
+        "--router-timeout", str(router_timeout),
+    ] + (["--kill-on-stop"] if kill_on_stop else [])  # fmt: skip
+    with open(folder / "backend.log", "ab") as log_file:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def wait_until_serving(folder: Path, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
+    """Wait until ``proc`` serves ``folder`` and return its `backend.json` (else BackendError)."""
+    log_path = folder / "backend.log"
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        info = read_backend_info(folder)
+        if info is not None and info.get("pid") == proc.pid and answers(info):
+            return info
+        if proc.poll() is not None:
+            tail = log_path.read_text(errors="replace")[-3000:]
+            raise BackendError(f"the backend exited during start-up:\n{tail}")
+        if time.monotonic() > deadline:
+            raise BackendError(f"the backend did not answer in {START_TIMEOUT_S} s; see {log_path}")
+        time.sleep(0.1)
+
+
+def answers(info: Mapping[str, Any]) -> bool:
+    """True when both the router (`/readyz`) and the gRPC API of ``info`` answer."""
+    try:
+        with urllib.request.urlopen(f"{info['router']}/readyz", timeout=1) as response:
+            if response.status != 200:
+                return False
+    except OSError:
+        return False
+    import grpc
+
+    channel = grpc.insecure_channel(info["api"])
+    try:
+        grpc.channel_ready_future(channel).result(timeout=1)
+    except grpc.FutureTimeoutError:
+        return False
+    finally:
+        channel.close()
+    return True
+
+
+def stop(pid: int, timeout_s: float, *, on_kill: Callable[[], None] = lambda: None) -> None:
+    """SIGTERM ``pid`` and wait; after ``timeout_s`` call ``on_kill``, SIGKILL it and wait."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and pid_alive(pid):
+        time.sleep(0.05)
+    if pid_alive(pid):
+        on_kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        while pid_alive(pid):
+            time.sleep(0.05)
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie child of ours is reaped and counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            state = fh.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    if state == "Z":
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        return False
+    return True
+
+
+def fetch_status(info: Mapping[str, Any], folder: Path) -> dict[str, Any]:
+    """The running backend's `LocalBackend.status()`, asked over its router."""
+    try:
+        with urllib.request.urlopen(f"{info['router']}/_local/status", timeout=10) as response:
+            data: dict[str, Any] = json.loads(response.read())
+    except (OSError, ValueError) as exc:  # URLError, HTTPError, timeouts, a non-JSON answer
+        raise BackendError(
+            f"the backend (pid {info.get('pid')}) on {folder} did not report its status at "
+            f"{info['router']}: {exc}; if it hangs, stop it with `gym-substrate local down "
+            f"--state-dir {folder}`"
+        ) from exc
+    return data
+
+
+def post_template(
+    info: Mapping[str, Any], folder: Path, document: bytes, source: str
+) -> dict[str, Any]:
+    """Register a template document with the running backend (it takes the golden snapshot)."""
+    url = f"{info['router']}/_local/templates?" + urllib.parse.urlencode({"source": source})
+    request = urllib.request.Request(url, data=document, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=300) as response:
+            result: dict[str, Any] = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        try:
+            detail = str(json.loads(raw)["error"]["message"])
+        except (ValueError, TypeError, KeyError):
+            text = raw.decode(errors="replace").strip()
+            detail = f"the backend answered {exc.code}: {text or exc.reason}"
+        raise BackendError(detail) from exc
+    except (urllib.error.URLError, OSError) as exc:
+        raise BackendError(
+            f"cannot reach the backend at {info['router']} ({exc}); check `gym-substrate "
+            f"local status --state-dir {folder}`"
+        ) from exc
+    return result

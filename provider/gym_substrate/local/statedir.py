@@ -1,0 +1,308 @@
+"""A backend's state folder, and the machine-wide list of backends, seen from outside the backend.
+
+A state folder belongs to one backend at a time: it holds an flock on `backend.lock` for as long
+as it runs (the lock, not a pid the kernel may have reused, says whether it still runs), and
+once it serves it writes `backend.json` (pid, addresses, runtime) so `local down`/`status` find
+it from any shell. `state.db` keeps its actors and templates, readable while it is stopped.
+
+Every backend that may own sandboxes is also listed in `registry_dir()` (one file per instance),
+so the sandboxes of one that died without stopping them (SIGKILL, an interrupted test run whose
+state folder nobody remembers) can be found and removed later (`local down --orphans`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from gym_substrate.local.errors import BackendError
+from gym_substrate.local.runtimes import create_runtime
+from gym_substrate.local.runtimes.base import (
+    RuntimeConfig,
+    RuntimeFailure,
+    SandboxRuntime,
+    TemplateSpec,
+)
+from gym_substrate.local.store import ActorRecord, GoldenRecord, Store
+from gym_substrate.local.template_registry import template_in_use_message
+
+__all__ = [
+    "REGISTRY_ENV",
+    "STATE_ENV",
+    "acquire_lock",
+    "actor_row",
+    "cleanup_orphans",
+    "cleanup_state_dir",
+    "default_state_dir",
+    "instance_name",
+    "read_backend_info",
+    "register",
+    "registry_dir",
+    "release_lock",
+    "remove_backend_info",
+    "runtime_for_state",
+    "state_leftovers",
+    "store_template",
+    "stored_status",
+    "template_row",
+    "unregister",
+    "write_backend_info",
+]
+
+log = logging.getLogger(__name__)
+
+STATE_ENV = "GYM_SUBSTRATE_STATE_DIR"
+REGISTRY_ENV = "GYM_SUBSTRATE_LOCAL_REGISTRY"
+
+
+def default_state_dir() -> Path:
+    env = os.environ.get(STATE_ENV)
+    if env:
+        return Path(env).expanduser()
+    return Path("~/.local/state/gym-substrate").expanduser()
+
+
+def instance_name(state_dir: Path) -> str:
+    digest = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()
+    return "gs" + digest[:6]
+
+
+# ---------------------------------------------------------------------- the lock and backend.json
+def acquire_lock(state_dir: Path) -> int:
+    """Take the state folder's backend lock (the folder is created); returns the fd to release."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(state_dir / "backend.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        info = read_backend_info(state_dir) or {}
+        raise BackendError(
+            f"another backend (pid {info.get('pid', '?')}) already uses {state_dir}; "
+            f"stop it with `gym-substrate local down --state-dir {state_dir}` or pick "
+            "another --state-dir"
+        ) from None
+    return fd
+
+
+def release_lock(fd: int) -> None:
+    os.close(fd)
+
+
+def _lock_held(state_dir: Path) -> bool:
+    """True while some process holds the state folder's backend lock."""
+    try:
+        fd = os.open(state_dir / "backend.lock", os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def write_backend_info(state_dir: Path, info: Mapping[str, Any]) -> None:
+    tmp = state_dir / "backend.json.tmp"
+    tmp.write_text(json.dumps(info))
+    tmp.replace(state_dir / "backend.json")
+
+
+def read_backend_info(state_dir: Path) -> dict[str, Any] | None:
+    """What a running backend wrote to `backend.json`, or None if none is running there."""
+    try:
+        info: dict[str, Any] = json.loads((state_dir / "backend.json").read_text())
+    except (OSError, ValueError):
+        return None
+    # the flock, not the pid (which the kernel may have reused), says whether it still runs
+    return info if _lock_held(state_dir) else None
+
+
+def remove_backend_info(state_dir: Path, pid: int) -> None:
+    """Remove `backend.json` if process ``pid`` wrote it (never another backend's)."""
+    with contextlib.suppress(OSError, ValueError):
+        info = json.loads((state_dir / "backend.json").read_text())
+        if info.get("pid") == pid:
+            (state_dir / "backend.json").unlink()
+
+
+# ---------------------------------------------------------------------- the machine-wide list
+def registry_dir() -> Path:
+    """Machine-wide list of backends that may own sandboxes (one file per instance)."""
+    override = os.environ.get(REGISTRY_ENV)
+    if override:
+        return Path(override)
+    base = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/gym-substrate-{os.getuid()}"
+    return Path(base) / "gym-substrate-backends"
+
+
+def register(instance: str, state_dir: Path, runtime: str, workers: int) -> None:
+    folder = registry_dir()
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    entry = {"state_dir": str(state_dir), "runtime": runtime, "workers": workers}
+    tmp = folder / f".{instance}.tmp"
+    tmp.write_text(json.dumps(entry))
+    tmp.replace(folder / instance)
+
+
+def unregister(instance: str) -> None:
+    with contextlib.suppress(OSError):
+        (registry_dir() / instance).unlink()
+
+
+# ---------------------------------------------------------------------- cleaning up after a crash
+def runtime_for_state(state_dir: Path) -> SandboxRuntime | None:
+    """The runtime the state folder's backend last ran (to clean up after it), or None."""
+    store_path = state_dir / "state.db"
+    if not store_path.exists():
+        return None
+    store = Store(store_path)
+    try:
+        name = store.get_meta("runtime")
+        instance = store.get_meta("instance") or instance_name(state_dir)
+        workers = int(store.get_meta("workers") or "1")
+    finally:
+        store.close()
+    if not name:
+        return None
+    config = RuntimeConfig(state_dir / "runtime" / name, instance, workers)
+    return create_runtime(name, config)
+
+
+async def cleanup_state_dir(state_dir: Path) -> list[str]:
+    """Remove every sandbox a (crashed) backend of this state folder left behind."""
+    if _lock_held(state_dir):
+        raise BackendError(
+            f"a backend still holds {state_dir} (starting up, or embedded in another program) "
+            "and owns its sandboxes: wait until it answers and run `gym-substrate local down` "
+            "again, or stop that program"
+        )
+    runtime = runtime_for_state(state_dir)
+    if runtime is None:
+        return []
+    removed = await runtime.cleanup()
+    await runtime.close()
+    return removed
+
+
+async def state_leftovers(state_dir: Path) -> list[str]:
+    """Anything of this state folder's backend still on the host (for leak checks)."""
+    runtime = runtime_for_state(state_dir)
+    if runtime is None:
+        return []
+    found = await runtime.leftovers()
+    await runtime.close()
+    return found
+
+
+async def cleanup_orphans() -> list[str]:
+    """Stop the sandboxes of every registered backend that is no longer running."""
+    removed: list[str] = []
+    folder = registry_dir()
+    if not folder.is_dir():
+        return removed
+    for path in sorted(folder.iterdir()):
+        if path.name.startswith("."):
+            continue
+        try:
+            entry = json.loads(path.read_text())
+            state_dir = Path(entry["state_dir"])
+            config = RuntimeConfig(
+                state_dir / "runtime" / entry["runtime"], path.name, int(entry["workers"])
+            )
+            runtime = create_runtime(entry["runtime"], config)
+        except (OSError, ValueError, KeyError, TypeError, RuntimeFailure) as exc:
+            log.warning("ignoring unreadable backend registration %s: %s", path, exc)
+            continue
+        if _lock_held(state_dir):
+            # alive (or still starting: backend.json is written only once it serves) and owns
+            # its sandboxes
+            continue
+        try:
+            removed += [f"{state_dir}: {line}" for line in await runtime.cleanup()]
+            left = await runtime.leftovers()
+        finally:
+            await runtime.close()
+        if not left:
+            path.unlink(missing_ok=True)
+    return removed
+
+
+# ---------------------------------------------------------------------- what a stopped one holds
+def actor_row(record: ActorRecord, *, address: str = "", worker: str = "") -> dict[str, Any]:
+    """One actor as `local status` shows it (running backend or stored state)."""
+    return {
+        "atespace": record.atespace,
+        "actor": record.actor_id,
+        "template": f"{record.template_namespace}/{record.template_name}",
+        "status": record.status,
+        "version": record.version,
+        "address": address,
+        "worker": worker,
+        "snapshot": record.snapshot_path,
+    }
+
+
+def template_row(template: TemplateSpec, golden: GoldenRecord | None) -> dict[str, Any]:
+    """One template as `local status` shows it."""
+    return {
+        "template": template.key,
+        "rootfs": template.rootfs.kind,
+        "snapshots": str(template.snapshot_location),
+        "golden_snapshot": golden.path if golden else "",
+    }
+
+
+def stored_status(state_dir: Path) -> dict[str, Any] | None:
+    """What a stopped backend's state folder holds (actors, templates), or None if nothing."""
+    if not (state_dir / "state.db").exists():
+        return None
+    store = Store(state_dir / "state.db")
+    try:
+        actors = [actor_row(a) for a in store.actors()]
+        templates = [template_row(t, golden) for t, golden in store.templates()]
+        atespaces = store.atespaces()
+        runtime = store.get_meta("runtime") or ""
+    finally:
+        store.close()
+    return {
+        "runtime": runtime,
+        "state_dir": str(state_dir),
+        "workers": [],
+        "actors": actors,
+        "templates": templates,
+        "atespaces": atespaces,
+    }
+
+
+def store_template(state_dir: Path, template: TemplateSpec) -> None:
+    """Register a template in a stopped backend's state (its golden snapshot comes at `up`).
+
+    A changed spec under a name stored actors use is refused (`BackendError`), as a running
+    backend refuses it.
+    """
+    store = Store(state_dir / "state.db")
+    try:
+        stored = {t.key: t for t, _ in store.templates()}.get(template.key)
+        if stored is not None and stored != template:
+            users = sum(
+                1
+                for record in store.actors()
+                if f"{record.template_namespace}/{record.template_name}" == template.key
+            )
+            if users:
+                raise BackendError(template_in_use_message(stored, template, users))
+        store.put_template(template)
+    finally:
+        store.close()
