@@ -7,8 +7,12 @@ modules are libraries; `gym-substrate bench ...` (`gym_substrate.cli.bench`) pri
 
 from __future__ import annotations
 
-__all__ = ["BenchError"]
+__all__ = ["BenchConfigError", "BenchError"]
 
 
 class BenchError(Exception):
     """A benchmark could not run (the agent did not start, a request failed); says which."""
+
+
+class BenchConfigError(BenchError):
+    """The `--config` a benchmark was given is not a usable provider configuration."""

@@ -51,7 +51,7 @@ class LazyGroup(click.Group):
             "Run Agent Substrate on this machine (control plane, router, sandboxes).",
         ),
         "smoke": (
-            "gym_substrate.tools.smoke:smoke",
+            "gym_substrate.cli.smoke:smoke",
             "Take one sandbox through every provider method and time each step.",
         ),
         "bench": ("gym_substrate.cli.bench:bench", "Benchmarks (provider, env, agent)."),

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sys
+from pathlib import Path
+
 import click
 
 from gym_substrate.cli import LazyGroup
@@ -12,11 +17,11 @@ from gym_substrate.cli._output import Column, console, emit, emit_json, fail, pr
     cls=LazyGroup,
     lazy={
         "provider": (
-            "gym_substrate.tools.bench_provider:provider",
+            "gym_substrate.cli.bench:provider",
             "The NeMo Gym provider against a direct agent call, on the local backend.",
         ),
         "env": (
-            "gym_substrate.envs.bench:env",
+            "gym_substrate.cli.bench:env",
             "Gymnasium env steps per second, one env and a 4-env vector env.",
         ),
         "agent": (
@@ -101,3 +106,148 @@ def agent(
         f"start-ups (ms): {results['startup_all_ms']}; agent log level {results['log_level']}; "
         f"{results['cpus']} CPUs, load average {results['load_avg_1m']:.2f}"
     )
+
+
+@click.command()
+@click.option(
+    "--runtime",
+    type=click.Choice(["process", "gvisor", "auto"]),
+    default="process",
+    show_default=True,
+    help="Local backend runtime to measure on.",
+)
+@click.option("--execs", default=300, show_default=True, help="Sequential execs per path.")
+@click.option("--cycles", default=5, show_default=True, help="Creates and pause/resume cycles.")
+@click.option("--transfer-mib", default=64, show_default=True, help="File size for transfers.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+def provider(runtime: str, execs: int, cycles: int, transfer_mib: int, as_json: bool) -> None:
+    """The NeMo Gym provider against a direct agent call, on the local backend."""
+    from gym_substrate.bench import BenchError
+    from gym_substrate.bench import provider as provider_bench
+
+    if execs < 1 or cycles < 1 or transfer_mib < 1:
+        raise click.UsageError("--execs, --cycles and --transfer-mib must be >= 1")
+    try:
+        with progress.status("benchmarking the provider on a local backend..."):
+            figures = asyncio.run(
+                provider_bench.run_bench(
+                    runtime=runtime, execs=execs, cycles=cycles, transfer_mib=transfer_mib
+                )
+            )
+    except BenchError as exc:
+        raise fail(str(exc)) from exc
+    emit(
+        provider_bench.rows(figures),
+        [
+            Column("measure"),
+            Column("value", justify="right"),
+            Column("baseline", header="baseline / target", justify="right"),
+        ],
+        title=f"gym-substrate bench provider ({figures['runtime']} runtime)",
+        as_json=as_json,
+        json_data=figures,
+    )
+
+
+@click.command("env")
+@click.option(
+    "--runtime",
+    type=click.Choice(["auto", "process", "gvisor"]),
+    default="auto",
+    show_default=True,
+    help="Local backend runtime (ignored with --config).",
+)
+@click.option(
+    "--steps",
+    type=click.IntRange(10, 1_000_000),
+    default=500,
+    show_default=True,
+    help="Timed steps for the single env and its baseline.",
+)
+@click.option(
+    "--vector-steps",
+    type=click.IntRange(10, 1_000_000),
+    default=150,
+    show_default=True,
+    help="Timed vector steps (each is one step of every env).",
+)
+@click.option(
+    "--num-envs", type=click.IntRange(1, 64), default=4, show_default=True, help="Vector env size."
+)
+@click.option(
+    "--vector",
+    "vector_mode",
+    type=click.Choice(["async", "sync"]),
+    default="async",
+    show_default=True,
+    help="AsyncVectorEnv (worker processes) or SyncVectorEnv.",
+)
+@click.option(
+    "--config",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="YAML with a `substrate:` sandbox block: bench that stack instead of a local backend.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+def env(
+    runtime: str,
+    steps: int,
+    vector_steps: int,
+    num_envs: int,
+    vector_mode: str,
+    config: Path | None,
+    as_json: bool,
+) -> None:
+    """Steps per second of SandboxEnv (action `true`): one env and a vector env, with baselines."""
+    from gym_substrate.bench import BenchConfigError, BenchError
+    from gym_substrate.bench import env as env_bench
+
+    try:
+        with env_bench.provider_config(config, runtime, max(4, num_envs), progress) as (
+            provider_cfg,
+            where,
+        ):
+            results = env_bench.run(
+                provider_cfg,
+                steps=steps,
+                vector_steps=vector_steps,
+                num_envs=num_envs,
+                vector_mode=vector_mode,
+                progress=progress,
+            )
+    except BenchConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--config") from exc
+    except BenchError as exc:
+        raise fail(str(exc)) from exc
+    target = env_bench.target_verdict(results, where)
+    load = os.getloadavg()[0]
+    summary = {
+        "where": where,
+        "cpus": os.cpu_count(),
+        "loadavg_1m": round(load, 2),
+        "results": [r.to_json() for r in results],
+        "target": target,
+    }
+    columns = [Column("measurement")] + [
+        Column(key, justify="right")
+        for key in ("steps", "steps/s", "p50 ms", "p99 ms", "errors", "vs base")
+    ]
+    emit(
+        env_bench.rows(results),
+        columns,
+        title=f"SandboxEnv, action `true` ({where})",
+        as_json=as_json,
+        json_data=summary,
+    )
+    if not as_json:
+        console.print(
+            f"machine: {os.cpu_count()} CPUs, load average {load:.2f} (1 min) at the end; "
+            "other load skews both rows alike"
+        )
+        console.print(
+            f"target: >= {target['target_steps_per_s']:.0f} steps/s for one env with gVisor; "
+            f"measured {target['measured_steps_per_s']:.0f} steps/s: {target['verdict']}"
+        )
+    if any(r.errors for r in results):
+        click.echo("some steps failed (see the errors column)", err=True)
+        sys.exit(1)

@@ -1,4 +1,4 @@
-"""`gym-substrate smoke`: one sandbox through every provider method, timed, against any stack.
+"""One sandbox through every provider method, timed, against any stack (`gym-substrate smoke`).
 
 The same sequence runs against the local backend in CI and against a live cluster by hand (or
 with `GYM_SUBSTRATE_STACK_CONFIG`), so "the provider works here" is one command. Each step checks
@@ -7,7 +7,6 @@ its own result; the first failure stops the run and the sandbox is still closed.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import json
@@ -15,14 +14,12 @@ import os
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import click
-
-__all__ = ["SmokeStep", "local_provider_kwargs", "run_smoke", "smoke"]
+__all__ = ["SmokeStep", "run_smoke"]
 
 
 @dataclass
@@ -189,89 +186,3 @@ async def run_smoke(
         finally:
             await provider.aclose()
     return steps
-
-
-@contextlib.asynccontextmanager
-async def local_provider_kwargs(
-    base: dict[str, Any], *, runtime: str = "process", workers: int = 2
-) -> AsyncIterator[tuple[dict[str, Any], Any]]:
-    """Start a local backend and point `base` (provider kwargs) at it."""
-    from gym_substrate.local import LocalBackend
-
-    with tempfile.TemporaryDirectory(prefix="gym-substrate-local-") as state:
-        async with LocalBackend(Path(state), runtime=runtime, workers=workers) as backend:
-            block = backend.provider_config()
-            kwargs = dict(base)
-            kwargs["connection"] = {**dict(base.get("connection") or {}), **block["connection"]}
-            create = dict(kwargs.get("create") or {})
-            # The local backend serves one template; the config's (a cluster's) does not exist.
-            create["template"] = block["create"]["template"]
-            kwargs["create"] = create
-            lifecycle = dict(kwargs.get("lifecycle") or {})
-            lifecycle.setdefault("ledger", os.path.join(state, "ledger.jsonl"))
-            kwargs["lifecycle"] = lifecycle
-            yield kwargs, backend
-
-
-def _print(steps: list[SmokeStep], as_json: bool) -> None:
-    if as_json:
-        click.echo(json.dumps([s.__dict__ for s in steps], indent=2))
-        return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="gym-substrate smoke")
-    table.add_column("step")
-    table.add_column("seconds", justify="right")
-    table.add_column("result")
-    table.add_column("detail", overflow="fold")
-    for s in steps:
-        table.add_row(
-            s.name, f"{s.seconds:.3f}", "[green]ok[/]" if s.ok else "[red]FAILED[/]", s.detail
-        )
-    Console().print(table)
-
-
-@click.command()
-@click.option(
-    "--config",
-    "config_file",
-    type=click.Path(exists=True, dir_okay=False),
-    help="YAML file with a Gym `sandbox:` block whose one key is `substrate`.",
-)
-@click.option(
-    "--local",
-    "local_runtime",
-    type=click.Choice(["process", "gvisor", "auto"]),
-    default=None,
-    help="Start a local backend with this runtime and use it.",
-)
-@click.option("--template", default=None, help="ActorTemplate namespace/name to create from.")
-@click.option("--json", "as_json", is_flag=True, help="Print the steps as JSON.")
-def smoke(
-    config_file: str | None, local_runtime: str | None, template: str | None, as_json: bool
-) -> None:
-    """Take one sandbox through every provider method and print how long each step took."""
-    from gym_substrate._errors import ConfigError
-    from gym_substrate._yaml import load_substrate_block
-
-    if config_file is None and local_runtime is None:
-        raise click.UsageError("give --config FILE, --local RUNTIME, or both")
-    try:
-        base = load_substrate_block(config_file) if config_file else {}
-    except ConfigError as exc:
-        raise click.UsageError(str(exc)) from exc
-
-    async def main() -> list[SmokeStep]:
-        if local_runtime is None:
-            return await run_smoke(base, template=template)
-        async with local_provider_kwargs(base, runtime=local_runtime) as (kwargs, _backend):
-            return await run_smoke(kwargs, template=template)
-
-    try:
-        steps = asyncio.run(main())
-    except ConfigError as exc:
-        raise click.UsageError(str(exc)) from exc
-    _print(steps, as_json)
-    if not steps or not all(s.ok for s in steps):
-        raise SystemExit(1)

@@ -1,4 +1,4 @@
-"""`gym-substrate bench env`: SandboxEnv steps per second against the raw provider, same run.
+"""SandboxEnv steps per second against the raw provider, same run (`gym-substrate bench env`).
 
 The action is `true`, so the figure is the env's own cost per step: the loop-thread hop, the
 provider's exec round trip through the router to the sandbox agent, and building observation and
@@ -13,20 +13,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
-import os
-import sys
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import click
-from rich.console import Console
-from rich.table import Table
+from gym_substrate.bench import BenchConfigError, BenchError
 
-__all__ = ["BenchResult", "env"]
+__all__ = ["BenchResult", "provider_config", "rows", "run", "target_verdict"]
 
 TARGET_STEPS_PER_S = 200.0
 WARMUP_STEPS = 10
@@ -164,9 +159,13 @@ def _vector_env(provider: dict[str, Any], num_envs: int, steps: int, mode: str) 
 
 
 @contextlib.contextmanager
-def _provider_config(
-    config: Path | None, runtime: str, workers: int, console: Console
+def provider_config(
+    config: Path | None, runtime: str, workers: int, progress: Any
 ) -> Iterator[tuple[dict[str, Any], str]]:
+    """The `substrate:` block of `config`, or of a local backend started for the run.
+
+    Yields the block and where it points; `progress` is a rich Console for status lines.
+    """
     if config is not None:
         from gym_substrate._errors import ConfigError
         from gym_substrate._yaml import load_substrate_block
@@ -174,30 +173,29 @@ def _provider_config(
 
         try:  # the same reading (and ${oc.env:...} resolution) as `gym-substrate smoke`
             block = load_substrate_block(config)
-            SubstrateProvider(**block)  # validates every key and value; does no I/O
+            SubstrateProvider(**block)  # validates every key and value; opens no connection
         except ConfigError as exc:
-            raise click.BadParameter(str(exc), param_hint="--config") from exc
+            raise BenchConfigError(str(exc)) from exc
         yield block, f"stack from {config.name}"
         return
     from gym_substrate.envs._backend import running_local_backend
 
     with contextlib.ExitStack() as stack:
-        with console.status(f"starting the local backend (runtime {runtime}, {workers} workers)"):
+        with progress.status(f"starting the local backend (runtime {runtime}, {workers} workers)"):
             background = stack.enter_context(
                 running_local_backend(runtime=runtime, workers=workers)
             )
         try:
             yield background.provider_config(), f"local, runtime {background.runtime}"
         finally:
-            with console.status("stopping the local backend"):
+            with progress.status("stopping the local backend"):
                 stack.close()
 
 
-def _table(results: list[BenchResult], where: str) -> Table:
-    table = Table(title=f"SandboxEnv, action `true` ({where})")
-    for column in ("measurement", "steps", "steps/s", "p50 ms", "p99 ms", "errors", "vs base"):
-        table.add_column(column, justify="left" if column == "measurement" else "right")
+def rows(results: list[BenchResult]) -> list[dict[str, Any]]:
+    """One row per measurement, each env row against its baseline's steps/s."""
     baseline: dict[int, BenchResult] = {r.sandboxes: r for r in results if r.kind == "baseline"}
+    out = []
     for r in results:
         base = baseline.get(r.sandboxes)
         versus = (
@@ -205,129 +203,66 @@ def _table(results: list[BenchResult], where: str) -> Table:
             if r.kind == "baseline"
             else (f"{100 * r.steps_per_s / base.steps_per_s:.0f}%" if base else "-")
         )
-        table.add_row(
-            r.name,
-            str(r.steps),
-            f"{r.steps_per_s:.0f}",
-            f"{r.percentile_ms(0.5):.2f}",
-            f"{r.percentile_ms(0.99):.2f}",
-            str(r.errors),
-            versus,
+        out.append(
+            {
+                "measurement": r.name,
+                "steps": r.steps,
+                "steps/s": f"{r.steps_per_s:.0f}",
+                "p50 ms": f"{r.percentile_ms(0.5):.2f}",
+                "p99 ms": f"{r.percentile_ms(0.99):.2f}",
+                "errors": r.errors,
+                "vs base": versus,
+            }
         )
-    return table
+    return out
 
 
-@click.command("env")
-@click.option(
-    "--runtime",
-    type=click.Choice(["auto", "process", "gvisor"]),
-    default="auto",
-    show_default=True,
-    help="Local backend runtime (ignored with --config).",
-)
-@click.option(
-    "--steps",
-    type=click.IntRange(10, 1_000_000),
-    default=500,
-    show_default=True,
-    help="Timed steps for the single env and its baseline.",
-)
-@click.option(
-    "--vector-steps",
-    type=click.IntRange(10, 1_000_000),
-    default=150,
-    show_default=True,
-    help="Timed vector steps (each is one step of every env).",
-)
-@click.option(
-    "--num-envs", type=click.IntRange(1, 64), default=4, show_default=True, help="Vector env size."
-)
-@click.option(
-    "--vector",
-    "vector_mode",
-    type=click.Choice(["async", "sync"]),
-    default="async",
-    show_default=True,
-    help="AsyncVectorEnv (worker processes) or SyncVectorEnv.",
-)
-@click.option(
-    "--config",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help="YAML with a `substrate:` sandbox block: bench that stack instead of a local backend.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
-def env(
-    runtime: str,
+def run(
+    provider_cfg: dict[str, Any],
+    *,
     steps: int,
     vector_steps: int,
     num_envs: int,
     vector_mode: str,
-    config: Path | None,
-    as_json: bool,
-) -> None:
-    """Steps per second of SandboxEnv (action `true`): one env and a vector env, with baselines."""
-    console = Console(stderr=True)
-    results: list[BenchResult] = []
-    with _provider_config(config, runtime, max(4, num_envs), console) as (provider_cfg, where):
-        provider = {"substrate": provider_cfg}
-        plan: list[tuple[str, Any]] = [
-            (
-                "baseline: provider.exec, 1 sandbox",
-                lambda: asyncio.run(_baseline(provider_cfg, 1, steps)),
-            ),
-            ("SandboxEnv, 1 env", lambda: _single_env(provider, steps)),
-            (
-                f"baseline: provider.exec, {num_envs} sandboxes",
-                lambda: asyncio.run(_baseline(provider_cfg, num_envs, vector_steps)),
-            ),
-            (
-                f"{vector_mode} vector env, {num_envs} envs",
-                lambda: _vector_env(provider, num_envs, vector_steps, vector_mode),
-            ),
-        ]
-        from gym_substrate._errors import SubstrateError
+    progress: Any,
+) -> list[BenchResult]:
+    """The four measurements: baseline and env, single and vector."""
+    from gym_substrate._errors import SubstrateError
 
-        for label, run in plan:
-            with console.status(f"measuring {label}"):
-                try:
-                    results.append(run())
-                except SubstrateError as exc:  # e.g. the stack is unreachable
-                    raise click.ClickException(f"{label} failed: {exc}") from exc
+    provider = {"substrate": provider_cfg}
+    plan: list[tuple[str, Any]] = [
+        (
+            "baseline: provider.exec, 1 sandbox",
+            lambda: asyncio.run(_baseline(provider_cfg, 1, steps)),
+        ),
+        ("SandboxEnv, 1 env", lambda: _single_env(provider, steps)),
+        (
+            f"baseline: provider.exec, {num_envs} sandboxes",
+            lambda: asyncio.run(_baseline(provider_cfg, num_envs, vector_steps)),
+        ),
+        (
+            f"{vector_mode} vector env, {num_envs} envs",
+            lambda: _vector_env(provider, num_envs, vector_steps, vector_mode),
+        ),
+    ]
+    results: list[BenchResult] = []
+    for label, measure in plan:
+        with progress.status(f"measuring {label}"):
+            try:
+                results.append(measure())
+            except SubstrateError as exc:  # e.g. the stack is unreachable
+                raise BenchError(f"{label} failed: {exc}") from exc
+    return results
+
+
+def target_verdict(results: list[BenchResult], where: str) -> dict[str, Any]:
+    """The single env's steps/s against the gVisor target (which applies only on gVisor)."""
     single = next(r for r in results if r.name == "SandboxEnv ×1")
     gvisor = "gvisor" in where
     verdict = "met" if single.steps_per_s >= TARGET_STEPS_PER_S else "missed"
-    target = {
+    return {
         "target_steps_per_s": TARGET_STEPS_PER_S,
         "measured_steps_per_s": round(single.steps_per_s, 1),
         "applies": gvisor,
         "verdict": verdict if gvisor else "not applicable: the target is for the gVisor runtime",
     }
-    load = os.getloadavg()[0]
-    if as_json:
-        print(
-            json.dumps(
-                {
-                    "where": where,
-                    "cpus": os.cpu_count(),
-                    "loadavg_1m": round(load, 2),
-                    "results": [r.to_json() for r in results],
-                    "target": target,
-                },
-                indent=2,
-            )
-        )
-    else:
-        out = Console()
-        out.print(_table(results, where))
-        out.print(
-            f"machine: {os.cpu_count()} CPUs, load average {load:.2f} (1 min) at the end; "
-            "other load skews both rows alike"
-        )
-        out.print(
-            f"target: >= {TARGET_STEPS_PER_S:.0f} steps/s for one env with gVisor; measured "
-            f"{single.steps_per_s:.0f} steps/s: {target['verdict']}"
-        )
-    if any(r.errors for r in results):
-        click.echo("some steps failed (see the errors column)", err=True)
-        sys.exit(1)

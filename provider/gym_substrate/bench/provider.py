@@ -1,4 +1,4 @@
-"""`gym-substrate bench provider`: what the provider costs on top of the agent, on a local backend.
+"""What the provider costs on top of the agent, on a local backend (`gym-substrate bench provider`).
 
 The baseline is measured in the same run: the same command is posted to the same agent through
 the same router with a bare aiohttp session (one keep-alive connection), so "added" is exactly
@@ -8,7 +8,6 @@ no network or agent variance. Lifecycle and transfer figures are absolute.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import statistics
@@ -18,9 +17,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import click
+from gym_substrate.bench import BenchError
 
-__all__ = ["provider", "run_bench"]
+__all__ = ["rows", "run_bench"]
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -32,7 +31,7 @@ async def run_bench(*, runtime: str, execs: int, cycles: int, transfer_mib: int)
     import aiohttp
 
     from gym_substrate import SubstrateProvider
-    from gym_substrate.tools.smoke import local_provider_kwargs
+    from gym_substrate.local.client_config import local_provider_kwargs
     from gym_substrate.types import SandboxSpec
 
     out: dict[str, Any] = {"runtime": runtime}
@@ -68,7 +67,7 @@ async def run_bench(*, runtime: str, execs: int, cycles: int, transfer_mib: int)
                     r = await provider.exec(handle, "true")
                     t1 = time.perf_counter()
                     if r.return_code != 0:
-                        raise click.ClickException(f"exec failed: {r}")
+                        raise BenchError(f"exec failed: {r}")
                     body = json.dumps(
                         {
                             "id": f"b-{uuid.uuid4().hex}",
@@ -85,7 +84,7 @@ async def run_bench(*, runtime: str, execs: int, cycles: int, transfer_mib: int)
                         job = json.loads(await resp.read())
                     t3 = time.perf_counter()
                     if job.get("exit_code") != 0:
-                        raise click.ClickException(f"direct exec failed: {job}")
+                        raise BenchError(f"direct exec failed: {job}")
                     if i >= 20:  # the first 20 warm both paths
                         via_provider.append(t1 - t0)
                         direct.append(t3 - t2)
@@ -112,7 +111,7 @@ async def run_bench(*, runtime: str, execs: int, cycles: int, transfer_mib: int)
                 await provider.download_file(handle, remote, dst)
                 down = time.perf_counter() - t0
                 if dst.read_bytes() != src.read_bytes():
-                    raise click.ClickException("downloaded bytes differ")
+                    raise BenchError("downloaded bytes differ")
                 await provider.exec(handle, f"rm -f {remote}")
             await provider.close(handle)
         finally:
@@ -139,62 +138,32 @@ async def run_bench(*, runtime: str, execs: int, cycles: int, transfer_mib: int)
     return out
 
 
-@click.command()
-@click.option(
-    "--runtime",
-    type=click.Choice(["process", "gvisor", "auto"]),
-    default="process",
-    show_default=True,
-    help="Local backend runtime to measure on.",
-)
-@click.option("--execs", default=300, show_default=True, help="Sequential execs per path.")
-@click.option("--cycles", default=5, show_default=True, help="Creates and pause/resume cycles.")
-@click.option("--transfer-mib", default=64, show_default=True, help="File size for transfers.")
-@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
-def provider(runtime: str, execs: int, cycles: int, transfer_mib: int, as_json: bool) -> None:
-    """The NeMo Gym provider against a direct agent call, on the local backend."""
-    if execs < 1 or cycles < 1 or transfer_mib < 1:
-        raise click.UsageError("--execs, --cycles and --transfer-mib must be >= 1")
-    from rich.console import Console
-
-    console = Console(stderr=True)
-    with console.status("benchmarking the provider on a local backend..."):
-        figures = asyncio.run(
-            run_bench(runtime=runtime, execs=execs, cycles=cycles, transfer_mib=transfer_mib)
-        )
-    if as_json:
-        click.echo(json.dumps(figures, indent=2))
-        return
-    from rich.table import Table
-
-    f = figures
-    table = Table(title=f"gym-substrate bench provider ({f['runtime']} runtime)")
-    table.add_column("measure")
-    table.add_column("value", justify="right")
-    table.add_column("baseline / target", justify="right")
-    table.add_row(
-        "exec p50 via provider",
-        f"{f['exec_p50_ms_provider']:.3f} ms",
-        f"direct {f['exec_p50_ms_direct']:.3f} ms",
-    )
-    table.add_row(
-        "exec p90 via provider",
-        f"{f['exec_p90_ms_provider']:.3f} ms",
-        f"direct {f['exec_p90_ms_direct']:.3f} ms",
-    )
+def rows(f: dict[str, Any]) -> list[dict[str, str]]:
+    """The figures as table rows: measure, value, and its baseline or target."""
     added = f["exec_added_ms_p50"]
-    table.add_row(
-        "added by the provider (p50)",
-        f"{added:.3f} ms",
-        "target <= 1 ms " + ("[green]met[/]" if added <= 1.0 else "[red]missed[/]"),
-    )
-    table.add_row("create to ready (p50)", f"{f['create_to_ready_p50_s'] * 1e3:.1f} ms", "")
-    table.add_row("pause (p50)", f"{f['pause_p50_s'] * 1e3:.1f} ms", "")
-    table.add_row("resume to ready (p50)", f"{f['resume_p50_s'] * 1e3:.1f} ms", "")
-    table.add_row(f"upload {f['transfer_mib']} MiB", f"{f['upload_mb_s']:.0f} MB/s", "")
-    table.add_row(
-        f"download {f['transfer_mib']} MiB",
-        f"{f['download_mb_s']:.0f} MB/s",
-        "incl. sha256 in sandbox",
-    )
-    Console().print(table)
+    return [
+        {
+            "measure": "exec p50 via provider",
+            "value": f"{f['exec_p50_ms_provider']:.3f} ms",
+            "baseline": f"direct {f['exec_p50_ms_direct']:.3f} ms",
+        },
+        {
+            "measure": "exec p90 via provider",
+            "value": f"{f['exec_p90_ms_provider']:.3f} ms",
+            "baseline": f"direct {f['exec_p90_ms_direct']:.3f} ms",
+        },
+        {
+            "measure": "added by the provider (p50)",
+            "value": f"{added:.3f} ms",
+            "baseline": "target <= 1 ms " + ("met" if added <= 1.0 else "MISSED"),
+        },
+        {"measure": "create to ready (p50)", "value": f"{f['create_to_ready_p50_s'] * 1e3:.1f} ms"},
+        {"measure": "pause (p50)", "value": f"{f['pause_p50_s'] * 1e3:.1f} ms"},
+        {"measure": "resume to ready (p50)", "value": f"{f['resume_p50_s'] * 1e3:.1f} ms"},
+        {"measure": f"upload {f['transfer_mib']} MiB", "value": f"{f['upload_mb_s']:.0f} MB/s"},
+        {
+            "measure": f"download {f['transfer_mib']} MiB",
+            "value": f"{f['download_mb_s']:.0f} MB/s",
+            "baseline": "incl. sha256 in sandbox",
+        },
+    ]
