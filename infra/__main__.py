@@ -1,53 +1,42 @@
 """gym-substrate stack: read and validate the config, build the components, export outputs.
 
-Nothing else happens here: objects and scripts come from `gym_substrate.infra`, wiring from
-`substrate_infra`. A bad config key stops the program before any resource is registered, so
+Nothing else happens here: objects, scripts and the components that wire them come from
+`gym_substrate.stack`. A bad config key stops the program before any resource is registered, so
 `pulumi preview` reports it with the key and the fix.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pulumi
 from pulumi.runtime import config as runtime_config
 from pulumi_command import remote
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from substrate_infra import (  # noqa: E402
+from gym_substrate.stack import objects
+from gym_substrate.stack.components import (
     Access,
+    AccessArgs,
     ActorTemplates,
     AgentImage,
-    BorrowedHost,
-    KindCluster,
-    Observability,
-    Runner,
-    Runtime,
-    SubstrateInstall,
-    WorkerPool,
-)
-from substrate_infra.components import (  # noqa: E402
-    AccessArgs,
     AgentImageArgs,
+    BorrowedHost,
     ClusterArgs,
     HostArgs,
     InstallArgs,
+    KindCluster,
+    Observability,
     ObservabilityArgs,
     PoolArgs,
+    Runtime,
     RuntimeArgs,
+    SubstrateInstall,
     TemplatesArgs,
+    WorkerPool,
 )
-
-from gym_substrate.infra import objects  # noqa: E402
-from gym_substrate.infra.config import (  # noqa: E402
-    PROJECT,
-    ConfigError,
-    StackConfig,
-    parse_config_values,
-)
-from gym_substrate.infra.scripts import Paths  # noqa: E402
+from gym_substrate.stack.config import PROJECT, ConfigError, StackConfig, parse_config_values
+from gym_substrate.stack.runner import Runner
+from gym_substrate.stack.scripts import Paths
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,8 +15,8 @@ from typing import Any
 import click
 import yaml
 
-from gym_substrate.infra import objects, scripts
-from gym_substrate.infra.config import ConfigError, StackConfig, load_stack_file, stack_file
+from gym_substrate.stack import objects, scripts
+from gym_substrate.stack.config import ConfigError, StackConfig, load_stack_file, stack_file
 
 __all__ = ["render", "render_stack"]
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from gym_substrate.infra.config import StackConfig
+from gym_substrate.stack.config import StackConfig
 
 __all__ = [
     "Paths",

@@ -11,7 +11,7 @@ import functools
 
 import pytest
 import yaml
-from infra_harness import (
+from stack_harness import (
     AGENT,
     ATEOM,
     CA_PEM,

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from infra_harness import STACKS, stack_config, stack_values
+from stack_harness import STACKS, stack_config, stack_values
 
-from gym_substrate.infra.config import (
+from gym_substrate.stack.config import (
     ConfigError,
     StackConfig,
     load_stack_file,

@@ -1,8 +1,13 @@
-"""The stack's components, in dependency order.
+"""The stack's Pulumi components, in dependency order.
 
 BorrowedHost (host stacks) -> KindCluster -> SubstrateInstall -> Runtime -> WorkerPool,
 AgentImage -> ActorTemplates; Access and Observability hang off the install. Destroy runs the
 same graph backwards, which is what makes the host's wipe-then-revert order hold.
+
+Components only wire resources: every object and script comes from the Pulumi-free builders
+beside this module (`objects`, `scripts`), which are tested without mocks. Each component takes
+one frozen args object, parents every child to itself, uses the explicit Kubernetes provider it
+is given, and ends with `register_outputs`.
 """
 
 from __future__ import annotations
@@ -18,9 +23,9 @@ import pulumi
 import pulumi_kubernetes as k8s
 from pulumi_command import remote
 
-from gym_substrate.infra import objects, scripts
-from gym_substrate.infra.config import StackConfig, WorkloadConfig
-from substrate_infra.runner import Runner
+from gym_substrate.stack import objects, scripts
+from gym_substrate.stack.config import StackConfig, WorkloadConfig
+from gym_substrate.stack.runner import Runner
 
 __all__ = [
     "Access",

@@ -1,4 +1,4 @@
-"""Helpers for the infrastructure tests: repo paths, stack configs, and a Pulumi mock harness.
+"""Helpers for the stack tests: repo paths, stack configs, and a Pulumi mock harness.
 
 The harness runs the real `infra/__main__.py` once per stack file under `pulumi.runtime.set_mocks`
 and records every registration request (type, name, parent, dependencies, secret outputs),
@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from gym_substrate.infra.config import StackConfig, load_stack_file, stack_file
+from gym_substrate.stack.config import StackConfig, load_stack_file, stack_file
 
 REPO = Path(__file__).resolve().parents[2]
 STACKS = ("kind-gvisor", "kind-microvm", "host-gvisor", "host-microvm")

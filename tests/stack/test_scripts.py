@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from infra_harness import STACKS, stack_config
+from stack_harness import STACKS, stack_config
 
-from gym_substrate.infra import scripts
-from gym_substrate.infra.config import StackConfig
+from gym_substrate.stack import scripts
+from gym_substrate.stack.config import StackConfig
 
 TOOLS = (
     "docker",
@@ -119,7 +119,7 @@ def _index(calls: list[str], needle: str) -> int:
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_every_script_is_valid_bash(stack: str, tmp_path: Path) -> None:
-    from gym_substrate.infra.render import render_stack
+    from gym_substrate.stack.render import render_stack
 
     files, _ = render_stack(stack_config(stack), tmp_path)
     shells = [f for f in files if f.suffix == ".sh"]
