@@ -105,8 +105,13 @@ def _stdout(name: str, inputs: dict[str, Any]) -> str:
     return "ok\n"
 
 
-def run_stack(stack: str, overrides: dict[str, Any] | None = None) -> StackRun:
+def run_stack(
+    stack: str, overrides: dict[str, Any] | None = None, *, stdout: dict[str, str] | None = None
+) -> StackRun:
+    """Run the program for `stack`; `stdout` replaces what the named command steps print."""
     from pulumi.runtime import mocks as pm
+
+    printed = dict(stdout or {})
 
     registrations: list[Registration] = []
 
@@ -114,7 +119,7 @@ def run_stack(stack: str, overrides: dict[str, Any] | None = None) -> StackRun:
         def new_resource(self, args: pm.MockResourceArgs) -> tuple[str, dict[str, Any]]:
             outputs = dict(args.inputs)
             if args.typ.startswith("command:"):
-                outputs["stdout"] = _stdout(args.name, args.inputs)
+                outputs["stdout"] = printed.get(args.name, _stdout(args.name, args.inputs))
             return f"{args.name}-id", outputs
 
         def call(self, args: pm.MockCallArgs) -> dict[str, Any]:

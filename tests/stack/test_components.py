@@ -26,6 +26,8 @@ from stack_harness import (
     secret_occurrences,
 )
 
+from gym_substrate.stack.scripts import StepOutputError
+
 PKG = "gymsubstrate:index:"
 
 
@@ -249,6 +251,29 @@ def test_invalid_config_fails_before_any_resource() -> None:
         run_stack("kind-gvisor", {"gym-substrate:runtime": "kata"})
     with pytest.raises(pulumi.RunError, match=r"gym-substrate:cluster.kvm: runtime 'microvm'"):
         run_stack("kind-microvm", {"gym-substrate:cluster": {"name": "x", "kvm": False}})
+
+
+@pytest.mark.parametrize(
+    ("stack", "step", "printed"),
+    [
+        ("kind-gvisor", "image-python", ""),
+        ("kind-gvisor", "image-python", "pushed\n"),
+        ("kind-gvisor", "image-python", '{"workload": "python@sha256:..."}\n'),
+        ("kind-microvm", "microvm-assets", ""),
+        ("kind-microvm", "microvm-assets", "[1, 2]\n"),
+        ("kind-microvm", "microvm-assets", '{"arch": "arm64", "virtiofsd": "00"}\n'),
+    ],
+)
+def test_a_step_that_prints_nothing_parseable_names_the_step(
+    stack: str, step: str, printed: str
+) -> None:
+    """A step that exits 0 but prints no usable result is a clear error naming the step and
+    what it printed, not an IndexError or JSONDecodeError from inside an apply."""
+    with pytest.raises(StepOutputError) as info:
+        run_stack(stack, stdout={step: printed})
+    message = str(info.value)
+    assert message.startswith(f"step {step!r} ")
+    assert repr(printed.strip()) in message
 
 
 def test_image_volume_mode_pins_the_workload_only() -> None:

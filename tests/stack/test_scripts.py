@@ -129,6 +129,18 @@ def test_every_script_is_valid_bash(stack: str, tmp_path: Path) -> None:
         assert proc.returncode == 0, (f.name, proc.stderr)
 
 
+def test_a_step_result_is_its_last_stdout_line() -> None:
+    assert scripts.result_line("build", "\nimage@sha256:1\n\n") == "image@sha256:1"
+    assert scripts.result_json("x", 'noise\n{"image": "i"}\n', keys=("image",)) == {"image": "i"}
+    with pytest.raises(scripts.StepOutputError) as info:
+        scripts.result_line("agent-image", " \n")
+    assert str(info.value).startswith("step 'agent-image' exited 0 but printed '' on stdout")
+    with pytest.raises(scripts.StepOutputError) as info:
+        scripts.result_json("microvm-assets", "x" * 1000)
+    assert "'..." + "x" * 400 + "'" in str(info.value)
+    assert isinstance(info.value, RuntimeError)
+
+
 # --- kind ------------------------------------------------------------------------------------
 
 

@@ -186,7 +186,7 @@ class SubstrateInstall(pulumi.ComponentResource):
             triggers=[self.build.stdout],
         )
         ca = run.run("ca", scripts.substrate_ca_script(cfg), parent=self, depends_on=[self.install])
-        self.ateom_image = self.build.stdout.apply(str.strip)
+        self.ateom_image = self.build.stdout.apply(functools.partial(scripts.result_line, "build"))
         self.ca_pem = ca.stdout
         self.token_file = None
         self.client_token: pulumi.Output[str] | None = None
@@ -200,7 +200,9 @@ class SubstrateInstall(pulumi.ComponentResource):
                 depends_on=[self.install],
                 triggers=[datetime.datetime.now(datetime.UTC).date().isoformat()],
             )
-            self.token_file = token.stdout.apply(str.strip)
+            self.token_file = token.stdout.apply(
+                functools.partial(scripts.result_line, "client-token")
+            )
             if run.remote:
                 value = run.run(
                     "client-token-value",
@@ -248,7 +250,12 @@ class Runtime(pulumi.ComponentResource):
                 depends_on=[label],
             )
             obj = assets.stdout.apply(
-                lambda out: objects.sandbox_config(cfg, asset_sha256=json.loads(out))
+                lambda out: objects.sandbox_config(
+                    cfg,
+                    asset_sha256=scripts.result_json(
+                        "microvm-assets", out, keys=("arch", *objects.MICROVM_ASSET_FILES)
+                    ),
+                )
             )
             k8s_opts = pulumi.ResourceOptions.merge(
                 k8s_opts, pulumi.ResourceOptions(depends_on=[assets])
@@ -356,7 +363,7 @@ class AgentImage(pulumi.ComponentResource):
             depends_on=depends,
             triggers=[source_hash],
         )
-        self.image = build.stdout.apply(str.strip)
+        self.image = build.stdout.apply(functools.partial(scripts.result_line, "agent-image"))
         self.register_outputs({"image": self.image})
 
 
@@ -428,10 +435,12 @@ def _derived_script(cfg: StackConfig, wl: WorkloadConfig, agent_image: str) -> s
 
 def _template_for(cfg: StackConfig, wl: WorkloadConfig, values: list[str]) -> dict[str, Any]:
     stdout, agent_image = values
+    step = f"image-{wl.name}"
     if cfg.agent.mount == "derived-image":
-        image = json.loads(stdout.strip().splitlines()[-1])["image"]
+        image = scripts.result_json(step, stdout, keys=("image",))["image"]
         return objects.actor_template(cfg, wl, image=image)
-    return objects.actor_template(cfg, wl, image=stdout.strip(), agent_image=agent_image)
+    image = scripts.result_line(step, stdout)
+    return objects.actor_template(cfg, wl, image=image, agent_image=agent_image)
 
 
 @dataclass(frozen=True)

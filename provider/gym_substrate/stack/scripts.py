@@ -9,15 +9,19 @@ to stderr and prints only its result on stdout, which becomes the command's outp
 
 from __future__ import annotations
 
+import json
 import shlex
 from dataclasses import dataclass
+from typing import Any
 
 import yaml
 
+from gym_substrate._errors import SubstrateError
 from gym_substrate.stack.config import StackConfig
 
 __all__ = [
     "Paths",
+    "StepOutputError",
     "agent_image_script",
     "as_command",
     "derived_image_script",
@@ -39,6 +43,8 @@ __all__ = [
     "substrate_install_script",
     "template_wait_script",
     "pinned_workload_script",
+    "result_json",
+    "result_line",
     "token_script",
     "token_value_script",
     "tree_hash",
@@ -52,6 +58,50 @@ _STDOUT_TO_FD3 = "exec 3>&1 1>&2\n"  # progress to stderr, result to the saved s
 def as_command(script: str) -> str:
     """One command line for local and remote runners: `bash -c '<script>'`."""
     return "bash -c " + shlex.quote(script)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading what a step printed
+
+
+class StepOutputError(SubstrateError, RuntimeError):
+    """A step exited 0 but its stdout holds no usable result; names the step and what it printed.
+
+    A RuntimeError on purpose: Pulumi rewraps a ValueError raised while it serializes a resource's
+    inputs (where these are raised, inside an `apply`) into a bare ValueError that hides the type.
+    """
+
+    def __init__(self, step: str, printed: str, expected: str) -> None:
+        shown = printed.strip()
+        if len(shown) > 400:
+            shown = "..." + shown[-400:]
+        super().__init__(
+            f"step {step!r} exited 0 but printed {shown!r} on stdout, where {expected} was "
+            "expected. Its progress went to stderr: run its script by hand to see why"
+        )
+        self.step = step
+        self.printed = printed
+
+
+def result_line(step: str, stdout: str) -> str:
+    """The result a step printed: its last non-empty stdout line."""
+    lines = [line.strip() for line in stdout.splitlines() if line.strip()]
+    if not lines:
+        raise StepOutputError(step, stdout, "a result line")
+    return lines[-1]
+
+
+def result_json(step: str, stdout: str, keys: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The JSON object a step printed as its last stdout line, with a string at each of `keys`."""
+    expected = "a JSON object" + (f" with {', '.join(keys)}" if keys else "") + " as the last line"
+    lines = stdout.strip().splitlines()
+    try:
+        value = json.loads(lines[-1]) if lines else None
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, dict) or not all(isinstance(value.get(k), str) for k in keys):
+        raise StepOutputError(step, stdout, expected)
+    return value
 
 
 @dataclass(frozen=True)
