@@ -28,8 +28,8 @@ from gym_substrate.stack.components import (
     Observability,
     ObservabilityArgs,
     PoolArgs,
-    Runtime,
-    RuntimeArgs,
+    RuntimeSetup,
+    RuntimeSetupArgs,
     SubstrateInstall,
     TemplatesArgs,
     WorkerPool,
@@ -57,44 +57,40 @@ if cfg.host is not None:
         port=cfg.host.port,
         private_key=pulumi.Config(PROJECT).require_secret("sshPrivateKey"),
     )
-    host = BorrowedHost("host", HostArgs(cfg=cfg, connection=connection))
+    host = BorrowedHost("host", HostArgs.from_config(cfg, connection))
     runner = host.runner
 
-cluster = KindCluster("cluster", ClusterArgs(cfg=cfg, runner=runner))
-install = SubstrateInstall("substrate", InstallArgs(cfg=cfg, runner=runner, cluster=cluster))
-runtime = Runtime(
-    "runtime", RuntimeArgs(cfg=cfg, runner=runner, provider=cluster.provider, install=install)
+cluster = KindCluster("cluster", ClusterArgs.from_config(cfg, runner))
+kube = cluster.provider
+install = SubstrateInstall("substrate", InstallArgs.from_config(cfg, runner, cluster=cluster))
+runtime = RuntimeSetup(
+    "runtime", RuntimeSetupArgs.from_config(cfg, runner, provider=kube, install=install)
 )
 pool = WorkerPool(
     "pool",
-    PoolArgs(
-        cfg=cfg,
-        runner=runner,
-        provider=cluster.provider,
-        ateom_image=install.ateom_image,
-        runtime=runtime,
+    PoolArgs.from_config(
+        cfg, runner, provider=kube, runtime=runtime, ateom_image=install.ateom_image
     ),
 )
 agent = AgentImage(
-    "agent", AgentImageArgs(cfg=cfg, runner=runner, repo_root=REPO_ROOT, cluster=cluster)
+    "agent", AgentImageArgs.from_config(cfg, runner, repo_root=REPO_ROOT, cluster=cluster)
 )
 templates = ActorTemplates(
     "templates",
-    TemplatesArgs(
-        cfg=cfg,
-        runner=runner,
-        provider=cluster.provider,
-        agent_image=agent.image,
-        pool=pool,
-        install=install,
+    TemplatesArgs.from_config(
+        cfg,
+        runner,
+        provider=kube,
         agent=agent,
-        cluster_ready=cluster,
+        pool_ready=pool.ready,
+        install=install,
+        cluster=cluster,
     ),
 )
-Access("access", AccessArgs(cfg=cfg, provider=cluster.provider, install=install))
+Access("access", AccessArgs.from_config(cfg, provider=kube, install=install))
 if cfg.observability.enabled:
     Observability(
-        "observability", ObservabilityArgs(cfg=cfg, provider=cluster.provider, install=install)
+        "observability", ObservabilityArgs.from_config(cfg, provider=kube, install=install)
     )
 
 api = f"127.0.0.1:{cfg.access.api_node_port}"

@@ -7,6 +7,7 @@ secret, and that host stacks carry their destroy-time commands.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
@@ -26,6 +27,7 @@ from stack_harness import (
     secret_occurrences,
 )
 
+from gym_substrate.stack import components
 from gym_substrate.stack.scripts import StepOutputError
 
 PKG = "gymsubstrate:index:"
@@ -64,6 +66,7 @@ def test_components_and_children(stack: str) -> None:
     run = _run(stack)
     host = stack.startswith("host")
     components = {r.typ.removeprefix(PKG) for r in run.registrations if r.typ.startswith(PKG)}
+    # RuntimeSetup keeps the type token `Runtime`: it is part of its children's URNs.
     expected = {
         "KindCluster",
         "SubstrateInstall",
@@ -287,6 +290,14 @@ def test_image_volume_mode_pins_the_workload_only() -> None:
     assert "docker pull" in create
     spec = run.by_name("template-python").inputs["spec"]
     assert spec["volumes"][0]["image"]["reference"] == AGENT
+
+
+def test_component_args_carry_what_the_component_reads_not_the_stack_config() -> None:
+    args = [cls for name, cls in vars(components).items() if name.endswith("Args")]
+    assert len(args) == 9
+    for cls in args:
+        for f in dataclasses.fields(cls):
+            assert "StackConfig" not in str(f.type), (cls.__name__, f.name)
 
 
 def test_host_jwt_exports_the_client_token_as_a_secret() -> None:

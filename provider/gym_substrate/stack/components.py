@@ -1,13 +1,16 @@
 """The stack's Pulumi components, in dependency order.
 
-BorrowedHost (host stacks) -> KindCluster -> SubstrateInstall -> Runtime -> WorkerPool,
+BorrowedHost (host stacks) -> KindCluster -> SubstrateInstall -> RuntimeSetup -> WorkerPool,
 AgentImage -> ActorTemplates; Access and Observability hang off the install. Destroy runs the
 same graph backwards, which is what makes the host's wipe-then-revert order hold.
 
-Components only wire resources: every object and script comes from the Pulumi-free builders
-beside this module (`objects`, `scripts`), which are tested without mocks. Each component takes
-one frozen args object, parents every child to itself, uses the explicit Kubernetes provider it
-is given, and ends with `register_outputs`.
+Components only wire resources. Each takes one frozen `*Args` object that holds exactly what it
+reads: the scripts it runs, the objects it applies, the resources it waits for, and, where a
+value exists only once an earlier step has run, a pure function from that step's result (for
+example the ActorTemplate from what the image step printed). `*Args.from_config` builds them
+from the validated `StackConfig` with the Pulumi-free builders beside this module (`objects`,
+`scripts`), which are tested without mocks. Every child is parented to its component and uses
+the explicit Kubernetes provider it is given; each component ends with `register_outputs`.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import datetime
 import functools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,22 +33,34 @@ from gym_substrate.stack.runner import Runner
 
 __all__ = [
     "Access",
+    "AccessArgs",
     "ActorTemplates",
     "AgentImage",
+    "AgentImageArgs",
     "BorrowedHost",
+    "ClusterArgs",
+    "HostArgs",
+    "InstallArgs",
     "KindCluster",
+    "MicrovmSteps",
     "Observability",
-    "Runtime",
+    "ObservabilityArgs",
+    "PoolArgs",
+    "RuntimeSetup",
+    "RuntimeSetupArgs",
     "SubstrateInstall",
+    "TemplatesArgs",
     "WorkerPool",
+    "WorkloadTemplate",
 ]
 
 _PKG = "gymsubstrate:index"
+Obj = dict[str, Any]
 
 
 def _custom(
     name: str,
-    obj: pulumi.Input[dict[str, Any]],
+    obj: pulumi.Input[Obj],
     opts: pulumi.ResourceOptions,
     api_version: str,
     kind: str,
@@ -62,8 +78,25 @@ def _custom(
 
 @dataclass(frozen=True)
 class HostArgs:
-    cfg: StackConfig
+    """What BorrowedHost runs over `connection`: three steps up, two at destroy."""
+
     connection: remote.ConnectionArgs
+    prep_root: str  # records the host once; prints where the record is
+    revert_root: str  # prep-root's delete: puts back what the record holds
+    install_tools: str
+    sshd_priority: str
+    wipe: str  # the wipe step's delete: cluster, registry and what Docker gained since the record
+
+    @classmethod
+    def from_config(cls, cfg: StackConfig, connection: remote.ConnectionArgs) -> HostArgs:
+        return cls(
+            connection=connection,
+            prep_root=scripts.host_prep_root_script(cfg),
+            revert_root=scripts.host_revert_root_script(cfg),
+            install_tools=scripts.host_install_tools_script(cfg),
+            sshd_priority=scripts.host_sshd_priority_script(cfg),
+            wipe=scripts.host_wipe_script(cfg),
+        )
 
 
 class BorrowedHost(pulumi.ComponentResource):
@@ -75,31 +108,21 @@ class BorrowedHost(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: HostArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__(f"{_PKG}:BorrowedHost", name, {}, opts)
-        cfg = args.cfg
         steps = Runner(connection=args.connection)
         self.prep_root = steps.run(
-            "prep-root",
-            scripts.host_prep_root_script(cfg),
-            parent=self,
-            delete=scripts.host_revert_root_script(cfg),
+            "prep-root", args.prep_root, parent=self, delete=args.revert_root
         )
         self.install_tools = steps.run(
-            "install-tools",
-            scripts.host_install_tools_script(cfg),
-            parent=self,
-            depends_on=[self.prep_root],
+            "install-tools", args.install_tools, parent=self, depends_on=[self.prep_root]
         )
         self.sshd_priority = steps.run(
-            "sshd-priority",
-            scripts.host_sshd_priority_script(cfg),
-            parent=self,
-            depends_on=[self.install_tools],
+            "sshd-priority", args.sshd_priority, parent=self, depends_on=[self.install_tools]
         )
         self.wipe = steps.run(
             "wipe",
             "echo armed",
             parent=self,
-            delete=scripts.host_wipe_script(cfg),
+            delete=args.wipe,
             depends_on=[self.prep_root, self.install_tools, self.sshd_priority],
         )
         self.runner = Runner(connection=args.connection, after=(self.wipe,))
@@ -109,8 +132,25 @@ class BorrowedHost(pulumi.ComponentResource):
 
 @dataclass(frozen=True)
 class ClusterArgs:
-    cfg: StackConfig
+    """What KindCluster runs and applies."""
+
     runner: Runner
+    create: str  # registry, kind cluster, node setup; its delete is `delete`
+    delete: str
+    kubeconfig: str  # prints the kubeconfig this machine reaches the cluster with
+    context: str  # that kubeconfig's context
+    registry_hosting: Obj  # the local-registry-hosting ConfigMap
+
+    @classmethod
+    def from_config(cls, cfg: StackConfig, runner: Runner) -> ClusterArgs:
+        return cls(
+            runner=runner,
+            create=scripts.kind_create_script(cfg),
+            delete=scripts.kind_delete_script(cfg),
+            kubeconfig=scripts.kubeconfig_script(cfg),
+            context=f"kind-{cfg.cluster.name}",
+            registry_hosting=objects.local_registry_hosting(cfg),
+        )
 
 
 class KindCluster(pulumi.ComponentResource):
@@ -121,16 +161,10 @@ class KindCluster(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__(f"{_PKG}:KindCluster", name, {}, opts)
-        cfg = args.cfg
-        self.create = args.runner.run(
-            "kind-create",
-            scripts.kind_create_script(cfg),
-            parent=self,
-            delete=scripts.kind_delete_script(cfg),
-        )
+        self.create = args.runner.run("kind-create", args.create, parent=self, delete=args.delete)
         read = args.runner.run(
             "kubeconfig",
-            scripts.kubeconfig_script(cfg),
+            args.kubeconfig,
             parent=self,
             depends_on=[self.create],
             triggers=[self.create.stdout],
@@ -140,13 +174,13 @@ class KindCluster(pulumi.ComponentResource):
         self.provider = k8s.Provider(
             "kind",
             kubeconfig=self.kubeconfig,
-            context=f"kind-{cfg.cluster.name}",
+            context=args.context,
             delete_unreachable=True,
             opts=pulumi.ResourceOptions(parent=self),
         )
         self.registry_hosting = k8s.yaml.v2.ConfigGroup(
             "local-registry-hosting",
-            objs=[objects.local_registry_hosting(cfg)],
+            objs=[args.registry_hosting],
             opts=pulumi.ResourceOptions(parent=self, provider=self.provider),
         )
         self.register_outputs({"kubeconfig": self.kubeconfig})
@@ -154,9 +188,35 @@ class KindCluster(pulumi.ComponentResource):
 
 @dataclass(frozen=True)
 class InstallArgs:
-    cfg: StackConfig
+    """What SubstrateInstall runs, after `cluster`."""
+
     runner: Runner
-    cluster: KindCluster
+    cluster: pulumi.Resource
+    build: str  # checkout, `ko resolve` of the overlay; prints the ateom image
+    build_triggers: tuple[str, ...]  # what rebuilds: the commit, the auth mode, the runtime
+    install: str  # the documented install order with every wait; its delete is `uninstall`
+    uninstall: str
+    ca: str  # prints the CA PEM clients pin
+    token: str | None = None  # jwt: writes the client token file; prints its path
+    token_value: str | None = None  # jwt on a borrowed host: prints the token (a secret)
+
+    @classmethod
+    def from_config(
+        cls, cfg: StackConfig, runner: Runner, *, cluster: pulumi.Resource
+    ) -> InstallArgs:
+        s = cfg.substrate
+        jwt = s.auth_mode == "jwt"
+        return cls(
+            runner=runner,
+            cluster=cluster,
+            build=scripts.substrate_build_script(cfg),
+            build_triggers=(s.commit, s.auth_mode, cfg.runtime),
+            install=scripts.substrate_install_script(cfg),
+            uninstall=scripts.substrate_delete_script(cfg),
+            ca=scripts.substrate_ca_script(cfg),
+            token=scripts.token_script(cfg) if jwt else None,
+            token_value=scripts.token_value_script(cfg) if jwt and runner.remote else None,
+        )
 
 
 class SubstrateInstall(pulumi.ComponentResource):
@@ -164,102 +224,134 @@ class SubstrateInstall(pulumi.ComponentResource):
 
     ateom_image: pulumi.Output[str]
     ca_pem: pulumi.Output[str]
+    # jwt mode: where the client token file is on this machine (kind stacks), or the token
+    # itself as a secret (host stacks, where the file is on the host).
     token_file: pulumi.Output[str] | None
+    client_token: pulumi.Output[str] | None
 
     def __init__(self, name: str, args: InstallArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__(f"{_PKG}:SubstrateInstall", name, {}, opts)
-        cfg, run = args.cfg, args.runner
-        s = cfg.substrate
+        run = args.runner
         self.build = run.run(
             "build",
-            scripts.substrate_build_script(cfg),
+            args.build,
             parent=self,
             depends_on=[args.cluster],
-            triggers=[s.commit, s.auth_mode, cfg.runtime],
+            triggers=list(args.build_triggers),
         )
         self.install = run.run(
             "install",
-            scripts.substrate_install_script(cfg),
+            args.install,
             parent=self,
-            delete=scripts.substrate_delete_script(cfg),
+            delete=args.uninstall,
             depends_on=[self.build],
             triggers=[self.build.stdout],
         )
-        ca = run.run("ca", scripts.substrate_ca_script(cfg), parent=self, depends_on=[self.install])
+        ca = run.run("ca", args.ca, parent=self, depends_on=[self.install])
         self.ateom_image = self.build.stdout.apply(functools.partial(scripts.result_line, "build"))
         self.ca_pem = ca.stdout
         self.token_file = None
-        self.client_token: pulumi.Output[str] | None = None
-        if s.auth_mode == "jwt":
+        self.client_token = None
+        if args.token is not None:
             # The token lives 24 h; the UTC date as a trigger makes the first `pulumi up` of
             # each day write a fresh one.
             token = run.run(
                 "client-token",
-                scripts.token_script(cfg),
+                args.token,
                 parent=self,
                 depends_on=[self.install],
                 triggers=[datetime.datetime.now(datetime.UTC).date().isoformat()],
             )
-            self.token_file = token.stdout.apply(
-                functools.partial(scripts.result_line, "client-token")
-            )
-            if run.remote:
+            if args.token_value is None:
+                self.token_file = token.stdout.apply(
+                    functools.partial(scripts.result_line, "client-token")
+                )
+            else:
                 value = run.run(
                     "client-token-value",
-                    scripts.token_value_script(cfg),
+                    args.token_value,
                     parent=self,
                     depends_on=[token],
                     triggers=[token.id],
                     secret_stdout=True,
                 )
+                # Not result_line: its error would print the token.
                 self.client_token = pulumi.Output.secret(value.stdout.apply(str.strip))
         self.register_outputs({"ateomImage": self.ateom_image, "caPem": self.ca_pem})
 
 
 @dataclass(frozen=True)
-class RuntimeArgs:
-    cfg: StackConfig
+class MicrovmSteps:
+    """microVM: the steps the SandboxConfig comes out of."""
+
+    node_label: str  # checks /dev/kvm on every node and labels them for microVM pools
+    stage_assets: str  # stages the kata assets in the bucket; prints their sha256 as JSON
+    sandbox_config: Callable[[str], Obj]  # the SandboxConfig, from what stage_assets printed
+
+
+@dataclass(frozen=True)
+class RuntimeSetupArgs:
+    """What RuntimeSetup applies once Substrate is installed: a SandboxConfig, as is (gVisor)
+    or from the steps that stage its assets (microVM)."""
+
     runner: Runner
     provider: k8s.Provider
-    install: SubstrateInstall
+    install: pulumi.Resource
+    sandbox_config: Obj | MicrovmSteps
+
+    @classmethod
+    def from_config(
+        cls,
+        cfg: StackConfig,
+        runner: Runner,
+        *,
+        provider: k8s.Provider,
+        install: pulumi.Resource,
+    ) -> RuntimeSetupArgs:
+        config: Obj | MicrovmSteps = objects.sandbox_config(cfg)
+        if cfg.runtime == "microvm":
+            config = MicrovmSteps(
+                node_label=scripts.node_label_script(cfg),
+                stage_assets=scripts.microvm_assets_script(cfg),
+                sandbox_config=functools.partial(_staged_sandbox_config, cfg),
+            )
+        return cls(runner=runner, provider=provider, install=install, sandbox_config=config)
 
 
-class Runtime(pulumi.ComponentResource):
+def _staged_sandbox_config(cfg: StackConfig, stdout: str) -> Obj:
+    keys = ("arch", *objects.MICROVM_ASSET_FILES)
+    sums = scripts.result_json("microvm-assets", stdout, keys=keys)
+    return objects.sandbox_config(cfg, asset_sha256=sums)
+
+
+class RuntimeSetup(pulumi.ComponentResource):
     """gVisor: SandboxConfig `gvisor-default`. microVM: KVM check + node label, kata assets
-    staged to the bucket, SandboxConfig `microvm` pinned to their sha256."""
+    staged to the bucket, SandboxConfig `microvm` pinned to their checksums."""
 
-    def __init__(self, name: str, args: RuntimeArgs, opts: pulumi.ResourceOptions | None = None):
+    def __init__(
+        self, name: str, args: RuntimeSetupArgs, opts: pulumi.ResourceOptions | None = None
+    ):
+        # The type token keeps the component's old name, Runtime: it is part of the URN of the
+        # component and of every child, so renaming it would make Pulumi replace them.
         super().__init__(f"{_PKG}:Runtime", name, {}, opts)
-        cfg = args.cfg
         k8s_opts = pulumi.ResourceOptions(
             parent=self, provider=args.provider, depends_on=[args.install]
         )
-        if cfg.runtime == "gvisor":
-            obj: pulumi.Input[dict[str, Any]] = objects.sandbox_config(cfg)
-        else:
+        obj: pulumi.Input[Obj]
+        if isinstance(args.sandbox_config, MicrovmSteps):
+            steps = args.sandbox_config
             label = args.runner.run(
-                "kvm-node-label",
-                scripts.node_label_script(cfg),
-                parent=self,
-                depends_on=[args.install],
+                "kvm-node-label", steps.node_label, parent=self, depends_on=[args.install]
             )
             assets = args.runner.run(
-                "microvm-assets",
-                scripts.microvm_assets_script(cfg),
-                parent=self,
-                depends_on=[label],
+                "microvm-assets", steps.stage_assets, parent=self, depends_on=[label]
             )
-            obj = assets.stdout.apply(
-                lambda out: objects.sandbox_config(
-                    cfg,
-                    asset_sha256=scripts.result_json(
-                        "microvm-assets", out, keys=("arch", *objects.MICROVM_ASSET_FILES)
-                    ),
-                )
-            )
+            obj = assets.stdout.apply(steps.sandbox_config)
             k8s_opts = pulumi.ResourceOptions.merge(
                 k8s_opts, pulumi.ResourceOptions(depends_on=[assets])
             )
+        else:
+            obj = args.sandbox_config
         self.sandbox_config = _custom(
             "sandbox-config", obj, k8s_opts, "ate.dev/v1alpha1", "SandboxConfig"
         )
@@ -268,11 +360,35 @@ class Runtime(pulumi.ComponentResource):
 
 @dataclass(frozen=True)
 class PoolArgs:
-    cfg: StackConfig
+    """What WorkerPool applies once the SandboxConfig it names (`runtime`) exists."""
+
     runner: Runner
     provider: k8s.Provider
+    runtime: pulumi.Resource
     ateom_image: pulumi.Input[str]
-    runtime: Runtime
+    namespace: Obj
+    worker_pool: Callable[[str], Obj]  # the WorkerPool, given the ateom image
+    wait: str  # waits for the pool's worker Deployment
+
+    @classmethod
+    def from_config(
+        cls,
+        cfg: StackConfig,
+        runner: Runner,
+        *,
+        provider: k8s.Provider,
+        runtime: pulumi.Resource,
+        ateom_image: pulumi.Input[str],
+    ) -> PoolArgs:
+        return cls(
+            runner=runner,
+            provider=provider,
+            runtime=runtime,
+            ateom_image=ateom_image,
+            namespace=objects.pool_namespace(cfg),
+            worker_pool=functools.partial(objects.worker_pool, cfg),
+            wait=scripts.pool_wait_script(cfg),
+        )
 
 
 class WorkerPool(pulumi.ComponentResource):
@@ -282,18 +398,15 @@ class WorkerPool(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: PoolArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__(f"{_PKG}:WorkerPool", name, {}, opts)
-        cfg = args.cfg
         k8s_opts = pulumi.ResourceOptions(parent=self, provider=args.provider)
         self.namespace = k8s.yaml.v2.ConfigGroup(
             "namespace",
-            objs=[objects.pool_namespace(cfg)],
+            objs=[args.namespace],
             opts=pulumi.ResourceOptions.merge(
                 k8s_opts, pulumi.ResourceOptions(depends_on=[args.runtime])
             ),
         )
-        pool = pulumi.Output.from_input(args.ateom_image).apply(
-            lambda image: objects.worker_pool(cfg, image)
-        )
+        pool = pulumi.Output.from_input(args.ateom_image).apply(args.worker_pool)
         self.pool = _custom(
             "worker-pool",
             pool,
@@ -305,7 +418,7 @@ class WorkerPool(pulumi.ComponentResource):
         )
         self.ready = args.runner.run(
             "pool-ready",
-            scripts.pool_wait_script(cfg),
+            args.wait,
             parent=self,
             depends_on=[self.pool],
             triggers=[pool.apply(lambda p: json.dumps(p))],
@@ -315,10 +428,29 @@ class WorkerPool(pulumi.ComponentResource):
 
 @dataclass(frozen=True)
 class AgentImageArgs:
-    cfg: StackConfig
+    """What AgentImage builds, once the cluster (and its registry) exists."""
+
     runner: Runner
-    repo_root: Path
-    cluster: KindCluster
+    cluster: pulumi.Resource
+    repo_root: Path  # on a host, `agent/` and `uv.lock` are copied from here to `build_dir`
+    build_dir: str  # where the build runs: `repo_root` here, its copy on a host
+    source_hash: str  # of `agent/` and `uv.lock`: the image tag, so a change rebuilds
+    build: str  # builds and pushes the image; prints it by digest
+
+    @classmethod
+    def from_config(
+        cls, cfg: StackConfig, runner: Runner, *, repo_root: Path, cluster: pulumi.Resource
+    ) -> AgentImageArgs:
+        source_hash = scripts.tree_hash(str(repo_root))
+        build_dir = f"{scripts.Paths(cfg).scratch}/src" if runner.remote else str(repo_root)
+        return cls(
+            runner=runner,
+            cluster=cluster,
+            repo_root=repo_root,
+            build_dir=build_dir,
+            source_hash=source_hash,
+            build=scripts.agent_image_script(cfg, build_dir, source_hash),
+        )
 
 
 class AgentImage(pulumi.ComponentResource):
@@ -328,22 +460,21 @@ class AgentImage(pulumi.ComponentResource):
 
     def __init__(self, name: str, args: AgentImageArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__(f"{_PKG}:AgentImage", name, {}, opts)
-        cfg = args.cfg
-        source_hash = scripts.tree_hash(str(args.repo_root))
         depends: list[pulumi.Resource] = [args.cluster]
-        src = str(args.repo_root)
         if args.runner.connection is not None:
-            src = f"/var/tmp/gym-substrate-{cfg.cluster.name}/src"
             target = args.runner.run(
-                "agent-source-dir", f"mkdir -p {src}", parent=self, depends_on=[args.cluster]
+                "agent-source-dir",
+                f"mkdir -p {args.build_dir}",
+                parent=self,
+                depends_on=[args.cluster],
             )
             copy = remote.CopyToRemote(
                 "agent-source",
                 connection=args.runner.connection,
                 source=pulumi.FileArchive(str(args.repo_root / "agent")),
                 # An existing directory: the local `agent/` lands inside it as `<src>/agent`.
-                remote_path=src,
-                triggers=[source_hash],
+                remote_path=args.build_dir,
+                triggers=[args.source_hash],
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[target]),
             )
             # build-static.sh reads aiohttp's pinned version from the lock file.
@@ -351,90 +482,51 @@ class AgentImage(pulumi.ComponentResource):
                 "agent-lockfile",
                 connection=args.runner.connection,
                 source=pulumi.FileAsset(str(args.repo_root / "uv.lock")),
-                remote_path=src,
-                triggers=[source_hash],
+                remote_path=args.build_dir,
+                triggers=[args.source_hash],
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[target]),
             )
             depends.extend([copy, lock])
         build = args.runner.run(
             "agent-image",
-            scripts.agent_image_script(cfg, src, source_hash),
+            args.build,
             parent=self,
             depends_on=depends,
-            triggers=[source_hash],
+            triggers=[args.source_hash],
         )
         self.image = build.stdout.apply(functools.partial(scripts.result_line, "agent-image"))
         self.register_outputs({"image": self.image})
 
 
 @dataclass(frozen=True)
-class TemplatesArgs:
-    cfg: StackConfig
-    runner: Runner
-    provider: k8s.Provider
-    agent_image: pulumi.Output[str]
-    pool: WorkerPool
-    install: SubstrateInstall
-    agent: AgentImage
-    cluster_ready: pulumi.Resource
+class WorkloadTemplate:
+    """One workload's steps: pin its image, apply its ActorTemplate, wait for it to be Ready."""
+
+    name: str  # names the steps: image-<name>, template-<name>, ready-<name>
+    image: str  # the configured image: its key in ActorTemplates.names
+    # The image step's script: derived-image mode builds on the agent image, so there it is a
+    # function of that image; image-volume mode only pins the workload.
+    pin: str | Callable[[str], str]
+    template: Callable[[str, str], Obj]  # from what the image step printed and the agent image
+    wait: Callable[[str], str]  # the Ready wait, given the template's name
+
+    @classmethod
+    def from_config(cls, cfg: StackConfig, wl: WorkloadConfig) -> WorkloadTemplate:
+        pin: str | Callable[[str], str]
+        if cfg.agent.mount == "derived-image":
+            pin = functools.partial(scripts.derived_image_script, cfg, wl.name, wl.image)
+        else:
+            pin = scripts.pinned_workload_script(wl.image)
+        return cls(
+            name=wl.name,
+            image=wl.image,
+            pin=pin,
+            template=functools.partial(_template_for, cfg, wl),
+            wait=functools.partial(scripts.template_wait_script, cfg),
+        )
 
 
-class ActorTemplates(pulumi.ComponentResource):
-    """Per workload: digest-pinned image, a content-hashed ActorTemplate, a Ready wait."""
-
-    names: pulumi.Output[dict[str, str]]
-
-    def __init__(self, name: str, args: TemplatesArgs, opts: pulumi.ResourceOptions | None = None):
-        super().__init__(f"{_PKG}:ActorTemplates", name, {}, opts)
-        cfg = args.cfg
-        refs: dict[str, pulumi.Output[str]] = {}
-        for wl in cfg.workloads:
-            if cfg.agent.mount == "derived-image":
-                script: pulumi.Input[str] = args.agent_image.apply(
-                    functools.partial(_derived_script, cfg, wl)
-                )
-                image_step = args.runner.run(
-                    f"image-{wl.name}", script, parent=self, depends_on=[args.agent]
-                )
-            else:
-                image_step = args.runner.run(
-                    f"image-{wl.name}",
-                    scripts.pinned_workload_script(wl.image),
-                    parent=self,
-                    depends_on=[args.cluster_ready],
-                )
-            template = pulumi.Output.all(image_step.stdout, args.agent_image).apply(
-                functools.partial(_template_for, cfg, wl)
-            )
-            resource = _custom(
-                f"template-{wl.name}",
-                template,
-                pulumi.ResourceOptions(
-                    parent=self,
-                    provider=args.provider,
-                    depends_on=[args.pool.ready, args.install, args.agent],
-                ),
-                "ate.dev/v1alpha1",
-                "ActorTemplate",
-            )
-            tname = template.apply(lambda t: str(t["metadata"]["name"]))
-            args.runner.run(
-                f"ready-{wl.name}",
-                tname.apply(lambda n: scripts.template_wait_script(cfg, n)),
-                parent=self,
-                depends_on=[resource],
-            )
-            refs[wl.image] = tname.apply(lambda n: f"{cfg.pool.namespace}/{n}")
-        self.names = pulumi.Output.all(**refs)
-        self.register_outputs({"templates": self.names})
-
-
-def _derived_script(cfg: StackConfig, wl: WorkloadConfig, agent_image: str) -> str:
-    return scripts.derived_image_script(cfg, wl.name, wl.image, agent_image)
-
-
-def _template_for(cfg: StackConfig, wl: WorkloadConfig, values: list[str]) -> dict[str, Any]:
-    stdout, agent_image = values
+def _template_for(cfg: StackConfig, wl: WorkloadConfig, stdout: str, agent_image: str) -> Obj:
     step = f"image-{wl.name}"
     if cfg.agent.mount == "derived-image":
         image = scripts.result_json(step, stdout, keys=("image",))["image"]
@@ -444,10 +536,103 @@ def _template_for(cfg: StackConfig, wl: WorkloadConfig, values: list[str]) -> di
 
 
 @dataclass(frozen=True)
-class AccessArgs:
-    cfg: StackConfig
+class TemplatesArgs:
+    """What ActorTemplates applies, once the pool is ready and the agent image is built."""
+
+    runner: Runner
     provider: k8s.Provider
-    install: SubstrateInstall
+    agent: AgentImage
+    pool_ready: pulumi.Resource
+    install: pulumi.Resource
+    cluster: pulumi.Resource  # image-volume mode pins workloads as soon as the cluster is up
+    namespace: str  # the templates' namespace (the pool's)
+    workloads: tuple[WorkloadTemplate, ...]
+
+    @classmethod
+    def from_config(
+        cls,
+        cfg: StackConfig,
+        runner: Runner,
+        *,
+        provider: k8s.Provider,
+        agent: AgentImage,
+        pool_ready: pulumi.Resource,
+        install: pulumi.Resource,
+        cluster: pulumi.Resource,
+    ) -> TemplatesArgs:
+        return cls(
+            runner=runner,
+            provider=provider,
+            agent=agent,
+            pool_ready=pool_ready,
+            install=install,
+            cluster=cluster,
+            namespace=cfg.pool.namespace,
+            workloads=tuple(WorkloadTemplate.from_config(cfg, wl) for wl in cfg.workloads),
+        )
+
+
+def _spread(fn: Callable[..., Obj], values: list[Any]) -> Obj:
+    return fn(*values)
+
+
+class ActorTemplates(pulumi.ComponentResource):
+    """Per workload: digest-pinned image, a content-hashed ActorTemplate, a Ready wait."""
+
+    names: pulumi.Output[dict[str, str]]
+
+    def __init__(self, name: str, args: TemplatesArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__(f"{_PKG}:ActorTemplates", name, {}, opts)
+        refs: dict[str, pulumi.Output[str]] = {}
+        for wl in args.workloads:
+            if isinstance(wl.pin, str):
+                image_step = args.runner.run(
+                    f"image-{wl.name}", wl.pin, parent=self, depends_on=[args.cluster]
+                )
+            else:
+                image_step = args.runner.run(
+                    f"image-{wl.name}",
+                    args.agent.image.apply(wl.pin),
+                    parent=self,
+                    depends_on=[args.agent],
+                )
+            template = pulumi.Output.all(image_step.stdout, args.agent.image).apply(
+                functools.partial(_spread, wl.template)
+            )
+            resource = _custom(
+                f"template-{wl.name}",
+                template,
+                pulumi.ResourceOptions(
+                    parent=self,
+                    provider=args.provider,
+                    depends_on=[args.pool_ready, args.install, args.agent],
+                ),
+                "ate.dev/v1alpha1",
+                "ActorTemplate",
+            )
+            tname = template.apply(lambda t: str(t["metadata"]["name"]))
+            args.runner.run(
+                f"ready-{wl.name}", tname.apply(wl.wait), parent=self, depends_on=[resource]
+            )
+            refs[wl.image] = tname.apply(lambda n: f"{args.namespace}/{n}")
+        self.names = pulumi.Output.all(**refs)
+        self.register_outputs({"templates": self.names})
+
+
+@dataclass(frozen=True)
+class AccessArgs:
+    """What Access applies once Substrate is installed."""
+
+    provider: k8s.Provider
+    install: pulumi.Resource
+    services: tuple[Obj, ...]  # NodePort Services for the API and the router
+
+    @classmethod
+    def from_config(
+        cls, cfg: StackConfig, *, provider: k8s.Provider, install: pulumi.Resource
+    ) -> AccessArgs:
+        services = tuple(objects.nodeport_services(cfg))
+        return cls(provider=provider, install=install, services=services)
 
 
 class Access(pulumi.ComponentResource):
@@ -457,7 +642,7 @@ class Access(pulumi.ComponentResource):
         super().__init__(f"{_PKG}:Access", name, {}, opts)
         self.services = k8s.yaml.v2.ConfigGroup(
             "nodeports",
-            objs=objects.nodeport_services(args.cfg),
+            objs=list(args.services),
             opts=pulumi.ResourceOptions(
                 parent=self, provider=args.provider, depends_on=[args.install]
             ),
@@ -467,9 +652,18 @@ class Access(pulumi.ComponentResource):
 
 @dataclass(frozen=True)
 class ObservabilityArgs:
-    cfg: StackConfig
+    """What Observability applies once Substrate is installed."""
+
     provider: k8s.Provider
-    install: SubstrateInstall
+    install: pulumi.Resource
+    objs: tuple[Obj, ...]  # Prometheus with its RBAC and config, Grafana with the dashboard
+
+    @classmethod
+    def from_config(
+        cls, cfg: StackConfig, *, provider: k8s.Provider, install: pulumi.Resource
+    ) -> ObservabilityArgs:
+        objs = tuple(objects.observability_objects(cfg))
+        return cls(provider=provider, install=install, objs=objs)
 
 
 class Observability(pulumi.ComponentResource):
@@ -481,7 +675,7 @@ class Observability(pulumi.ComponentResource):
         super().__init__(f"{_PKG}:Observability", name, {}, opts)
         self.objects = k8s.yaml.v2.ConfigGroup(
             "prometheus-grafana",
-            objs=objects.observability_objects(args.cfg),
+            objs=list(args.objs),
             opts=pulumi.ResourceOptions(
                 parent=self, provider=args.provider, depends_on=[args.install]
             ),

@@ -137,6 +137,11 @@ class Paths:
     def src(self) -> str:
         return self.cfg.substrate.path or f"{self.workdir}/substrate"
 
+    @property
+    def scratch(self) -> str:
+        """A borrowed host's scratch folder (the copied agent source); wiped at destroy."""
+        return f"/var/tmp/gym-substrate-{self.cfg.cluster.name}"
+
     def env(self) -> str:
         return (
             f'WORKDIR="{self.workdir}"\nexport KUBECONFIG="{self.kubeconfig}"\n'
@@ -757,7 +762,7 @@ def host_wipe_script(cfg: StackConfig) -> str:
         "  fi\n"
         "  docker builder prune -af\n"
         "fi\n"
-        f"rm -rf /var/tmp/gym-substrate-{cfg.cluster.name}\n"
+        f"rm -rf {p.scratch}\n"
         'rm -rf "$WORKDIR/substrate" "$WORKDIR/rendered" "$WORKDIR/src" "$KUBECONFIG" '
         f'"{p.token_file}" "$WORKDIR/kind-config.yaml" "$WORKDIR/registry-created"\n'
         "exit 0\n"
