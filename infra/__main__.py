@@ -36,7 +36,6 @@ from gym_substrate.stack.components import (
 )
 from gym_substrate.stack.config import PROJECT, ConfigError, StackConfig, parse_config_values
 from gym_substrate.stack.runner import Runner
-from gym_substrate.stack.scripts import Paths
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -95,9 +94,6 @@ if cfg.observability.enabled:
 
 api = f"127.0.0.1:{cfg.access.api_node_port}"
 router = f"http://127.0.0.1:{cfg.access.router_node_port}"
-token_file = (
-    Paths(cfg).token_file.replace("${HOME}", str(Path.home())) if cfg.host is None else None
-)
 pulumi.export("kubeconfig", cluster.kubeconfig)
 pulumi.export("apiAddress", api)
 pulumi.export("routerUrl", router)
@@ -107,10 +103,12 @@ pulumi.export(
 )
 pulumi.export("caPem", install.ca_pem)
 pulumi.export("templates", templates.names)
-provider_config = pulumi.Output.all(install.ca_pem, templates.names).apply(
+# jwt on kind: the token file the install's client-token step wrote (and printed) on this
+# machine; on a host the token itself is exported as `clientToken` instead.
+provider_config = pulumi.Output.all(install.ca_pem, templates.names, install.token_file).apply(
     lambda v: objects.to_yaml(
         objects.provider_config(
-            cfg, api=api, router=router, ca_pem=v[0], templates=v[1], token_file=token_file
+            cfg, api=api, router=router, ca_pem=v[0], templates=v[1], token_file=v[2]
         )
     )
 )

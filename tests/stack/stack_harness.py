@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import runpy
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,7 +102,9 @@ def _stdout(name: str, inputs: dict[str, Any]) -> str:
             }
         )
     if name == "client-token":
-        return "/root/.gym-substrate/substrate/ate-client.token\n"
+        # What the script's last `echo "<workdir>/<cluster>/ate-client.token"` prints.
+        (path,) = re.findall(r'echo "([^"]*/ate-client\.token)"', str(inputs.get("create", "")))
+        return path.replace("${HOME}", str(Path.home())) + "\n"
     return "ok\n"
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from pathlib import Path
 
 import pytest
 import yaml
@@ -290,6 +291,15 @@ def test_image_volume_mode_pins_the_workload_only() -> None:
     assert "docker pull" in create
     spec = run.by_name("template-python").inputs["spec"]
     assert spec["volumes"][0]["image"]["reference"] == AGENT
+
+
+def test_kind_jwt_provider_config_names_the_token_file_the_step_wrote() -> None:
+    run = run_stack("kind-gvisor", {"gym-substrate:substrate": {"authMode": "jwt"}})
+    written = str(Path.home() / ".gym-substrate" / "substrate-gvisor" / "ate-client.token")
+    doc = yaml.safe_load(run.outputs["providerConfig"])["sandbox"]["substrate"]
+    assert doc["connection"]["token"] == {"file": written}
+    assert run.globals["install"].client_token is None
+    assert not [r for r in run.registrations if r.name == "client-token-value"]
 
 
 def test_component_args_carry_what_the_component_reads_not_the_stack_config() -> None:
