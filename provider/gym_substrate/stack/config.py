@@ -291,10 +291,6 @@ class WorkloadConfig:
     image: str
     env: tuple[tuple[str, str], ...] = ()
 
-    @property
-    def pinned(self) -> bool:
-        return bool(_DIGEST.search(self.image))
-
 
 @dataclass(frozen=True)
 class TemplatesConfig:
