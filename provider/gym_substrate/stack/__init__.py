@@ -6,7 +6,9 @@ mocks):
 
 - `config`: the validated stack configuration, read from `Pulumi.<stack>.yaml`;
 - `objects`: the Kubernetes objects the stack applies, as plain dicts;
-- `scripts`: the shell steps the components run, as plain strings;
+- `scripts`: the shell steps the components run, as plain strings, and how their results are
+  read back;
+- `host`: the borrowed host's steps: record it, prepare it, put it back;
 - `render`: writes a stack's objects and scripts to a folder.
 
 Pulumi (imported only by the Pulumi program in `infra/__main__.py`, never by this package):

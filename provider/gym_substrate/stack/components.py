@@ -27,7 +27,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 from pulumi_command import remote
 
-from gym_substrate.stack import objects, scripts
+from gym_substrate.stack import host, objects, scripts
 from gym_substrate.stack.config import StackConfig, WorkloadConfig
 from gym_substrate.stack.runner import Runner
 
@@ -91,11 +91,11 @@ class HostArgs:
     def from_config(cls, cfg: StackConfig, connection: remote.ConnectionArgs) -> HostArgs:
         return cls(
             connection=connection,
-            prep_root=scripts.host_prep_root_script(cfg),
-            revert_root=scripts.host_revert_root_script(cfg),
-            install_tools=scripts.host_install_tools_script(cfg),
-            sshd_priority=scripts.host_sshd_priority_script(cfg),
-            wipe=scripts.host_wipe_script(cfg),
+            prep_root=host.prep_root_script(cfg),
+            revert_root=host.revert_root_script(cfg),
+            install_tools=host.install_tools_script(cfg),
+            sshd_priority=host.sshd_priority_script(cfg),
+            wipe=host.wipe_script(cfg),
         )
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from gym_substrate.stack import objects, scripts
+from gym_substrate.stack import host, objects, scripts
 from gym_substrate.stack.config import StackConfig, stack_file
 
 __all__ = ["STACKS", "render_stack", "shipped_stack_file"]
@@ -74,9 +74,9 @@ def render_stack(cfg: StackConfig, out: Path) -> tuple[list[Path], list[str]]:
     write("kind-config.yaml", yaml.safe_dump(scripts.kind_config(cfg), sort_keys=False))
     steps: dict[str, str] = {}
     if cfg.host is not None:
-        steps["00-host-prep-root.sh"] = scripts.host_prep_root_script(cfg)
-        steps["01-host-install-tools.sh"] = scripts.host_install_tools_script(cfg)
-        steps["02-host-sshd-priority.sh"] = scripts.host_sshd_priority_script(cfg)
+        steps["00-host-prep-root.sh"] = host.prep_root_script(cfg)
+        steps["01-host-install-tools.sh"] = host.install_tools_script(cfg)
+        steps["02-host-sshd-priority.sh"] = host.sshd_priority_script(cfg)
     steps["10-kind-create.sh"] = scripts.kind_create_script(cfg)
     steps["20-substrate-build.sh"] = scripts.substrate_build_script(cfg)
     steps["21-substrate-install.sh"] = scripts.substrate_install_script(cfg)
@@ -87,8 +87,8 @@ def render_stack(cfg: StackConfig, out: Path) -> tuple[list[Path], list[str]]:
     steps["90-substrate-delete.sh"] = scripts.substrate_delete_script(cfg)
     steps["91-kind-delete.sh"] = scripts.kind_delete_script(cfg)
     if cfg.host is not None:
-        steps["95-host-wipe.sh"] = scripts.host_wipe_script(cfg)
-        steps["96-host-revert-root.sh"] = scripts.host_revert_root_script(cfg)
+        steps["95-host-wipe.sh"] = host.wipe_script(cfg)
+        steps["96-host-revert-root.sh"] = host.revert_root_script(cfg)
     for name, text in steps.items():
         write(f"scripts/{name}", "#!/usr/bin/env bash\n" + text)
     write("SKIPPED.txt", "".join(f"- {s}\n" for s in skipped))
