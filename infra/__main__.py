@@ -16,7 +16,6 @@ from pulumi_command import remote
 from gym_substrate.stack import objects
 from gym_substrate.stack.components import (
     Access,
-    AccessArgs,
     ActorTemplates,
     AgentImage,
     AgentImageArgs,
@@ -25,14 +24,15 @@ from gym_substrate.stack.components import (
     HostArgs,
     InstallArgs,
     KindCluster,
+    ObjectsArgs,
     Observability,
-    ObservabilityArgs,
     PoolArgs,
     RuntimeSetup,
     RuntimeSetupArgs,
     SubstrateInstall,
     TemplatesArgs,
     WorkerPool,
+    WorkloadTemplate,
 )
 from gym_substrate.stack.config import PROJECT, ConfigError, StackConfig, parse_config_values
 from gym_substrate.stack.runner import Runner
@@ -76,20 +76,21 @@ agent = AgentImage(
 )
 templates = ActorTemplates(
     "templates",
-    TemplatesArgs.from_config(
-        cfg,
-        runner,
+    TemplatesArgs(
+        runner=runner,
         provider=kube,
         agent=agent,
         pool_ready=pool.ready,
         install=install,
         cluster=cluster,
+        namespace=cfg.pool.namespace,
+        workloads=tuple(WorkloadTemplate.from_config(cfg, wl) for wl in cfg.workloads),
     ),
 )
-Access("access", AccessArgs.from_config(cfg, provider=kube, install=install))
+Access("access", ObjectsArgs(kube, install, tuple(objects.nodeport_services(cfg))))
 if cfg.observability.enabled:
     Observability(
-        "observability", ObservabilityArgs.from_config(cfg, provider=kube, install=install)
+        "observability", ObjectsArgs(kube, install, tuple(objects.observability_objects(cfg)))
     )
 
 api = f"127.0.0.1:{cfg.access.api_node_port}"

@@ -117,14 +117,8 @@ main(["render", "--stack", "kind-gvisor", "--out", sys.argv[1], "--json"])
 
 
 def test_render_runs_without_pulumi(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", _WITHOUT_PULUMI, str(tmp_path)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    argv = [sys.executable, "-c", _WITHOUT_PULUMI, str(tmp_path)]
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     assert any(f.endswith("-workerpool-sandboxes-sandbox-pool.yaml") for f in report["files"])

@@ -21,7 +21,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -33,7 +33,6 @@ from gym_substrate.stack.runner import Runner
 
 __all__ = [
     "Access",
-    "AccessArgs",
     "ActorTemplates",
     "AgentImage",
     "AgentImageArgs",
@@ -43,8 +42,8 @@ __all__ = [
     "InstallArgs",
     "KindCluster",
     "MicrovmSteps",
+    "ObjectsArgs",
     "Observability",
-    "ObservabilityArgs",
     "PoolArgs",
     "RuntimeSetup",
     "RuntimeSetupArgs",
@@ -301,12 +300,7 @@ class RuntimeSetupArgs:
 
     @classmethod
     def from_config(
-        cls,
-        cfg: StackConfig,
-        runner: Runner,
-        *,
-        provider: k8s.Provider,
-        install: pulumi.Resource,
+        cls, cfg: StackConfig, runner: Runner, *, provider: k8s.Provider, install: pulumi.Resource
     ) -> RuntimeSetupArgs:
         config: Obj | MicrovmSteps = objects.sandbox_config(cfg)
         if cfg.runtime == "microvm":
@@ -468,25 +462,22 @@ class AgentImage(pulumi.ComponentResource):
                 parent=self,
                 depends_on=[args.cluster],
             )
-            copy = remote.CopyToRemote(
-                "agent-source",
-                connection=args.runner.connection,
-                source=pulumi.FileArchive(str(args.repo_root / "agent")),
-                # An existing directory: the local `agent/` lands inside it as `<src>/agent`.
-                remote_path=args.build_dir,
-                triggers=[args.source_hash],
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[target]),
-            )
-            # build-static.sh reads aiohttp's pinned version from the lock file.
-            lock = remote.CopyToRemote(
-                "agent-lockfile",
-                connection=args.runner.connection,
-                source=pulumi.FileAsset(str(args.repo_root / "uv.lock")),
-                remote_path=args.build_dir,
-                triggers=[args.source_hash],
-                opts=pulumi.ResourceOptions(parent=self, depends_on=[target]),
-            )
-            depends.extend([copy, lock])
+            sources: dict[str, pulumi.Archive | pulumi.Asset] = {
+                # Into an existing directory: the local `agent/` lands in it as `<dir>/agent`.
+                "agent-source": pulumi.FileArchive(str(args.repo_root / "agent")),
+                # build-static.sh reads aiohttp's pinned version from the lock file.
+                "agent-lockfile": pulumi.FileAsset(str(args.repo_root / "uv.lock")),
+            }
+            for step, source in sources.items():
+                copy = remote.CopyToRemote(
+                    step,
+                    connection=args.runner.connection,
+                    source=source,
+                    remote_path=args.build_dir,
+                    triggers=[args.source_hash],
+                    opts=pulumi.ResourceOptions(parent=self, depends_on=[target]),
+                )
+                depends.append(copy)
         build = args.runner.run(
             "agent-image",
             args.build,
@@ -548,29 +539,6 @@ class TemplatesArgs:
     namespace: str  # the templates' namespace (the pool's)
     workloads: tuple[WorkloadTemplate, ...]
 
-    @classmethod
-    def from_config(
-        cls,
-        cfg: StackConfig,
-        runner: Runner,
-        *,
-        provider: k8s.Provider,
-        agent: AgentImage,
-        pool_ready: pulumi.Resource,
-        install: pulumi.Resource,
-        cluster: pulumi.Resource,
-    ) -> TemplatesArgs:
-        return cls(
-            runner=runner,
-            provider=provider,
-            agent=agent,
-            pool_ready=pool_ready,
-            install=install,
-            cluster=cluster,
-            namespace=cfg.pool.namespace,
-            workloads=tuple(WorkloadTemplate.from_config(cfg, wl) for wl in cfg.workloads),
-        )
-
 
 def _spread(fn: Callable[..., Obj], values: list[Any]) -> Obj:
     return fn(*values)
@@ -620,64 +588,39 @@ class ActorTemplates(pulumi.ComponentResource):
 
 
 @dataclass(frozen=True)
-class AccessArgs:
-    """What Access applies once Substrate is installed."""
+class ObjectsArgs:
+    """What Access and Observability read: the objects they apply once Substrate is installed."""
 
     provider: k8s.Provider
     install: pulumi.Resource
-    services: tuple[Obj, ...]  # NodePort Services for the API and the router
-
-    @classmethod
-    def from_config(
-        cls, cfg: StackConfig, *, provider: k8s.Provider, install: pulumi.Resource
-    ) -> AccessArgs:
-        services = tuple(objects.nodeport_services(cfg))
-        return cls(provider=provider, install=install, services=services)
+    objs: tuple[Obj, ...]
 
 
-class Access(pulumi.ComponentResource):
-    """NodePort Services for the API (443) and the router (80) on the configured nodePorts."""
+class _AfterInstall(pulumi.ComponentResource):
+    """Applies `args.objs` as one ConfigGroup, named `group`, once Substrate is installed."""
 
-    def __init__(self, name: str, args: AccessArgs, opts: pulumi.ResourceOptions | None = None):
-        super().__init__(f"{_PKG}:Access", name, {}, opts)
-        self.services = k8s.yaml.v2.ConfigGroup(
-            "nodeports",
-            objs=list(args.services),
-            opts=pulumi.ResourceOptions(
-                parent=self, provider=args.provider, depends_on=[args.install]
-            ),
-        )
-        self.register_outputs({})
+    type_name: ClassVar[str]
+    group: ClassVar[str]
 
-
-@dataclass(frozen=True)
-class ObservabilityArgs:
-    """What Observability applies once Substrate is installed."""
-
-    provider: k8s.Provider
-    install: pulumi.Resource
-    objs: tuple[Obj, ...]  # Prometheus with its RBAC and config, Grafana with the dashboard
-
-    @classmethod
-    def from_config(
-        cls, cfg: StackConfig, *, provider: k8s.Provider, install: pulumi.Resource
-    ) -> ObservabilityArgs:
-        objs = tuple(objects.observability_objects(cfg))
-        return cls(provider=provider, install=install, objs=objs)
-
-
-class Observability(pulumi.ComponentResource):
-    """Prometheus (Substrate's pods + the provider) and Grafana with the lifecycle dashboard."""
-
-    def __init__(
-        self, name: str, args: ObservabilityArgs, opts: pulumi.ResourceOptions | None = None
-    ):
-        super().__init__(f"{_PKG}:Observability", name, {}, opts)
+    def __init__(self, name: str, args: ObjectsArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__(f"{_PKG}:{self.type_name}", name, {}, opts)
         self.objects = k8s.yaml.v2.ConfigGroup(
-            "prometheus-grafana",
+            self.group,
             objs=list(args.objs),
             opts=pulumi.ResourceOptions(
                 parent=self, provider=args.provider, depends_on=[args.install]
             ),
         )
         self.register_outputs({})
+
+
+class Access(_AfterInstall):
+    """NodePort Services for the API (443) and the router (80) on the configured nodePorts."""
+
+    type_name, group = "Access", "nodeports"
+
+
+class Observability(_AfterInstall):
+    """Prometheus (Substrate's pods + the provider) and Grafana with the lifecycle dashboard."""
+
+    type_name, group = "Observability", "prometheus-grafana"
