@@ -9,8 +9,10 @@ reads: the scripts it runs, the objects it applies, the resources it waits for, 
 value exists only once an earlier step has run, a pure function from that step's result (for
 example the ActorTemplate from what the image step printed). `*Args.from_config` builds them
 from the validated `StackConfig` with the Pulumi-free builders beside this module (`objects`,
-`scripts`), which are tested without mocks. Every child is parented to its component and uses
-the explicit Kubernetes provider it is given; each component ends with `register_outputs`.
+`scripts`, `host`), which are tested without mocks; ObjectsArgs and TemplatesArgs, whose config
+part is one builder call, are built in `infra/__main__.py`. Every child is parented to its
+component and uses the explicit Kubernetes provider it is given; each component ends with
+`register_outputs`.
 """
 
 from __future__ import annotations
@@ -302,13 +304,15 @@ class RuntimeSetupArgs:
     def from_config(
         cls, cfg: StackConfig, runner: Runner, *, provider: k8s.Provider, install: pulumi.Resource
     ) -> RuntimeSetupArgs:
-        config: Obj | MicrovmSteps = objects.sandbox_config(cfg)
+        config: Obj | MicrovmSteps
         if cfg.runtime == "microvm":
             config = MicrovmSteps(
                 node_label=scripts.node_label_script(cfg),
                 stage_assets=scripts.microvm_assets_script(cfg),
                 sandbox_config=functools.partial(_staged_sandbox_config, cfg),
             )
+        else:
+            config = objects.sandbox_config(cfg)
         return cls(runner=runner, provider=provider, install=install, sandbox_config=config)
 
 
