@@ -76,7 +76,8 @@ class StepOutputError(SubstrateError, RuntimeError):
             shown = "..." + shown[-400:]
         super().__init__(
             f"step {step!r} exited 0 but printed {shown!r} on stdout, where {expected} was "
-            "expected. Its progress went to stderr: run its script by hand to see why"
+            "expected. Its progress went to stderr, which Pulumi keeps as the step's `stderr` "
+            "output (`pulumi stack export`)"
         )
         self.step = step
         self.printed = printed
