@@ -157,6 +157,11 @@ def run_stack(
     try:
         return _run_program(stack, overrides, registrations, Mocks, Monitor)
     finally:
+        # A failed program leaves Pulumi's tasks pending: finish them on their own loop.
+        pending = asyncio.all_tasks(loop)
+        for task in pending:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         asyncio.set_event_loop(None)
         loop.close()
 

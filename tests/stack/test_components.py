@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,17 @@ from gym_substrate.stack import components
 from gym_substrate.stack.scripts import StepOutputError
 
 PKG = "gymsubstrate:index:"
+
+
+@pytest.fixture(autouse=True)
+def _collect_what_the_program_left() -> Iterator[None]:
+    """A program run leaves cycles of Pulumi tasks, futures and outputs (a failed run also its
+    traceback). Collect them after each test: collected at a random later moment, their
+    finalizers can run inside an ast.parse (pytest rewriting a module it imports late, such as
+    hypothesis's at session end), which CPython 3.11 fails with "AST constructor recursion
+    depth mismatch"."""
+    yield
+    gc.collect()
 
 
 @functools.cache
