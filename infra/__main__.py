@@ -1,53 +1,41 @@
 """gym-substrate stack: read and validate the config, build the components, export outputs.
 
-Nothing else happens here: objects and scripts come from `gym_substrate.infra`, wiring from
-`substrate_infra`. A bad config key stops the program before any resource is registered, so
+Nothing else happens here: objects, scripts and the components that wire them come from
+`gym_substrate.stack`. A bad config key stops the program before any resource is registered, so
 `pulumi preview` reports it with the key and the fix.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pulumi
 from pulumi.runtime import config as runtime_config
 from pulumi_command import remote
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from substrate_infra import (  # noqa: E402
+from gym_substrate.stack import objects
+from gym_substrate.stack.components import (
     Access,
     ActorTemplates,
     AgentImage,
-    BorrowedHost,
-    KindCluster,
-    Observability,
-    Runner,
-    Runtime,
-    SubstrateInstall,
-    WorkerPool,
-)
-from substrate_infra.components import (  # noqa: E402
-    AccessArgs,
     AgentImageArgs,
+    BorrowedHost,
     ClusterArgs,
     HostArgs,
     InstallArgs,
-    ObservabilityArgs,
+    KindCluster,
+    ObjectsArgs,
+    Observability,
     PoolArgs,
-    RuntimeArgs,
+    RuntimeSetup,
+    RuntimeSetupArgs,
+    SubstrateInstall,
     TemplatesArgs,
+    WorkerPool,
+    WorkloadTemplate,
 )
-
-from gym_substrate.infra import objects  # noqa: E402
-from gym_substrate.infra.config import (  # noqa: E402
-    PROJECT,
-    ConfigError,
-    StackConfig,
-    parse_config_values,
-)
-from gym_substrate.infra.scripts import Paths  # noqa: E402
+from gym_substrate.stack.config import PROJECT, ConfigError, StackConfig, parse_config_values
+from gym_substrate.stack.runner import Runner
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,51 +56,45 @@ if cfg.host is not None:
         port=cfg.host.port,
         private_key=pulumi.Config(PROJECT).require_secret("sshPrivateKey"),
     )
-    host = BorrowedHost("host", HostArgs(cfg=cfg, connection=connection))
+    host = BorrowedHost("host", HostArgs.from_config(cfg, connection))
     runner = host.runner
 
-cluster = KindCluster("cluster", ClusterArgs(cfg=cfg, runner=runner))
-install = SubstrateInstall("substrate", InstallArgs(cfg=cfg, runner=runner, cluster=cluster))
-runtime = Runtime(
-    "runtime", RuntimeArgs(cfg=cfg, runner=runner, provider=cluster.provider, install=install)
+cluster = KindCluster("cluster", ClusterArgs.from_config(cfg, runner))
+kube = cluster.provider
+install = SubstrateInstall("substrate", InstallArgs.from_config(cfg, runner, cluster=cluster))
+runtime = RuntimeSetup(
+    "runtime", RuntimeSetupArgs.from_config(cfg, runner, provider=kube, install=install)
 )
 pool = WorkerPool(
     "pool",
-    PoolArgs(
-        cfg=cfg,
-        runner=runner,
-        provider=cluster.provider,
-        ateom_image=install.ateom_image,
-        runtime=runtime,
+    PoolArgs.from_config(
+        cfg, runner, provider=kube, runtime=runtime, ateom_image=install.ateom_image
     ),
 )
 agent = AgentImage(
-    "agent", AgentImageArgs(cfg=cfg, runner=runner, repo_root=REPO_ROOT, cluster=cluster)
+    "agent", AgentImageArgs.from_config(cfg, runner, repo_root=REPO_ROOT, cluster=cluster)
 )
 templates = ActorTemplates(
     "templates",
     TemplatesArgs(
-        cfg=cfg,
         runner=runner,
-        provider=cluster.provider,
-        agent_image=agent.image,
-        pool=pool,
-        install=install,
+        provider=kube,
         agent=agent,
-        cluster_ready=cluster,
+        pool_ready=pool.ready,
+        install=install,
+        cluster=cluster,
+        namespace=cfg.pool.namespace,
+        workloads=tuple(WorkloadTemplate.from_config(cfg, wl) for wl in cfg.workloads),
     ),
 )
-Access("access", AccessArgs(cfg=cfg, provider=cluster.provider, install=install))
+Access("access", ObjectsArgs(kube, install, tuple(objects.nodeport_services(cfg))))
 if cfg.observability.enabled:
     Observability(
-        "observability", ObservabilityArgs(cfg=cfg, provider=cluster.provider, install=install)
+        "observability", ObjectsArgs(kube, install, tuple(objects.observability_objects(cfg)))
     )
 
 api = f"127.0.0.1:{cfg.access.api_node_port}"
 router = f"http://127.0.0.1:{cfg.access.router_node_port}"
-token_file = (
-    Paths(cfg).token_file.replace("${HOME}", str(Path.home())) if cfg.host is None else None
-)
 pulumi.export("kubeconfig", cluster.kubeconfig)
 pulumi.export("apiAddress", api)
 pulumi.export("routerUrl", router)
@@ -122,10 +104,12 @@ pulumi.export(
 )
 pulumi.export("caPem", install.ca_pem)
 pulumi.export("templates", templates.names)
-provider_config = pulumi.Output.all(install.ca_pem, templates.names).apply(
+# jwt on kind: the token file the install's client-token step wrote (and printed) on this
+# machine; on a host the token itself is exported as `clientToken` instead.
+provider_config = pulumi.Output.all(install.ca_pem, templates.names, install.token_file).apply(
     lambda v: objects.to_yaml(
         objects.provider_config(
-            cfg, api=api, router=router, ca_pem=v[0], templates=v[1], token_file=token_file
+            cfg, api=api, router=router, ca_pem=v[0], templates=v[1], token_file=v[2]
         )
     )
 )

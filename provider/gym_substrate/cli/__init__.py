@@ -60,7 +60,7 @@ class LazyGroup(click.Group):
             "Delete actors a provider created and left behind.",
         ),
         "render": (
-            "gym_substrate.infra.render:render",
+            "gym_substrate.cli.render:render",
             "Write the Kubernetes objects a Pulumi stack would apply.",
         ),
     },

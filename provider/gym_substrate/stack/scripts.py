@@ -4,28 +4,31 @@ Why shell and not Kubernetes resources for these steps: kind, docker, ko and Sub
 `kubectl ate admin` are command-line tools, and the same script must run on this machine (kind
 stacks, `local.Command`) and over SSH on a borrowed host (`remote.Command`). Each script is
 idempotent (re-running `pulumi up` after a failure continues where it stopped), writes progress
-to stderr and prints only its result on stdout, which becomes the command's output.
+to stderr and prints only its result on stdout, which becomes the command's output;
+`result_line` and `result_json` read that result back. The borrowed host's own steps (record,
+prepare, wipe, revert) are in `host`.
 """
 
 from __future__ import annotations
 
+import json
 import shlex
 from dataclasses import dataclass
+from typing import Any
 
 import yaml
 
-from gym_substrate.infra.config import StackConfig
+from gym_substrate._errors import SubstrateError
+from gym_substrate.stack.config import StackConfig
 
 __all__ = [
+    "PREAMBLE",
+    "REGISTRY",
     "Paths",
+    "StepOutputError",
     "agent_image_script",
     "as_command",
     "derived_image_script",
-    "host_install_tools_script",
-    "host_prep_root_script",
-    "host_revert_root_script",
-    "host_sshd_priority_script",
-    "host_wipe_script",
     "kind_config",
     "kind_create_script",
     "kind_delete_script",
@@ -39,19 +42,66 @@ __all__ = [
     "substrate_install_script",
     "template_wait_script",
     "pinned_workload_script",
+    "result_json",
+    "result_line",
     "token_script",
     "token_value_script",
     "tree_hash",
 ]
 
 REGISTRY = "kind-registry"  # Substrate's atelet rewrites localhost registries to kind-registry:5000
-_PREAMBLE = "set -euo pipefail\n"
+PREAMBLE = "set -euo pipefail\n"
 _STDOUT_TO_FD3 = "exec 3>&1 1>&2\n"  # progress to stderr, result to the saved stdout (fd 3)
 
 
 def as_command(script: str) -> str:
     """One command line for local and remote runners: `bash -c '<script>'`."""
     return "bash -c " + shlex.quote(script)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading what a step printed
+
+
+class StepOutputError(SubstrateError, RuntimeError):
+    """A step exited 0 but its stdout holds no usable result; names the step and what it printed.
+
+    A RuntimeError on purpose: Pulumi rewraps a ValueError raised while it serializes a resource's
+    inputs (where these are raised, inside an `apply`) into a bare ValueError that hides the type.
+    """
+
+    def __init__(self, step: str, printed: str, expected: str) -> None:
+        shown = printed.strip()
+        if len(shown) > 400:
+            shown = "..." + shown[-400:]
+        super().__init__(
+            f"step {step!r} exited 0 but printed {shown!r} on stdout, where {expected} was "
+            "expected. Its progress went to stderr, which Pulumi keeps as the step's `stderr` "
+            "output (`pulumi stack export`)"
+        )
+        self.step = step
+        self.printed = printed
+
+
+def result_line(step: str, stdout: str) -> str:
+    """The result a step printed: its last non-empty stdout line."""
+    lines = [line.strip() for line in stdout.splitlines() if line.strip()]
+    if not lines:
+        raise StepOutputError(step, stdout, "a result line")
+    return lines[-1]
+
+
+def result_json(step: str, stdout: str, keys: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The JSON object a step printed as its last stdout line, with a string at each of `keys`."""
+    expected = "a JSON object" + (f" with {', '.join(keys)}" if keys else "") + " as the last line"
+    lines = stdout.strip().splitlines()
+    try:
+        value = json.loads(lines[-1]) if lines else None
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, dict) or not all(isinstance(value.get(k), str) for k in keys):
+        raise StepOutputError(step, stdout, expected)
+    return value
 
 
 @dataclass(frozen=True)
@@ -86,6 +136,11 @@ class Paths:
     @property
     def src(self) -> str:
         return self.cfg.substrate.path or f"{self.workdir}/substrate"
+
+    @property
+    def scratch(self) -> str:
+        """A borrowed host's scratch folder (the copied agent source); wiped at destroy."""
+        return f"/var/tmp/gym-substrate-{self.cfg.cluster.name}"
 
     def env(self) -> str:
         return (
@@ -154,7 +209,7 @@ def kind_create_script(cfg: StackConfig) -> str:
             "  exit 1\nfi\n"
         )
     return (
-        _PREAMBLE
+        PREAMBLE
         + _STDOUT_TO_FD3
         + p.env()
         + kvm
@@ -204,14 +259,14 @@ def kubeconfig_script(cfg: StackConfig) -> str:
             f" | sed -e 's#server: https://[^ ]*#server: "
             f"https://{cfg.host.address}:{cfg.host.api_port}#'"
         )
-    return _PREAMBLE + p.env() + f"kind get kubeconfig --name {cfg.cluster.name}{rewrite}\n"
+    return PREAMBLE + p.env() + f"kind get kubeconfig --name {cfg.cluster.name}{rewrite}\n"
 
 
 def kind_delete_script(cfg: StackConfig) -> str:
     p = Paths(cfg)
     name = cfg.cluster.name
     return (
-        _PREAMBLE + p.env() + f"kind delete cluster --name {name} || true\n"
+        PREAMBLE + p.env() + f"kind delete cluster --name {name} || true\n"
         # Only the registry this stack created goes; one that existed before stays.
         f'if [ -f "$WORKDIR/registry-created" ] && [ "$(docker inspect -f '
         f'\'{{{{index .Config.Labels "gym-substrate/cluster"}}}}\' {REGISTRY} 2>/dev/null)" '
@@ -253,7 +308,7 @@ def substrate_build_script(cfg: StackConfig) -> str:
             f'git -C "$SRC" -c advice.detachedHead=false checkout --detach {s.commit}\n'
         )
     return (
-        _PREAMBLE + _STDOUT_TO_FD3 + p.env() + checkout + 'cd "$SRC"\n'
+        PREAMBLE + _STDOUT_TO_FD3 + p.env() + checkout + 'cd "$SRC"\n'
         f"export KO_DOCKER_REPO=localhost:{cfg.cluster.registry_port}\n"
         'export KO_DEFAULTPLATFORMS="linux/$(go env GOARCH)"\n'
         f'mkdir -p "{p.rendered}"\n'
@@ -272,7 +327,7 @@ def substrate_install_script(cfg: StackConfig) -> str:
     p = Paths(cfg)
     r = p.rendered
     return (
-        _PREAMBLE + _STDOUT_TO_FD3 + p.env() + f'SRC="{p.src}"\ncd "$SRC"\n'
+        PREAMBLE + _STDOUT_TO_FD3 + p.env() + f'SRC="{p.src}"\ncd "$SRC"\n'
         'ate() { go run ./cmd/kubectl-ate "$@"; }\n'
         'absent() { ! kubectl -n "$1" get "$2" "$3" >/dev/null 2>&1; }\n'
         "# 1-3: CRDs (+ ClusterRole ate-controller), the SandboxConfig admission policy.\n"
@@ -366,7 +421,7 @@ def _bucket_script(cfg: StackConfig) -> str:
 def substrate_ca_script(cfg: StackConfig) -> str:
     """Prints the PEM clients pin (the servicedns ClusterTrustBundle)."""
     return (
-        _PREAMBLE
+        PREAMBLE
         + Paths(cfg).env()
         + "kubectl get clustertrustbundle servicedns.podcert.ate.dev:identity:primary-bundle "
         "-o jsonpath='{.spec.trustBundle}'\n"
@@ -378,7 +433,7 @@ def token_script(cfg: StackConfig, duration_h: int = 24) -> str:
     re-reads on every call (re-run `pulumi up` or this command to refresh it)."""
     p = Paths(cfg)
     return (
-        _PREAMBLE
+        PREAMBLE
         + p.env()
         # umask first (and no stale .tmp): the file is private from its first byte
         + f'(umask 077; rm -f "{p.token_file}.tmp"; '
@@ -391,7 +446,7 @@ def token_script(cfg: StackConfig, duration_h: int = 24) -> str:
 
 def token_value_script(cfg: StackConfig) -> str:
     """Host stacks: print the client token so the operator's machine can use it (secret)."""
-    return _PREAMBLE + f'cat "{Paths(cfg).token_file}"\n'
+    return PREAMBLE + f'cat "{Paths(cfg).token_file}"\n'
 
 
 def substrate_delete_script(cfg: StackConfig) -> str:
@@ -425,7 +480,7 @@ def substrate_delete_script(cfg: StackConfig) -> str:
 def node_label_script(cfg: StackConfig) -> str:
     """microVM: label and check every node (WorkerPool pods select ate.dev/sandboxClass)."""
     return (
-        _PREAMBLE
+        PREAMBLE
         + Paths(cfg).env()
         + f"for node in $(kind get nodes --name {cfg.cluster.name}); do\n"
         '  docker exec "$node" test -c /dev/kvm || { echo "node $node has no /dev/kvm: the '
@@ -440,7 +495,7 @@ def microvm_assets_script(cfg: StackConfig) -> str:
     p = Paths(cfg)
     b = cfg.substrate.bucket
     return (
-        _PREAMBLE + _STDOUT_TO_FD3 + p.env() + f'cd "{p.src}"\n'
+        PREAMBLE + _STDOUT_TO_FD3 + p.env() + f'cd "{p.src}"\n'
         'ARCH=$(go env GOARCH)\nASSETS="bin/microvm-assets/$ARCH"\n'
         '[ -d "$ASSETS" ] || bash hack/microvm-assets/assemble.sh\n'
         "kubectl -n ate-system port-forward svc/rustfs 19000:9000 >/dev/null 2>&1 &\n"
@@ -470,7 +525,7 @@ def agent_image_script(cfg: StackConfig, src_dir: str, source_hash: str) -> str:
     """
     repo = f"localhost:{cfg.cluster.registry_port}/gym-substrate/sandbox-agent"
     return (
-        _PREAMBLE + _STDOUT_TO_FD3 + f'cd "{src_dir}"\n'
+        PREAMBLE + _STDOUT_TO_FD3 + f'cd "{src_dir}"\n'
         # The build script prints the binary's path as its last stdout line; the Dockerfile's
         # context is a directory holding just that binary (not the build venv next to it).
         f'BIN=$(bash "{cfg.agent.build_script}" | tail -n1)\n'
@@ -495,7 +550,7 @@ def derived_image_script(
     binary = cfg.agent.binary_path
     wl = shlex.quote(workload_image)
     return (
-        _PREAMBLE + _STDOUT_TO_FD3 + f"docker pull {wl}\n"
+        PREAMBLE + _STDOUT_TO_FD3 + f"docker pull {wl}\n"
         "PINNED=$(docker inspect --format '{{range .RepoDigests}}{{println .}}{{end}}' "
         f"{wl} | head -n1)\n"
         '[ -n "$PINNED" ] || { echo "no registry digest for ' + workload_image + '" >&2; '
@@ -516,7 +571,7 @@ def pinned_workload_script(workload_image: str) -> str:
     """image-volume mode: only the workload's digest is needed."""
     wl = shlex.quote(workload_image)
     return (
-        _PREAMBLE + _STDOUT_TO_FD3 + f"docker pull {wl} >&2\n"
+        PREAMBLE + _STDOUT_TO_FD3 + f"docker pull {wl} >&2\n"
         "docker inspect --format '{{range .RepoDigests}}{{println .}}{{end}}' "
         f"{wl} | head -n1 >&3\n"
     )
@@ -527,7 +582,7 @@ def pool_wait_script(cfg: StackConfig) -> str:
     its rollout (rollout status alone fails at once on a missing Deployment)."""
     ns, dep = cfg.pool.namespace, f"{cfg.pool.name}-deployment"
     return (
-        _PREAMBLE + Paths(cfg).env() + "for i in $(seq 1 60); do\n"
+        PREAMBLE + Paths(cfg).env() + "for i in $(seq 1 60); do\n"
         f"  kubectl -n {ns} get deployment/{dep} >/dev/null 2>&1 && break\n"
         f'  [ "$i" = 60 ] && {{ echo "deployment/{dep} not created by ate-controller within '
         '120 s: check kubectl -n ate-system logs deployment/ate-controller" >&2; exit 1; }\n'
@@ -541,7 +596,7 @@ def template_wait_script(cfg: StackConfig, template: str) -> str:
     """Ready means the golden snapshot exists; `Failed` is never set, hence the timeout."""
     t = cfg.templates.ready_timeout_s
     return (
-        _PREAMBLE
+        PREAMBLE
         + Paths(cfg).env()
         + f"if ! kubectl -n {cfg.pool.namespace} wait --for=condition=Ready "
         f"actortemplate/{template} --timeout={t}s; then\n"
@@ -550,223 +605,6 @@ def template_wait_script(cfg: StackConfig, template: str) -> str:
         f"{cfg.pool.name}-deployment pod logs' >&2\n"
         "  exit 1\nfi\n"
         f"echo {template}\n"
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# Borrowed host: record, prepare, and put back
-
-_SYSCTLS = (
-    "fs.inotify.max_user_watches",
-    "fs.inotify.max_user_instances",
-    "net.ipv4.ip_forward",
-    "vm.max_map_count",
-)
-# python3-venv, gcc and libc6-dev: agent/build/build-static.sh builds the static agent on the host.
-_PACKAGES = (
-    "docker.io",
-    "git",
-    "jq",
-    "openssl",
-    "curl",
-    "ca-certificates",
-    "tar",
-    "python3",
-    "python3-venv",
-    "gcc",
-    "libc6-dev",
-)
-_MICROVM_PACKAGES = ("cargo", "libcap-ng-dev", "libseccomp-dev", "pkg-config", "awscli")
-_FILES = (
-    "/etc/ssh/sshd_config",
-    "/etc/sysctl.d/90-gym-substrate.conf",
-    "/etc/systemd/system/ssh.service.d/90-gym-substrate.conf",
-    "/etc/systemd/system/sshd.service.d/90-gym-substrate.conf",
-    "/etc/docker/daemon.json",
-)
-_BINARIES = ("/usr/local/bin/kind", "/usr/local/bin/kubectl", "/usr/local/bin/ko", "/usr/local/go")
-_SERVICES = ("docker", "containerd", "ssh", "sshd")
-
-
-def host_prep_root_script(cfg: StackConfig) -> str:
-    """Record the host before touching it: packages, sysctls, files, binaries, services, sshd.
-
-    The record is written once (a re-run never overwrites the original state) under
-    `<workdir>/host-state` and is what revert-root restores from. `GYM_SUBSTRATE_HOST_ROOT`
-    (empty on a real host) prefixes every recorded path; the tests point it at a temp dir.
-    """
-    st = Paths(cfg).state_dir
-    files = " ".join(_FILES)
-    return (
-        _PREAMBLE + f'STATE="{st}"\nROOT="${{GYM_SUBSTRATE_HOST_ROOT:-}}"\n'
-        'if [ -f "$STATE/complete" ]; then echo "state already recorded" >&2; exit 0; fi\n'
-        'sudo mkdir -p "$STATE/files"\n'
-        "dpkg-query -W -f='${Package}\\n' | sort | sudo tee \"$STATE/packages\" >/dev/null\n"
-        f"for k in {' '.join(_SYSCTLS)}; do\n"
-        '  v=$(sysctl -n "$k" 2>/dev/null) && echo "$k=$v"\n'
-        'done | sudo tee "$STATE/sysctls" >/dev/null || true\n'
-        f"for f in {files}; do\n"
-        '  if [ -e "$ROOT$f" ]; then\n'
-        '    sudo mkdir -p "$STATE/files$(dirname "$ROOT$f")"\n'
-        '    sudo cp -a "$ROOT$f" "$STATE/files$ROOT$f"\n'
-        '    echo "$f"\n'
-        "  fi\n"
-        'done | sudo tee "$STATE/files.present" >/dev/null\n'
-        f"for b in {' '.join(_BINARIES)}; do\n"
-        '  if [ -e "$ROOT$b" ]; then echo "$b"; fi\n'
-        'done | sudo tee "$STATE/binaries.present" >/dev/null\n'
-        f"for s in {' '.join(_SERVICES)}; do\n"
-        '  e=$(systemctl is-enabled "$s" 2>/dev/null) || true\n'
-        '  a=$(systemctl is-active "$s" 2>/dev/null) || true\n'
-        '  echo "$s ${e:-absent} ${a:-inactive}"\n'
-        'done | sudo tee "$STATE/services" >/dev/null\n'
-        "if command -v docker >/dev/null && sudo docker info >/dev/null 2>&1; then\n"
-        '  sudo docker images -q --no-trunc | sort -u | sudo tee "$STATE/docker-images" '
-        ">/dev/null\n"
-        '  sudo docker volume ls -q | sort -u | sudo tee "$STATE/docker-volumes" >/dev/null\n'
-        "  sudo docker network ls --format '{{.Name}}' | sort -u "
-        '| sudo tee "$STATE/docker-networks" >/dev/null\n'
-        "else\n"
-        '  for f in docker-images docker-volumes docker-networks; do sudo touch "$STATE/$f"; done\n'
-        "fi\n"
-        "{ getent group docker || true; } | cut -d: -f4 "
-        '| sudo tee "$STATE/docker-group" >/dev/null\n'
-        'sudo touch "$STATE/complete"\n'
-        'echo "$STATE"\n'
-    )
-
-
-def host_install_tools_script(cfg: StackConfig) -> str:
-    t = cfg.tools
-    pkgs = " ".join(p for p in _PACKAGES if p != "docker.io") + f" {t.docker}"
-    if cfg.runtime == "microvm":
-        # hack/microvm-assets/assemble.sh builds virtiofsd; the staging step uses the AWS CLI.
-        pkgs += " " + " ".join(_MICROVM_PACKAGES)
-    go = t.go.lstrip("v")
-    return (
-        _PREAMBLE + "ARCH=$(dpkg --print-architecture)\n"
-        "export DEBIAN_FRONTEND=noninteractive\n"
-        "sudo apt-get update -qq\n"
-        f"sudo apt-get install -y -qq {pkgs}\n"
-        "sudo systemctl enable --now docker\n"
-        'sudo usermod -aG docker "$USER"\n'
-        "printf 'fs.inotify.max_user_watches=524288\\nfs.inotify.max_user_instances=512\\n' "
-        "| sudo tee /etc/sysctl.d/90-gym-substrate.conf >/dev/null\n"
-        "sudo sysctl --system >/dev/null\n"
-        "TMP=$(mktemp -d)\ntrap 'rm -rf \"$TMP\"' EXIT\n"
-        f'curl -fsSLo "$TMP/kind" "https://kind.sigs.k8s.io/dl/{t.kind}/kind-linux-$ARCH"\n'
-        f'curl -fsSLo "$TMP/kubectl" "https://dl.k8s.io/release/{t.kubectl}/bin/linux/$ARCH/kubectl"\n'
-        'sudo install -m 0755 "$TMP/kind" /usr/local/bin/kind\n'
-        'sudo install -m 0755 "$TMP/kubectl" /usr/local/bin/kubectl\n'
-        f'if [ "$(/usr/local/go/bin/go env GOVERSION 2>/dev/null)" != go{go} ]; then\n'
-        f'  curl -fsSLo "$TMP/go.tgz" "https://go.dev/dl/go{go}.linux-$ARCH.tar.gz"\n'
-        '  sudo rm -rf /usr/local/go && sudo tar -C /usr/local -xzf "$TMP/go.tgz"\n'
-        "fi\n"
-        "sudo ln -sf /usr/local/go/bin/go /usr/local/bin/go\n"
-        f'sudo env GOBIN=/usr/local/bin GOPATH="$TMP/gopath" /usr/local/go/bin/go install '
-        f"github.com/google/ko@{t.ko}\n"
-        "kind version && kubectl version --client && go version && ko version\n"
-    )
-
-
-def host_sshd_priority_script(cfg: StackConfig) -> str:
-    """Keep SSH answering while sandboxes saturate every core: higher CPU weight, no OOM kill."""
-    assert cfg.host is not None
-    w = cfg.host.sshd_cpu_weight
-    dropin = f"[Service]\\nCPUWeight={w}\\nOOMScoreAdjust=-1000\\nNice=-10\\n"
-    return (
-        _PREAMBLE + "UNIT=ssh; systemctl cat ssh >/dev/null 2>&1 || UNIT=sshd\n"
-        'sudo mkdir -p "/etc/systemd/system/$UNIT.service.d"\n'
-        f"printf '{dropin}' | sudo tee \"/etc/systemd/system/$UNIT.service.d/"
-        '90-gym-substrate.conf" >/dev/null\n'
-        "sudo systemctl daemon-reload\n"
-        # The running sshd keeps existing sessions; restart applies the weight to new ones.
-        'sudo systemctl restart "$UNIT"\n'
-        'systemctl show "$UNIT" -p CPUWeight -p OOMScoreAdjust\n'
-    )
-
-
-def host_wipe_script(cfg: StackConfig) -> str:
-    """Destroy step 1: the cluster, the registry, and the Docker images, volumes and networks
-    that were not on the host when prep-root recorded it (pre-existing ones are kept)."""
-    p = Paths(cfg)
-    return (
-        "set -uo pipefail\n"
-        + p.env()
-        + f'STATE="{p.state_dir}"\n'
-        + f"command -v kind >/dev/null && kind delete cluster --name {cfg.cluster.name}\n"
-        "if command -v docker >/dev/null; then\n"
-        f'  [ -f "$WORKDIR/registry-created" ] && docker rm -f {REGISTRY} 2>/dev/null\n'
-        "  docker ps -aq --filter label=created-by=gym-substrate | xargs -r docker rm -f\n"
-        '  new() { sort -u | comm -13 "$STATE/$1" -; }\n'
-        '  if [ -f "$STATE/docker-images" ]; then\n'
-        "    docker images -q --no-trunc | new docker-images | xargs -r docker rmi -f\n"
-        "    docker volume ls -q | new docker-volumes | xargs -r docker volume rm -f\n"
-        "    docker network ls --format '{{.Name}}' | new docker-networks "
-        "| xargs -r docker network rm\n"
-        "  fi\n"
-        "  docker builder prune -af\n"
-        "fi\n"
-        f"rm -rf /var/tmp/gym-substrate-{cfg.cluster.name}\n"
-        'rm -rf "$WORKDIR/substrate" "$WORKDIR/rendered" "$WORKDIR/src" "$KUBECONFIG" '
-        f'"{p.token_file}" "$WORKDIR/kind-config.yaml" "$WORKDIR/registry-created"\n'
-        "exit 0\n"
-    )
-
-
-def host_revert_root_script(cfg: StackConfig) -> str:
-    """Destroy step 2: put back what prep-root recorded, then remove the record.
-
-    Restored: recorded files get their old content, files that did not exist are removed;
-    binaries under /usr/local that were not there are removed; packages installed since the
-    record are purged; recorded sysctls get their old values; services return to their recorded
-    enabled/active state; users added to the docker group are removed from it.
-    """
-    st = Paths(cfg).state_dir
-    files = " ".join(_FILES)
-    bins = " ".join(_BINARIES)
-    return (
-        _PREAMBLE + f'STATE="{st}"\nROOT="${{GYM_SUBSTRATE_HOST_ROOT:-}}"\n'
-        'if [ ! -f "$STATE/complete" ]; then echo "no state record at $STATE; nothing to '
-        'revert" >&2; exit 0; fi\n'
-        f"for f in {files}; do\n"
-        '  if grep -qx "$f" "$STATE/files.present"; then sudo cp -a "$STATE/files$ROOT$f" '
-        '"$ROOT$f"\n'
-        '  else sudo rm -f "$ROOT$f"; fi\n'
-        "done\n"
-        'sudo rmdir "$ROOT/etc/systemd/system/ssh.service.d" '
-        '"$ROOT/etc/systemd/system/sshd.service.d" 2>/dev/null || true\n'
-        f"for b in {bins}; do\n"
-        '  grep -qx "$b" "$STATE/binaries.present" || sudo rm -rf "$ROOT$b"\n'
-        "done\n"
-        'grep -qx /usr/local/go "$STATE/binaries.present" || sudo rm -f "$ROOT/usr/local/bin/go"\n'
-        "NEW=$(dpkg-query -W -f='${Package}\\n' | sort | comm -13 \"$STATE/packages\" -)\n"
-        'if [ -n "$NEW" ]; then\n'
-        "  sudo env DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq $NEW\n"
-        "  sudo env DEBIAN_FRONTEND=noninteractive apt-get autoremove -y -qq\n"
-        "fi\n"
-        "while IFS== read -r k v; do\n"
-        '  if [ -n "$v" ]; then sudo sysctl -qw "$k=$v" || true; fi\n'
-        'done < "$STATE/sysctls"\n'
-        "sudo systemctl daemon-reload\n"
-        "while read -r s enabled active; do\n"
-        '  case "$enabled" in\n'
-        '    enabled) sudo systemctl enable "$s" 2>/dev/null || true ;;\n'
-        '    disabled) sudo systemctl disable "$s" 2>/dev/null || true ;;\n'
-        "  esac\n"
-        '  case "$active" in\n'
-        '    active) sudo systemctl restart "$s" 2>/dev/null || true ;;\n'
-        '    *) sudo systemctl stop "$s" 2>/dev/null || true ;;\n'
-        "  esac\n"
-        'done < "$STATE/services"\n'
-        "if getent group docker >/dev/null; then\n"
-        '  for u in $(getent group docker | cut -d: -f4 | tr , " "); do\n'
-        '    tr , "\\n" < "$STATE/docker-group" | grep -qx "$u" || sudo gpasswd -d "$u" docker\n'
-        "  done\n"
-        "fi\n"
-        'sudo rm -rf "$STATE"\n'
-        f'rmdir "{Paths(cfg).workdir}" 2>/dev/null || true\n'
-        "echo reverted\n"
     )
 
 

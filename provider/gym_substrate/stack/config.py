@@ -17,6 +17,9 @@ from typing import Any
 
 import yaml
 
+from gym_substrate._errors import ConfigError
+from gym_substrate._names import is_dns_label
+
 __all__ = [
     "PROJECT",
     "SECRET_KEYS",
@@ -50,14 +53,9 @@ SUBSTRATE_COMMIT = "86e138f628e419426be5ac9bbc68507e8333a4c4"
 # Substrate commits known to lack image volumes in ActorTemplate (reference §2.3).
 _NO_IMAGE_VOLUMES = frozenset({SUBSTRATE_COMMIT})
 _DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _VERSION = re.compile(r"^v?[0-9]+\.[0-9]+\.[0-9]+([-+.][0-9A-Za-z.-]+)?$")
-
-
-class ConfigError(ValueError):
-    """A stack config value is missing or wrong; the message names the key and the fix."""
 
 
 def _key(path: str) -> str:
@@ -210,7 +208,7 @@ def _quantity(section: _Section, key: str, default: str) -> str:
 
 def _label(section: _Section, key: str, default: str) -> str:
     value = section.string(key, default)
-    if not _DNS_LABEL.match(value):
+    if not is_dns_label(value):
         raise _fail(
             section.sub(key),
             f"{value!r} is not a DNS-1123 label",
@@ -292,10 +290,6 @@ class WorkloadConfig:
     name: str
     image: str
     env: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def pinned(self) -> bool:
-        return bool(_DIGEST.search(self.image))
 
 
 @dataclass(frozen=True)

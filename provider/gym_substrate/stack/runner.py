@@ -15,7 +15,7 @@ from typing import cast
 import pulumi
 from pulumi_command import local, remote
 
-from gym_substrate.infra.scripts import as_command
+from gym_substrate.stack.scripts import as_command
 
 __all__ = ["Runner"]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import yaml
-from infra_harness import REPO
+from stack_harness import REPO
 
 
 def test_kind_smoke_workflow() -> None:

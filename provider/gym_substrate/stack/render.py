@@ -1,4 +1,4 @@
-"""`gym-substrate render`: write what a stack would apply, without Pulumi or a cluster.
+"""Write what a stack would apply, without Pulumi or a cluster (`gym-substrate render`).
 
 For GitOps users and for review. Objects that need a value only `pulumi up` produces (image
 digests, the ateom image, staged microVM asset checksums) are rendered where a stand-in keeps
@@ -12,22 +12,23 @@ import json
 from pathlib import Path
 from typing import Any
 
-import click
 import yaml
 
-from gym_substrate.infra import objects, scripts
-from gym_substrate.infra.config import ConfigError, StackConfig, load_stack_file, stack_file
+from gym_substrate.stack import host, objects, scripts
+from gym_substrate.stack.config import StackConfig, stack_file
 
-__all__ = ["render", "render_stack"]
+__all__ = ["STACKS", "render_stack", "shipped_stack_file"]
 
 STACKS = ("kind-gvisor", "kind-microvm", "host-gvisor", "host-microvm")
 
 
-def _repo_root() -> Path:
+def shipped_stack_file(stack: str) -> Path:
+    """`infra/stacks/Pulumi.<stack>.yaml` of the checkout around the working directory, else of
+    the checkout this package runs from."""
     for base in (Path.cwd(), *Path.cwd().parents):
         if (base / "Pulumi.yaml").is_file() and (base / "infra" / "stacks").is_dir():
-            return base
-    return Path(__file__).resolve().parents[3]
+            return stack_file(base, stack)
+    return stack_file(Path(__file__).resolve().parents[3], stack)
 
 
 def _file_name(index: int, obj: dict[str, Any]) -> str:
@@ -73,9 +74,9 @@ def render_stack(cfg: StackConfig, out: Path) -> tuple[list[Path], list[str]]:
     write("kind-config.yaml", yaml.safe_dump(scripts.kind_config(cfg), sort_keys=False))
     steps: dict[str, str] = {}
     if cfg.host is not None:
-        steps["00-host-prep-root.sh"] = scripts.host_prep_root_script(cfg)
-        steps["01-host-install-tools.sh"] = scripts.host_install_tools_script(cfg)
-        steps["02-host-sshd-priority.sh"] = scripts.host_sshd_priority_script(cfg)
+        steps["00-host-prep-root.sh"] = host.prep_root_script(cfg)
+        steps["01-host-install-tools.sh"] = host.install_tools_script(cfg)
+        steps["02-host-sshd-priority.sh"] = host.sshd_priority_script(cfg)
     steps["10-kind-create.sh"] = scripts.kind_create_script(cfg)
     steps["20-substrate-build.sh"] = scripts.substrate_build_script(cfg)
     steps["21-substrate-install.sh"] = scripts.substrate_install_script(cfg)
@@ -86,60 +87,9 @@ def render_stack(cfg: StackConfig, out: Path) -> tuple[list[Path], list[str]]:
     steps["90-substrate-delete.sh"] = scripts.substrate_delete_script(cfg)
     steps["91-kind-delete.sh"] = scripts.kind_delete_script(cfg)
     if cfg.host is not None:
-        steps["95-host-wipe.sh"] = scripts.host_wipe_script(cfg)
-        steps["96-host-revert-root.sh"] = scripts.host_revert_root_script(cfg)
+        steps["95-host-wipe.sh"] = host.wipe_script(cfg)
+        steps["96-host-revert-root.sh"] = host.revert_root_script(cfg)
     for name, text in steps.items():
         write(f"scripts/{name}", "#!/usr/bin/env bash\n" + text)
     write("SKIPPED.txt", "".join(f"- {s}\n" for s in skipped))
     return written, skipped
-
-
-@click.command()
-@click.option("--stack", "stack", type=click.Choice(STACKS), help="A stack in infra/stacks.")
-@click.option(
-    "--stack-file",
-    "stack_file_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="A Pulumi.<stack>.yaml file (instead of --stack).",
-)
-@click.option(
-    "--out",
-    "out",
-    required=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Directory to write into (created if missing).",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the written files as JSON.")
-def render(stack: str | None, stack_file_path: Path | None, out: Path, as_json: bool) -> None:
-    """Write the Kubernetes objects, kind config and scripts a stack applies."""
-    if (stack is None) == (stack_file_path is None):
-        raise click.UsageError("give exactly one of --stack or --stack-file")
-    path = stack_file_path or stack_file(_repo_root(), stack or "")
-    try:
-        cfg = load_stack_file(path)
-    except ConfigError as exc:
-        raise click.ClickException(f"{path}: {exc}") from exc
-    try:
-        files, skipped = render_stack(cfg, out)
-    except OSError as exc:
-        raise click.ClickException(
-            f"cannot write into {out} ({exc.strerror or exc}); pick a writable --out folder"
-        ) from exc
-    if as_json:
-        click.echo(
-            json.dumps(
-                {"stack": str(path), "files": [str(f) for f in files], "skipped": skipped}, indent=2
-            )
-        )
-        return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"rendered {path.name} -> {out}")
-    table.add_column("file")
-    for f in files:
-        table.add_row(str(f.relative_to(out)))
-    console = Console()
-    console.print(table)
-    for s in skipped:
-        console.print(f"[yellow]skipped[/yellow] {s}")

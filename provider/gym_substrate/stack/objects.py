@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from gym_substrate.infra.config import StackConfig, WorkloadConfig
+from gym_substrate.stack.config import StackConfig, WorkloadConfig
 
 __all__ = [
     "CA_BUNDLE",

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from infra_harness import REPO, SSH_KEY, STACKS
+from stack_harness import REPO, SSH_KEY, STACKS
 
 
 @pytest.fixture(autouse=True)

@@ -7,11 +7,15 @@ secret, and that host stacks carry their destroy-time commands.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import gc
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import yaml
-from infra_harness import (
+from stack_harness import (
     AGENT,
     ATEOM,
     CA_PEM,
@@ -26,7 +30,21 @@ from infra_harness import (
     secret_occurrences,
 )
 
+from gym_substrate.stack import components
+from gym_substrate.stack.scripts import StepOutputError
+
 PKG = "gymsubstrate:index:"
+
+
+@pytest.fixture(autouse=True)
+def _collect_what_the_program_left() -> Iterator[None]:
+    """A program run leaves cycles of Pulumi tasks, futures and outputs (a failed run also its
+    traceback). Collect them after each test: collected at a random later moment, their
+    finalizers can run inside an ast.parse (pytest rewriting a module it imports late, such as
+    hypothesis's at session end), which CPython 3.11 fails with "AST constructor recursion
+    depth mismatch"."""
+    yield
+    gc.collect()
 
 
 @functools.cache
@@ -62,6 +80,7 @@ def test_components_and_children(stack: str) -> None:
     run = _run(stack)
     host = stack.startswith("host")
     components = {r.typ.removeprefix(PKG) for r in run.registrations if r.typ.startswith(PKG)}
+    # RuntimeSetup keeps the type token `Runtime`: it is part of its children's URNs.
     expected = {
         "KindCluster",
         "SubstrateInstall",
@@ -251,6 +270,29 @@ def test_invalid_config_fails_before_any_resource() -> None:
         run_stack("kind-microvm", {"gym-substrate:cluster": {"name": "x", "kvm": False}})
 
 
+@pytest.mark.parametrize(
+    ("stack", "step", "printed"),
+    [
+        ("kind-gvisor", "image-python", ""),
+        ("kind-gvisor", "image-python", "pushed\n"),
+        ("kind-gvisor", "image-python", '{"workload": "python@sha256:..."}\n'),
+        ("kind-microvm", "microvm-assets", ""),
+        ("kind-microvm", "microvm-assets", "[1, 2]\n"),
+        ("kind-microvm", "microvm-assets", '{"arch": "arm64", "virtiofsd": "00"}\n'),
+    ],
+)
+def test_a_step_that_prints_nothing_parseable_names_the_step(
+    stack: str, step: str, printed: str
+) -> None:
+    """A step that exits 0 but prints no usable result is a clear error naming the step and
+    what it printed, not an IndexError or JSONDecodeError from inside an apply."""
+    with pytest.raises(StepOutputError) as info:
+        run_stack(stack, stdout={step: printed})
+    message = str(info.value)
+    assert message.startswith(f"step {step!r} ")
+    assert repr(printed.strip()) in message
+
+
 def test_image_volume_mode_pins_the_workload_only() -> None:
     newer = {"repo": "https://github.com/agent-substrate/substrate.git", "commit": "f" * 40}
     run = run_stack(
@@ -262,6 +304,23 @@ def test_image_volume_mode_pins_the_workload_only() -> None:
     assert "docker pull" in create
     spec = run.by_name("template-python").inputs["spec"]
     assert spec["volumes"][0]["image"]["reference"] == AGENT
+
+
+def test_kind_jwt_provider_config_names_the_token_file_the_step_wrote() -> None:
+    run = run_stack("kind-gvisor", {"gym-substrate:substrate": {"authMode": "jwt"}})
+    written = str(Path.home() / ".gym-substrate" / "substrate-gvisor" / "ate-client.token")
+    doc = yaml.safe_load(run.outputs["providerConfig"])["sandbox"]["substrate"]
+    assert doc["connection"]["token"] == {"file": written}
+    assert run.globals["install"].client_token is None
+    assert not [r for r in run.registrations if r.name == "client-token-value"]
+
+
+def test_component_args_carry_what_the_component_reads_not_the_stack_config() -> None:
+    args = [cls for name, cls in vars(components).items() if name.endswith("Args")]
+    assert len(args) == 8
+    for cls in args:
+        for f in dataclasses.fields(cls):
+            assert "StackConfig" not in str(f.type), (cls.__name__, f.name)
 
 
 def test_host_jwt_exports_the_client_token_as_a_secret() -> None:

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from infra_harness import STACKS, stack_config, stack_values
+from stack_harness import STACKS, stack_config, stack_values
 
-from gym_substrate.infra.config import (
+from gym_substrate.stack.config import (
     ConfigError,
     StackConfig,
     load_stack_file,
@@ -116,6 +116,8 @@ def test_host_needs_address_and_ssh_key() -> None:
         ("pool", "replicas", -1, "gym-substrate:pool.replicas: expected an integer"),
         ("pool", "cpu", "one", "gym-substrate:pool.cpu: 'one' is not a Kubernetes quantity"),
         ("pool", "name", "Sandbox_Pool", "gym-substrate:pool.name: 'Sandbox_Pool' is not a DNS"),
+        # A trailing newline is not part of a DNS label (a `match` with `$` let it through).
+        ("pool", "namespace", "sandboxes\n", "gym-substrate:pool.namespace: 'sandboxes\\n' is"),
         ("substrate", "commit", "main", "gym-substrate:substrate.commit: 'main' is not a full"),
         ("substrate", "authMode", "oidc", "gym-substrate:substrate.authMode: unknown value"),
         ("agent", "mount", "bind", "gym-substrate:agent.mount: unknown value 'bind'"),
@@ -174,6 +176,18 @@ def test_pulumi_json_strings_are_parsed() -> None:
     as_pulumi["other-project:key"] = "ignored"
     raw, secrets = parse_config_values(as_pulumi)
     assert StackConfig.from_mapping(raw, secrets=secrets) == stack_config("kind-gvisor")
+
+
+def test_stack_config_errors_are_gym_substrate_config_errors() -> None:
+    import gym_substrate
+
+    raw, secrets = _raw("kind-gvisor")
+    raw["runtime"] = "kata"
+    with pytest.raises(gym_substrate.ConfigError):
+        StackConfig.from_mapping(raw, secrets=secrets)
+    assert ConfigError is gym_substrate.ConfigError
+    assert issubclass(ConfigError, gym_substrate.SubstrateError)
+    assert issubclass(ConfigError, ValueError)
 
 
 def test_missing_stack_file_message(tmp_path: Path) -> None:

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from infra_harness import STACKS, stack_config
+from stack_harness import STACKS, stack_config
 
-from gym_substrate.infra import scripts
-from gym_substrate.infra.config import StackConfig
+from gym_substrate.stack import host, scripts
+from gym_substrate.stack.config import StackConfig
 
 TOOLS = (
     "docker",
@@ -119,7 +119,7 @@ def _index(calls: list[str], needle: str) -> int:
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_every_script_is_valid_bash(stack: str, tmp_path: Path) -> None:
-    from gym_substrate.infra.render import render_stack
+    from gym_substrate.stack.render import render_stack
 
     files, _ = render_stack(stack_config(stack), tmp_path)
     shells = [f for f in files if f.suffix == ".sh"]
@@ -127,6 +127,18 @@ def test_every_script_is_valid_bash(stack: str, tmp_path: Path) -> None:
     for f in shells:
         proc = subprocess.run(["bash", "-n", str(f)], capture_output=True, text=True, check=False)
         assert proc.returncode == 0, (f.name, proc.stderr)
+
+
+def test_a_step_result_is_its_last_stdout_line() -> None:
+    assert scripts.result_line("build", "\nimage@sha256:1\n\n") == "image@sha256:1"
+    assert scripts.result_json("x", 'noise\n{"image": "i"}\n', keys=("image",)) == {"image": "i"}
+    with pytest.raises(scripts.StepOutputError) as info:
+        scripts.result_line("agent-image", " \n")
+    assert str(info.value).startswith("step 'agent-image' exited 0 but printed '' on stdout")
+    with pytest.raises(scripts.StepOutputError) as info:
+        scripts.result_json("microvm-assets", "x" * 1000)
+    assert "'..." + "x" * 400 + "'" in str(info.value)
+    assert isinstance(info.value, RuntimeError)
 
 
 # --- kind ------------------------------------------------------------------------------------
@@ -497,14 +509,14 @@ def test_prep_root_then_revert_root_leaves_the_host_as_found(fakes: Fakes, tmp_p
     )
     fakes.handler("getent", "exit 2\n")
     env = {"GYM_SUBSTRATE_HOST_ROOT": str(root)}
-    state = fakes.run(scripts.host_prep_root_script(cfg), env=env).stdout.strip()
+    state = fakes.run(host.prep_root_script(cfg), env=env).stdout.strip()
     assert state.endswith(".gym-substrate/substrate-gvisor/host-state")
     services = (Path(state) / "services").read_text().splitlines()
     assert "ssh enabled active" in services
     assert "docker disabled inactive" in services
     # A second prep-root must not overwrite the original record.
     (root / "etc" / "ssh" / "sshd_config").write_text("changed\n")
-    fakes.run(scripts.host_prep_root_script(cfg), env=env)
+    fakes.run(host.prep_root_script(cfg), env=env)
     # What install-tools / sshd-priority would have done:
     (root / "etc" / "sysctl.d").mkdir(parents=True)
     (root / "etc" / "sysctl.d" / "90-gym-substrate.conf").write_text("x=1\n")
@@ -516,7 +528,7 @@ def test_prep_root_then_revert_root_leaves_the_host_as_found(fakes: Fakes, tmp_p
     packages.write_text("bash\ncoreutils\ndocker.io\njq\n")
     fakes.log.write_text("")
 
-    assert fakes.run(scripts.host_revert_root_script(cfg), env=env).stdout == "reverted\n"
+    assert fakes.run(host.revert_root_script(cfg), env=env).stdout == "reverted\n"
     assert (root / "etc" / "ssh" / "sshd_config").read_text() == "PermitRootLogin no\n"
     assert not (root / "etc" / "sysctl.d" / "90-gym-substrate.conf").exists()
     assert not dropin.exists()
@@ -530,7 +542,7 @@ def test_prep_root_then_revert_root_leaves_the_host_as_found(fakes: Fakes, tmp_p
     assert "systemctl stop docker" in calls
     assert not Path(state).exists()
     # Nothing recorded any more: a second revert is a no-op.
-    fakes.run(scripts.host_revert_root_script(cfg), env=env)
+    fakes.run(host.revert_root_script(cfg), env=env)
 
 
 def test_wipe_removes_only_what_was_not_there_before(fakes: Fakes) -> None:
@@ -551,7 +563,7 @@ def test_wipe_removes_only_what_was_not_there_before(fakes: Fakes) -> None:
             "esac\n"
         ),
     )
-    fakes.run(scripts.host_wipe_script(cfg))
+    fakes.run(host.wipe_script(cfg))
     calls = fakes.calls()
     assert "kind delete cluster --name substrate-gvisor" in calls
     assert "docker rm -f kind-registry" in calls
@@ -571,9 +583,7 @@ def test_prep_root_records_docker_state(fakes: Fakes, tmp_path: Path) -> None:
     )
     env = {"GYM_SUBSTRATE_HOST_ROOT": str(tmp_path / "root")}
     state = Path(
-        fakes.run(
-            scripts.host_prep_root_script(stack_config("host-gvisor")), env=env
-        ).stdout.strip()
+        fakes.run(host.prep_root_script(stack_config("host-gvisor")), env=env).stdout.strip()
     )
     assert (state / "docker-images").read_text() == "sha256:old\n"
     assert (state / "docker-volumes").read_text() == "uservol\n"
@@ -581,7 +591,7 @@ def test_prep_root_records_docker_state(fakes: Fakes, tmp_path: Path) -> None:
 
 
 def test_sshd_priority_raises_cpu_weight(fakes: Fakes, tmp_path: Path) -> None:
-    script = scripts.host_sshd_priority_script(stack_config("host-gvisor"))
+    script = host.sshd_priority_script(stack_config("host-gvisor"))
     assert "CPUWeight=10000" in script
     assert "OOMScoreAdjust=-1000" in script
     written = tmp_path / "dropin"
@@ -594,7 +604,7 @@ def test_sshd_priority_raises_cpu_weight(fakes: Fakes, tmp_path: Path) -> None:
 
 
 def test_install_tools_pins_versions() -> None:
-    s = scripts.host_install_tools_script(stack_config("host-gvisor"))
+    s = host.install_tools_script(stack_config("host-gvisor"))
     assert "https://kind.sigs.k8s.io/dl/v0.32.0/kind-linux-$ARCH" in s
     assert "https://dl.k8s.io/release/v1.36.0/bin/linux/$ARCH/kubectl" in s
     assert "https://go.dev/dl/go1.26.3.linux-$ARCH.tar.gz" in s
@@ -622,8 +632,8 @@ def test_pool_wait_waits_for_the_controller_to_create_the_deployment(fakes: Fake
 
 
 def test_microvm_hosts_get_the_asset_build_tools() -> None:
-    gv = scripts.host_install_tools_script(stack_config("host-gvisor"))
-    mv = scripts.host_install_tools_script(stack_config("host-microvm"))
+    gv = host.install_tools_script(stack_config("host-gvisor"))
+    mv = host.install_tools_script(stack_config("host-microvm"))
     assert "awscli" not in gv
     assert "cargo libcap-ng-dev libseccomp-dev pkg-config awscli" in mv
 

@@ -12,9 +12,9 @@ import json
 import re
 
 import pytest
-from infra_harness import stack_config
+from stack_harness import stack_config
 
-from gym_substrate.infra import objects
+from gym_substrate.stack import objects
 
 SUBSTRATE_METRICS = {
     f"{base}{suffix}"

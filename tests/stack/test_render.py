@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -10,10 +12,10 @@ import kubernetes_validate
 import pytest
 import yaml
 from click.testing import CliRunner
-from infra_harness import REPO, STACKS
+from stack_harness import REPO, STACKS
 
 from gym_substrate.cli import main
-from gym_substrate.infra import objects
+from gym_substrate.stack import objects
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -95,10 +97,37 @@ def test_render_needs_exactly_one_stack_source(tmp_path: Path) -> None:
     assert "exactly one of --stack or --stack-file" in result.output
 
 
+# Run in a fresh interpreter where every Pulumi package is unimportable, as in a wheel installed
+# without the `infra` extra: a None entry in sys.modules makes `import pulumi` (and pulumi.x)
+# raise ImportError.
+_WITHOUT_PULUMI = """
+import sys
+for name in ("pulumi", "pulumi_kubernetes", "pulumi_command"):
+    sys.modules[name] = None
+try:
+    import gym_substrate.stack.components
+except ImportError:
+    pass
+else:
+    raise SystemExit("the poison did not block pulumi")
+import gym_substrate.stack.config, gym_substrate.stack.objects, gym_substrate.stack.scripts
+from gym_substrate.cli import main
+main(["render", "--stack", "kind-gvisor", "--out", sys.argv[1], "--json"])
+"""
+
+
+def test_render_runs_without_pulumi(tmp_path: Path) -> None:
+    argv = [sys.executable, "-c", _WITHOUT_PULUMI, str(tmp_path)]
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert any(f.endswith("-workerpool-sandboxes-sandbox-pool.yaml") for f in report["files"])
+
+
 def test_wheel_ships_manifests_where_the_lookup_expects_them() -> None:
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     mapping = pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]["force-include"]
-    assert mapping["manifests"] == "gym_substrate/infra/manifests"
+    assert mapping["manifests"] == "gym_substrate/stack/manifests"
     package_dir = Path(objects.__file__).resolve().parent
     installed = REPO / "provider" / mapping["manifests"]
     assert installed.parent == package_dir

@@ -13,10 +13,10 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from infra_harness import AGENT, CA_PEM, CRD_DIR, DERIVED, PINNED, STACKS, stack_config
+from stack_harness import AGENT, CA_PEM, CRD_DIR, DERIVED, PINNED, STACKS, stack_config
 
-from gym_substrate.infra import objects
-from gym_substrate.infra.config import StackConfig
+from gym_substrate.stack import objects
+from gym_substrate.stack.config import StackConfig
 
 K8S_VERSION = "1.36.0"
 

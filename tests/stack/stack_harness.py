@@ -1,4 +1,4 @@
-"""Helpers for the infrastructure tests: repo paths, stack configs, and a Pulumi mock harness.
+"""Helpers for the stack tests: repo paths, stack configs, and a Pulumi mock harness.
 
 The harness runs the real `infra/__main__.py` once per stack file under `pulumi.runtime.set_mocks`
 and records every registration request (type, name, parent, dependencies, secret outputs),
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import runpy
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from gym_substrate.infra.config import StackConfig, load_stack_file, stack_file
+from gym_substrate.stack.config import StackConfig, load_stack_file, stack_file
 
 REPO = Path(__file__).resolve().parents[2]
 STACKS = ("kind-gvisor", "kind-microvm", "host-gvisor", "host-microvm")
@@ -101,12 +102,19 @@ def _stdout(name: str, inputs: dict[str, Any]) -> str:
             }
         )
     if name == "client-token":
-        return "/root/.gym-substrate/substrate/ate-client.token\n"
+        # What the script's last `echo "<workdir>/<cluster>/ate-client.token"` prints.
+        (path,) = re.findall(r'echo "([^"]*/ate-client\.token)"', str(inputs.get("create", "")))
+        return path.replace("${HOME}", str(Path.home())) + "\n"
     return "ok\n"
 
 
-def run_stack(stack: str, overrides: dict[str, Any] | None = None) -> StackRun:
+def run_stack(
+    stack: str, overrides: dict[str, Any] | None = None, *, stdout: dict[str, str] | None = None
+) -> StackRun:
+    """Run the program for `stack`; `stdout` replaces what the named command steps print."""
     from pulumi.runtime import mocks as pm
+
+    printed = dict(stdout or {})
 
     registrations: list[Registration] = []
 
@@ -114,7 +122,7 @@ def run_stack(stack: str, overrides: dict[str, Any] | None = None) -> StackRun:
         def new_resource(self, args: pm.MockResourceArgs) -> tuple[str, dict[str, Any]]:
             outputs = dict(args.inputs)
             if args.typ.startswith("command:"):
-                outputs["stdout"] = _stdout(args.name, args.inputs)
+                outputs["stdout"] = printed.get(args.name, _stdout(args.name, args.inputs))
             return f"{args.name}-id", outputs
 
         def call(self, args: pm.MockCallArgs) -> dict[str, Any]:
@@ -149,6 +157,11 @@ def run_stack(stack: str, overrides: dict[str, Any] | None = None) -> StackRun:
     try:
         return _run_program(stack, overrides, registrations, Mocks, Monitor)
     finally:
+        # A failed program leaves Pulumi's tasks pending: finish them on their own loop.
+        pending = asyncio.all_tasks(loop)
+        for task in pending:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         asyncio.set_event_loop(None)
         loop.close()
 

@@ -1,0 +1,232 @@
+"""The borrowed host's steps: record it, prepare it, and put it back exactly as found.
+
+prep-root records the host once before anything changes; install-tools and sshd-priority
+prepare it; at destroy, wipe removes what the stack added to Docker and revert-root restores
+the record. Like every step in `scripts`, each prints only its result on stdout.
+"""
+
+from __future__ import annotations
+
+from gym_substrate.stack.config import StackConfig
+from gym_substrate.stack.scripts import PREAMBLE, REGISTRY, Paths
+
+__all__ = [
+    "install_tools_script",
+    "prep_root_script",
+    "revert_root_script",
+    "sshd_priority_script",
+    "wipe_script",
+]
+
+_SYSCTLS = (
+    "fs.inotify.max_user_watches",
+    "fs.inotify.max_user_instances",
+    "net.ipv4.ip_forward",
+    "vm.max_map_count",
+)
+# python3-venv, gcc and libc6-dev: agent/build/build-static.sh builds the static agent on the host.
+_PACKAGES = (
+    "docker.io",
+    "git",
+    "jq",
+    "openssl",
+    "curl",
+    "ca-certificates",
+    "tar",
+    "python3",
+    "python3-venv",
+    "gcc",
+    "libc6-dev",
+)
+_MICROVM_PACKAGES = ("cargo", "libcap-ng-dev", "libseccomp-dev", "pkg-config", "awscli")
+_FILES = (
+    "/etc/ssh/sshd_config",
+    "/etc/sysctl.d/90-gym-substrate.conf",
+    "/etc/systemd/system/ssh.service.d/90-gym-substrate.conf",
+    "/etc/systemd/system/sshd.service.d/90-gym-substrate.conf",
+    "/etc/docker/daemon.json",
+)
+_BINARIES = ("/usr/local/bin/kind", "/usr/local/bin/kubectl", "/usr/local/bin/ko", "/usr/local/go")
+_SERVICES = ("docker", "containerd", "ssh", "sshd")
+
+
+def prep_root_script(cfg: StackConfig) -> str:
+    """Record the host before touching it: packages, sysctls, files, binaries, services, sshd.
+
+    The record is written once (a re-run never overwrites the original state) under
+    `<workdir>/host-state` and is what revert-root restores from. `GYM_SUBSTRATE_HOST_ROOT`
+    (empty on a real host) prefixes every recorded path; the tests point it at a temp dir.
+    """
+    st = Paths(cfg).state_dir
+    files = " ".join(_FILES)
+    return (
+        PREAMBLE + f'STATE="{st}"\nROOT="${{GYM_SUBSTRATE_HOST_ROOT:-}}"\n'
+        'if [ -f "$STATE/complete" ]; then echo "state already recorded" >&2; exit 0; fi\n'
+        'sudo mkdir -p "$STATE/files"\n'
+        "dpkg-query -W -f='${Package}\\n' | sort | sudo tee \"$STATE/packages\" >/dev/null\n"
+        f"for k in {' '.join(_SYSCTLS)}; do\n"
+        '  v=$(sysctl -n "$k" 2>/dev/null) && echo "$k=$v"\n'
+        'done | sudo tee "$STATE/sysctls" >/dev/null || true\n'
+        f"for f in {files}; do\n"
+        '  if [ -e "$ROOT$f" ]; then\n'
+        '    sudo mkdir -p "$STATE/files$(dirname "$ROOT$f")"\n'
+        '    sudo cp -a "$ROOT$f" "$STATE/files$ROOT$f"\n'
+        '    echo "$f"\n'
+        "  fi\n"
+        'done | sudo tee "$STATE/files.present" >/dev/null\n'
+        f"for b in {' '.join(_BINARIES)}; do\n"
+        '  if [ -e "$ROOT$b" ]; then echo "$b"; fi\n'
+        'done | sudo tee "$STATE/binaries.present" >/dev/null\n'
+        f"for s in {' '.join(_SERVICES)}; do\n"
+        '  e=$(systemctl is-enabled "$s" 2>/dev/null) || true\n'
+        '  a=$(systemctl is-active "$s" 2>/dev/null) || true\n'
+        '  echo "$s ${e:-absent} ${a:-inactive}"\n'
+        'done | sudo tee "$STATE/services" >/dev/null\n'
+        "if command -v docker >/dev/null && sudo docker info >/dev/null 2>&1; then\n"
+        '  sudo docker images -q --no-trunc | sort -u | sudo tee "$STATE/docker-images" '
+        ">/dev/null\n"
+        '  sudo docker volume ls -q | sort -u | sudo tee "$STATE/docker-volumes" >/dev/null\n'
+        "  sudo docker network ls --format '{{.Name}}' | sort -u "
+        '| sudo tee "$STATE/docker-networks" >/dev/null\n'
+        "else\n"
+        '  for f in docker-images docker-volumes docker-networks; do sudo touch "$STATE/$f"; done\n'
+        "fi\n"
+        "{ getent group docker || true; } | cut -d: -f4 "
+        '| sudo tee "$STATE/docker-group" >/dev/null\n'
+        'sudo touch "$STATE/complete"\n'
+        'echo "$STATE"\n'
+    )
+
+
+def install_tools_script(cfg: StackConfig) -> str:
+    t = cfg.tools
+    pkgs = " ".join(p for p in _PACKAGES if p != "docker.io") + f" {t.docker}"
+    if cfg.runtime == "microvm":
+        # hack/microvm-assets/assemble.sh builds virtiofsd; the staging step uses the AWS CLI.
+        pkgs += " " + " ".join(_MICROVM_PACKAGES)
+    go = t.go.lstrip("v")
+    return (
+        PREAMBLE + "ARCH=$(dpkg --print-architecture)\n"
+        "export DEBIAN_FRONTEND=noninteractive\n"
+        "sudo apt-get update -qq\n"
+        f"sudo apt-get install -y -qq {pkgs}\n"
+        "sudo systemctl enable --now docker\n"
+        'sudo usermod -aG docker "$USER"\n'
+        "printf 'fs.inotify.max_user_watches=524288\\nfs.inotify.max_user_instances=512\\n' "
+        "| sudo tee /etc/sysctl.d/90-gym-substrate.conf >/dev/null\n"
+        "sudo sysctl --system >/dev/null\n"
+        "TMP=$(mktemp -d)\ntrap 'rm -rf \"$TMP\"' EXIT\n"
+        f'curl -fsSLo "$TMP/kind" "https://kind.sigs.k8s.io/dl/{t.kind}/kind-linux-$ARCH"\n'
+        f'curl -fsSLo "$TMP/kubectl" "https://dl.k8s.io/release/{t.kubectl}/bin/linux/$ARCH/kubectl"\n'
+        'sudo install -m 0755 "$TMP/kind" /usr/local/bin/kind\n'
+        'sudo install -m 0755 "$TMP/kubectl" /usr/local/bin/kubectl\n'
+        f'if [ "$(/usr/local/go/bin/go env GOVERSION 2>/dev/null)" != go{go} ]; then\n'
+        f'  curl -fsSLo "$TMP/go.tgz" "https://go.dev/dl/go{go}.linux-$ARCH.tar.gz"\n'
+        '  sudo rm -rf /usr/local/go && sudo tar -C /usr/local -xzf "$TMP/go.tgz"\n'
+        "fi\n"
+        "sudo ln -sf /usr/local/go/bin/go /usr/local/bin/go\n"
+        f'sudo env GOBIN=/usr/local/bin GOPATH="$TMP/gopath" /usr/local/go/bin/go install '
+        f"github.com/google/ko@{t.ko}\n"
+        "kind version && kubectl version --client && go version && ko version\n"
+    )
+
+
+def sshd_priority_script(cfg: StackConfig) -> str:
+    """Keep SSH answering while sandboxes saturate every core: higher CPU weight, no OOM kill."""
+    assert cfg.host is not None
+    w = cfg.host.sshd_cpu_weight
+    dropin = f"[Service]\\nCPUWeight={w}\\nOOMScoreAdjust=-1000\\nNice=-10\\n"
+    return (
+        PREAMBLE + "UNIT=ssh; systemctl cat ssh >/dev/null 2>&1 || UNIT=sshd\n"
+        'sudo mkdir -p "/etc/systemd/system/$UNIT.service.d"\n'
+        f"printf '{dropin}' | sudo tee \"/etc/systemd/system/$UNIT.service.d/"
+        '90-gym-substrate.conf" >/dev/null\n'
+        "sudo systemctl daemon-reload\n"
+        # The running sshd keeps existing sessions; restart applies the weight to new ones.
+        'sudo systemctl restart "$UNIT"\n'
+        'systemctl show "$UNIT" -p CPUWeight -p OOMScoreAdjust\n'
+    )
+
+
+def wipe_script(cfg: StackConfig) -> str:
+    """Destroy step 1: the cluster, the registry, and the Docker images, volumes and networks
+    that were not on the host when prep-root recorded it (pre-existing ones are kept)."""
+    p = Paths(cfg)
+    return (
+        "set -uo pipefail\n"
+        + p.env()
+        + f'STATE="{p.state_dir}"\n'
+        + f"command -v kind >/dev/null && kind delete cluster --name {cfg.cluster.name}\n"
+        "if command -v docker >/dev/null; then\n"
+        f'  [ -f "$WORKDIR/registry-created" ] && docker rm -f {REGISTRY} 2>/dev/null\n'
+        "  docker ps -aq --filter label=created-by=gym-substrate | xargs -r docker rm -f\n"
+        '  new() { sort -u | comm -13 "$STATE/$1" -; }\n'
+        '  if [ -f "$STATE/docker-images" ]; then\n'
+        "    docker images -q --no-trunc | new docker-images | xargs -r docker rmi -f\n"
+        "    docker volume ls -q | new docker-volumes | xargs -r docker volume rm -f\n"
+        "    docker network ls --format '{{.Name}}' | new docker-networks "
+        "| xargs -r docker network rm\n"
+        "  fi\n"
+        "  docker builder prune -af\n"
+        "fi\n"
+        f"rm -rf {p.scratch}\n"
+        'rm -rf "$WORKDIR/substrate" "$WORKDIR/rendered" "$WORKDIR/src" "$KUBECONFIG" '
+        f'"{p.token_file}" "$WORKDIR/kind-config.yaml" "$WORKDIR/registry-created"\n'
+        "exit 0\n"
+    )
+
+
+def revert_root_script(cfg: StackConfig) -> str:
+    """Destroy step 2: put back what prep-root recorded, then remove the record.
+
+    Restored: recorded files get their old content, files that did not exist are removed;
+    binaries under /usr/local that were not there are removed; packages installed since the
+    record are purged; recorded sysctls get their old values; services return to their recorded
+    enabled/active state; users added to the docker group are removed from it.
+    """
+    st = Paths(cfg).state_dir
+    files = " ".join(_FILES)
+    bins = " ".join(_BINARIES)
+    return (
+        PREAMBLE + f'STATE="{st}"\nROOT="${{GYM_SUBSTRATE_HOST_ROOT:-}}"\n'
+        'if [ ! -f "$STATE/complete" ]; then echo "no state record at $STATE; nothing to '
+        'revert" >&2; exit 0; fi\n'
+        f"for f in {files}; do\n"
+        '  if grep -qx "$f" "$STATE/files.present"; then sudo cp -a "$STATE/files$ROOT$f" '
+        '"$ROOT$f"\n'
+        '  else sudo rm -f "$ROOT$f"; fi\n'
+        "done\n"
+        'sudo rmdir "$ROOT/etc/systemd/system/ssh.service.d" '
+        '"$ROOT/etc/systemd/system/sshd.service.d" 2>/dev/null || true\n'
+        f"for b in {bins}; do\n"
+        '  grep -qx "$b" "$STATE/binaries.present" || sudo rm -rf "$ROOT$b"\n'
+        "done\n"
+        'grep -qx /usr/local/go "$STATE/binaries.present" || sudo rm -f "$ROOT/usr/local/bin/go"\n'
+        "NEW=$(dpkg-query -W -f='${Package}\\n' | sort | comm -13 \"$STATE/packages\" -)\n"
+        'if [ -n "$NEW" ]; then\n'
+        "  sudo env DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq $NEW\n"
+        "  sudo env DEBIAN_FRONTEND=noninteractive apt-get autoremove -y -qq\n"
+        "fi\n"
+        "while IFS== read -r k v; do\n"
+        '  if [ -n "$v" ]; then sudo sysctl -qw "$k=$v" || true; fi\n'
+        'done < "$STATE/sysctls"\n'
+        "sudo systemctl daemon-reload\n"
+        "while read -r s enabled active; do\n"
+        '  case "$enabled" in\n'
+        '    enabled) sudo systemctl enable "$s" 2>/dev/null || true ;;\n'
+        '    disabled) sudo systemctl disable "$s" 2>/dev/null || true ;;\n'
+        "  esac\n"
+        '  case "$active" in\n'
+        '    active) sudo systemctl restart "$s" 2>/dev/null || true ;;\n'
+        '    *) sudo systemctl stop "$s" 2>/dev/null || true ;;\n'
+        "  esac\n"
+        'done < "$STATE/services"\n'
+        "if getent group docker >/dev/null; then\n"
+        '  for u in $(getent group docker | cut -d: -f4 | tr , " "); do\n'
+        '    tr , "\\n" < "$STATE/docker-group" | grep -qx "$u" || sudo gpasswd -d "$u" docker\n'
+        "  done\n"
+        "fi\n"
+        'sudo rm -rf "$STATE"\n'
+        f'rmdir "{Paths(cfg).workdir}" 2>/dev/null || true\n'
+        "echo reverted\n"
+    )
