@@ -21,6 +21,8 @@ only by `_agent_client.AgentClient`) are the single crossing points; both chain 
     │   └── AgentResponseError                     the agent answered 4xx/5xx (has `code`)
     │       └── ActorMismatchError                 409 actor_mismatch: wrong sandbox reached
     ├── TransferError (+ OSError)                  upload/download failed or sha256 mismatch
+    ├── StepOutputError (+ RuntimeError)           a stack step printed no usable result
+    │                                              (gym_substrate.stack.scripts)
     ├── RetryError                                 a retry deadline ran out (chained to the cause)
     ├── CloseError (+ RuntimeError)                close() could not delete the actor
     └── SubstrateCreateError (+ SandboxCreateError)
@@ -31,11 +33,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
-
-import grpc
+from typing import TYPE_CHECKING, Any
 
 from gym_substrate.types import SandboxCreateError, SandboxCreateVerificationError
+
+if TYPE_CHECKING:  # grpc is imported where it is used: `render` and the agent never pay for it
+    import grpc
 
 __all__ = [
     "ActorMismatchError",
@@ -169,18 +172,13 @@ class SubstrateCreateVerificationError(SubstrateCreateError, SandboxCreateVerifi
     """The actor started but its agent never answered `/readyz` in time."""
 
 
-_TRANSIENT_CODES = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.ABORTED,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-    }
-)
+_TRANSIENT_CODES = frozenset({"UNAVAILABLE", "ABORTED", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"})
 
 
 def translate_grpc_error(exc: grpc.RpcError, method: str) -> ControlPlaneError:
     """Map a grpc error to the most specific `ControlPlaneError` (the gRPC crossing point)."""
+    import grpc
+
     code_fn: Any = getattr(exc, "code", None)
     details_fn: Any = getattr(exc, "details", None)
     code: grpc.StatusCode | None = code_fn() if callable(code_fn) else None
@@ -194,7 +192,7 @@ def translate_grpc_error(exc: grpc.RpcError, method: str) -> ControlPlaneError:
         cls = AlreadyExistsError
     elif code == grpc.StatusCode.FAILED_PRECONDITION and "no free worker" in details.lower():
         cls = NoFreeWorkersError
-    elif code in _TRANSIENT_CODES:
+    elif name in _TRANSIENT_CODES:
         cls = TransientControlPlaneError
     return cls(message, code=code, method=method, details=details)
 
