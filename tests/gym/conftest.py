@@ -5,7 +5,8 @@
   sandboxed agents list in their requirements.txt (`harbor`, `mini-swe-agent`), installed into
   the chroot's /opt/gym once (idempotent: skipped when the versions are already there).
 - `backend` (session): `gym-substrate local up --daemon --json` on the host with the gVisor
-  runtime when runsc works here, else the process runtime (the reason is recorded and printed);
+  runtime when runsc works here, else the process runtime (the reason is recorded and printed;
+  GYM_SUBSTRATE_GYM_RUNTIME=gvisor|process forces one, without fallback);
   `gym-substrate local down` afterwards, which fails if anything is left behind, and a check that
   no process of the backend survives.
 - `policy` (session): the scripted OpenAI-compatible server (`policy.py`) on 127.0.0.1.
@@ -225,13 +226,19 @@ def _runsc_problem() -> str | None:
 @pytest.fixture(scope="session")
 def backend(tmp_path_factory: pytest.TempPathFactory, gym_chroot: Path) -> Iterator[Backend]:
     base = tmp_path_factory.mktemp("gym-backend")
-    attempts = []
+    wanted = os.environ.get("GYM_SUBSTRATE_GYM_RUNTIME", "auto")
+    if wanted not in ("auto", "gvisor", "process"):
+        pytest.fail(f"GYM_SUBSTRATE_GYM_RUNTIME must be auto, gvisor or process, got {wanted!r}")
+    attempts: list[tuple[str, str]] = []
     reason = _runsc_problem()
-    if reason is None:
+    if wanted == "process":
+        attempts.append(("process", "GYM_SUBSTRATE_GYM_RUNTIME=process"))
+    elif wanted == "gvisor" or reason is None:
         attempts.append(("gvisor", "runsc works here: gVisor sandboxes"))
-    else:
-        NOTES.append(f"backend: process runtime, because {reason}")
-    attempts.append(("process", reason or ""))
+    if wanted == "auto":
+        if reason is not None:
+            NOTES.append(f"backend: process runtime, because {reason}")
+        attempts.append(("process", reason or ""))
     info: dict[str, Any] | None = None
     state_dir = base
     started = time.monotonic()
