@@ -110,9 +110,18 @@ def _session_pids(sid: int) -> list[int]:
     return pids
 
 
-def _stop_session(proc: subprocess.Popen[bytes]) -> tuple[float, list[int], list[int]]:
+def _comm(pid: int) -> str:
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        cmd = "?"
+    return f"{pid} {cmd[:80]}"
+
+
+def _stop_session(proc: subprocess.Popen[bytes]) -> tuple[float, list[str], list[int]]:
     """SIGTERM `gym env start`, then what is left of its session, by PID (Gym's servers and Ray's
-    agents outlive it otherwise). Returns (seconds, PIDs that needed SIGKILL, PIDs still there)."""
+    agents outlive it otherwise). Returns (seconds, "PID cmdline" of each that needed SIGKILL,
+    PIDs still there)."""
     started = time.monotonic()
     sid = proc.pid
     if proc.poll() is None:
@@ -121,13 +130,13 @@ def _stop_session(proc: subprocess.Popen[bytes]) -> tuple[float, list[int], list
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             pass
-    killed: list[int] = []
+    killed: list[str] = []
     for sig in (signal.SIGTERM, signal.SIGKILL):
         pids = _session_pids(sid)
         if not pids:
             break
         if sig == signal.SIGKILL:
-            killed = pids
+            killed = [_comm(pid) for pid in pids]
         for pid in pids:
             try:
                 os.kill(pid, sig)
@@ -244,7 +253,7 @@ def test_terminus_episode_on_terminal_bench(
         "policy_turns": len(turns),
         "policy_wait_turns_for_the_shell_prompt": waits,
         "timings_s": {k: round(v, 2) for k, v in timings.items()},
-        "processes_killed_at_shutdown": len(killed),
+        "processes_killed_at_shutdown": killed,
     }
     (tmp_path / "episode-summary.json").write_text(json.dumps(summary, indent=2))
     print("episode:", json.dumps(summary, indent=2))
@@ -253,7 +262,7 @@ def test_terminus_episode_on_terminal_bench(
     NOTES.append(
         f"episode (terminal_bench_2_1 + terminus_2_sandboxed_agent): reward {rollout['reward']}, "
         f"{len(turns)} policy turns, {waits} of them waiting for the tmux shell's prompt, "
-        f"{len(killed)} leftover processes of `gym env start` needed SIGKILL"
+        f"leftover processes of `gym env start` that needed SIGKILL: {killed or 'none'}"
     )
 
     assert rollout.get("error") is None, rollout.get("error")
