@@ -95,14 +95,23 @@ class _StillMoving(SubstrateError):
     """The actor is between states; teardown looks again after a backoff."""
 
 
+# Errors that another look cannot fix: the request itself is wrong, or we may not make it.
+_FINAL_FOR_TEARDOWN = frozenset({"INVALID_ARGUMENT", "PERMISSION_DENIED", "UNAUTHENTICATED"})
+
+
 def _teardown_may_retry(exc: BaseException) -> bool:
-    if isinstance(exc, (_StillMoving, TransientControlPlaneError, NoFreeWorkersError)):
+    """Teardown looks again after anything but a request the server can never accept.
+
+    A delete that raced a resume (FAILED_PRECONDITION), a suspend whose checkpoint failed
+    (INTERNAL: the server then marks the actor SUSPENDED from its last snapshot), no free
+    workers for the resume of a paused actor, transient codes: each is over at the next look.
+    """
+    if isinstance(exc, (_StillMoving, NoFreeWorkersError, TransientControlPlaneError)):
         return True
-    # e.g. a delete that raced a resume: look at the actor again
-    return (
-        isinstance(exc, ControlPlaneError)
-        and exc.code is not None
-        and exc.code.name == "FAILED_PRECONDITION"
+    if isinstance(exc, ActorNotFoundError):  # gone: teardown is done, not retried
+        return False
+    return isinstance(exc, ControlPlaneError) and not (
+        exc.code is not None and exc.code.name in _FINAL_FOR_TEARDOWN
     )
 
 

@@ -127,3 +127,36 @@ async def test_idle_policy_parks_and_the_next_call_resumes() -> None:
         assert (await p.exec(handle, "echo awake")).stdout == "awake\n"
         assert _gauge(METRICS.parked) == parked
         await p.close(handle)
+
+
+async def test_teardown_looks_again_after_a_failed_checkpoint() -> None:
+    """The local backend (and Substrate) answer INTERNAL when a suspend's checkpoint fails and
+    then mark the actor SUSPENDED; a close that gave up there leaked the actor."""
+    control = FakeControl()
+    async with _provider(control) as p:
+        handle = await p.create(SandboxSpec())
+        control.fail("SuspendActor", grpc.StatusCode.INTERNAL, "CallAteletCheckpoint failed")
+        await p.close(handle)
+    assert control.actors == {}
+    assert control.calls["SuspendActor"] == 2
+
+
+async def test_teardown_gives_up_at_once_on_a_request_the_server_refuses() -> None:
+    control = FakeControl()
+    async with _provider(control) as p:
+        handle = await p.create(SandboxSpec())
+        control.fail("SuspendActor", grpc.StatusCode.PERMISSION_DENIED, "not yours")
+        with pytest.raises(Exception, match="PERMISSION_DENIED"):
+            await p.close(handle)
+        assert control.calls["SuspendActor"] == 1
+        await p.close(handle)  # the failure left it open: a second close deletes it
+    assert control.actors == {}
+
+
+async def test_close_of_an_actor_someone_else_deleted_is_done_at_once() -> None:
+    control = FakeControl()
+    async with _provider(control) as p:
+        handle = await p.create(SandboxSpec())
+        control.actors.clear()
+        await p.close(handle)
+        assert control.calls["GetActor"] == 1
