@@ -1,1 +1,2 @@
-"""Operator tools behind the `gym-substrate` command line: smoke, bench, sweep."""
+"""Operator tools behind the `gym-substrate` command line (smoke, sweep), as libraries; the
+click code is in `gym_substrate.cli`, benchmarks in `gym_substrate.bench`."""
