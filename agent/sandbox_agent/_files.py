@@ -18,12 +18,15 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import re
 import stat
 from typing import Any
 
 from aiohttp import web
 
 from ._errors import ApiError
+from ._numbers import parse_decimal, parse_octal
+from .contract import MAX_FILE_OFFSET
 
 __all__ = ["FileHandlers", "UPLOAD_SUFFIX"]
 
@@ -47,35 +50,37 @@ def _path_param(request: web.Request) -> str:
     return os.path.normpath(path)
 
 
-def _int_param(request: web.Request, name: str, default: int) -> int:
-    raw = request.query.get(name)
+def _offset_param(request: web.Request) -> int:
+    raw = request.query.get("offset")
     if raw is None:
-        return default
-    if not raw.isdecimal() or len(raw) > 18:
-        raise _bad(f"{name} must be a non-negative integer, got {raw!r}")
-    return int(raw)
+        return 0
+    value = parse_decimal(raw, MAX_FILE_OFFSET)
+    if value is None:
+        msg = f"offset must be an integer 0..{MAX_FILE_OFFSET} in ASCII digits, got {raw!r}"
+        raise _bad(msg)
+    return value
 
 
 def _bool_param(request: web.Request, name: str, default: bool) -> bool:
     raw = request.query.get(name)
     if raw is None:
         return default
-    value = raw.lower()
-    if value in ("true", "1"):
+    if raw in ("true", "1"):
         return True
-    if value in ("false", "0"):
+    if raw in ("false", "0"):
         return False
-    raise _bad(f"{name} must be true or false, got {raw!r}")
+    raise _bad(f"{name} must be true, false, 1 or 0, got {raw!r}")
 
 
 def _mode_param(request: web.Request) -> int:
     raw = request.query.get("mode")
     if raw is None:
         return 0o644
-    text = raw[2:] if raw[:2].lower() == "0o" else raw
-    if not text or len(text) > 4 or any(c not in "01234567" for c in text):
-        raise _bad(f"mode must be octal permission bits such as 0644 or 755, got {raw!r}")
-    return int(text, 8)
+    value = parse_octal(raw)
+    if value is None:
+        msg = f"mode must be 1-4 octal digits such as 644, 0755 or 0o600, got {raw!r}"
+        raise _bad(msg)
+    return value
 
 
 def _os_error(exc: OSError, path: str) -> ApiError:
@@ -217,28 +222,32 @@ def _stat(path: str) -> dict[str, Any]:
     }
 
 
+_RANGE = re.compile(r"bytes=([0-9]*)-([0-9]*)", re.IGNORECASE | re.ASCII)
+
+
 def _parse_range(header: str, size: int) -> tuple[int, int] | None:
     """(start, end inclusive) for a single `bytes=` range; None if it cannot be satisfied."""
-    unit, _, spec = header.partition("=")
-    if unit.strip().lower() != "bytes" or "," in spec:
-        raise _bad("Range must be a single range such as bytes=0-1023, bytes=1024- or bytes=-512")
-    first, dash, last = spec.strip().partition("-")
-    if not dash or not (first.isdecimal() or last.isdecimal()):
-        raise _bad(f"malformed Range header {header!r}; use bytes=START-END")
-    if (first and not first.isdecimal()) or (last and not last.isdecimal()):
-        raise _bad(f"malformed Range header {header!r}; use bytes=START-END")
-    if not first:  # suffix: the last N bytes
-        count = int(last)
-        if count == 0 or size == 0:
+    match = _RANGE.fullmatch(header)
+    if match is None:
+        raise _bad(
+            f"malformed Range header {header[:64]!r}: use one range such as bytes=0-1023, "
+            "bytes=1024- or bytes=-512 (ASCII digits)"
+        )
+    first, last = match.groups()
+    start = parse_decimal(first, MAX_FILE_OFFSET) if first else None
+    end = parse_decimal(last, MAX_FILE_OFFSET) if last else None
+    if (first and start is None) or (last and end is None) or (start is None and end is None):
+        raise _bad(f"malformed Range header {header[:64]!r}: positions are 0..{MAX_FILE_OFFSET}")
+    if start is None:  # suffix: the last N bytes
+        assert end is not None
+        if end == 0 or size == 0:
             return None
-        return max(0, size - count), size - 1
-    start = int(first)
-    end = int(last) if last else size - 1
-    if last and end < start:
-        raise _bad(f"malformed Range header {header!r}: END is before START")
+        return max(0, size - end), size - 1
+    if end is not None and end < start:
+        raise _bad(f"malformed Range header {header[:64]!r}: END is before START")
     if start >= size:
         return None
-    return start, min(end, size - 1)
+    return start, size - 1 if end is None else min(end, size - 1)
 
 
 class FileHandlers:
@@ -260,7 +269,7 @@ class FileHandlers:
 
     async def put(self, request: web.Request) -> web.Response:
         path = _path_param(request)
-        offset = _int_param(request, "offset", 0)
+        offset = _offset_param(request)
         final = _bool_param(request, "final", True)
         mode = _mode_param(request)
         length = request.content_length

@@ -42,7 +42,8 @@ from typing import Any
 
 from ._config import AgentConfig
 from ._errors import ApiError
-from .contract import DEFAULT_MAX_OUTPUT_BYTES, MAX_OUTPUT_BYTES, MAX_TIMEOUT_S
+from ._numbers import parse_decimal
+from .contract import DEFAULT_MAX_OUTPUT_BYTES, MAX_OUTPUT_BYTES, MAX_TIMEOUT_S, MAX_UID
 
 __all__ = [
     "AnyJob",
@@ -108,6 +109,30 @@ class ExecSpec:
         if isinstance(self.command, str):
             return [self.shell, "-c", self.command]
         return list(self.command)
+
+
+def _parse_user(raw: Any) -> str | int | None:
+    """A uid 0..MAX_UID (a JSON integer or ASCII digits), a user name, or None.
+
+    Only ASCII digits make a uid: `"١٢"` is a name (and unknown), and 4294967295 is refused
+    because setuid() reads (uid_t)-1 as "leave unchanged", which would run the command as root.
+    """
+    if raw is None:
+        return None
+    uid_range = f"a uid must be 0..{MAX_UID}"
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        if not 0 <= raw <= MAX_UID:
+            raise _bad(f"user {raw} is out of range: {uid_range}")
+        return raw
+    if not isinstance(raw, str) or not raw:
+        raise _bad(f"user must be a user name, a uid ({uid_range}), or null")
+    _check_text(raw, "user")
+    if raw.isascii() and raw.isdigit():
+        uid = parse_decimal(raw, MAX_UID)
+        if uid is None:
+            raise _bad(f"user {raw[:24]!r} is out of range: {uid_range}")
+        return uid
+    return raw
 
 
 def parse_exec_request(body: Any) -> tuple[str | None, ExecSpec]:
@@ -189,20 +214,7 @@ def parse_exec_request(body: Any) -> tuple[str | None, ExecSpec]:
         except UnicodeEncodeError:
             raise _bad("stdin must be valid Unicode (no lone surrogates)") from None
 
-    raw_user = body.get("user")
-    user: str | int | None = None
-    if raw_user is not None:
-        if isinstance(raw_user, bool):
-            raise _bad("user must be a user name, a numeric uid, or null")
-        if isinstance(raw_user, int):
-            if not 0 <= raw_user <= 0xFFFFFFFE:
-                raise _bad("user as a uid must be between 0 and 4294967294")
-            user = raw_user
-        elif isinstance(raw_user, str) and raw_user:
-            _check_text(raw_user, "user")
-            user = int(raw_user) if raw_user.isdecimal() else raw_user
-        else:
-            raise _bad("user must be a user name, a numeric uid, or null")
+    user = _parse_user(body.get("user"))
 
     max_out = body.get("max_output_bytes")
     if max_out is None:
@@ -470,7 +482,8 @@ def _resolve_user(user: str | int) -> _Credentials:
         entry = pwd.getpwnam(user)
     except KeyError:
         msg = (
-            f"unknown user {user!r}: not in this sandbox's /etc/passwd; pass a numeric uid instead"
+            f"unknown user {user[:64]!r}: not in this sandbox's /etc/passwd; "
+            "pass a numeric uid instead"
         )
         raise _bad(msg) from None
     groups = tuple(os.getgrouplist(entry.pw_name, entry.pw_gid))

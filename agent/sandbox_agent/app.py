@@ -12,7 +12,6 @@ import asyncio
 import hmac
 import json
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -25,6 +24,7 @@ from ._errors import ApiError, error_response
 from ._files import FileHandlers
 from ._identity import Identity, read_actor_id
 from ._jobs import AnyJob, JobManager, parse_exec_request
+from ._numbers import parse_number
 from ._openapi import openapi_document
 from .contract import ACTOR_ID_HEADER, MAX_WAIT_S
 
@@ -75,12 +75,9 @@ def _wait_param(request: web.Request) -> float:
     raw = request.query.get("wait")
     if raw is None:
         return 0.0
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not 0.0 <= value <= MAX_WAIT_S:
-        msg = f"wait must be a number of seconds from 0 to {MAX_WAIT_S:g}, got {raw!r}"
+    value = parse_number(raw, 0.0, MAX_WAIT_S)
+    if value is None:
+        msg = f"wait must be a number of seconds 0..{MAX_WAIT_S:g} such as 2 or 0.5, got {raw!r}"
         raise ApiError(400, "bad_request", msg)
     return value
 

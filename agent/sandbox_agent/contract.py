@@ -16,9 +16,11 @@ __all__ = [
     "DEFAULT_MAX_OUTPUT_BYTES",
     "FINISHED_STATES",
     "JOB_STATES",
+    "MAX_FILE_OFFSET",
     "MAX_JSON_BYTES",
     "MAX_OUTPUT_BYTES",
     "MAX_TIMEOUT_S",
+    "MAX_UID",
     "MAX_UPLOAD_BYTES",
     "MAX_WAIT_S",
     "ErrorBody",
@@ -44,6 +46,10 @@ DEFAULT_MAX_OUTPUT_BYTES: Final = 16 * MiB  # per stream
 MAX_OUTPUT_BYTES: Final = 64 * MiB
 MAX_UPLOAD_BYTES: Final = 64 * MiB  # per PUT chunk
 MAX_JSON_BYTES: Final = 16 * MiB
+# `user` as a uid: 4294967295 is (uid_t)-1, which setuid() reads as "leave unchanged" (root).
+MAX_UID: Final = 4_294_967_294
+# `offset` and `Range` positions: the largest off_t.
+MAX_FILE_OFFSET: Final = 2**63 - 1
 
 JobState = Literal["running", "exited", "timeout", "killed", "failed"]
 JOB_STATES: Final[tuple[JobState, ...]] = ("running", "exited", "timeout", "killed", "failed")

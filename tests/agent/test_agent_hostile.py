@@ -1,0 +1,163 @@
+"""Issue 14, "The agent": each hostile input exactly as reported, and the contract's answer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+
+from sandbox_agent.contract import MAX_FILE_OFFSET, MAX_UID
+
+
+def _q(path: Path | str) -> str:
+    return quote(str(path), safe="/")
+
+
+def _error(resp: Any, status: int, code: str, check_schema: Any) -> str:
+    assert resp.status == status, (resp.status, resp.body[:300])
+    doc = resp.json()
+    check_schema(doc, "Error")
+    assert doc["error"]["code"] == code, doc
+    return str(doc["error"]["message"])
+
+
+# ----- 1. a numeric user is that user, never root by accident -----
+
+
+@pytest.mark.parametrize("user", ["4294967295", 4294967295, "-1", -1, "4294967296", "1e3", "0x10"])
+def test_uid_outside_0_to_max_uid_is_400(agent: Any, check_schema: Any, user: Any) -> None:
+    resp = agent.exec(command=["id", "-u"], user=user)
+    message = _error(resp, 400, "bad_request", check_schema)
+    assert "user" in message
+
+
+@pytest.mark.parametrize("user", ["0", 0, "4321", 4321, "0004321", str(MAX_UID), MAX_UID])
+def test_id_u_prints_the_requested_uid(agent: Any, user: Any) -> None:
+    job = agent.exec(command=["id", "-u"], user=user).json()
+    assert job["state"] == "exited", job
+    assert job["stdout"] == f"{int(user)}\n"
+
+
+# ----- 2. numbers are ASCII digits, nothing else -----
+
+
+@pytest.mark.parametrize("user", ["١٢", "٣", "12 ", " 12", "1_2", "+12", "１２"])
+def test_user_with_non_ascii_or_decorated_digits_is_not_a_uid(
+    agent: Any, check_schema: Any, user: str
+) -> None:
+    # Not ASCII digits, so it is a user name, and no such user exists here.
+    message = _error(agent.exec(command=["id", "-u"], user=user), 400, "bad_request", check_schema)
+    assert "unknown user" in message
+
+
+@pytest.mark.parametrize(
+    "wait", ["0_1", " 1 ", "1 ", "١", "٣", "+1", "0x1", "1e", ".5", "Infinity"]
+)
+def test_wait_is_a_plain_number(agent: Any, check_schema: Any, wait: str) -> None:
+    query = quote(wait, safe="")
+    resp = agent.request("POST", f"/v1/exec?wait={query}", json_body={"command": "true"})
+    assert "wait" in _error(resp, 400, "bad_request", check_schema)
+    resp = agent.request("GET", f"/v1/exec/nope?wait={query}")
+    assert "wait" in _error(resp, 400, "bad_request", check_schema)
+
+
+@pytest.mark.parametrize("wait", ["0", "0.5", "8", "8.0", "2e0", "1E-3", "-0"])
+def test_wait_accepts_json_number_forms(agent: Any, wait: str) -> None:
+    resp = agent.request("POST", f"/v1/exec?wait={wait}", json_body={"command": "true"})
+    assert resp.status in (200, 202), resp.body
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["offset=٣", "offset= 3", "offset=3_0", "offset=+3", f"offset={MAX_FILE_OFFSET + 1}"]
+    + ["mode=0O7", "mode=0O644", "mode=٦٤٤", "mode=0x1ff", "mode=+644", "mode=0o"]
+    + ["final=True", "final=FALSE", "final=yes"],
+)
+def test_put_parameters_are_strict(
+    agent: Any, check_schema: Any, tmp_path: Path, query: str
+) -> None:
+    target = tmp_path / "f"
+    name, value = query.split("=")
+    resp = agent.request(
+        "PUT", f"/v1/files?path={_q(target)}&{name}={quote(value, safe='')}", body=b"x"
+    )
+    assert name in _error(resp, 400, "bad_request", check_schema)
+    assert not target.exists()
+
+
+@pytest.mark.parametrize(("mode", "bits"), [("7", 0o7), ("644", 0o644), ("0644", 0o644)])
+def test_mode_forms(agent: Any, tmp_path: Path, mode: str, bits: int) -> None:
+    target = tmp_path / "m"
+    for form in (mode, f"0o{mode}"):
+        resp = agent.request("PUT", f"/v1/files?path={_q(target)}&mode={form}", body=b"x")
+        assert resp.status == 200, (form, resp.body)
+        assert target.stat().st_mode & 0o7777 == bits
+
+
+def test_offset_up_to_the_largest_file_offset_is_a_number(agent: Any, tmp_path: Path) -> None:
+    # 19 digits: a valid offset past what was received, so the contract's answer is 409.
+    target = tmp_path / "o"
+    resp = agent.request("PUT", f"/v1/files?path={_q(target)}&offset={MAX_FILE_OFFSET}", body=b"")
+    assert resp.status == 409
+    assert resp.json()["error"]["code"] == "offset_mismatch"
+
+
+@pytest.mark.parametrize(
+    "header",
+    ["bytes=٠-١", "bytes=0-١", "bytes= 0-1", "bytes=0 -1", "bytes=+0-1", "bytes=0x0-1"]
+    + [f"bytes=0-{MAX_FILE_OFFSET + 1}", "bytes=" + "9" * 5000 + "-", "bytes=0-" + "9" * 5000],
+)
+def test_range_numbers_are_ascii_and_bounded(
+    agent: Any, check_schema: Any, tmp_path: Path, header: str
+) -> None:
+    target = tmp_path / "r"
+    target.write_bytes(b"0123456789")
+    # Sent as UTF-8 bytes, as a raw client would.
+    resp = agent.request(
+        "GET",
+        f"/v1/files?path={_q(target)}",
+        headers={"Range": header.encode()},  # type: ignore[dict-item]
+    )
+    assert "Range" in _error(resp, 400, "bad_request", check_schema)
+
+
+def test_range_up_to_the_largest_file_offset(agent: Any, tmp_path: Path) -> None:
+    target = tmp_path / "r"
+    target.write_bytes(b"0123456789")
+    url = f"/v1/files?path={_q(target)}"
+    resp = agent.request("GET", url, headers={"Range": f"bytes=3-{MAX_FILE_OFFSET}"})
+    assert (resp.status, resp.body) == (206, b"3456789")
+    resp = agent.request("GET", url, headers={"Range": f"bytes={MAX_FILE_OFFSET}-"})
+    assert resp.status == 416
+
+
+# ----- 3. a spawn failure never leaves a ghost job -----
+
+
+def test_out_of_range_user_is_400_and_leaves_no_job(agent: Any, check_schema: Any) -> None:
+    body = {"id": "g1", "command": "true", "user": "99999999999"}
+    for _ in range(3):  # a retry with the same id gets the same answer, never a 202
+        resp = agent.request("POST", "/v1/exec", json_body=body)
+        _error(resp, 400, "bad_request", check_schema)
+    _error(agent.request("GET", "/v1/exec/g1"), 404, "not_found", check_schema)
+    _error(agent.request("DELETE", "/v1/exec/g1"), 404, "not_found", check_schema)
+
+
+# ----- 4. input never causes a 500 -----
+
+
+def test_5000_digit_user_is_400(agent: Any, check_schema: Any) -> None:
+    for user in ("9" * 5000, "1" * 5000):
+        resp = agent.exec(command="true", user=user)
+        assert "user" in _error(resp, 400, "bad_request", check_schema)
+
+
+def test_huge_json_numbers_are_400(agent: Any, check_schema: Any) -> None:
+    for field in ("timeout_s", "max_output_bytes", "user"):
+        body = f'{{"command": "true", "{field}": {"9" * 5000}}}'
+        resp = agent.request(
+            "POST", "/v1/exec", body=body.encode(), headers={"Content-Type": "application/json"}
+        )
+        _error(resp, 400, "bad_request", check_schema)
