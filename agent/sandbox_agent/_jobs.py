@@ -724,7 +724,10 @@ class JobManager:
             job.error = _failure_message(exc, spec)
             self._retire(job)
             return
-        except (ValueError, subprocess.SubprocessError) as exc:
+        except Exception as exc:
+            # ValueError, SubprocessError, OverflowError (an id the kernel cannot take), ...:
+            # whatever stops the spawn ends the job as failed, so no job waits for a process
+            # that never existed (DELETE and shutdown would wait for nothing).
             job.state = "failed"
             job.error = f"could not start {spec.argv[0]!r}: {exc}"
             self._retire(job)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import pytest
 
+from sandbox_agent._config import AgentConfig
+from sandbox_agent._jobs import ExecSpec, JobManager
 from sandbox_agent.contract import MAX_FILE_OFFSET, MAX_UID
 
 
@@ -143,6 +147,33 @@ def test_out_of_range_user_is_400_and_leaves_no_job(agent: Any, check_schema: An
         _error(resp, 400, "bad_request", check_schema)
     _error(agent.request("GET", "/v1/exec/g1"), 404, "not_found", check_schema)
     _error(agent.request("DELETE", "/v1/exec/g1"), 404, "not_found", check_schema)
+
+
+async def test_a_spawn_failure_is_a_failed_job_that_ends() -> None:
+    """Behind validation: whatever makes the spawn itself fail ends the job as `failed`."""
+    jobs = JobManager(AgentConfig())
+    spec = ExecSpec(
+        command=("true",),
+        shell="/bin/sh",
+        cwd=None,
+        env=(),
+        timeout_s=None,
+        stdin=None,
+        user=99_999_999_999,  # what parse_exec_request now refuses; Popen raises OverflowError
+        max_output_bytes=1024,
+    )
+    job = await jobs.submit("g1", spec)
+    assert job.finished
+    doc = json.loads(job.body())
+    assert doc["state"] == "failed"
+    assert (doc["exit_code"], doc["signal"]) == (None, None)
+    assert "could not start" in doc["error"]
+    assert jobs.running == 0
+    assert await jobs.submit("g1", spec) is jobs.get("g1"), "a retry returns the finished job"
+    start = time.monotonic()
+    assert json.loads((await jobs.kill(jobs.get("g1"))).body())["state"] == "failed"  # type: ignore[arg-type]
+    await jobs.shutdown()
+    assert time.monotonic() - start < 0.5, "DELETE and shutdown wait for nothing"
 
 
 # ----- 4. input never causes a 500 -----
