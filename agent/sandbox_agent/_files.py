@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import os
 import re
@@ -33,6 +34,7 @@ __all__ = ["FileHandlers", "UPLOAD_SUFFIX"]
 UPLOAD_SUFFIX = ".sandbox-agent-upload"
 _BATCH = 2 * 1024 * 1024
 _HASH_READ = 4 * 1024 * 1024
+_NAME_MAX = 255  # bytes in one file name on Linux file systems
 
 
 def _bad(message: str) -> ApiError:
@@ -83,21 +85,45 @@ def _mode_param(request: web.Request) -> int:
     return value
 
 
+# File-system errors a request can cause, as the contract's answers; any other errno is a 500.
+_ERRNO_ANSWERS: dict[int, tuple[int, str, str]] = {
+    errno.ENOENT: (404, "not_found", "{path} does not exist"),
+    errno.EISDIR: (400, "bad_request", "{path} is a directory; pass the path of a file"),
+    errno.ENOTDIR: (400, "bad_request", "a parent of {path} is not a directory"),
+    errno.EEXIST: (400, "bad_request", "a parent of {path} is not a directory"),
+    errno.ENAMETOOLONG: (
+        400,
+        "name_too_long",
+        "{path} is too long: a name is at most 255 bytes, a path at most 4095",
+    ),
+    errno.ELOOP: (
+        400,
+        "too_many_links",
+        "{path} cannot be resolved: a symlink loop, or more than 40 symlinks on the way",
+    ),
+    errno.EACCES: (403, "permission_denied", "permission denied on {path}: {strerror}"),
+    errno.EPERM: (403, "permission_denied", "permission denied on {path}: {strerror}"),
+    errno.EROFS: (403, "read_only", "{path} is on a read-only file system"),
+}
+
+
 def _os_error(exc: OSError, path: str) -> ApiError:
-    if isinstance(exc, FileNotFoundError):
-        return ApiError(404, "not_found", f"{path} does not exist")
-    if isinstance(exc, IsADirectoryError):
-        return _bad(f"{path} is a directory; pass the path of a file")
-    if isinstance(exc, NotADirectoryError | FileExistsError):
-        return _bad(f"a parent of {path} is not a directory")
-    if isinstance(exc, PermissionError):
-        return ApiError(403, "permission_denied", f"permission denied on {path}: {exc.strerror}")
-    return ApiError(500, "internal", f"file system error on {path}: {exc.strerror or exc}")
+    shown = path if len(path) <= 200 else f"{path[:200]}... ({len(path)} characters)"
+    answer = _ERRNO_ANSWERS.get(exc.errno or 0)
+    if answer is None:
+        return ApiError(500, "internal", f"file system error on {shown}: {exc.strerror or exc}")
+    status, code, message = answer
+    return ApiError(status, code, message.format(path=shown, strerror=exc.strerror))
 
 
 def _tmp_path(path: str) -> str:
+    """The hidden sibling an upload is written to; a hashed name if the plain one is too long."""
     head, tail = os.path.split(path)
-    return os.path.join(head, f".{tail}{UPLOAD_SUFFIX}")
+    name = f".{tail}{UPLOAD_SUFFIX}"
+    if len(os.fsencode(name)) > _NAME_MAX:
+        digest = hashlib.sha256(os.fsencode(tail)).hexdigest()[:32]
+        name = f".{digest}{UPLOAD_SUFFIX}"
+    return os.path.join(head, name)
 
 
 # ----- blocking helpers, run in the thread pool -----
@@ -108,8 +134,12 @@ def _open_upload(path: str, offset: int) -> int:
         raise IsADirectoryError(21, "Is a directory", path)
     tmp = _tmp_path(path)
     if offset == 0:
-        os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
-        return os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+        try:
+            return os.open(tmp, flags, 0o600)
+        except FileNotFoundError:  # the first chunk creates the parents
+            os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
+        return os.open(tmp, flags, 0o600)
     try:
         fd = os.open(tmp, os.O_RDWR | os.O_CLOEXEC)
     except FileNotFoundError:

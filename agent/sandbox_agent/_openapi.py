@@ -13,25 +13,9 @@ import sys
 from typing import Any
 
 from . import __version__
-from .contract import ACTOR_ID_HEADER, JOB_STATES, MAX_OUTPUT_BYTES
+from .contract import ACTOR_ID_HEADER, ERROR_CODES, JOB_STATES, MAX_OUTPUT_BYTES
 
 __all__ = ["openapi_document"]
-
-_ERROR_CODES = [
-    "bad_request",
-    "unauthorized",
-    "permission_denied",
-    "not_found",
-    "method_not_allowed",
-    "id_conflict",
-    "actor_mismatch",
-    "offset_mismatch",
-    "too_large",
-    "range_not_satisfiable",
-    "too_many_jobs",
-    "internal",
-    "shutting_down",
-]
 
 
 def _ref(name: str) -> dict[str, Any]:
@@ -86,7 +70,7 @@ _SCHEMAS: dict[str, Any] = {
                 "required": ["code", "message"],
                 "additionalProperties": False,
                 "properties": {
-                    "code": {"type": "string", "enum": _ERROR_CODES},
+                    "code": {"type": "string", "enum": list(ERROR_CODES)},
                     "message": {"type": "string", "minLength": 1},
                 },
             }

@@ -179,6 +179,9 @@ def create_app(config: AgentConfig | None = None) -> web.Application:
             return json.loads(body)
         except (ValueError, UnicodeDecodeError) as exc:
             raise ApiError(400, "bad_request", f"the body is not valid JSON: {exc}") from None
+        except RecursionError:
+            msg = "the body is not a usable JSON object: arrays or objects nested too deeply"
+            raise ApiError(400, "bad_request", msg) from None
 
     async def exec_start(request: web.Request) -> web.Response:
         wait = _wait_param(request)

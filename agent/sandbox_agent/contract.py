@@ -8,12 +8,13 @@ that the OpenAPI document agrees with the states and limits named here.
 
 from __future__ import annotations
 
-from typing import Final, Literal, TypedDict
+from typing import Final, Literal, TypedDict, get_args
 
 __all__ = [
     "ACTOR_ID_HEADER",
     "CONTRACT_VERSION",
     "DEFAULT_MAX_OUTPUT_BYTES",
+    "ERROR_CODES",
     "FINISHED_STATES",
     "JOB_STATES",
     "MAX_FILE_OFFSET",
@@ -24,6 +25,7 @@ __all__ = [
     "MAX_UPLOAD_BYTES",
     "MAX_WAIT_S",
     "ErrorBody",
+    "ErrorCode",
     "ExecRequest",
     "FileStat",
     "Job",
@@ -50,6 +52,28 @@ MAX_JSON_BYTES: Final = 16 * MiB
 MAX_UID: Final = 4_294_967_294
 # `offset` and `Range` positions: the largest off_t.
 MAX_FILE_OFFSET: Final = 2**63 - 1
+
+# The `code` of every error body. contract.md says when each is sent; a test checks that the
+# OpenAPI document lists exactly these.
+ErrorCode = Literal[
+    "bad_request",
+    "name_too_long",
+    "too_many_links",
+    "unauthorized",
+    "permission_denied",
+    "read_only",
+    "not_found",
+    "method_not_allowed",
+    "id_conflict",
+    "actor_mismatch",
+    "offset_mismatch",
+    "too_large",
+    "range_not_satisfiable",
+    "too_many_jobs",
+    "internal",
+    "shutting_down",
+]
+ERROR_CODES: Final[tuple[ErrorCode, ...]] = get_args(ErrorCode)
 
 JobState = Literal["running", "exited", "timeout", "killed", "failed"]
 JOB_STATES: Final[tuple[JobState, ...]] = ("running", "exited", "timeout", "killed", "failed")
@@ -115,7 +139,7 @@ class UploadReply(TypedDict):
 
 
 class ErrorDetail(TypedDict):
-    code: str
+    code: ErrorCode
     message: str
 
 

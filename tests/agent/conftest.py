@@ -6,6 +6,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -101,7 +102,26 @@ class Agent:
         return self.proc.returncode
 
 
-def start_agent(workdir: Path, *args: str, env: dict[str, str] | None = None) -> Agent:
+# bubblewrap: a read-only view of the host, a private /tmp, /dev and /proc, its own pid, ipc and
+# uts namespaces, and only the capabilities the agent uses (switching users, signalling its jobs,
+# owning files in /tmp). Never CAP_SYS_ADMIN: root with it could remount the view read-write.
+BWRAP = shutil.which("bwrap")
+_BWRAP_ARGS = (
+    *("--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"),
+    *("--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--chdir", "/tmp"),
+    *("--cap-drop", "ALL"),
+    *(
+        arg
+        for cap in ("SETUID", "SETGID", "KILL", "CHOWN", "DAC_OVERRIDE", "FOWNER")
+        for arg in ("--cap-add", f"CAP_{cap}")
+    ),
+)
+
+
+def start_agent(
+    workdir: Path, *args: str, env: dict[str, str] | None = None, sandbox: bool = False
+) -> Agent:
+    """Start `python -m sandbox_agent` on a free port; `sandbox=True` runs it under bubblewrap."""
     workdir.mkdir(parents=True, exist_ok=True)
     log_path = workdir / "agent.log"
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_AGENT_")}
@@ -109,8 +129,13 @@ def start_agent(workdir: Path, *args: str, env: dict[str, str] | None = None) ->
     if not any(a == "--actor-id-file" for a in args):
         args = ("--actor-id-file", str(workdir / "actor-id"), *args)
     with open(log_path, "wb") as log:
+        argv = [sys.executable, "-m", "sandbox_agent", "--host", "127.0.0.1", "--port", "0", *args]
+        if sandbox:
+            if BWRAP is None:
+                pytest.skip("needs bubblewrap: apt-get install bubblewrap (.ci/install-deps)")
+            argv = [BWRAP, *_BWRAP_ARGS, "--", *argv]
         proc = subprocess.Popen(
-            [sys.executable, "-m", "sandbox_agent", "--host", "127.0.0.1", "--port", "0", *args],
+            argv,
             stdout=log,
             stderr=subprocess.STDOUT,
             env=full_env,
@@ -131,6 +156,14 @@ def start_agent(workdir: Path, *args: str, env: dict[str, str] | None = None) ->
 def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
     """One plain agent (no token) shared by a test module."""
     instance = start_agent(tmp_path_factory.mktemp("agent"))
+    yield instance
+    instance.stop()
+
+
+@pytest.fixture(scope="module")
+def sandboxed_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
+    """One agent inside bubblewrap: the host read-only, its own /tmp (see `_BWRAP_ARGS`)."""
+    instance = start_agent(tmp_path_factory.mktemp("sandboxed"), sandbox=True)
     yield instance
     instance.stop()
 

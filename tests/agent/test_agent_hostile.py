@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -185,6 +186,16 @@ def test_5000_digit_user_is_400(agent: Any, check_schema: Any) -> None:
         assert "user" in _error(resp, 400, "bad_request", check_schema)
 
 
+@pytest.mark.parametrize("depth", [900, 3000, 100_000])
+def test_deeply_nested_json_is_400(agent: Any, check_schema: Any, depth: int) -> None:
+    for body in ("[" * depth + "]" * depth, '{"a":' * depth + "1" + "}" * depth):
+        resp = agent.request(
+            "POST", "/v1/exec", body=body.encode(), headers={"Content-Type": "application/json"}
+        )
+        _error(resp, 400, "bad_request", check_schema)
+    assert "Traceback" not in agent.log_text()
+
+
 def test_huge_json_numbers_are_400(agent: Any, check_schema: Any) -> None:
     for field in ("timeout_s", "max_output_bytes", "user"):
         body = f'{{"command": "true", "{field}": {"9" * 5000}}}'
@@ -192,3 +203,52 @@ def test_huge_json_numbers_are_400(agent: Any, check_schema: Any) -> None:
             "POST", "/v1/exec", body=body.encode(), headers={"Content-Type": "application/json"}
         )
         _error(resp, 400, "bad_request", check_schema)
+
+
+def test_name_too_long_is_400(agent: Any, check_schema: Any, tmp_path: Path) -> None:
+    long_name = tmp_path / ("n" * 300)
+    for method, url in (
+        ("GET", f"/v1/files?path={_q(long_name)}"),
+        ("GET", f"/v1/stat?path={_q(long_name)}"),
+        ("PUT", f"/v1/files?path={_q(long_name)}"),
+        ("PUT", f"/v1/files?path={_q(long_name / 'x')}"),
+        ("GET", f"/v1/files?path={_q('/' + 'd/' * 2100 + 'f')}"),  # over PATH_MAX
+    ):
+        resp = agent.request(method, url, body=b"x" if method == "PUT" else None)
+        _error(resp, 400, "name_too_long", check_schema)
+    assert agent.request("HEAD", f"/v1/files?path={_q(long_name)}").status == 400
+
+
+def test_longest_name_uploads(agent: Any, tmp_path: Path) -> None:
+    """255 bytes is a valid name, even though its hidden temporary sibling would not be."""
+    target = tmp_path / ("n" * 255)
+    for offset, chunk, final in ((0, b"ab", "false"), (2, b"cd", "true")):
+        url = f"/v1/files?path={_q(target)}&offset={offset}&final={final}"
+        assert agent.request("PUT", url, body=chunk).status == 200
+    assert target.read_bytes() == b"abcd"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [target.name], "no temporary left"
+
+
+def test_symlink_loop_is_400(agent: Any, check_schema: Any, tmp_path: Path) -> None:
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    loop = tmp_path / "a"
+    for method, url in (
+        ("GET", f"/v1/files?path={_q(loop)}"),
+        ("GET", f"/v1/stat?path={_q(loop / 'x')}"),
+        ("PUT", f"/v1/files?path={_q(loop / 'x')}"),
+    ):
+        resp = agent.request(method, url, body=b"x" if method == "PUT" else None)
+        _error(resp, 400, "too_many_links", check_schema)
+    resp = agent.request("GET", f"/v1/stat?path={_q(loop)}")
+    assert resp.json()["type"] == "symlink", "stat does not follow the last link"
+
+
+def test_read_only_target_is_403(sandboxed_agent: Any, check_schema: Any) -> None:
+    # The sandbox's root is a read-only bind of the host's; only its /tmp is writable.
+    for path in ("/etc/sandbox-agent-probe", "/usr/new-dir/file"):
+        resp = sandboxed_agent.request("PUT", f"/v1/files?path={path}", body=b"x")
+        _error(resp, 403, "read_only", check_schema)
+    private = f"/tmp/sandbox-agent-{uuid.uuid4().hex}"
+    assert sandboxed_agent.request("PUT", f"/v1/files?path={private}", body=b"x").status == 200
+    assert not Path(private).exists(), "the sandbox has its own /tmp"
