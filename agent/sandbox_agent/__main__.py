@@ -108,14 +108,11 @@ async def serve(config: object) -> None:
     from aiohttp import web
 
     from ._config import AgentConfig
+    from ._serving import AgentRunner
     from .app import create_app
 
     assert isinstance(config, AgentConfig)
-    app = create_app(config)
-    # A 1 MiB read buffer lets uploads arrive in fewer, larger pieces (fewer loop iterations).
-    runner = web.AppRunner(
-        app, access_log=None, handle_signals=False, shutdown_timeout=3.0, read_bufsize=1 << 20
-    )
+    runner = AgentRunner(create_app(config), config)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, backlog=1024, reuse_address=True)
     try:

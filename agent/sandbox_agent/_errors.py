@@ -10,14 +10,30 @@ import json
 
 from aiohttp import web
 
-__all__ = ["ApiError", "error_response"]
+from .contract import ErrorCode
+
+__all__ = ["ApiError", "code_for_status", "error_body", "error_response"]
+
+# Statuses that aiohttp raises or answers by itself, as the contract's error codes.
+_STATUS_CODES: dict[int, ErrorCode] = {
+    401: "unauthorized",
+    403: "permission_denied",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "too_large",
+    416: "range_not_satisfiable",
+}
+
+
+def code_for_status(status: int) -> ErrorCode:
+    return _STATUS_CODES.get(status, "bad_request" if status < 500 else "internal")
 
 
 class ApiError(Exception):
     """A client-visible failure: HTTP status, snake_case code and a message saying how to fix it."""
 
     def __init__(
-        self, status: int, code: str, message: str, headers: dict[str, str] | None = None
+        self, status: int, code: ErrorCode, message: str, headers: dict[str, str] | None = None
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -26,11 +42,15 @@ class ApiError(Exception):
         self.headers = headers or {}
 
 
+def error_body(code: ErrorCode, message: str) -> bytes:
+    return json.dumps({"error": {"code": code, "message": message}}).encode()
+
+
 def error_response(
-    status: int, code: str, message: str, headers: dict[str, str] | None = None
+    status: int, code: ErrorCode, message: str, headers: dict[str, str] | None = None
 ) -> web.Response:
-    body = json.dumps({"error": {"code": code, "message": message}})
-    resp = web.Response(status=status, text=body, content_type="application/json")
+    body = error_body(code, message)
+    resp = web.Response(status=status, body=body, content_type="application/json")
     if headers:
         resp.headers.update(headers)
     return resp

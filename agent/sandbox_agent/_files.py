@@ -27,7 +27,7 @@ from aiohttp import web
 
 from ._errors import ApiError
 from ._numbers import parse_decimal, parse_octal
-from .contract import MAX_FILE_OFFSET
+from .contract import MAX_FILE_OFFSET, ErrorCode
 
 __all__ = ["FileHandlers", "UPLOAD_SUFFIX"]
 
@@ -86,7 +86,7 @@ def _mode_param(request: web.Request) -> int:
 
 
 # File-system errors a request can cause, as the contract's answers; any other errno is a 500.
-_ERRNO_ANSWERS: dict[int, tuple[int, str, str]] = {
+_ERRNO_ANSWERS: dict[int, tuple[int, ErrorCode, str]] = {
     errno.ENOENT: (404, "not_found", "{path} does not exist"),
     errno.EISDIR: (400, "bad_request", "{path} is a directory; pass the path of a file"),
     errno.ENOTDIR: (400, "bad_request", "a parent of {path} is not a directory"),

@@ -20,7 +20,7 @@ from aiohttp import web
 
 from . import __version__
 from ._config import ACTOR_ID_ENV, AgentConfig
-from ._errors import ApiError, error_response
+from ._errors import ApiError, code_for_status, error_response
 from ._files import FileHandlers
 from ._identity import Identity, read_actor_id
 from ._jobs import AnyJob, JobManager, parse_exec_request
@@ -40,20 +40,10 @@ IDENTITY_KEY = web.AppKey("identity", Identity)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-# aiohttp's own HTTP exceptions mapped onto the contract's error codes (see _openapi.py).
-_STATUS_CODES = {
-    401: "unauthorized",
-    403: "permission_denied",
-    404: "not_found",
-    405: "method_not_allowed",
-    413: "too_large",
-    416: "range_not_satisfiable",
-}
-
 
 def _http_exception_response(exc: web.HTTPException) -> web.StreamResponse:
     status = exc.status
-    code = _STATUS_CODES.get(status, "bad_request" if status < 500 else "internal")
+    code = code_for_status(status)
     headers: dict[str, str] = {}
     if status == 404:
         message = "no such endpoint; see GET /v1/openapi.json for the API"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 import uuid
 from pathlib import Path
@@ -252,3 +253,41 @@ def test_read_only_target_is_403(sandboxed_agent: Any, check_schema: Any) -> Non
     private = f"/tmp/sandbox-agent-{uuid.uuid4().hex}"
     assert sandboxed_agent.request("PUT", f"/v1/files?path={private}", body=b"x").status == 200
     assert not Path(private).exists(), "the sandbox has its own /tmp"
+
+
+# ----- 5. every error is the JSON error object, also the HTTP parser's -----
+
+
+def _raw_exchange(port: int, data: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send raw bytes, read until the agent closes; (status, headers, body) of the answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(data)
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    status_line, *lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines)}
+    return int(status_line.split()[1]), headers, body
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",  # request line over the limit
+        b"GET /readyz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n",  # one header
+        b"GET /readyz HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(200)) + b"\r\n",
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n",  # TLS to a plain HTTP port
+        b"GET /readyz HTTP/1.1\r\nHo st: x\r\n\r\n",
+        b"POST /v1/exec HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+    ],
+    ids=["request-line", "header", "header-count", "tls", "header-name", "content-length"],
+)
+def test_http_parser_errors_are_json(agent: Any, check_schema: Any, raw: bytes) -> None:
+    status, headers, body = _raw_exchange(agent.port, raw)
+    assert status == 400
+    assert headers["content-type"].startswith("application/json")  # and then it closed
+    doc = json.loads(body)
+    check_schema(doc, "Error")
+    assert doc["error"]["code"] == "bad_request"
+    assert "Traceback" not in agent.log_text()
