@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .contract import MAX_JSON_BYTES, MAX_UPLOAD_BYTES, MiB
+from .contract import (
+    BODY_TIMEOUT_S,
+    HEADER_TIMEOUT_S,
+    IDLE_TIMEOUT_S,
+    MAX_JSON_BYTES,
+    MAX_UPLOAD_BYTES,
+    MiB,
+)
 
 __all__ = ["AgentConfig", "ACTOR_ID_FILE", "ACTOR_ID_ENV", "MiB"]
 
@@ -28,6 +35,9 @@ class AgentConfig:
     job_hard_cap: int = 16384
     kill_grace_s: float = 2.0
     restore_jump_s: float = 2.0
+    header_timeout_s: float = HEADER_TIMEOUT_S
+    body_timeout_s: float = BODY_TIMEOUT_S
+    idle_timeout_s: float = IDLE_TIMEOUT_S
     # Reap every child on SIGCHLD and adopt orphans as the child subreaper. Right for the agent's
     # own process (the CLI sets it); wrong inside a process that runs other subprocesses.
     reap_orphans: bool = False
@@ -39,6 +49,10 @@ class AgentConfig:
         if self.token is not None and not self.token:
             msg = "token must not be empty (omit it to disable auth)"
             raise ValueError(msg)
+        for name in ("header_timeout_s", "body_timeout_s", "idle_timeout_s"):
+            if not getattr(self, name) > 0:
+                msg = f"{name} must be > 0, got {getattr(self, name)}"
+                raise ValueError(msg)
         if self.max_running_jobs < 1:
             msg = "max_running_jobs must be >= 1"
             raise ValueError(msg)

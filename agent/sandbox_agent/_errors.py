@@ -12,7 +12,7 @@ from aiohttp import web
 
 from .contract import ErrorCode
 
-__all__ = ["ApiError", "code_for_status", "error_body", "error_response"]
+__all__ = ["ApiError", "body_timeout_error", "code_for_status", "error_body", "error_response"]
 
 # Statuses that aiohttp raises or answers by itself, as the contract's error codes.
 _STATUS_CODES: dict[int, ErrorCode] = {
@@ -20,6 +20,7 @@ _STATUS_CODES: dict[int, ErrorCode] = {
     403: "permission_denied",
     404: "not_found",
     405: "method_not_allowed",
+    408: "request_timeout",
     413: "too_large",
     416: "range_not_satisfiable",
 }
@@ -54,3 +55,13 @@ def error_response(
     if headers:
         resp.headers.update(headers)
     return resp
+
+
+def body_timeout_error(seconds: float) -> ApiError:
+    """The answer to a body that did not arrive in time; the connection is closed after it."""
+    return ApiError(
+        408,
+        "request_timeout",
+        f"the request body did not arrive within {seconds:g} s of its headers; "
+        "the connection is closed",
+    )

@@ -25,7 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ._errors import ApiError
+from ._errors import ApiError, body_timeout_error
 from ._numbers import parse_decimal, parse_octal
 from .contract import MAX_FILE_OFFSET, ErrorCode
 
@@ -283,8 +283,9 @@ def _parse_range(header: str, size: int) -> tuple[int, int] | None:
 class FileHandlers:
     """The /v1/files and /v1/stat handlers, bound to one upload size limit."""
 
-    def __init__(self, max_upload_bytes: int) -> None:
+    def __init__(self, max_upload_bytes: int, body_timeout_s: float) -> None:
         self._max = max_upload_bytes
+        self._body_timeout_s = body_timeout_s
         # One writer per path: concurrent PUTs to one path would share (and truncate) one
         # temporary file, and a rename could move it into place while the other still writes.
         self._writers: dict[str, tuple[asyncio.Lock, list[int]]] = {}
@@ -322,6 +323,7 @@ class FileHandlers:
         self, request: web.Request, path: str, offset: int, final: bool, mode: int
     ) -> web.Response:
         loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._body_timeout_s
         try:
             fd = await loop.run_in_executor(None, _open_upload, path, offset)
         except OSError as exc:
@@ -337,7 +339,11 @@ class FileHandlers:
         batch_len = 0
         try:
             while True:
-                chunk = await request.content.readany()
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        chunk = await request.content.readany()
+                except TimeoutError:
+                    raise body_timeout_error(self._body_timeout_s) from None
                 if chunk:
                     received += len(chunk)
                     if received > self._max:

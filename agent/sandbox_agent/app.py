@@ -20,7 +20,7 @@ from aiohttp import web
 
 from . import __version__
 from ._config import ACTOR_ID_ENV, AgentConfig
-from ._errors import ApiError, code_for_status, error_response
+from ._errors import ApiError, body_timeout_error, code_for_status, error_response
 from ._files import FileHandlers
 from ._identity import Identity, read_actor_id
 from ._jobs import AnyJob, JobManager, parse_exec_request
@@ -81,7 +81,7 @@ def create_app(config: AgentConfig | None = None) -> web.Application:
     config = config or AgentConfig()
     jobs = JobManager(config)
     identity = Identity(config.restore_jump_s)
-    files = FileHandlers(config.max_upload_bytes)
+    files = FileHandlers(config.max_upload_bytes, config.body_timeout_s)
     token = config.token.encode() if config.token else None
 
     async def current_actor_id() -> str | None:
@@ -162,7 +162,11 @@ def create_app(config: AgentConfig | None = None) -> web.Application:
         return web.Response(body=doc_body, content_type="application/json")
 
     async def read_json(request: web.Request) -> Any:
-        body = await request.read()
+        try:
+            async with asyncio.timeout(config.body_timeout_s):
+                body = await request.read()
+        except TimeoutError:
+            raise body_timeout_error(config.body_timeout_s) from None
         if not body:
             raise ApiError(400, "bad_request", "the body must be a JSON object, got nothing")
         try:

@@ -12,10 +12,13 @@ from typing import Final, Literal, TypedDict, get_args
 
 __all__ = [
     "ACTOR_ID_HEADER",
+    "BODY_TIMEOUT_S",
     "CONTRACT_VERSION",
     "DEFAULT_MAX_OUTPUT_BYTES",
     "ERROR_CODES",
     "FINISHED_STATES",
+    "HEADER_TIMEOUT_S",
+    "IDLE_TIMEOUT_S",
     "JOB_STATES",
     "MAX_FILE_OFFSET",
     "MAX_JSON_BYTES",
@@ -48,6 +51,13 @@ DEFAULT_MAX_OUTPUT_BYTES: Final = 16 * MiB  # per stream
 MAX_OUTPUT_BYTES: Final = 64 * MiB
 MAX_UPLOAD_BYTES: Final = 64 * MiB  # per PUT chunk
 MAX_JSON_BYTES: Final = 16 * MiB
+# Connection limits: a request's line and headers must arrive within HEADER_TIMEOUT_S of their
+# first byte, its body within BODY_TIMEOUT_S of the headers (else 408 request_timeout), and an
+# idle keep-alive connection is closed after IDLE_TIMEOUT_S (a client's pool must expire idle
+# connections sooner).
+HEADER_TIMEOUT_S: Final = 10.0
+BODY_TIMEOUT_S: Final = 60.0
+IDLE_TIMEOUT_S: Final = 60.0
 # `user` as a uid: 4294967295 is (uid_t)-1, which setuid() reads as "leave unchanged" (root).
 MAX_UID: Final = 4_294_967_294
 # `offset` and `Range` positions: the largest off_t.
@@ -64,6 +74,7 @@ ErrorCode = Literal[
     "read_only",
     "not_found",
     "method_not_allowed",
+    "request_timeout",
     "id_conflict",
     "actor_mismatch",
     "offset_mismatch",

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import socket
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import pytest
+from aiohttp import web
 
 from sandbox_agent._config import AgentConfig
 from sandbox_agent._jobs import ExecSpec, JobManager
+from sandbox_agent._serving import AgentRunner
+from sandbox_agent.app import create_app
 from sandbox_agent.contract import MAX_FILE_OFFSET, MAX_UID
 
 
@@ -291,3 +297,93 @@ def test_http_parser_errors_are_json(agent: Any, check_schema: Any, raw: bytes) 
     check_schema(doc, "Error")
     assert doc["error"]["code"] == "bad_request"
     assert "Traceback" not in agent.log_text()
+
+
+# ----- 6. stuck clients are cut: header, body and idle timeouts -----
+
+
+@contextlib.asynccontextmanager
+async def _serving(**timeouts: float) -> AsyncIterator[int]:
+    """The agent in this event loop, as `serve()` runs it, with small timeouts; yields the port."""
+    config = AgentConfig(host="127.0.0.1", port=0, **timeouts)
+    runner = AgentRunner(create_app(config), config)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield runner.addresses[0][1]
+    finally:
+        await runner.cleanup()
+
+
+async def _read_until_closed(reader: asyncio.StreamReader, limit_s: float) -> tuple[bytes, float]:
+    """Everything the agent sends until it closes, and how long that took (fails past limit)."""
+    start = time.monotonic()
+    received = b""
+    async with asyncio.timeout(limit_s):
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := await reader.read(65536):
+                received += chunk
+    return received, time.monotonic() - start
+
+
+def _json_408(received: bytes, check_schema: Any) -> None:
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408 "), received[:200]
+    assert b"application/json" in head.lower()
+    doc = json.loads(body)
+    check_schema(doc, "Error")
+    assert doc["error"]["code"] == "request_timeout"
+
+
+async def test_slowloris_headers_are_cut(check_schema: Any) -> None:
+    async with _serving(header_timeout_s=2, idle_timeout_s=60) as port:
+
+        async def slowloris() -> tuple[bytes, float]:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+
+            async def drip() -> None:
+                for byte in b"GET /readyz HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 60:
+                    writer.write(bytes([byte]))
+                    await asyncio.sleep(1.0)  # one byte per second
+
+            dripping = asyncio.create_task(drip())
+            try:
+                return await _read_until_closed(reader, limit_s=6)
+            finally:
+                dripping.cancel()
+                writer.close()
+
+        results = await asyncio.gather(*(slowloris() for _ in range(64)))
+    for received, took in results:
+        assert took < 2 + 2, "cut within the header timeout (plus scheduling slack)"
+        _json_408(received, check_schema)
+
+
+async def test_idle_connections_are_cut() -> None:
+    async with _serving(idle_timeout_s=1) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        received, took = await _read_until_closed(reader, limit_s=4)
+        assert (received, took < 1 + 2) == (b"", True), "a connection that never sends is closed"
+        writer.close()
+        # After a complete request, keep-alive lasts the idle timeout too.
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
+        received, took = await _read_until_closed(reader, limit_s=4)
+        assert received.startswith(b"HTTP/1.1 200 ")
+        assert took < 1 + 2
+        writer.close()
+
+
+@pytest.mark.parametrize(
+    ("method", "path"), [("POST", "/v1/exec?wait=0"), ("PUT", "/v1/files?path=/tmp/never")]
+)
+async def test_stalled_body_is_408_and_closed(check_schema: Any, method: str, path: str) -> None:
+    async with _serving(body_timeout_s=1) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n".encode())
+        writer.write(b'{"command":')  # and then nothing
+        received, took = await _read_until_closed(reader, limit_s=5)
+        writer.close()
+    assert took < 1 + 2, "answered and closed at the body timeout, without lingering"
+    _json_408(received, check_schema)
