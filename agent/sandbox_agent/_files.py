@@ -41,14 +41,20 @@ def _bad(message: str) -> ApiError:
     return ApiError(400, "bad_request", message)
 
 
-def _path_param(request: web.Request) -> str:
+def _path_param(request: web.Request, *, file: bool) -> str:
+    """The absolute `path` parameter, normalised; `file`: it must name a file, not "/" or "..".
+
+    The OpenAPI document describes the same rule as a pattern.
+    """
     path = request.query.get("path")
     if path is None or path == "":
         raise _bad("query parameter path is required, e.g. ?path=/tmp/data.bin")
     if not path.startswith("/"):
-        raise _bad(f"path must be absolute (start with /), got {path!r}")
+        raise _bad(f"path must be absolute (start with /), got {path[:200]!r}")
     if "\x00" in path:
         raise _bad("path must not contain NUL characters")
+    if file and os.path.basename(path) in ("", ".", ".."):
+        raise _bad(f"path must name a file: it must not end in /, . or .., got {path[:200]!r}")
     return os.path.normpath(path)
 
 
@@ -299,7 +305,7 @@ class FileHandlers:
         )
 
     async def put(self, request: web.Request) -> web.Response:
-        path = _path_param(request)
+        path = _path_param(request, file=True)
         offset = _offset_param(request)
         final = _bool_param(request, "final", True)
         mode = _mode_param(request)
@@ -383,7 +389,7 @@ class FileHandlers:
         return web.json_response({"path": path, "size": pos, "sha256": digest})
 
     async def get(self, request: web.Request) -> web.StreamResponse:
-        path = _path_param(request)
+        path = _path_param(request, file=True)
         loop = asyncio.get_running_loop()
         try:
             fd, st = await loop.run_in_executor(None, _open_read, path)
@@ -424,7 +430,7 @@ class FileHandlers:
             fobj.close()
 
     async def stat(self, request: web.Request) -> web.Response:
-        path = _path_param(request)
+        path = _path_param(request, file=False)
         try:
             info = await asyncio.get_running_loop().run_in_executor(None, _stat, path)
         except OSError as exc:

@@ -111,6 +111,17 @@ class ExecSpec:
         return list(self.command)
 
 
+def _json_integer(value: Any) -> int | None:
+    """A JSON integer as JSON Schema counts them (`1e3` and `1000.0` are 1000), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
 def _parse_user(raw: Any) -> str | int | None:
     """A uid 0..MAX_UID (a JSON integer or ASCII digits), a user name, or None.
 
@@ -120,10 +131,11 @@ def _parse_user(raw: Any) -> str | int | None:
     if raw is None:
         return None
     uid_range = f"a uid must be 0..{MAX_UID}"
-    if isinstance(raw, int) and not isinstance(raw, bool):
-        if not 0 <= raw <= MAX_UID:
+    number = _json_integer(raw)
+    if number is not None:
+        if not 0 <= number <= MAX_UID:
             raise _bad(f"user {raw} is out of range: {uid_range}")
-        return raw
+        return number
     if not isinstance(raw, str) or not raw:
         raise _bad(f"user must be a user name, a uid ({uid_range}), or null")
     _check_text(raw, "user")
@@ -152,7 +164,7 @@ def parse_exec_request(body: Any) -> tuple[str | None, ExecSpec]:
     raw_cmd = body["command"]
     command: str | tuple[str, ...]
     if isinstance(raw_cmd, str):
-        if not raw_cmd.strip():
+        if not raw_cmd:
             raise _bad("command must not be empty")
         _check_text(raw_cmd, "command")
         command = raw_cmd
@@ -216,10 +228,9 @@ def parse_exec_request(body: Any) -> tuple[str | None, ExecSpec]:
 
     user = _parse_user(body.get("user"))
 
-    max_out = body.get("max_output_bytes")
+    raw_max = body.get("max_output_bytes")
+    max_out = DEFAULT_MAX_OUTPUT_BYTES if raw_max is None else _json_integer(raw_max)
     if max_out is None:
-        max_out = DEFAULT_MAX_OUTPUT_BYTES
-    elif isinstance(max_out, bool) or not isinstance(max_out, int):
         raise _bad("max_output_bytes must be an integer number of bytes per stream")
     if not 0 <= max_out <= MAX_OUTPUT_BYTES:
         raise _bad(f"max_output_bytes must be between 0 and {MAX_OUTPUT_BYTES} (64 MiB)")

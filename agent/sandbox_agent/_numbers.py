@@ -16,7 +16,7 @@ __all__ = ["parse_decimal", "parse_number", "parse_octal"]
 
 _DECIMAL = re.compile(r"[0-9]{1,20}")
 # The JSON number grammar (RFC 8259, section 6), which is how the document types `wait`.
-_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]{0,15})(?:\.[0-9]{1,16})?(?:[eE][+-]?[0-9]{1,3})?")
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]{0,19})(?:\.[0-9]{1,40})?(?:[eE][+-]?[0-9]{1,4})?")
 _OCTAL = re.compile(r"(?:0o)?([0-7]{1,4})")
 
 

@@ -13,7 +13,17 @@ import sys
 from typing import Any
 
 from . import __version__
-from .contract import ACTOR_ID_HEADER, ERROR_CODES, JOB_STATES, MAX_OUTPUT_BYTES
+from .contract import (
+    ACTOR_ID_HEADER,
+    DEFAULT_MAX_OUTPUT_BYTES,
+    ERROR_CODES,
+    JOB_STATES,
+    MAX_FILE_OFFSET,
+    MAX_OUTPUT_BYTES,
+    MAX_TIMEOUT_S,
+    MAX_UID,
+    MAX_WAIT_S,
+)
 
 __all__ = ["openapi_document"]
 
@@ -30,25 +40,50 @@ def _err(description: str) -> dict[str, Any]:
     return _json("Error", description)
 
 
+def _no_body(description: str) -> dict[str, Any]:
+    return {"description": description}
+
+
+# Patterns are written for ECMA-262, Python's re and Rust's regex alike: `\x00` for NUL, and
+# `[0-9]` for digits (`\d` means every Unicode digit in Python).
+_NO_NUL = "^[^\\x00]*$"
+# A file path: absolute, no NUL, and its last segment names something (not "", "." or ".."),
+# so that it cannot normalise to "/" or to a parent directory.
+_FILE_PATH = "^/([^\\x00]*/)?([^/\\x00]*[^./\\x00][^/\\x00]*|[.]{3,})$"
+
+# Answers any operation can give: the HTTP parser refuses the request (400), a token is missing
+# (401), the headers arrive too slowly (408), the actor id differs (409).
 _COMMON_ERRORS = {
+    "400": _err("Malformed HTTP (the request line or a header over 8190 bytes, and so on)."),
     "401": _err("Missing or wrong bearer token (only when the agent has a token)."),
+    "408": _err("`request_timeout`: the request's headers or body did not arrive in time."),
     "409": _err("`actor_mismatch`: X-Sandbox-Actor-Id differs from this sandbox's actor id."),
 }
+# HEAD answers carry no body.
+_HEAD_ERRORS = {status: _no_body(resp["description"]) for status, resp in _COMMON_ERRORS.items()}
 
-_PATH_PARAM = {
+_FILE_PATH_PARAM = {
+    "name": "path",
+    "in": "query",
+    "required": True,
+    "description": "Absolute path of a file inside the sandbox (not ending in /, . or ..).",
+    "schema": {"type": "string", "pattern": _FILE_PATH},
+}
+
+_STAT_PATH_PARAM = {
     "name": "path",
     "in": "query",
     "required": True,
     "description": "Absolute path inside the sandbox.",
-    "schema": {"type": "string", "pattern": "^/"},
+    "schema": {"type": "string", "pattern": "^/[^\\x00]*$"},
 }
 
 _WAIT_PARAM = {
     "name": "wait",
     "in": "query",
     "required": False,
-    "description": "Seconds to wait for the job to finish (0 to 8, default 0).",
-    "schema": {"type": "number", "minimum": 0, "maximum": 8, "default": 0},
+    "description": "Seconds to wait for the job to finish, as a JSON number (0 to 8, default 0).",
+    "schema": {"type": "number", "minimum": 0, "maximum": MAX_WAIT_S, "default": 0},
 }
 
 _ACTOR_PARAM = {
@@ -57,6 +92,18 @@ _ACTOR_PARAM = {
     "required": False,
     "description": "The actor id the caller expects; a different known id gives 409.",
     "schema": {"type": "string"},
+}
+
+_RANGE_PARAM = {
+    "name": "Range",
+    "in": "header",
+    "required": False,
+    "description": "A single range: bytes=a-b, bytes=a- or bytes=-n (positions at most "
+    f"{MAX_FILE_OFFSET}, END not before START).",
+    "schema": {
+        "type": "string",
+        "pattern": "^[Bb][Yy][Tt][Ee][Ss]=([0-9]{1,18}-[0-9]{0,18}|-[0-9]{1,18})$",
+    },
 }
 
 _SCHEMAS: dict[str, Any] = {
@@ -101,38 +148,52 @@ _SCHEMAS: dict[str, Any] = {
             },
             "command": {
                 "oneOf": [
-                    {"type": "string", "minLength": 1},
-                    {"type": "array", "minItems": 1, "items": {"type": "string"}},
+                    {"type": "string", "minLength": 1, "pattern": _NO_NUL},
+                    {
+                        "type": "array",
+                        "minItems": 1,
+                        "prefixItems": [{"type": "string", "minLength": 1}],
+                        "items": {"type": "string", "pattern": _NO_NUL},
+                    },
                 ],
-                "description": "A string runs as [shell, -c, command]; a list is the argv.",
+                "description": "A string runs as [shell, -c, command]; a list is the argv "
+                "(its first item, the program, not empty). No NUL characters.",
             },
-            "shell": {"type": ["string", "null"], "default": "/bin/sh"},
-            "cwd": {"type": ["string", "null"], "pattern": "^/"},
+            "shell": {
+                "type": ["string", "null"],
+                "minLength": 1,
+                "pattern": _NO_NUL,
+                "default": "/bin/sh",
+            },
+            "cwd": {"type": ["string", "null"], "pattern": "^/[^\\x00]*$"},
             "env": {
                 "type": ["object", "null"],
-                "additionalProperties": {"type": "string"},
-                "description": "Added to the agent's environment.",
+                "propertyNames": {"minLength": 1, "pattern": "^[^=\\x00]*$"},
+                "additionalProperties": {"type": "string", "pattern": _NO_NUL},
+                "description": "Added to the agent's environment; names are not empty and "
+                "hold no = or NUL.",
             },
             "timeout_s": {
                 "type": ["number", "null"],
                 "exclusiveMinimum": 0,
-                "maximum": 100_000_000,
+                "maximum": MAX_TIMEOUT_S,
                 "description": "Seconds; null for no timeout.",
             },
             "stdin": {"type": ["string", "null"]},
             "user": {
                 "oneOf": [
-                    {"type": "string", "minLength": 1},
-                    {"type": "integer", "minimum": 0},
+                    {"type": "string", "minLength": 1, "pattern": _NO_NUL},
+                    {"type": "integer", "minimum": 0, "maximum": MAX_UID},
                     {"type": "null"},
                 ],
-                "description": "User name or numeric uid to run as; an unknown name is a 400.",
+                "description": "A uid 0..4294967294 (an integer, or a string of ASCII digits), "
+                "or the name of a user in the sandbox's passwd; anything else is a 400.",
             },
             "max_output_bytes": {
                 "type": ["integer", "null"],
                 "minimum": 0,
                 "maximum": MAX_OUTPUT_BYTES,
-                "default": 16 * 1024 * 1024,
+                "default": DEFAULT_MAX_OUTPUT_BYTES,
                 "description": "Per stream; beyond it the head and the tail are kept.",
             },
         },
@@ -196,6 +257,52 @@ _SCHEMAS: dict[str, Any] = {
 }
 
 
+# Links for stateful testing (and for readers): where a response's values are used next.
+_JOB_LINKS = {
+    "GetJob": {"operationId": "execGet", "parameters": {"job_id": "$response.body#/id"}},
+    "KillJob": {"operationId": "execKill", "parameters": {"job_id": "$response.body#/id"}},
+}
+_FILE_LINKS = {
+    "GetFile": {"operationId": "fileGet", "parameters": {"path": "$response.body#/path"}},
+    "HeadFile": {"operationId": "fileHead", "parameters": {"path": "$response.body#/path"}},
+    "StatFile": {"operationId": "stat", "parameters": {"path": "$response.body#/path"}},
+}
+
+
+def _with_links(response: dict[str, Any], links: dict[str, Any]) -> dict[str, Any]:
+    return {**response, "links": links}
+
+
+def _file_get(operation_id: str, head: bool) -> dict[str, Any]:
+    """GET and HEAD /v1/files: one handler, HEAD without the bodies."""
+
+    def answer(description: str, schema: str | None) -> dict[str, Any]:
+        if head:
+            return _no_body(description)
+        if schema is None:
+            octets: dict[str, Any] = {"application/octet-stream": {"schema": {}}}
+            return {"description": description, "content": octets}
+        return _json(schema, description)
+
+    return {
+        "operationId": operation_id,
+        "parameters": [_FILE_PATH_PARAM, _RANGE_PARAM, _ACTOR_PARAM],
+        "responses": {
+            "200": answer("The whole file, with Content-Length.", None),
+            "206": answer("The requested range, with Content-Range.", None),
+            **(_HEAD_ERRORS if head else _COMMON_ERRORS),
+            "400": answer(
+                "A directory or another non-file, a malformed Range, or `name_too_long`, "
+                "`too_many_links`.",
+                "Error",
+            ),
+            "403": answer("`permission_denied`.", "Error"),
+            "404": answer("No such file.", "Error"),
+            "416": answer("The range starts past the end of the file.", "Error"),
+        },
+    }
+
+
 def openapi_document() -> dict[str, Any]:
     """The contract v1 document served at GET /v1/openapi.json."""
     job_id_param = {
@@ -226,13 +333,14 @@ def openapi_document() -> dict[str, Any]:
                     "parameters": [_ACTOR_PARAM],
                     "responses": {
                         "200": _json("Ready", "The agent serves; identity read now."),
-                        "409": _COMMON_ERRORS["409"],
+                        **{k: v for k, v in _COMMON_ERRORS.items() if k != "401"},
                     },
                 }
             },
             "/v1/openapi.json": {
                 "get": {
                     "operationId": "openapi",
+                    "parameters": [_ACTOR_PARAM],
                     "responses": {
                         "200": {
                             "description": "This document.",
@@ -251,10 +359,14 @@ def openapi_document() -> dict[str, Any]:
                         "content": {"application/json": {"schema": _ref("ExecRequest")}},
                     },
                     "responses": {
-                        "200": _json("Job", "The job finished within `wait`."),
-                        "202": _json("Job", "The job is still running."),
-                        "400": _err("Malformed JSON, a wrong field, an unknown user."),
+                        "200": _with_links(
+                            _json("Job", "The job finished within `wait`."), _JOB_LINKS
+                        ),
+                        "202": _with_links(_json("Job", "The job is still running."), _JOB_LINKS),
                         **_COMMON_ERRORS,
+                        "400": _err(
+                            "Malformed JSON, a wrong field, an unknown user, a bad `wait`."
+                        ),
                         "409": _err("`id_conflict` or `actor_mismatch`."),
                         "413": _err("The JSON body is larger than 16 MiB."),
                         "429": _err("`too_many_jobs`: too many jobs running at once."),
@@ -268,9 +380,9 @@ def openapi_document() -> dict[str, Any]:
                     "parameters": [job_id_param, _WAIT_PARAM, _ACTOR_PARAM],
                     "responses": {
                         "200": _json("Job", "The job, after waiting up to `wait` seconds."),
+                        **_COMMON_ERRORS,
                         "400": _err("A bad `wait`."),
                         "404": _err("Unknown job id."),
-                        **_COMMON_ERRORS,
                     },
                 },
                 "delete": {
@@ -282,8 +394,8 @@ def openapi_document() -> dict[str, Any]:
                             "The job after its process group was killed (SIGTERM, SIGKILL "
                             "after 2 s); a finished job is returned unchanged.",
                         ),
-                        "404": _err("Unknown job id."),
                         **_COMMON_ERRORS,
+                        "404": _err("Unknown job id."),
                     },
                 },
             },
@@ -291,18 +403,24 @@ def openapi_document() -> dict[str, Any]:
                 "put": {
                     "operationId": "filePut",
                     "parameters": [
-                        _PATH_PARAM,
+                        _FILE_PATH_PARAM,
                         {
                             "name": "offset",
                             "in": "query",
-                            "schema": {"type": "integer", "minimum": 0, "default": 0},
+                            "schema": {
+                                "type": "integer",
+                                "minimum": 0,
+                                "maximum": MAX_FILE_OFFSET,
+                                "default": 0,
+                            },
                             "description": "Where this chunk goes; 0 starts the upload afresh.",
                         },
                         {
                             "name": "final",
                             "in": "query",
                             "schema": {"type": "boolean", "default": True},
-                            "description": "true: fsync and atomically rename into place.",
+                            "description": "true: fsync and atomically rename into place "
+                            "(true, false, 1 or 0).",
                         },
                         {
                             "name": "mode",
@@ -312,69 +430,44 @@ def openapi_document() -> dict[str, Any]:
                                 "pattern": "^(0o)?[0-7]{1,4}$",
                                 "default": "0644",
                             },
+                            "description": "Permission bits, applied when the file is final.",
                         },
                         _ACTOR_PARAM,
                     ],
                     "requestBody": {
-                        "required": True,
+                        "required": False,
                         "content": {"application/octet-stream": {"schema": {}}},
-                        "description": "Raw bytes, at most 64 MiB per request.",
+                        "description": "Raw bytes, at most 64 MiB per request; none is an "
+                        "empty chunk.",
                     },
                     "responses": {
-                        "200": _json("UploadResult", "The chunk (or the whole file) is stored."),
-                        "400": _err("Relative path, a directory, a bad parameter."),
+                        "200": _with_links(
+                            _json("UploadResult", "The chunk (or the whole file) is stored."),
+                            _FILE_LINKS,
+                        ),
                         **_COMMON_ERRORS,
-                        "403": _err("`permission_denied`."),
+                        "400": _err(
+                            "A directory, a parent that is not one, a bad parameter, or "
+                            "`name_too_long`, `too_many_links`."
+                        ),
+                        "403": _err("`permission_denied` or `read_only`."),
                         "409": _err("`offset_mismatch` or `actor_mismatch`."),
                         "413": _err("`too_large`: the body exceeds 64 MiB."),
                     },
                 },
-                "get": {
-                    "operationId": "fileGet",
-                    "parameters": [
-                        _PATH_PARAM,
-                        {
-                            "name": "Range",
-                            "in": "header",
-                            "schema": {"type": "string"},
-                            "description": "A single range: bytes=a-b, bytes=a- or bytes=-n.",
-                        },
-                        _ACTOR_PARAM,
-                    ],
-                    "responses": {
-                        "200": {
-                            "description": "The whole file, with Content-Length.",
-                            "content": {"application/octet-stream": {"schema": {}}},
-                        },
-                        "206": {
-                            "description": "The requested range, with Content-Range.",
-                            "content": {"application/octet-stream": {"schema": {}}},
-                        },
-                        "400": _err("Relative path, a directory, a malformed Range."),
-                        "404": _err("No such file."),
-                        "416": _err("The range starts past the end of the file."),
-                        **_COMMON_ERRORS,
-                    },
-                },
-                "head": {
-                    "operationId": "fileHead",
-                    "parameters": [_PATH_PARAM, _ACTOR_PARAM],
-                    "responses": {
-                        "200": {"description": "Headers only; Content-Length is the size."},
-                        "400": {"description": "Relative path or a directory."},
-                        "404": {"description": "No such file."},
-                    },
-                },
+                "get": _file_get("fileGet", head=False),
+                "head": _file_get("fileHead", head=True),
             },
             "/v1/stat": {
                 "get": {
                     "operationId": "stat",
-                    "parameters": [_PATH_PARAM, _ACTOR_PARAM],
+                    "parameters": [_STAT_PATH_PARAM, _ACTOR_PARAM],
                     "responses": {
                         "200": _json("Stat", "What is at the path (symlinks not followed)."),
-                        "400": _err("Relative path."),
-                        "404": _err("Nothing at the path."),
                         **_COMMON_ERRORS,
+                        "400": _err("`name_too_long` or `too_many_links`."),
+                        "403": _err("`permission_denied`."),
+                        "404": _err("Nothing at the path."),
                     },
                 }
             },

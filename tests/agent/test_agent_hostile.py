@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import jsonschema
 import pytest
 from aiohttp import web
 
@@ -75,7 +76,11 @@ def test_wait_is_a_plain_number(agent: Any, check_schema: Any, wait: str) -> Non
     assert "wait" in _error(resp, 400, "bad_request", check_schema)
 
 
-@pytest.mark.parametrize("wait", ["0", "0.5", "8", "8.0", "2e0", "1E-3", "-0"])
+@pytest.mark.parametrize(
+    "wait",
+    ["0", "0.5", "8", "8.0", "2e0", "1E-3", "-0", "0.37861788686614883", "2.225073858507203e-309"]
+    + ["0.00012345678901234567"],  # how Python (and so schemathesis) writes floats
+)
 def test_wait_accepts_json_number_forms(agent: Any, wait: str) -> None:
     resp = agent.request("POST", f"/v1/exec?wait={wait}", json_body={"command": "true"})
     assert resp.status in (200, 202), resp.body
@@ -387,3 +392,87 @@ async def test_stalled_body_is_408_and_closed(check_schema: Any, method: str, pa
         writer.close()
     assert took < 1 + 2, "answered and closed at the body timeout, without lingering"
     _json_408(received, check_schema)
+
+
+# ----- 7. the OpenAPI document and the server agree -----
+
+
+def _param_schema(openapi: dict[str, Any], path: str, method: str, name: str) -> Any:
+    for param in openapi["paths"][path][method]["parameters"]:
+        if param["name"] == name:
+            return jsonschema.Draft202012Validator(param["schema"])
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize(
+    ("path", "valid"),
+    [("/", False), ("/tmp/", False), ("/tmp/..", False), ("/a\x00b", False), ("/tmp/x", True)]
+    + [("/tmp/...", True), ("/tmp/.x", True), ("//tmp//y", True), ("/../tmp/z", True)],
+)
+def test_file_path_rule_is_the_documents(
+    agent: Any, openapi: dict[str, Any], path: str, valid: bool
+) -> None:
+    for method in ("put", "get", "head"):
+        assert _param_schema(openapi, "/v1/files", method, "path").is_valid(path) is valid
+    resp = agent.request("PUT", f"/v1/files?path={quote(path)}", body=b"x")
+    assert (resp.status == 200) is valid, (path, resp.status, resp.body)
+    if not valid:
+        assert resp.status == 400
+    stat = _param_schema(openapi, "/v1/stat", "get", "path")
+    assert stat.is_valid(path) is ("\x00" not in path)
+
+
+def test_exec_body_rules_are_the_documents(agent: Any, openapi: dict[str, Any]) -> None:
+    schema = {"$ref": "#/components/schemas/ExecRequest", "components": openapi["components"]}
+    validator = jsonschema.Draft202012Validator(schema)
+    cases = [
+        ({"command": "   "}, True),  # runs the shell on a blank script: exit 0
+        ({"command": ["true", ""]}, True),
+        ({"command": ["", "x"]}, False),
+        ({"command": "a\x00b"}, False),
+        ({"command": "true", "env": {"": "x"}}, False),
+        ({"command": "true", "env": {"A=B": "x"}}, False),
+        ({"command": "true", "env": {"A": "x\x00"}}, False),
+        ({"command": "true", "shell": ""}, False),
+        ({"command": "true", "cwd": "/\x00"}, False),
+        ({"command": "true", "user": MAX_UID + 1}, False),
+        ({"command": "true", "user": "a\x00"}, False),
+        ({"command": "true", "user": 4321.0}, True),  # JSON Schema: an integer
+        ({"command": "true", "max_output_bytes": 1e3}, True),
+        ({"command": "true", "max_output_bytes": 1.5}, False),
+    ]
+    for body, valid in cases:
+        assert validator.is_valid(body) is valid, body
+        resp = agent.exec(**body)
+        assert resp.status == (200 if valid else 400), (body, resp.body)
+
+
+def test_19_digit_offset_is_in_the_document(agent: Any, openapi: dict[str, Any]) -> None:
+    schema = _param_schema(openapi, "/v1/files", "put", "offset")
+    assert schema.is_valid(MAX_FILE_OFFSET)
+    assert not schema.is_valid(MAX_FILE_OFFSET + 1)
+
+
+def test_put_body_may_be_omitted(agent: Any, openapi: dict[str, Any], tmp_path: Path) -> None:
+    assert openapi["paths"]["/v1/files"]["put"]["requestBody"]["required"] is False
+    resp = agent.request("PUT", f"/v1/files?path={_q(tmp_path / 'empty')}")  # no body at all
+    assert resp.status == 200
+    assert resp.json()["size"] == 0
+
+
+def test_head_answers_are_documented(agent_factory: Any, openapi: dict[str, Any]) -> None:
+    inst = agent_factory(env={"SANDBOX_AGENT_TOKEN": "t0ken"})
+    target = inst.workdir / "data"
+    target.write_bytes(b"0123")
+    responses = openapi["paths"]["/v1/files"]["head"]["responses"]
+    resp = inst.request("HEAD", f"/v1/files?path={_q(target)}")
+    assert resp.status == 401
+    assert "401" in responses
+    ok = inst.request(
+        "HEAD",
+        f"/v1/files?path={_q(target)}",
+        headers={"Authorization": "Bearer t0ken", "Range": "bytes=0-0"},
+    )
+    assert ok.status == 206
+    assert "206" in responses
+    assert all("content" not in answer for answer in responses.values()), "HEAD has no body"

@@ -159,7 +159,7 @@ def test_token_auth(agent_factory: Any, tmp_path: Path, how: str) -> None:
         (b'{"command": "ls", "user": -1}', "user"),
         (b'{"command": "ls", "user": ""}', "user"),
         (b'{"command": "ls", "max_output_bytes": -1}', "max_output_bytes"),
-        (b'{"command": "ls", "max_output_bytes": 1e3}', "max_output_bytes"),
+        (b'{"command": "ls", "max_output_bytes": 1.5}', "max_output_bytes"),
         (b'{"command": "ls", "id": "has space"}', "id must be"),
         (b'{"command": "ls", "id": 7}', "id must be"),
         (b'{"command": "ls", "shell": ""}', "shell"),
