@@ -111,7 +111,8 @@ def create_app(config: AgentConfig | None = None) -> web.Application:
                         headers={"WWW-Authenticate": "Bearer"},
                     )
             claimed = request.headers.get(ACTOR_ID_HEADER)
-            if claimed is not None:
+            # An unknown path or method runs nothing: it gets its 404/405, whatever the actor.
+            if claimed is not None and request.match_info.http_exception is None:
                 actual = await current_actor_id()
                 if actual is not None and claimed != actual:
                     raise ApiError(

@@ -476,3 +476,13 @@ def test_head_answers_are_documented(agent_factory: Any, openapi: dict[str, Any]
     assert ok.status == 206
     assert "206" in responses
     assert all("content" not in answer for answer in responses.values()), "HEAD has no body"
+
+
+def test_unknown_method_is_405_before_the_actor_guard(agent_factory: Any) -> None:
+    inst = agent_factory(env={"SANDBOX_AGENT_ACTOR_ID": "actor-a"})
+    wrong = {"X-Sandbox-Actor-Id": "actor-b"}
+    resp = inst.request("TRACE", "/readyz", headers=wrong)
+    assert resp.status == 405
+    assert resp.headers["allow"]
+    assert inst.request("GET", "/v2/nothing", headers=wrong).status == 404
+    assert inst.request("GET", "/readyz", headers=wrong).status == 409
