@@ -173,8 +173,8 @@ def agent_factory(tmp_path: Path) -> Iterator[Any]:
     """Start agents with special flags or env; all are stopped after the test."""
     started: list[Agent] = []
 
-    def factory(*args: str, env: dict[str, str] | None = None) -> Agent:
-        instance = start_agent(tmp_path / f"agent{len(started)}", *args, env=env)
+    def factory(*args: str, env: dict[str, str] | None = None, sandbox: bool = False) -> Agent:
+        instance = start_agent(tmp_path / f"agent{len(started)}", *args, env=env, sandbox=sandbox)
         started.append(instance)
         return instance
 
