@@ -47,6 +47,7 @@ def _no_body(description: str) -> dict[str, Any]:
 # Patterns are written for ECMA-262, Python's re and Rust's regex alike: `\x00` for NUL, and
 # `[0-9]` for digits (`\d` means every Unicode digit in Python).
 _NO_NUL = "^[^\\x00]*$"
+_ABSOLUTE = "^/[^\\x00]*$"
 # A file path: absolute, no NUL, and its last segment names something (not "", "." or ".."),
 # so that it cannot normalise to "/" or to a parent directory.
 _FILE_PATH = "^/([^\\x00]*/)?([^/\\x00]*[^./\\x00][^/\\x00]*|[.]{3,})$"
@@ -75,7 +76,7 @@ _STAT_PATH_PARAM = {
     "in": "query",
     "required": True,
     "description": "Absolute path inside the sandbox.",
-    "schema": {"type": "string", "pattern": "^/[^\\x00]*$"},
+    "schema": {"type": "string", "pattern": _ABSOLUTE},
 }
 
 _WAIT_PARAM = {
@@ -165,7 +166,7 @@ _SCHEMAS: dict[str, Any] = {
                 "pattern": _NO_NUL,
                 "default": "/bin/sh",
             },
-            "cwd": {"type": ["string", "null"], "pattern": "^/[^\\x00]*$"},
+            "cwd": {"type": ["string", "null"], "pattern": _ABSOLUTE},
             "env": {
                 "type": ["object", "null"],
                 "propertyNames": {"minLength": 1, "pattern": "^[^=\\x00]*$"},
