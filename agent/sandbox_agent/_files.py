@@ -64,7 +64,7 @@ def _offset_param(request: web.Request) -> int:
         return 0
     value = parse_decimal(raw, MAX_FILE_OFFSET)
     if value is None:
-        msg = f"offset must be an integer 0..{MAX_FILE_OFFSET} in ASCII digits, got {raw!r}"
+        msg = f"offset must be an integer 0..{MAX_FILE_OFFSET} in ASCII digits, got {raw[:64]!r}"
         raise _bad(msg)
     return value
 
@@ -77,7 +77,7 @@ def _bool_param(request: web.Request, name: str, default: bool) -> bool:
         return True
     if raw in ("false", "0"):
         return False
-    raise _bad(f"{name} must be true, false, 1 or 0, got {raw!r}")
+    raise _bad(f"{name} must be true, false, 1 or 0, got {raw[:64]!r}")
 
 
 def _mode_param(request: web.Request) -> int:
@@ -86,7 +86,7 @@ def _mode_param(request: web.Request) -> int:
         return 0o644
     value = parse_octal(raw)
     if value is None:
-        msg = f"mode must be 1-4 octal digits such as 644, 0755 or 0o600, got {raw!r}"
+        msg = f"mode must be 1-4 octal digits such as 644, 0755 or 0o600, got {raw[:64]!r}"
         raise _bad(msg)
     return value
 

@@ -134,7 +134,7 @@ def _parse_user(raw: Any) -> str | int | None:
     number = _json_integer(raw)
     if number is not None:
         if not 0 <= number <= MAX_UID:
-            raise _bad(f"user {raw} is out of range: {uid_range}")
+            raise _bad(f"user {str(raw)[:24]} is out of range: {uid_range}")
         return number
     if not isinstance(raw, str) or not raw:
         raise _bad(f"user must be a user name, a uid ({uid_range}), or null")

@@ -67,7 +67,9 @@ def _wait_param(request: web.Request) -> float:
         return 0.0
     value = parse_number(raw, 0.0, MAX_WAIT_S)
     if value is None:
-        msg = f"wait must be a number of seconds 0..{MAX_WAIT_S:g} such as 2 or 0.5, got {raw!r}"
+        msg = (
+            f"wait must be a number of seconds 0..{MAX_WAIT_S:g} such as 2 or 0.5, got {raw[:64]!r}"
+        )
         raise ApiError(400, "bad_request", msg)
     return value
 
