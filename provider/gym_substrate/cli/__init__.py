@@ -59,6 +59,14 @@ class LazyGroup(click.Group):
             "gym_substrate.tools.sweep:sweep",
             "Delete actors a provider created and left behind.",
         ),
+        "arm": (
+            "gym_substrate.cli.arm:arm",
+            "N concurrent synthetic rollouts under one idle policy (never, pause, suspend).",
+        ),
+        "compare": (
+            "gym_substrate.cli.compare:compare",
+            "The never arm against the pause (and suspend) arm on the same workload.",
+        ),
         "render": (
             "gym_substrate.infra.render:render",
             "Write the Kubernetes objects a Pulumi stack would apply.",
