@@ -67,6 +67,10 @@ class LazyGroup(click.Group):
             "gym_substrate.cli.compare:compare",
             "The never arm against the pause (and suspend) arm on the same workload.",
         ),
+        "replay-policy": (
+            "gym_substrate.cli.replay_policy:replay_policy",
+            "An OpenAI-compatible server that replays recorded rollouts (no model needed).",
+        ),
         "render": (
             "gym_substrate.infra.render:render",
             "Write the Kubernetes objects a Pulumi stack would apply.",
