@@ -56,7 +56,7 @@ class LazyGroup(click.Group):
         ),
         "bench": ("gym_substrate.cli.bench:bench", "Benchmarks (provider, env, agent)."),
         "sweep": (
-            "gym_substrate.tools.sweep:sweep",
+            "gym_substrate.cli.sweep:sweep",
             "Delete actors a provider created and left behind.",
         ),
         "arm": (
