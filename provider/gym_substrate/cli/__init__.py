@@ -71,6 +71,14 @@ class LazyGroup(click.Group):
             "gym_substrate.cli.replay_policy:replay_policy",
             "An OpenAI-compatible server that replays recorded rollouts (no model needed).",
         ),
+        "oversub": (
+            "gym_substrate.cli.oversub:oversub",
+            "More sandboxes than workers, each stepping with gaps: completion, latency, fairness.",
+        ),
+        "ladder": (
+            "gym_substrate.cli.ladder:ladder",
+            "The saturation ladder: arms at 1x..4x the slots and burn arms, with stop rules.",
+        ),
         "render": (
             "gym_substrate.infra.render:render",
             "Write the Kubernetes objects a Pulumi stack would apply.",
