@@ -79,6 +79,10 @@ class LazyGroup(click.Group):
             "gym_substrate.cli.ladder:ladder",
             "The saturation ladder: arms at 1x..4x the slots and burn arms, with stop rules.",
         ),
+        "probe": (
+            "gym_substrate.cli.probe:probe",
+            "Probes for a new host or sandbox class: memory, footprint, burst, cancelled-pause.",
+        ),
         "render": (
             "gym_substrate.infra.render:render",
             "Write the Kubernetes objects a Pulumi stack would apply.",

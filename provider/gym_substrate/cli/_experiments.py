@@ -176,6 +176,7 @@ def arm_progress() -> Iterator[Callable[[Any], None]]:
                     f"{p.name}: {p.elapsed_s:.0f} s, steps {p.steps_done}/{p.steps_total}, "
                     f"{status(p)}",
                     highlight=False,
+                    soft_wrap=True,
                 )
 
         yield plain

@@ -23,6 +23,7 @@ __all__ = [
     "PLOTS_MISSING",
     "Plots",
     "arm_plots",
+    "bars_plot",
     "compare_plot",
     "ladder_plot",
     "lines_plot",
@@ -269,6 +270,36 @@ def lines_plot(
         if logx:
             ax.set_xscale("log", base=2)
         ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=7)
+        return fig
+
+    _draw(plots, name, path, draw)
+    return plots
+
+
+def bars_plot(
+    path: Path,
+    groups: Sequence[str],
+    series: Mapping[str, Sequence[float | None]],
+    *,
+    title: str,
+    ylabel: str,
+    name: str,
+) -> Plots:
+    """Grouped bars: one group per entry of `groups`, one bar per series (None: no bar)."""
+    plots = Plots()
+
+    def draw() -> Figure:
+        fig = _figure(8, 4.5)
+        ax = fig.subplots()
+        width = 0.8 / max(1, len(series))
+        for n, (label, values) in enumerate(series.items()):
+            xs = [i + n * width for i in range(len(groups))]
+            ax.bar(xs, [v or 0 for v in values], width=width, label=label)
+        ax.set_xticks([i + width * (len(series) - 1) / 2 for i in range(len(groups))])
+        ax.set_xticklabels(list(groups), fontsize=8)
         ax.set_ylabel(ylabel)
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=7)
