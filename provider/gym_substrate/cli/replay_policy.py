@@ -101,7 +101,7 @@ def serve(path: str, think: Any, host: str, port: int, seed: int, as_json: bool)
     """
     from aiohttp import web
 
-    from gym_substrate.experiments._replay import create_app
+    from gym_substrate.experiments._replay import REPLAYER, create_app
 
     if not 0 <= port <= 65535:
         raise click.BadParameter(f"must be 0..65535, got {port}", param_hint="--port")
@@ -134,7 +134,7 @@ def serve(path: str, think: Any, host: str, port: int, seed: int, as_json: bool)
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, stop.set)
             await stop.wait()
-            stats: dict[str, Any] = app["replayer"].stats()
+            stats: dict[str, Any] = app[REPLAYER].stats()
             return stats
         finally:
             await runner.cleanup()

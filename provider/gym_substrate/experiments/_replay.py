@@ -40,7 +40,7 @@ from gym_substrate.experiments._rollouts import (
 )
 from gym_substrate.experiments._think import ThinkSpec
 
-__all__ = ["ReplayError", "Replayer", "create_app"]
+__all__ = ["REPLAYER", "ReplayError", "Replayer", "create_app"]
 
 ROLLOUT_HEADER = "X-Replay-Rollout"
 
@@ -362,6 +362,9 @@ def _pinned(request: web.Request, body: Mapping[str, Any]) -> str | None:
     return None
 
 
+REPLAYER = web.AppKey("replayer", Replayer)
+
+
 def create_app(
     store: RolloutStore,
     think: ThinkSpec,
@@ -369,10 +372,10 @@ def create_app(
     seed: int = 0,
     sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
 ) -> web.Application:
-    """The replay policy's aiohttp application (its `Replayer` is `app["replayer"]`)."""
+    """The replay policy's aiohttp application (its `Replayer` is `app[REPLAYER]`)."""
     replayer = Replayer(store, think, seed=seed, sleep=sleep)
     app = web.Application()
-    app["replayer"] = replayer
+    app[REPLAYER] = replayer
 
     async def handle(
         request: web.Request,
