@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import time
 from collections import Counter
@@ -269,6 +270,7 @@ async def run_arm(
             if "ALREADY_EXISTS" not in str(exc):
                 raise ExperimentError(f"cannot reach the control plane: {exc}") from exc
         baseline = {a.actor_id for a in await provider.control.list_actors(atespace)}
+        load_start = os.getloadavg()[0]
         started = time.monotonic()
         deadline = None if config.duration_s is None else started + config.duration_s
 
@@ -432,6 +434,8 @@ async def run_arm(
         failures,
     )
     result.summary = summarize(result, target.workers)
+    # The host's other work shows in every figure: a busy machine is slower at everything.
+    result.summary["load_avg_1m"] = [load_start, os.getloadavg()[0]]
     return result
 
 
