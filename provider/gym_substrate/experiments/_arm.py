@@ -135,14 +135,14 @@ class RolloutRecord:
     rollout: str
     lane: int
     round: int
-    started_s: float
-    ended_s: float
-    create_s: float | None
-    create_wait_s: float | None
-    close_s: float | None
-    steps_done: int
+    started_s: float  # since the arm started
     steps_planned: int
-    ok: bool
+    ended_s: float = 0.0
+    create_s: float | None = None
+    create_wait_s: float | None = None
+    close_s: float | None = None
+    steps_done: int = 0
+    ok: bool = False
     failure: str = ""
 
 
@@ -277,103 +277,109 @@ async def run_arm(
         def now() -> float:
             return time.monotonic() - started
 
+        async def create(record: RolloutRecord) -> Any:
+            """The rollout's sandbox, or None (the failure is on the record)."""
+            take(record.lane)
+            t0 = time.monotonic()
+            try:
+                handle = await provider.create(
+                    SandboxSpec(
+                        workdir=f"/tmp/{record.rollout}",
+                        metadata={"experiment": config.name, "rollout": record.rollout},
+                    )
+                )
+            except Exception as exc:
+                record.failure = _exc_kind("create", exc)
+                failures.append(record.failure)
+                return None
+            t1 = time.monotonic()
+            record.create_s = t1 - t0
+            record.create_wait_s = Instrument.split(take(record.lane), t0, t1).wait_s
+            return handle
+
+        async def step(record: RolloutRecord, handle: Any, number: int, rng: Any) -> bool:
+            """Think, then run the next command; False when the sandbox is unusable."""
+            lane = record.lane
+            board.phase[lane] = "thinking"
+            think = config.think.sample(rng)
+            await asyncio.sleep(think)
+            board.phase[lane] = "executing"
+            take(lane)
+            s0, step_started = time.monotonic(), now()
+            code: int | None = None
+            try:
+                result = await provider.exec(
+                    handle, config.workload.command(number), timeout_s=config.exec_timeout_s
+                )
+            except Exception as exc:
+                kind, broken = _exc_kind("exec", exc), True
+            else:
+                code = result.return_code
+                kind, broken = _exec_failure(code, result.error_type)
+            s1 = time.monotonic()
+            split = Instrument.split(take(lane), s0, s1)
+            steps.append(
+                StepRecord(
+                    arm=config.name,
+                    rollout=record.rollout,
+                    lane=lane,
+                    round=record.round,
+                    step=number,
+                    started_s=step_started,
+                    think_s=think,
+                    total_s=s1 - s0,
+                    wait_s=split.wait_s,
+                    resume_s=split.resume_s,
+                    exec_s=split.rest_s,
+                    resumed=split.resumed,
+                    return_code=code,
+                    failure=kind,
+                )
+            )
+            if kind:
+                failures.append(kind)
+                record.failure = record.failure or kind
+            if not broken:
+                record.steps_done += 1
+            return not broken
+
+        async def close(record: RolloutRecord, handle: Any) -> None:
+            board.phase[record.lane] = "closing"
+            take(record.lane)
+            c0 = time.monotonic()
+            try:
+                await provider.close(handle)
+            except Exception as exc:
+                failures.append(_exc_kind("close", exc))
+                record.failure = record.failure or failures[-1]
+            else:
+                record.close_s = time.monotonic() - c0
+            instrument.take(record.lane)  # close's own suspend is not an idle park
+
+        def running() -> bool:
+            return deadline is None or time.monotonic() < deadline
+
         async def lane(index: int) -> None:
             current_lane.set(index)
             rng = random.Random(config.seed * 1_000_003 + index)
             for round_ in range(config.rounds):
-                if deadline is not None and time.monotonic() >= deadline:
+                if not running():
                     break
-                rollout = f"{config.name}-{index:03d}-{round_}"
                 record = RolloutRecord(
-                    config.name,
-                    rollout,
-                    index,
-                    round_,
-                    now(),
-                    0.0,
-                    None,
-                    None,
-                    None,
-                    0,
-                    config.steps,
-                    False,
+                    arm=config.name,
+                    rollout=f"{config.name}-{index:03d}-{round_}",
+                    lane=index,
+                    round=round_,
+                    started_s=now(),
+                    steps_planned=config.steps,
                 )
                 board.phase[index] = "creating"
-                take(index)
-                t0 = time.monotonic()
-                try:
-                    handle = await provider.create(
-                        SandboxSpec(
-                            workdir=f"/tmp/{rollout}",
-                            metadata={"experiment": config.name, "rollout": rollout},
-                        )
-                    )
-                except Exception as exc:
-                    record.failure = _exc_kind("create", exc)
-                    failures.append(record.failure)
-                    record.ended_s = now()
-                    rollouts.append(record)
-                    continue
-                t1 = time.monotonic()
-                split = Instrument.split(take(index), t0, t1)
-                record.create_s, record.create_wait_s = t1 - t0, split.wait_s
-                broken = False
-                for step in range(config.steps):
-                    if deadline is not None and time.monotonic() >= deadline:
-                        break
-                    board.phase[index] = "thinking"
-                    think = config.think.sample(rng)
-                    await asyncio.sleep(think)
-                    board.phase[index] = "executing"
-                    take(index)
-                    s0 = time.monotonic()
-                    step_started = now()
-                    try:
-                        result = await provider.exec(
-                            handle, config.workload.command(step), timeout_s=config.exec_timeout_s
-                        )
-                    except Exception as exc:
-                        kind, broken, code = _exc_kind("exec", exc), True, None
-                    else:
-                        code = result.return_code
-                        kind, broken = _exec_failure(code, result.error_type)
-                    s1 = time.monotonic()
-                    split = Instrument.split(take(index), s0, s1)
-                    steps.append(
-                        StepRecord(
-                            config.name,
-                            rollout,
-                            index,
-                            round_,
-                            step,
-                            step_started,
-                            think,
-                            s1 - s0,
-                            split.wait_s,
-                            split.resume_s,
-                            split.rest_s,
-                            split.resumed,
-                            code,
-                            kind,
-                        )
-                    )
-                    if kind:
-                        failures.append(kind)
-                        record.failure = record.failure or kind
-                    if broken:
-                        break
-                    record.steps_done += 1
-                board.phase[index] = "closing"
-                take(index)
-                c0 = time.monotonic()
-                try:
-                    await provider.close(handle)
-                except Exception as exc:
-                    failures.append(_exc_kind("close", exc))
-                    record.failure = record.failure or failures[-1]
-                else:
-                    record.close_s = time.monotonic() - c0
-                instrument.take(index)  # close's own suspend is not an idle park
+                handle = await create(record)
+                if handle is not None:
+                    for number in range(config.steps):
+                        if not running() or not await step(record, handle, number, rng):
+                            break
+                    await close(record, handle)
                 record.ended_s = now()
                 record.ok = not record.failure and record.close_s is not None
                 rollouts.append(record)
