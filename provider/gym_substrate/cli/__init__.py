@@ -56,8 +56,32 @@ class LazyGroup(click.Group):
         ),
         "bench": ("gym_substrate.cli.bench:bench", "Benchmarks (provider, env, agent)."),
         "sweep": (
-            "gym_substrate.tools.sweep:sweep",
+            "gym_substrate.cli.sweep:sweep",
             "Delete actors a provider created and left behind.",
+        ),
+        "arm": (
+            "gym_substrate.cli.arm:arm",
+            "N concurrent synthetic rollouts under one idle policy (never, pause, suspend).",
+        ),
+        "compare": (
+            "gym_substrate.cli.compare:compare",
+            "The never arm against the pause (and suspend) arm on the same workload.",
+        ),
+        "replay-policy": (
+            "gym_substrate.cli.replay_policy:replay_policy",
+            "An OpenAI-compatible server that replays recorded rollouts (no model needed).",
+        ),
+        "oversub": (
+            "gym_substrate.cli.oversub:oversub",
+            "More sandboxes than workers, each stepping with gaps: completion, latency, fairness.",
+        ),
+        "ladder": (
+            "gym_substrate.cli.ladder:ladder",
+            "The saturation ladder: arms at 1x..4x the slots and burn arms, with stop rules.",
+        ),
+        "probe": (
+            "gym_substrate.cli.probe:probe",
+            "Probes for a new host or sandbox class: memory, footprint, burst, cancelled-pause.",
         ),
         "render": (
             "gym_substrate.cli.render:render",

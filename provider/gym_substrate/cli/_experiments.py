@@ -1,0 +1,199 @@
+"""What every experiment command shares: target options, the output folder, progress, errors.
+
+`target_options` adds `--config/--runtime/--workers`; `run` runs a command's coroutine with an
+`ExperimentError` turned into one line and exit 1; `arm_progress` is the live progress of arms
+(a rich bar on a terminal, a plain line every 10 s on a pipe); `report_files` prints where the
+run's files went. Output goes through `gym_substrate.cli._output` like every other command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from gym_substrate.cli._output import console, fail, progress
+
+__all__ = [
+    "arm_options",
+    "arm_progress",
+    "note",
+    "report_files",
+    "run",
+    "target_options",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+
+
+def target_options(func: F) -> F:
+    """`--config FILE`, `--runtime`, `--workers`: where the experiment runs."""
+    options = [
+        click.option(
+            "--config",
+            "config_file",
+            default=None,
+            metavar="FILE",
+            help="Provider YAML (`sandbox: substrate:` block) of a cluster; without it a local "
+            "backend is started for the run.",
+        ),
+        click.option(
+            "--runtime",
+            type=click.Choice(["auto", "gvisor", "process"]),
+            default="auto",
+            show_default=True,
+            help="Local backend's sandbox runtime (auto: gVisor when runsc works, else process).",
+        ),
+        click.option(
+            "--workers",
+            type=int,
+            default=2,
+            show_default=True,
+            help="Worker slots: the local backend's, or the cluster's pool size with --config.",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _think(ctx: click.Context, param: click.Parameter, value: str) -> Any:
+    from gym_substrate.experiments import ThinkSpec
+
+    try:
+        return ThinkSpec.parse(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+def arm_options(*, rollouts: int = 4, steps: int = 5, think: str = "2") -> Callable[[F], F]:
+    """The shape of a rollout: --rollouts/--steps/--rounds/--think-s/--workload and timing."""
+
+    def decorate(func: F) -> F:
+        options = [
+            click.option(
+                "--rollouts",
+                type=int,
+                default=rollouts,
+                show_default=True,
+                help="Concurrent rollouts (N).",
+            ),
+            click.option(
+                "--steps", type=int, default=steps, show_default=True, help="Steps per rollout."
+            ),
+            click.option(
+                "--rounds",
+                type=int,
+                default=1,
+                show_default=True,
+                help="Rollouts each of the N lanes runs back to back.",
+            ),
+            click.option(
+                "--think-s",
+                "think",
+                default=think,
+                show_default=True,
+                callback=_think,
+                metavar="SPEC",
+                help="Think time before each step: seconds (2) or a range (1-3).",
+            ),
+            click.option(
+                "--workload",
+                default="light",
+                show_default=True,
+                help="Built-in workload (light, edit-run) or a file of shell commands.",
+            ),
+            click.option(
+                "--idle-after-s",
+                type=float,
+                default=0.1,
+                show_default=True,
+                help="The provider's lifecycle.idle_after_s for parking arms.",
+            ),
+            click.option(
+                "--duration-s",
+                type=float,
+                default=None,
+                help="Start no new step after this many seconds (default: run every step).",
+            ),
+            click.option("--seed", type=int, default=0, show_default=True, help="Think-time seed."),
+        ]
+        for option in reversed(options):
+            func = option(func)
+        return func
+
+    return decorate
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run an experiment coroutine; its `ExperimentError` becomes one line and exit 1."""
+    from gym_substrate.experiments import ExperimentError
+
+    try:
+        return asyncio.run(coro)
+    except ExperimentError as exc:
+        raise fail(str(exc)) from exc
+
+
+def note(text: str, *, as_json: bool) -> None:
+    """A line beside the results: stdout with tables, stderr with --json (stdout stays JSON)."""
+    (progress if as_json else console).print(text, highlight=False, soft_wrap=True)
+
+
+def report_files(folder: Path, plots_note: str | None, *, as_json: bool) -> None:
+    names = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+    note(f"output: {folder} ({', '.join(names)})", as_json=as_json)
+    if plots_note:
+        note(plots_note, as_json=as_json)
+
+
+@contextlib.contextmanager
+def arm_progress() -> Iterator[Callable[[Any], None]]:
+    """A callback for `run_arm(on_progress=...)` that shows the arm's progress on stderr."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    def status(p: Any) -> str:
+        parked = p.statuses.get("PAUSED", 0) + p.statuses.get("SUSPENDED", 0)
+        return (
+            f"running {p.statuses.get('RUNNING', 0)} parked {parked} | thinking "
+            f"{p.phases.get('thinking', 0)} waiting {p.phases.get('waiting', 0)} | "
+            f"failures {p.failures}"
+        )
+
+    if not progress.is_terminal:
+        last = [0.0]
+
+        def plain(p: Any) -> None:
+            if time.monotonic() - last[0] >= 10:
+                last[0] = time.monotonic()
+                progress.print(
+                    f"{p.name}: {p.elapsed_s:.0f} s, steps {p.steps_done}/{p.steps_total}, "
+                    f"{status(p)}",
+                    highlight=False,
+                    soft_wrap=True,
+                )
+
+        yield plain
+        return
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[status]}"),
+        console=progress,
+    ) as bar:
+        tasks: dict[str, Any] = {}
+
+        def live(p: Any) -> None:
+            if p.name not in tasks:
+                tasks[p.name] = bar.add_task(p.name, total=p.steps_total, status="")
+            bar.update(tasks[p.name], completed=p.steps_done, status=status(p))
+
+        yield live
