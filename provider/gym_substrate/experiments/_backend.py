@@ -214,7 +214,7 @@ async def local_or_config(
         return
     from gym_substrate.local.backend import BackendError
     from gym_substrate.local.runtime import RuntimeFailure
-    from gym_substrate.tools.smoke import local_provider_kwargs
+    from gym_substrate.local.client_config import local_provider_kwargs
 
     async with contextlib.AsyncExitStack() as stack:
         try:
