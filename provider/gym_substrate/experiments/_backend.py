@@ -22,7 +22,7 @@ from gym_substrate.experiments._errors import ExperimentError
 __all__ = ["RUNTIMES", "Target", "local_or_config", "merged_kwargs"]
 
 RUNTIMES = ("auto", "gvisor", "process")
-# Set in the environment of every process-runtime sandbox (gym_substrate.local.process).
+# Set in the environment of every process-runtime sandbox (gym_substrate.local.runtimes.process).
 _INSTANCE_ENV = b"GYM_SUBSTRATE_LOCAL_INSTANCE="
 
 
@@ -212,9 +212,9 @@ async def local_or_config(
         kwargs = _load_config(config_path)
         yield Target(kwargs, f"cluster from {config_path}", None, "--config was given", workers)
         return
-    from gym_substrate.local.backend import BackendError
-    from gym_substrate.local.runtime import RuntimeFailure
     from gym_substrate.local.client_config import local_provider_kwargs
+    from gym_substrate.local.errors import BackendError
+    from gym_substrate.local.runtimes.base import RuntimeFailure
 
     async with contextlib.AsyncExitStack() as stack:
         try:
