@@ -57,7 +57,7 @@ def test_schemathesis_finds_nothing(
         *("--phases", "examples,coverage,fuzzing,stateful"),
         *("--seed", str(SEED), "--max-examples", str(EXAMPLES_PER_OPERATION)),
         *("--checks", "all", "--exclude-checks", "use_after_free,positive_data_acceptance"),
-        *("--workers", "2", "--generation-database", "none", "--request-timeout", "20"),
+        *("--workers", "1", "--generation-database", "none", "--request-timeout", "20"),
         *("--report", "har", "--report-har-path", str(har), "--no-color"),
     ]
     env = {
