@@ -434,12 +434,8 @@ class SubstrateProvider:
         self._forget(managed)
 
     async def delete_actor(self, actor_id: str, atespace: str | None = None) -> None:
-        """Delete an actor by id (e.g. one a crashed trainer left), recording it in the ledger.
-
-        The same path as `close()`: suspend first, wait out transitions, NOT_FOUND is done.
-        """
-        space = atespace or self.connection.atespace
-        actor = SubstrateActor(actor_id=actor_id, atespace=space, template="")
+        """Delete an actor by id (one a crashed trainer left, say) the way `close()` does."""
+        actor = SubstrateActor(actor_id, atespace or self.connection.atespace, template="")
         await self.close(SandboxHandle(sandbox_id=actor_id, provider_name=self.name, raw=actor))
 
     async def aclose(self) -> None:

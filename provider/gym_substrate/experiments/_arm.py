@@ -36,6 +36,7 @@ from gym_substrate.experiments._instrument import (
 )
 from gym_substrate.experiments._stats import mean, percentile, ratio
 from gym_substrate.experiments._think import ThinkSpec
+from gym_substrate.experiments._vocab import HOLDING_STATUSES, PHASES, STATUSES
 from gym_substrate.experiments._workload import Workload
 
 __all__ = [
@@ -54,10 +55,6 @@ __all__ = [
 ]
 
 POLICIES = ("never", "pause", "suspend")
-STATUSES = ("RUNNING", "RESUMING", "PAUSING", "PAUSED", "SUSPENDING", "SUSPENDED")
-# Statuses in which an actor holds a worker (it is on one, or being moved on or off it).
-HOLDING_STATUSES = ("RUNNING", "RESUMING", "PAUSING", "SUSPENDING")
-PHASES = ("creating", "thinking", "waiting", "resuming", "executing", "closing")
 
 
 @dataclass(frozen=True)

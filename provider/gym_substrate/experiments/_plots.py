@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gym_substrate.experiments._vocab import PHASES, STATUSES
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
@@ -103,8 +105,6 @@ def _cdf(ax: Axes, values: Sequence[float], label: str, **style: Any) -> None:
 
 
 def _occupancy(ax: Axes, result: ArmResult, workers: int | None, *, legend: bool = True) -> None:
-    from gym_substrate.experiments._arm import STATUSES
-
     t = [s.t_s for s in result.samples]
     layers = [[s.statuses.get(k, 0) for s in result.samples] for k in STATUSES]
     ax.stackplot(t, layers, labels=list(STATUSES), colors=[_STATUS_COLOURS[k] for k in STATUSES])
@@ -117,8 +117,6 @@ def _occupancy(ax: Axes, result: ArmResult, workers: int | None, *, legend: bool
 
 def arm_plots(result: ArmResult, folder: Path) -> Plots:
     """occupancy.png (actors by status and rollouts by phase over time) and step_latency.png."""
-    from gym_substrate.experiments._arm import PHASES
-
     plots = Plots()
     workers = result.target.get("workers")
     title = (

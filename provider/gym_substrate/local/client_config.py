@@ -59,7 +59,7 @@ async def local_provider_kwargs(
 ) -> AsyncIterator[tuple[dict[str, Any], Any]]:
     """Start a local backend in a temporary state folder and point `base` (provider kwargs,
     e.g. a cluster's config) at it: its connection, its template, a private ledger."""
-    from gym_substrate.local import LocalBackend
+    from gym_substrate.local.backend import LocalBackend
 
     with tempfile.TemporaryDirectory(prefix="gym-substrate-local-") as state:
         async with LocalBackend(Path(state), runtime=runtime, workers=workers) as backend:
