@@ -114,3 +114,10 @@ def test_no_import_circle_through_the_local_backend() -> None:
         if any(name.startswith("gym_substrate.local") for name in cycle)
     ]
     assert local == []
+
+
+def test_no_import_circle_anywhere_in_the_package() -> None:
+    """Issue 9 asks for no import circle at all: the provider, bench, cli and experiments too."""
+    modules = _module_names()
+    graph = {name: _imports(name, path, set(modules)) for name, path in modules.items()}
+    assert _cycles(graph) == []

@@ -31,7 +31,7 @@ async def run_bench(*, runtime: str, execs: int, cycles: int, transfer_mib: int)
     import aiohttp
 
     from gym_substrate import SubstrateProvider
-    from gym_substrate.local.client_config import local_provider_kwargs
+    from gym_substrate.local.backend import local_provider_kwargs
     from gym_substrate.types import SandboxSpec
 
     out: dict[str, Any] = {"runtime": runtime}

@@ -38,7 +38,7 @@ def smoke(
     """Take one sandbox through every provider method and print how long each step took."""
     from gym_substrate._errors import ConfigError
     from gym_substrate._yaml import load_substrate_block
-    from gym_substrate.local.client_config import local_provider_kwargs
+    from gym_substrate.local.backend import local_provider_kwargs
     from gym_substrate.tools.smoke import SmokeStep, run_smoke
 
     if config_file is None and local_runtime is None:

@@ -212,7 +212,7 @@ async def local_or_config(
         kwargs = _load_config(config_path)
         yield Target(kwargs, f"cluster from {config_path}", None, "--config was given", workers)
         return
-    from gym_substrate.local.client_config import local_provider_kwargs
+    from gym_substrate.local.backend import local_provider_kwargs
     from gym_substrate.local.errors import BackendError
     from gym_substrate.local.runtimes.base import RuntimeFailure
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -32,7 +34,7 @@ from gym_substrate.local.servicer import add_ateapi_services
 from gym_substrate.local.store import Store
 from gym_substrate.local.templates import TemplateError, default_template, parse_template_yaml
 
-__all__ = ["LocalBackend"]
+__all__ = ["LocalBackend", "local_provider_kwargs"]
 
 log = logging.getLogger(__name__)
 
@@ -304,3 +306,24 @@ class LocalBackend:
             "templates": templates,
             "atespaces": plane.list_atespaces(),
         }
+
+
+@contextlib.asynccontextmanager
+async def local_provider_kwargs(
+    base: dict[str, Any], *, runtime: str = "process", workers: int = 2
+) -> AsyncIterator[tuple[dict[str, Any], Any]]:
+    """Start a local backend in a temporary state folder and point `base` (provider kwargs,
+    e.g. a cluster's config) at it: its connection, its template, a private ledger."""
+    with tempfile.TemporaryDirectory(prefix="gym-substrate-local-") as state:
+        async with LocalBackend(Path(state), runtime=runtime, workers=workers) as backend:
+            block = backend.provider_config()
+            kwargs = dict(base)
+            kwargs["connection"] = {**dict(base.get("connection") or {}), **block["connection"]}
+            create = dict(kwargs.get("create") or {})
+            # The local backend serves one template; the config's (a cluster's) does not exist.
+            create["template"] = block["create"]["template"]
+            kwargs["create"] = create
+            lifecycle = dict(kwargs.get("lifecycle") or {})
+            lifecycle.setdefault("ledger", os.path.join(state, "ledger.jsonl"))
+            kwargs["lifecycle"] = lifecycle
+            yield kwargs, backend

@@ -8,11 +8,7 @@ helpers all take it from here, so they cannot disagree about a key.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import tempfile
-from collections.abc import AsyncIterator, Mapping
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import yaml
@@ -21,7 +17,6 @@ from gym_substrate.local.templates import DEFAULT_TEMPLATE_NAME, DEFAULT_TEMPLAT
 
 __all__ = [
     "DEFAULT_TEMPLATE",
-    "local_provider_kwargs",
     "provider_config",
     "provider_config_env",
     "provider_config_yaml",
@@ -51,26 +46,3 @@ def provider_config_env(config: Mapping[str, Any]) -> str:
         f"export SUBSTRATE_API={connection['api']} SUBSTRATE_ROUTER={connection['router']} "
         f"SUBSTRATE_PLAINTEXT={plaintext} SUBSTRATE_TEMPLATE={config['create']['template']}"
     )
-
-
-@contextlib.asynccontextmanager
-async def local_provider_kwargs(
-    base: dict[str, Any], *, runtime: str = "process", workers: int = 2
-) -> AsyncIterator[tuple[dict[str, Any], Any]]:
-    """Start a local backend in a temporary state folder and point `base` (provider kwargs,
-    e.g. a cluster's config) at it: its connection, its template, a private ledger."""
-    from gym_substrate.local.backend import LocalBackend
-
-    with tempfile.TemporaryDirectory(prefix="gym-substrate-local-") as state:
-        async with LocalBackend(Path(state), runtime=runtime, workers=workers) as backend:
-            block = backend.provider_config()
-            kwargs = dict(base)
-            kwargs["connection"] = {**dict(base.get("connection") or {}), **block["connection"]}
-            create = dict(kwargs.get("create") or {})
-            # The local backend serves one template; the config's (a cluster's) does not exist.
-            create["template"] = block["create"]["template"]
-            kwargs["create"] = create
-            lifecycle = dict(kwargs.get("lifecycle") or {})
-            lifecycle.setdefault("ledger", os.path.join(state, "ledger.jsonl"))
-            kwargs["lifecycle"] = lifecycle
-            yield kwargs, backend
