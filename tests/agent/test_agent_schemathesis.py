@@ -40,6 +40,9 @@ def _status_classes(har: Path) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+_INTERPRETER_CRASH = "AST constructor recursion depth mismatch"
+
+
 def test_schemathesis_finds_nothing(
     agent_factory: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str], openapi: dict[str, Any]
 ) -> None:
@@ -66,9 +69,16 @@ def test_schemathesis_finds_nothing(
         "SCHEMATHESIS_HOOKS": "schemathesis_hooks",
     }
     try:
-        run = subprocess.run(
-            argv, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path
-        )
+        for _ in range(2):
+            run = subprocess.run(
+                argv, capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path
+            )
+            output = run.stdout + run.stderr
+            # CPython 3.11 can crash inside hypothesis' ast.parse of a lambda's source ("AST
+            # constructor recursion depth mismatch", gone in 3.12): schemathesis failed to run,
+            # it found nothing. Once more with the same seed then; any failure after that counts.
+            if run.returncode == 0 or _INTERPRETER_CRASH not in output or "Failures:" in output:
+                break
         assert agent.request("GET", "/readyz").status == 200, "the agent survived"
     finally:
         agent.stop()
