@@ -38,8 +38,9 @@ __all__ = [
 DEFAULT_TEMPLATE_NAMESPACE = "local"
 DEFAULT_TEMPLATE_NAME = "sandbox"
 
-_ENV_NAME = re.compile(r"^[ -<>-~]+$")
-_PATH_CHARS = re.compile(r"^/[A-Za-z0-9\-._~!$&'()*+,;=:@/%]*$")
+# fullmatch, never `match` with `$` (which also matches before a trailing newline)
+_ENV_NAME = re.compile(r"[ -<>-~]+")
+_PATH_CHARS = re.compile(r"/[A-Za-z0-9\-._~!$&'()*+,;=:@/%]*")
 
 
 class TemplateError(ValueError):
@@ -174,7 +175,7 @@ def _env(value: Any, path: str) -> tuple[tuple[str, str], ...]:
             )
         _check_keys(entry, item_path, {"name", "value"})
         name = _string(entry.get("name"), f"{item_path}.name", "give the variable a name")
-        if not _ENV_NAME.match(name):
+        if not _ENV_NAME.fullmatch(name):
             raise _fail(
                 f"{item_path}.name", f"{name!r} is not valid", "use printable ASCII, no '='"
             )
@@ -195,7 +196,7 @@ def _readyz(value: Any, path: str) -> tuple[str, int]:
     probe_path = get.get("path", "/readyz")
     if (
         not isinstance(probe_path, str)
-        or not _PATH_CHARS.match(probe_path)
+        or not _PATH_CHARS.fullmatch(probe_path)
         or len(probe_path) > 1024
     ):
         raise _fail(
