@@ -13,6 +13,7 @@ import pytest
 from local_helpers import make_actor, ref
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
+from gym_substrate.local.backend import MAX_MESSAGE_BYTES
 from gym_substrate.local.errors import quote
 
 C = grpc.StatusCode
@@ -132,3 +133,17 @@ async def test_issued_page_tokens_still_page(stub: Any) -> None:
     )
     assert [a.actor_id for a in [*first.actors, *rest.actors]] == ["p0", "p1", "p2"]
     assert rest.next_page_token == ""
+
+
+async def test_over_limit_message_is_resource_exhausted_and_server_keeps_serving(
+    stub: Any,
+) -> None:
+    """grpc-go's default receive cap (4 MiB), which ateapi keeps: RESOURCE_EXHAUSTED, then on."""
+    assert MAX_MESSAGE_BYTES == 4 * 1024 * 1024
+    error = await _error(stub.CreateAtespace(pb.CreateAtespaceRequest(name="a" * (5 << 20))))
+    assert error.code() == C.RESOURCE_EXHAUSTED
+    # 3 MB is under the limit: a plain INVALID_ARGUMENT with a short message
+    error = await _error(stub.CreateAtespace(pb.CreateAtespaceRequest(name="a" * (3 << 20))))
+    assert error.code() == C.INVALID_ARGUMENT
+    created = await stub.CreateAtespace(pb.CreateAtespaceRequest(name="after"))
+    assert created.atespace.name == "after"
