@@ -28,14 +28,14 @@ from gym_substrate.local.client_config import provider_config
 from gym_substrate.local.errors import ApiError, BackendError
 from gym_substrate.local.lifecycle import ControlPlane
 from gym_substrate.local.metrics import Metrics
-from gym_substrate.local.router import Router, json_error
+from gym_substrate.local.router import Router, json_error, read_limited
 from gym_substrate.local.runtimes import RUNTIME_NAMES, create_runtime, select_runtime
 from gym_substrate.local.runtimes.base import RuntimeConfig, SandboxRuntime
 from gym_substrate.local.servicer import add_ateapi_services
 from gym_substrate.local.store import Store
 from gym_substrate.local.templates import TemplateError, default_template, parse_template_yaml
 
-__all__ = ["MAX_MESSAGE_BYTES", "LocalBackend"]
+__all__ = ["ADMIN_BODY_LIMIT", "MAX_MESSAGE_BYTES", "LocalBackend"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,8 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 # of them took RSS from 61 to ~240 MB, a plateau near 275 MB after 400; with the backend
 # embedded, malloc_trim(0) 30 s later brought it back to ~75 MB. So trim now and then.
 _TRIM_EVERY_S = 30.0
+# an ActorTemplate is a few KB; the admin endpoints share the router's port and event loop
+ADMIN_BODY_LIMIT = 1024 * 1024
 
 
 def _malloc_trim() -> Any:
@@ -278,12 +280,18 @@ class LocalBackend:
                 self._lock_fd = None
 
     # ------------------------------------------------------------------ admin endpoints
-    async def _add_template(self, request: web.Request) -> web.StreamResponse:
+    async def _add_template(self, request: web.BaseRequest) -> web.StreamResponse:
         assert self.plane is not None
-        body = await request.read()
+        body = await read_limited(request, ADMIN_BODY_LIMIT)
+        if body is None:
+            return json_error(
+                413, "too_large", f"a template body is limited to {ADMIN_BODY_LIMIT} bytes"
+            )
+        source = request.query.get("source", "<request>")
         try:
             text = body.decode()
-            template = parse_template_yaml(text, source=request.query.get("source", "<request>"))
+            # parsing a large document takes a while: keep it off the router's event loop
+            template = await asyncio.to_thread(parse_template_yaml, text, source=source)
         except (UnicodeDecodeError, TemplateError) as exc:
             return json_error(400, "bad_request", str(exc))
         try:
@@ -299,7 +307,7 @@ class LocalBackend:
             }
         )
 
-    async def _status(self, request: web.Request) -> web.StreamResponse:
+    async def _status(self, request: web.BaseRequest) -> web.StreamResponse:
         return web.json_response(self.status())
 
     def status(self) -> dict[str, Any]:
