@@ -1,8 +1,13 @@
-"""The `process` runtime: each actor's agent is a plain subprocess on 127.0.0.1.
+"""The `process` runtime: each actor's agent is a subprocess on 127.0.0.1, in bubblewrap.
 
-It exists so the backend works where gVisor cannot (no runsc, no root, macOS-like hosts); it
-isolates nothing. Pause keeps the process tree alive but SIGSTOPped (memory kept, no slot held),
-suspend ends it and keeps only its working folder, resume restarts it there. Processes start in
+It exists so the backend works where gVisor cannot (no runsc, no root, macOS-like hosts). Where
+`bwrap` (Debian's bubblewrap) works, every actor runs inside it: the host's filesystem read-only
+(the runtime's other actors' folders hidden), its own working folder writable, a private /tmp
+and /dev/shm, its own pid, uts and ipc namespaces, no capabilities and no_new_privs. It keeps the
+host's network namespace (the agent answers on 127.0.0.1:<port>, where the router dials it) and
+this user's uid. Without bwrap it isolates nothing, and `warning()` says so loudly. Pause keeps
+the process tree alive but SIGSTOPped (memory kept, no slot held), suspend ends it and keeps
+only its working folder, resume restarts it there. Processes start in
 their own session so they outlive a crashed control plane and can be adopted; every process of
 an actor carries a marker variable in its environment, so stop/sweep/cleanup find its jobs (and
 their children) even after the agent itself is gone, and `leftovers()` can prove nothing leaked.
@@ -12,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -40,7 +46,7 @@ from gym_substrate.local.runtimes.base import (
     pss_bytes,
 )
 
-__all__ = ["ProcessRuntime", "rewrite_argv"]
+__all__ = ["ProcessRuntime", "bwrap_problem", "rewrite_argv", "sandboxed_argv"]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +80,50 @@ def rewrite_argv(command: tuple[str, ...], port: int) -> list[str]:
     if saw_port and not saw_host:
         out += ["--host", "127.0.0.1"]
     return out
+
+
+@functools.cache
+def bwrap_problem() -> str | None:
+    """Why bubblewrap cannot sandbox actors here, or None when it can (probed once)."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return "bwrap is not installed (apt-get install bubblewrap)"
+    probe = [bwrap, *_BWRAP_FIXED, "--", "true"]
+    try:
+        done = subprocess.run(probe, capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bwrap does not run here ({exc})"
+    if done.returncode != 0:
+        return f"bwrap cannot create its namespaces here: {done.stderr.decode(errors='replace')}"
+    return None
+
+
+# the same for every actor: read-only host, fresh /dev, /proc of its own pid namespace, private
+# /tmp and /dev/shm, own pid/uts/ipc namespaces, no capabilities (bwrap also sets no_new_privs)
+_BWRAP_FIXED = (
+    "--ro-bind", "/", "/",
+    "--dev", "/dev",
+    "--tmpfs", "/dev/shm",
+    "--proc", "/proc",
+    "--tmpfs", "/tmp",
+    "--unshare-pid", "--unshare-uts", "--unshare-ipc",
+    "--cap-drop", "ALL",
+)  # fmt: skip
+
+
+def sandboxed_argv(argv: list[str], workdir: Path, hidden: Path, hostname: str) -> list[str]:
+    """``argv`` under bwrap: ``hidden`` (other actors' folders) masked, ``workdir`` writable."""
+    bwrap = shutil.which("bwrap") or "bwrap"
+    return [
+        bwrap,
+        *_BWRAP_FIXED,
+        "--tmpfs", str(hidden),
+        "--bind", str(workdir), str(workdir),
+        "--chdir", str(workdir),
+        "--hostname", hostname,
+        "--",
+        *argv,
+    ]  # fmt: skip
 
 
 def _free_port() -> int:
@@ -183,7 +233,7 @@ class _PortTaken(RuntimeFailure):
 
 class ProcessRuntime:
     name = "process"
-    isolates = False
+    isolates = False  # even under bwrap: the host's network and this user's uid are shared
     memory_survives_suspend = False
 
     def __init__(self, config: RuntimeConfig) -> None:
@@ -193,12 +243,26 @@ class ProcessRuntime:
         self.actors = self.root / "actors"
         self._session: aiohttp.ClientSession | None = None
         self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self.bwrap_problem = bwrap_problem()
 
     def warning(self) -> str | None:
+        memory = (
+            "their memory and /tmp do not survive suspend (only the files in their working "
+            "folder do)"
+        )
+        if self.bwrap_problem is None:
+            return (
+                "the process runtime runs actors under bubblewrap: read-only host filesystem, "
+                "private /tmp, own pid/uts/ipc namespaces, no capabilities; they still share "
+                f"this machine's network and run as this user, and {memory}. Install runsc and "
+                "run as root for gVisor sandboxes."
+            )
         return (
-            "the process runtime isolates nothing: actors run as ordinary processes of this user "
-            "on this machine, and their memory does not survive suspend (only the files in their "
-            "working folder do). Install runsc and run as root for gVisor sandboxes."
+            f"NO ISOLATION: bubblewrap cannot run here ({self.bwrap_problem}), so the process "
+            "runtime runs actors as ordinary processes of this user with "
+            f"this user's full rights on this machine: model-written code can read, change and "
+            f"delete anything this user can. Their {memory.removeprefix('their ')}. Install "
+            "bubblewrap (apt-get install bubblewrap) or runsc before running untrusted code."
         )
 
     # ------------------------------------------------------------------ plumbing
@@ -346,6 +410,8 @@ class ProcessRuntime:
         )
         log_path = workdir.parent / "agent.log"
         argv = rewrite_argv(actor.template.command, port)
+        if self.bwrap_problem is None:
+            argv = sandboxed_argv(argv, workdir, self.actors, actor.actor_id)
         try:
             proc = _popen(argv, workdir, env, log_path)
         except OSError as exc:
