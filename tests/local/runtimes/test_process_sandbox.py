@@ -45,6 +45,15 @@ async def test_actor_writes_only_its_folder_and_tmp(
     folder = other["stdout"].strip()
     peek = await _run(http, backend, "jail", f"ls {folder} 2>&1; echo rc=$?")
     assert "rc=0" not in peek["stdout"], peek
+    # nor are the backend's state folder and the host's secrets
+    secrets = await _run(
+        http,
+        backend,
+        "jail",
+        f"ls {backend.state_dir}/state.db; cat /etc/shadow 2>/dev/null | wc -c",
+    )
+    assert secrets["stdout"].splitlines()[-1:] == ["0"], secrets["stderr"]
+    assert "state.db" not in secrets["stdout"], secrets
     for name in ("jail", "other"):
         await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref(name)))
 

@@ -111,13 +111,35 @@ _BWRAP_FIXED = (
 )  # fmt: skip
 
 
-def sandboxed_argv(argv: list[str], workdir: Path, hidden: Path, hostname: str) -> list[str]:
-    """``argv`` under bwrap: ``hidden`` (other actors' folders) masked, ``workdir`` writable."""
+# host folders an actor has no business reading (as the gVisor runtime hides them), each behind
+# an empty tmpfs unless it holds the command being run; the shadow files cannot be read
+_SECRET_DIRS = (
+    "/home", "/root/.ssh", "/root/.aws", "/root/.kube", "/root/.docker", "/root/.config/gcloud",
+    "/etc/ssh", "/var/tmp", "/run",
+)  # fmt: skip
+_SECRET_FILES = ("/etc/shadow", "/etc/gshadow")
+
+
+def sandboxed_argv(argv: list[str], workdir: Path, hidden: list[Path], hostname: str) -> list[str]:
+    """``argv`` under bwrap: ``hidden`` folders (and host secrets) masked, ``workdir`` writable.
+
+    ``hidden`` are folders of the backend (its state, other actors' folders); ``workdir`` is
+    bound back inside them. A secret folder that contains ``argv[0]`` (say a venv under /home)
+    stays visible, read-only, so the command still runs.
+    """
     bwrap = shutil.which("bwrap") or "bwrap"
+    program = Path(shutil.which(argv[0]) or argv[0]).absolute()
+    masks: list[str] = []
+    for folder in [*map(Path, _SECRET_DIRS), *hidden]:
+        if folder.is_dir() and not program.is_relative_to(folder):
+            masks += ["--tmpfs", str(folder)]
+    for secret in _SECRET_FILES:
+        if Path(secret).exists():
+            masks += ["--ro-bind", "/dev/null", secret]
     return [
         bwrap,
         *_BWRAP_FIXED,
-        "--tmpfs", str(hidden),
+        *masks,
         "--bind", str(workdir), str(workdir),
         "--chdir", str(workdir),
         "--hostname", hostname,
@@ -266,6 +288,13 @@ class ProcessRuntime:
         )
 
     # ------------------------------------------------------------------ plumbing
+    def _hidden(self) -> list[Path]:
+        """The backend's folders an actor must not see: its runtime folder, its state folder."""
+        hidden = [self.root]
+        if self.root.parent.name == "runtime":  # <state-dir>/runtime/process (backend.py)
+            hidden.append(self.root.parent.parent)
+        return hidden
+
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
@@ -411,7 +440,7 @@ class ProcessRuntime:
         log_path = workdir.parent / "agent.log"
         argv = rewrite_argv(actor.template.command, port)
         if self.bwrap_problem is None:
-            argv = sandboxed_argv(argv, workdir, self.actors, actor.actor_id)
+            argv = sandboxed_argv(argv, workdir, self._hidden(), actor.actor_id)
         try:
             proc = _popen(argv, workdir, env, log_path)
         except OSError as exc:
