@@ -25,6 +25,19 @@ async def _error(call: Any) -> grpc.aio.AioRpcError:
     return info.value
 
 
+def _create(
+    stub: Any, name: str = "a1", *, template: str = "sandbox", labels: dict[str, str] | None = None
+) -> Any:
+    return stub.CreateActor(
+        pb.CreateActorRequest(
+            actor_ref=ref(name),
+            actor_template_namespace="local",
+            actor_template_name=template,
+            worker_selector=pb.Selector(match_labels=labels or {}),
+        )
+    )
+
+
 def test_quote_caps_what_it_repeats() -> None:
     assert quote("fz") == "'fz'"
     long = "a" * 20_000
@@ -40,28 +53,10 @@ async def test_long_names_are_invalid_argument_not_resource_exhausted(stub: Any)
         stub.CreateAtespace(pb.CreateAtespaceRequest(name=long)),
         stub.GetAtespace(pb.GetAtespaceRequest(name=long)),
         stub.GetActor(pb.GetActorRequest(actor_ref=ref(long))),
-        stub.CreateActor(
-            pb.CreateActorRequest(
-                actor_ref=ref(long), actor_template_namespace="local", actor_template_name="x"
-            )
-        ),
+        _create(stub, long, template="x"),
         stub.ListActors(pb.ListActorsRequest(atespace=long)),
-        stub.CreateActor(
-            pb.CreateActorRequest(
-                actor_ref=ref("a1"),
-                actor_template_namespace="local",
-                actor_template_name="sandbox",
-                worker_selector=pb.Selector(match_labels={long: "v"}),
-            )
-        ),
-        stub.CreateActor(
-            pb.CreateActorRequest(
-                actor_ref=ref("a1"),
-                actor_template_namespace="local",
-                actor_template_name="sandbox",
-                worker_selector=pb.Selector(match_labels={"k": long}),
-            )
-        ),
+        _create(stub, labels={long: "v"}),
+        _create(stub, labels={"k": long}),
     ]
     for call in calls:
         error = await _error(call)
@@ -69,13 +64,7 @@ async def test_long_names_are_invalid_argument_not_resource_exhausted(stub: Any)
         assert "(20000 characters)" in (error.details() or "")
         assert len(error.details() or "") < 400
     # a template name is quoted the same way in its FAILED_PRECONDITION
-    error = await _error(
-        stub.CreateActor(
-            pb.CreateActorRequest(
-                actor_ref=ref("a1"), actor_template_namespace="local", actor_template_name=long
-            )
-        )
-    )
+    error = await _error(_create(stub, template=long))
     assert error.code() == C.FAILED_PRECONDITION
     assert len(error.details() or "") < 400
 
@@ -85,27 +74,10 @@ async def test_names_ending_in_a_newline_are_refused(stub: Any) -> None:
     error = await _error(stub.CreateAtespace(pb.CreateAtespaceRequest(name="fz\n")))
     assert error.code() == C.INVALID_ARGUMENT
     await stub.CreateAtespace(pb.CreateAtespaceRequest(name="t"))
-    error = await _error(
-        stub.CreateActor(
-            pb.CreateActorRequest(
-                actor_ref=ref("a\n"),
-                actor_template_namespace="local",
-                actor_template_name="sandbox",
-            )
-        )
-    )
+    error = await _error(_create(stub, "a\n"))
     assert error.code() == C.INVALID_ARGUMENT
     for labels in ({"k\n": "v"}, {"k": "v\n"}, {"ex.com\n/k": "v"}):
-        error = await _error(
-            stub.CreateActor(
-                pb.CreateActorRequest(
-                    actor_ref=ref("a1"),
-                    actor_template_namespace="local",
-                    actor_template_name="sandbox",
-                    worker_selector=pb.Selector(match_labels=labels),
-                )
-            )
-        )
+        error = await _error(_create(stub, labels=labels))
         assert error.code() == C.INVALID_ARGUMENT, labels
     listed = await stub.ListActors(pb.ListActorsRequest())
     assert list(listed.actors) == []
