@@ -2,15 +2,16 @@
 
 It exists so the backend works where gVisor cannot (no runsc, no root, macOS-like hosts). Where
 `bwrap` (Debian's bubblewrap) works, every actor runs inside it: the host's filesystem read-only
-(the runtime's other actors' folders hidden), its own working folder writable, a private /tmp
-and /dev/shm, its own pid, uts and ipc namespaces, no capabilities and no_new_privs. It keeps the
-host's network namespace (the agent answers on 127.0.0.1:<port>, where the router dials it) and
-this user's uid. Without bwrap it isolates nothing, and `warning()` says so loudly. Pause keeps
-the process tree alive but SIGSTOPped (memory kept, no slot held), suspend ends it and keeps
-only its working folder, resume restarts it there. Processes start in
-their own session so they outlive a crashed control plane and can be adopted; every process of
-an actor carries a marker variable in its environment, so stop/sweep/cleanup find its jobs (and
-their children) even after the agent itself is gone, and `leftovers()` can prove nothing leaked.
+(the backend's state and other actors' folders hidden), its own working folder and the host's
+/tmp writable, a private /dev/shm, its own pid, uts and ipc namespaces, only the capabilities to
+switch users and signal its jobs, and no_new_privs. It keeps the host's network namespace (the
+agent answers on 127.0.0.1:<port>, where the router dials it) and this user's uid. Without bwrap
+it isolates nothing, and `warning()` says so loudly. Pause keeps the process tree alive but
+SIGSTOPped (memory kept, no slot held), suspend ends it and keeps only its working folder,
+resume restarts it there. Processes start in their own session so they outlive a crashed control
+plane and can be adopted; every process of an actor carries a marker variable in its
+environment, so stop/sweep/cleanup find its jobs (and their children) even after the agent
+itself is gone, and `leftovers()` can prove nothing leaked.
 """
 
 from __future__ import annotations
@@ -98,16 +99,20 @@ def bwrap_problem() -> str | None:
     return None
 
 
-# the same for every actor: read-only host, fresh /dev, /proc of its own pid namespace, private
-# /tmp and /dev/shm, own pid/uts/ipc namespaces, no capabilities (bwrap also sets no_new_privs)
+# The same for every actor: read-only host, fresh /dev, /proc of its own pid namespace, a
+# private /dev/shm, own pid/uts/ipc namespaces, and of the capabilities only those the agent
+# needs to run a command as another user and signal it (bwrap also sets no_new_privs). The
+# host's /tmp stays shared and writable: the provider and Gym tests exchange files with actors
+# through host paths under /tmp (docs/local.md), so a private /tmp would break them.
 _BWRAP_FIXED = (
     "--ro-bind", "/", "/",
     "--dev", "/dev",
     "--tmpfs", "/dev/shm",
     "--proc", "/proc",
-    "--tmpfs", "/tmp",
+    "--bind", "/tmp", "/tmp",
     "--unshare-pid", "--unshare-uts", "--unshare-ipc",
     "--cap-drop", "ALL",
+    "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_KILL",
 )  # fmt: skip
 
 
@@ -268,16 +273,14 @@ class ProcessRuntime:
         self.bwrap_problem = bwrap_problem()
 
     def warning(self) -> str | None:
-        memory = (
-            "their memory and /tmp do not survive suspend (only the files in their working "
-            "folder do)"
-        )
+        memory = "their memory does not survive suspend (only the files in their working folder do)"
         if self.bwrap_problem is None:
             return (
-                "the process runtime runs actors under bubblewrap: read-only host filesystem, "
-                "private /tmp, own pid/uts/ipc namespaces, no capabilities; they still share "
-                f"this machine's network and run as this user, and {memory}. Install runsc and "
-                "run as root for gVisor sandboxes."
+                "the process runtime runs actors under bubblewrap: read-only host filesystem "
+                "but for their working folder and the host's /tmp, own pid/uts/ipc namespaces, "
+                "no capabilities but switching users; they still share this machine's network "
+                f"and /tmp and run as this user, and {memory}. Install runsc and run as root "
+                "for gVisor sandboxes."
             )
         return (
             f"NO ISOLATION: bubblewrap cannot run here ({self.bwrap_problem}), so the process "
