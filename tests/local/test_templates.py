@@ -94,6 +94,16 @@ def _mutations(tmp: Path) -> list[tuple[str, dict[str, Any], str]]:
             "spec.containers[0].env[0].valueFrom: secrets are not available",
         ),
         (
+            "env name ending in a newline",
+            with_container(env=[{"name": "MODE\n", "value": "x"}]),
+            "spec.containers[0].env[0].name: 'MODE\\n' is not valid",
+        ),
+        (
+            "readyz path ending in a newline",
+            with_container(readyz={"httpGet": {"path": "/readyz\n", "port": 80}}),
+            "spec.containers[0].readyz.httpGet.path",
+        ),
+        (
             "bad port",
             with_container(readyz={"httpGet": {"path": "/readyz", "port": 0}}),
             "spec.containers[0].readyz.httpGet.port: must be a port",

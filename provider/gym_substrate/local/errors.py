@@ -17,11 +17,14 @@ import grpc
 
 from gym_substrate._names import is_dns_label
 
-__all__ = ["ApiError", "BackendError", "check_label", "check_selector"]
+__all__ = ["ApiError", "BackendError", "check_label", "check_selector", "quote"]
 
-# Kubernetes label keys and values (not DNS labels: upper case, '_' and '.' are allowed)
-_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# Kubernetes label keys and values (not DNS labels: upper case, '_' and '.' are allowed).
+# Always fullmatch: `$` would also match before a trailing newline.
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+# an error message repeats at most this much of the input it refuses
+_QUOTE_CHARS = 64
 
 
 class ApiError(Exception):
@@ -37,6 +40,20 @@ class BackendError(RuntimeError):
     """The backend cannot start or stop; the message says why and what to do."""
 
 
+def quote(value: str, *, bare: bool = False) -> str:
+    """An input as an error message repeats it: at most 64 characters, then the length.
+
+    ``repr`` of it, or the text itself with ``bare`` (where Substrate's own message has no
+    quotes). gRPC sends a status message as metadata, which clients cap (16 KiB by default): a
+    message repeating a 20 KB name reaches the client as RESOURCE_EXHAUSTED, not its real code.
+    """
+    shown = value[:_QUOTE_CHARS]
+    text = shown if bare else repr(shown)
+    if len(value) > _QUOTE_CHARS:
+        text += f"... ({len(value)} characters)"
+    return text
+
+
 def check_label(value: str, what: str) -> None:
     """Refuse an actor id or atespace name that is not a DNS-1123 label (INVALID_ARGUMENT)."""
     if not value:
@@ -44,8 +61,8 @@ def check_label(value: str, what: str) -> None:
     if not is_dns_label(value):
         raise ApiError(
             grpc.StatusCode.INVALID_ARGUMENT,
-            f"{what} {value!r} is not a valid DNS-1123 label: use at most 63 lowercase letters, "
-            "digits and '-', starting and ending with a letter or digit",
+            f"{what} {quote(value)} is not a valid DNS-1123 label: use at most 63 lowercase "
+            "letters, digits and '-', starting and ending with a letter or digit",
         )
 
 
@@ -56,19 +73,20 @@ def check_selector(labels: Mapping[str, str]) -> None:
     for key, value in labels.items():
         prefix, _, name = key.rpartition("/")
         if (
-            not _LABEL_NAME.match(name)
-            or len(name) > 63
-            or (prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)))
+            len(name) > 63
+            or not _LABEL_NAME.fullmatch(name)
+            or (prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)))
             or ("/" in key and not prefix)
         ):
             raise ApiError(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"worker_selector key {key!r} is not a valid label key: use [prefix/]name with a "
-                "name of at most 63 letters, digits, '-', '_' or '.', alphanumeric at both ends",
+                f"worker_selector key {quote(key)} is not a valid label key: use [prefix/]name "
+                "with a name of at most 63 letters, digits, '-', '_' or '.', alphanumeric at "
+                "both ends",
             )
-        if len(value) > 63 or (value and not _LABEL_NAME.match(value)):
+        if len(value) > 63 or (value and not _LABEL_NAME.fullmatch(value)):
             raise ApiError(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"worker_selector value {value!r} for {key!r} is not a valid label value: at "
-                "most 63 letters, digits, '-', '_' or '.', alphanumeric at both ends",
+                f"worker_selector value {quote(value)} for {quote(key)} is not a valid label "
+                "value: at most 63 letters, digits, '-', '_' or '.', alphanumeric at both ends",
             )

@@ -25,7 +25,8 @@ from typing import Any
 
 import grpc
 
-from gym_substrate.local.errors import ApiError, check_label, check_selector
+from gym_substrate._names import is_dns_label
+from gym_substrate.local.errors import ApiError, check_label, check_selector, quote
 from gym_substrate.local.metrics import Metrics
 from gym_substrate.local.runtimes.base import (
     ActorSpec,
@@ -71,6 +72,32 @@ _NO_SANDBOX: dict[str, Any] = {
     "pod_uid": "",
     "in_progress_snapshot": "",
 }
+
+
+def _encode_page_token(last_key: str) -> str:
+    return base64.urlsafe_b64encode(last_key.encode()).decode()
+
+
+def _decode_page_token(token: str) -> str:
+    """The last key of the previous page, from a token `_encode_page_token` made.
+
+    Anything else fails as Substrate's ateredis.go `listPage` does: INTERNAL "invalid page
+    token: ..." (its decode error surfaces unmapped), never a silent restart from page 1.
+    """
+    try:
+        raw = base64.b64decode(token, altchars=b"-_", validate=True)
+        after = raw.decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
+        reason = f"illegal base64 data ({exc})"
+    else:
+        atespace, _, actor_id = after.partition("/")
+        if _encode_page_token(after) == token and is_dns_label(atespace) and is_dns_label(actor_id):
+            return after
+        reason = "not a token this server issued"
+    raise ApiError(
+        grpc.StatusCode.INTERNAL,
+        f"while listing actors in db: invalid page token: {reason}; pass next_page_token unchanged",
+    )
 
 
 def _template_key(record: ActorRecord) -> str:
@@ -344,7 +371,8 @@ class ControlPlane:
         template_key = f"{template_namespace}/{template_name}"
         if self.registry.get(template_key) is None:
             raise ApiError(
-                grpc.StatusCode.FAILED_PRECONDITION, f"ActorTemplate {template_key} not found"
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"ActorTemplate {quote(template_key, bare=True)} not found",
             )
         if atespace not in self._atespaces:
             raise ApiError(grpc.StatusCode.FAILED_PRECONDITION, f"Atespace {atespace} not found")
@@ -388,15 +416,7 @@ class ControlPlane:
                 f"page_size must be between 0 and 1000, got {page_size}",
             )
         size = page_size or 1000
-        after = ""
-        if page_token:
-            try:
-                after = base64.urlsafe_b64decode(page_token.encode()).decode()
-            except (binascii.Error, UnicodeDecodeError, ValueError):
-                raise ApiError(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    "page_token is not one this server issued; pass next_page_token unchanged",
-                ) from None
+        after = _decode_page_token(page_token) if page_token else ""
         keys = sorted(
             key
             for key, record in self._actors.items()
@@ -405,7 +425,7 @@ class ControlPlane:
         page = [self._actors[key] for key in keys[:size]]
         token = ""
         if len(keys) > size:
-            token = base64.urlsafe_b64encode(keys[size - 1].encode()).decode()
+            token = _encode_page_token(keys[size - 1])
         return page, token
 
     def workers_list(self) -> list[tuple[WorkerRecord, ActorRecord | None]]:

@@ -8,6 +8,12 @@ default, like Envoy's route timeout) so clients meet the real limit here. Bodies
 and upstream connections are pooled keep-alive (aiohttp sets TCP_NODELAY), because the router
 sits on the latency path of every exec. Requests whose Host is this machine (127.0.0.1,
 localhost) reach the backend's own endpoints instead: /metrics, /readyz, /_local/*.
+
+Hostile input answers 4xx, never 500: a Host that is not UTF-8 is 400; an absolute-form target
+(`GET http://<actor host>/path`) is routed by its authority as RFC 9112 §3.2.2 requires (and
+as Envoy does), any other non-origin target is 400. A request head must arrive whole within
+`HEAD_TIMEOUT_S` of its first byte or the connection gets 408 and is closed; aiohttp has no such
+limit of its own (only the idle keep-alive timeout), so `_HeadDeadline` adds it.
 """
 
 from __future__ import annotations
@@ -20,10 +26,12 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import grpc
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 from multidict import CIMultiDict
 from yarl import URL
 
@@ -33,7 +41,7 @@ from gym_substrate.local.lifecycle import RUNNING, ControlPlane
 from gym_substrate.local.metrics import CONTENT_TYPE, Metrics
 from gym_substrate.local.store import ActorRecord
 
-__all__ = ["Router", "json_error", "parse_host"]
+__all__ = ["HEAD_TIMEOUT_S", "Router", "json_error", "parse_host", "read_limited"]
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +64,84 @@ _RESUME_BUDGET_S = 15.0
 _CHUNK = 256 * 1024
 _CONNECT_TIMEOUT_S = 2.0
 _SMALL_BODY = 64 * 1024
+# a request head (request line + headers) must be complete this long after its first byte
+HEAD_TIMEOUT_S = 10.0
+# an idle keep-alive connection (no request begun) is closed after this, as aiohttp's default
+_KEEPALIVE_S = 3630.0
+_TIMEOUT_408 = (
+    b"HTTP/1.1 408 Request Timeout\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+    b"Content-Length: %d\r\n\r\n%s"
+)
 
-AdminHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+AdminHandler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+
+
+class _HeadDeadline(RequestHandler):
+    """aiohttp's connection handler plus a deadline on unfinished request heads.
+
+    The timer starts with the first byte of a request head (not while a handler runs, so
+    request bodies and idle keep-alive connections are not affected) and stops when aiohttp
+    has parsed the head. Tied to aiohttp's handler internals (``_request_count``,
+    ``_current_request``, ``_messages``); test_hostile_router.py pins the behaviour.
+    """
+
+    def __init__(self, *args: Any, head_timeout_s: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._head_timeout_s = head_timeout_s
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def data_received(self, data: bytes) -> None:
+        heads = self._request_count
+        super().data_received(data)
+        if self._request_count != heads:
+            self._stop_head_timer()
+        elif self._head_timer is None and self._current_request is None and not self._messages:
+            self._head_timer = self._loop.call_later(self._head_timeout_s, self._head_expired)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._stop_head_timer()
+        super().connection_lost(exc)
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_expired(self) -> None:
+        self._head_timer = None
+        if self._current_request is not None or self._messages or self.transport is None:
+            return
+        body = f"request head not complete within {self._head_timeout_s:g} s".encode()
+        self.transport.write(_TIMEOUT_408 % (len(body), body))
+        self.force_close()
+
+
+class _Server(web.Server):
+    """A low-level aiohttp server whose connections are `_HeadDeadline` handlers."""
+
+    def __init__(self, handler: Any, *, head_timeout_s: float, **kwargs: Any) -> None:
+        super().__init__(handler, **kwargs)
+        self._handler_kwargs = dict(kwargs)
+        self._head_timeout_s = head_timeout_s
+
+    def __call__(self) -> RequestHandler:
+        return _HeadDeadline(
+            self, loop=self._loop, head_timeout_s=self._head_timeout_s, **self._handler_kwargs
+        )
+
+
+async def read_limited(request: web.BaseRequest, limit: int) -> bytes | None:
+    """The whole body, or None once it is known to exceed ``limit`` bytes (nothing more read)."""
+    if request.content_length is not None and request.content_length > limit:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def parse_host(host: str) -> tuple[str, str] | str:
@@ -95,6 +179,20 @@ def _is_local_host(host: str) -> bool:
         return False
 
 
+def _absolute_target(target: str) -> tuple[str, str] | None:
+    """(authority, origin-form target) of an absolute-form http(s) target, else None."""
+    try:
+        url = URL(target, encoded=True)
+    except ValueError:
+        return None
+    if url.scheme not in ("http", "https") or not url.raw_authority or url.user is not None:
+        return None
+    path = url.raw_path or "/"
+    if url.raw_query_string:
+        path += "?" + url.raw_query_string
+    return url.raw_authority, path
+
+
 def _text(status: int, body: str) -> web.Response:
     return web.Response(status=status, text=body, content_type="text/plain")
 
@@ -129,7 +227,7 @@ class Router:
         self._resumes: dict[str, asyncio.Task[ActorRecord]] = {}
         self._pools: dict[str, aiohttp.ClientSession] = {}
         self._closed = False
-        self._runner: web.AppRunner | None = None
+        self._runner: web.ServerRunner | None = None
         self.port = 0
 
     def _pool(self, record: ActorRecord) -> aiohttp.ClientSession:
@@ -156,9 +254,15 @@ class Router:
 
     async def start(self, host: str, port: int) -> int:
         self.plane.sandbox_listeners.append(self.release)
-        app = web.Application(client_max_size=0, handler_args={"max_field_size": 65536})
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # one catch-all handler: aiohttp's low-level server, no Application routing
+        server = _Server(
+            self._handle,
+            head_timeout_s=HEAD_TIMEOUT_S,
+            max_field_size=65536,
+            keepalive_timeout=_KEEPALIVE_S,
+            access_log=None,
+        )
+        self._runner = web.ServerRunner(server, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, backlog=1024, reuse_address=True)
         await site.start()
@@ -178,12 +282,22 @@ class Router:
             await self.release(handle)
 
     # ------------------------------------------------------------------ request path
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
         host = request.headers.get("Host", "")
+        target = request.raw_path
+        if not target.startswith("/"):
+            absolute = _absolute_target(target)
+            if absolute is None:
+                return _text(400, "request target must be a path or an absolute http:// URL")
+            host, target = absolute  # RFC 9112 §3.2.2: the target's authority, not Host
+        try:
+            host.encode()
+        except UnicodeEncodeError:
+            return _text(400, "invalid Host header: not UTF-8")
         parsed = parse_host(host)
         if isinstance(parsed, str):
             if _is_local_host(host):
-                return await self._local(request)
+                return await self._local(request, host)
             return _text(404, f'invalid host "{host}": {parsed}')
         actor_id, atespace = parsed
         started = time.perf_counter()
@@ -202,7 +316,7 @@ class Router:
                         return _text(status, body.format(id=actor_id, msg=exc.message))
                 template = (record.template_namespace, record.template_name)
                 try:
-                    response = await self._proxy(request, record)
+                    response = await self._proxy(request, target, record)
                 except _UpstreamDown as down:
                     # the sandbox may have died behind our back: if so the control plane puts
                     # the actor back to SUSPENDED and the next round resumes it
@@ -259,10 +373,12 @@ class Router:
                 await asyncio.sleep(delay * random.uniform(0.8, 1.2))
                 delay *= 1.5
 
-    async def _proxy(self, request: web.Request, record: ActorRecord) -> web.StreamResponse:
+    async def _proxy(
+        self, request: web.BaseRequest, target: str, record: ActorRecord
+    ) -> web.StreamResponse:
         pool = self._pool(record)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
-        url = URL(f"http://{record.address}{request.raw_path}", encoded=True)  # forwarded as sent
+        url = URL(f"http://{record.address}{target}", encoded=True)  # forwarded as sent
         has_body = request.body_exists
         response: web.StreamResponse | None = None
         try:
@@ -341,7 +457,7 @@ class Router:
             return _text(503, "upstream connect error or disconnect/reset before headers")
 
     # ------------------------------------------------------------------ local endpoints
-    async def _local(self, request: web.Request) -> web.StreamResponse:
+    async def _local(self, request: web.BaseRequest, host: str) -> web.StreamResponse:
         path = request.path
         if path == "/metrics" and request.method == "GET":
             return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
@@ -352,7 +468,7 @@ class Router:
             return await handler(request)
         return _text(
             404,
-            f'invalid host "{request.headers.get("Host", "")}": not under {ACTOR_DOMAIN} '
+            f'invalid host "{host}": not under {ACTOR_DOMAIN} '
             "(this address serves /metrics and /readyz; send actor traffic with "
             "Host: <actor>.<atespace>." + ACTOR_DOMAIN + ")",
         )

@@ -25,6 +25,7 @@ from gym_substrate.local.runtimes.base import Rootfs, TemplateSpec
 __all__ = [
     "DEFAULT_TEMPLATE_NAME",
     "DEFAULT_TEMPLATE_NAMESPACE",
+    "MAX_YAML_DEPTH",
     "TemplateError",
     "absolute_template_doc",
     "default_template",
@@ -38,8 +39,11 @@ __all__ = [
 DEFAULT_TEMPLATE_NAMESPACE = "local"
 DEFAULT_TEMPLATE_NAME = "sandbox"
 
-_ENV_NAME = re.compile(r"^[ -<>-~]+$")
-_PATH_CHARS = re.compile(r"^/[A-Za-z0-9\-._~!$&'()*+,;=:@/%]*$")
+# a template document nests a few levels; deeper YAML is refused before it is built
+MAX_YAML_DEPTH = 64
+# fullmatch, never `match` with `$` (which also matches before a trailing newline)
+_ENV_NAME = re.compile(r"[ -<>-~]+")
+_PATH_CHARS = re.compile(r"/[A-Za-z0-9\-._~!$&'()*+,;=:@/%]*")
 
 
 class TemplateError(ValueError):
@@ -174,7 +178,7 @@ def _env(value: Any, path: str) -> tuple[tuple[str, str], ...]:
             )
         _check_keys(entry, item_path, {"name", "value"})
         name = _string(entry.get("name"), f"{item_path}.name", "give the variable a name")
-        if not _ENV_NAME.match(name):
+        if not _ENV_NAME.fullmatch(name):
             raise _fail(
                 f"{item_path}.name", f"{name!r} is not valid", "use printable ASCII, no '='"
             )
@@ -195,7 +199,7 @@ def _readyz(value: Any, path: str) -> tuple[str, int]:
     probe_path = get.get("path", "/readyz")
     if (
         not isinstance(probe_path, str)
-        or not _PATH_CHARS.match(probe_path)
+        or not _PATH_CHARS.fullmatch(probe_path)
         or len(probe_path) > 1024
     ):
         raise _fail(
@@ -299,10 +303,32 @@ def parse_template(document: Any, *, base_dir: Path | None = None) -> TemplateSp
     )
 
 
+def _check_depth(text: str, source: str) -> None:
+    """Refuse YAML nested deeper than MAX_YAML_DEPTH before building it (which recurses).
+
+    PyYAML's parser is iterative, its composer and constructor are recursive: 5,000 levels
+    would end in RecursionError. Counting the parser's events costs one extra pass.
+    """
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                mark = event.start_mark
+                where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+                raise TemplateError(
+                    f"{source}: nested more than {MAX_YAML_DEPTH} levels deep{where}; an "
+                    "ActorTemplate needs a few"
+                )
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
 def parse_template_yaml(
     text: str, *, source: str = "<template>", base_dir: Path | None = None
 ) -> TemplateSpec:
     try:
+        _check_depth(text, source)
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         where, what = "", str(exc).replace("\n", " ")

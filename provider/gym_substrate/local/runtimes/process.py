@@ -1,17 +1,24 @@
-"""The `process` runtime: each actor's agent is a plain subprocess on 127.0.0.1.
+"""The `process` runtime: each actor's agent is a subprocess on 127.0.0.1, in bubblewrap.
 
-It exists so the backend works where gVisor cannot (no runsc, no root, macOS-like hosts); it
-isolates nothing. Pause keeps the process tree alive but SIGSTOPped (memory kept, no slot held),
-suspend ends it and keeps only its working folder, resume restarts it there. Processes start in
-their own session so they outlive a crashed control plane and can be adopted; every process of
-an actor carries a marker variable in its environment, so stop/sweep/cleanup find its jobs (and
-their children) even after the agent itself is gone, and `leftovers()` can prove nothing leaked.
+It exists so the backend works where gVisor cannot (no runsc, no root, macOS-like hosts). Where
+`bwrap` (Debian's bubblewrap) works, every actor runs inside it: the host's filesystem read-only
+(the backend's state and other actors' folders hidden), its own working folder and the host's
+/tmp writable, a private /dev/shm, its own pid, uts and ipc namespaces, only the capabilities to
+switch users and signal its jobs, and no_new_privs. It keeps the host's network namespace (the
+agent answers on 127.0.0.1:<port>, where the router dials it) and this user's uid. Without bwrap
+it isolates nothing, and `warning()` says so loudly. Pause keeps the process tree alive but
+SIGSTOPped (memory kept, no slot held), suspend ends it and keeps only its working folder,
+resume restarts it there. Processes start in their own session so they outlive a crashed control
+plane and can be adopted; every process of an actor carries a marker variable in its
+environment, so stop/sweep/cleanup find its jobs (and their children) even after the agent
+itself is gone, and `leftovers()` can prove nothing leaked.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -40,7 +47,7 @@ from gym_substrate.local.runtimes.base import (
     pss_bytes,
 )
 
-__all__ = ["ProcessRuntime", "rewrite_argv"]
+__all__ = ["ProcessRuntime", "bwrap_problem", "rewrite_argv", "sandboxed_argv"]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +81,76 @@ def rewrite_argv(command: tuple[str, ...], port: int) -> list[str]:
     if saw_port and not saw_host:
         out += ["--host", "127.0.0.1"]
     return out
+
+
+@functools.cache
+def bwrap_problem() -> str | None:
+    """Why bubblewrap cannot sandbox actors here, or None when it can (probed once)."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return "bwrap is not installed (apt-get install bubblewrap)"
+    probe = [bwrap, *_BWRAP_FIXED, "--", "true"]
+    try:
+        done = subprocess.run(probe, capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bwrap does not run here ({exc})"
+    if done.returncode != 0:
+        return f"bwrap cannot create its namespaces here: {done.stderr.decode(errors='replace')}"
+    return None
+
+
+# The same for every actor: read-only host, fresh /dev, /proc of its own pid namespace, a
+# private /dev/shm, own pid/uts/ipc namespaces, and of the capabilities only those the agent
+# needs to run a command as another user and signal it (bwrap also sets no_new_privs). The
+# host's /tmp stays shared and writable: the provider and Gym tests exchange files with actors
+# through host paths under /tmp (docs/local.md), so a private /tmp would break them.
+_BWRAP_FIXED = (
+    "--ro-bind", "/", "/",
+    "--dev", "/dev",
+    "--tmpfs", "/dev/shm",
+    "--proc", "/proc",
+    "--bind", "/tmp", "/tmp",
+    "--unshare-pid", "--unshare-uts", "--unshare-ipc",
+    "--cap-drop", "ALL",
+    "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_KILL",
+)  # fmt: skip
+
+
+# host folders an actor has no business reading (as the gVisor runtime hides them), each behind
+# an empty tmpfs unless it holds the command being run; the shadow files cannot be read
+_SECRET_DIRS = (
+    "/home", "/root/.ssh", "/root/.aws", "/root/.kube", "/root/.docker", "/root/.config/gcloud",
+    "/etc/ssh", "/var/tmp", "/run",
+)  # fmt: skip
+_SECRET_FILES = ("/etc/shadow", "/etc/gshadow")
+
+
+def sandboxed_argv(argv: list[str], workdir: Path, hidden: list[Path], hostname: str) -> list[str]:
+    """``argv`` under bwrap: ``hidden`` folders (and host secrets) masked, ``workdir`` writable.
+
+    ``hidden`` are folders of the backend (its state, other actors' folders); ``workdir`` is
+    bound back inside them. A secret folder that contains ``argv[0]`` (say a venv under /home)
+    stays visible, read-only, so the command still runs.
+    """
+    bwrap = shutil.which("bwrap") or "bwrap"
+    program = Path(shutil.which(argv[0]) or argv[0]).absolute()
+    masks: list[str] = []
+    for folder in [*map(Path, _SECRET_DIRS), *hidden]:
+        if folder.is_dir() and not program.is_relative_to(folder):
+            masks += ["--tmpfs", str(folder)]
+    for secret in _SECRET_FILES:
+        if Path(secret).exists():
+            masks += ["--ro-bind", "/dev/null", secret]
+    return [
+        bwrap,
+        *_BWRAP_FIXED,
+        *masks,
+        "--bind", str(workdir), str(workdir),
+        "--chdir", str(workdir),
+        "--hostname", hostname,
+        "--",
+        *argv,
+    ]  # fmt: skip
 
 
 def _free_port() -> int:
@@ -183,7 +260,7 @@ class _PortTaken(RuntimeFailure):
 
 class ProcessRuntime:
     name = "process"
-    isolates = False
+    isolates = False  # even under bwrap: the host's network and this user's uid are shared
     memory_survives_suspend = False
 
     def __init__(self, config: RuntimeConfig) -> None:
@@ -193,15 +270,34 @@ class ProcessRuntime:
         self.actors = self.root / "actors"
         self._session: aiohttp.ClientSession | None = None
         self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self.bwrap_problem = bwrap_problem()
 
     def warning(self) -> str | None:
+        memory = "their memory does not survive suspend (only the files in their working folder do)"
+        if self.bwrap_problem is None:
+            return (
+                "the process runtime runs actors under bubblewrap: read-only host filesystem "
+                "but for their working folder and the host's /tmp, own pid/uts/ipc namespaces, "
+                "no capabilities but switching users; they still share this machine's network "
+                f"and /tmp and run as this user, and {memory}. Install runsc and run as root "
+                "for gVisor sandboxes."
+            )
         return (
-            "the process runtime isolates nothing: actors run as ordinary processes of this user "
-            "on this machine, and their memory does not survive suspend (only the files in their "
-            "working folder do). Install runsc and run as root for gVisor sandboxes."
+            f"NO ISOLATION: bubblewrap cannot run here ({self.bwrap_problem}), so the process "
+            "runtime runs actors as ordinary processes of this user with "
+            f"this user's full rights on this machine: model-written code can read, change and "
+            f"delete anything this user can. Their {memory.removeprefix('their ')}. Install "
+            "bubblewrap (apt-get install bubblewrap) or runsc before running untrusted code."
         )
 
     # ------------------------------------------------------------------ plumbing
+    def _hidden(self) -> list[Path]:
+        """The backend's folders an actor must not see: its runtime folder, its state folder."""
+        hidden = [self.root]
+        if self.root.parent.name == "runtime":  # <state-dir>/runtime/process (backend.py)
+            hidden.append(self.root.parent.parent)
+        return hidden
+
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
@@ -346,6 +442,8 @@ class ProcessRuntime:
         )
         log_path = workdir.parent / "agent.log"
         argv = rewrite_argv(actor.template.command, port)
+        if self.bwrap_problem is None:
+            argv = sandboxed_argv(argv, workdir, self._hidden(), actor.actor_id)
         try:
             proc = _popen(argv, workdir, env, log_path)
         except OSError as exc:

@@ -60,7 +60,14 @@ def test_masks_hide_state_but_never_the_interpreter(tmp_path: Path) -> None:
 
 def test_container_ids_can_never_be_prefixes_of_each_other() -> None:
     assert check_container_id("gt1-ns-a.0123abcd")
-    for bad in ("gt1-a", "gt1-a.123", "gt1-a.0123abcde", "-x.0123abcd", "a/b.0123abcd"):
+    for bad in (
+        "gt1-a",
+        "gt1-a.123",
+        "gt1-a.0123abcde",
+        "-x.0123abcd",
+        "a/b.0123abcd",
+        "gt1-a.0123abcd\n",
+    ):
         with pytest.raises(ValueError, match="8 hex digits"):
             check_container_id(bad)
 

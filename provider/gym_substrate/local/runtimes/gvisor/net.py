@@ -308,12 +308,12 @@ def release_slot_net(instance: str, slot: int, *, lease_dir: Path = LEASE_DIR) -
 def stale_net_of_instance(instance: str, *, lease_dir: Path = LEASE_DIR) -> list[str]:
     """Describe every netns, veth and lease of ``instance`` still on the host."""
     found: list[str] = []
-    ns_re = re.compile(rf"^{re.escape(instance)}-w\d+$")
-    if_re = re.compile(rf"^{re.escape(instance)}h\d+$")
+    ns_re = re.compile(rf"{re.escape(instance)}-w\d+")
+    if_re = re.compile(rf"{re.escape(instance)}h\d+")
     if NETNS_DIR.is_dir():
-        found += [f"netns {p.name}" for p in sorted(NETNS_DIR.iterdir()) if ns_re.match(p.name)]
+        found += [f"netns {p.name}" for p in sorted(NETNS_DIR.iterdir()) if ns_re.fullmatch(p.name)]
     net_dir = Path("/sys/class/net")
-    found += [f"veth {p.name}" for p in sorted(net_dir.iterdir()) if if_re.match(p.name)]
+    found += [f"veth {p.name}" for p in sorted(net_dir.iterdir()) if if_re.fullmatch(p.name)]
     if lease_dir.is_dir():
         for path in sorted(lease_dir.glob("*.lease")):
             data = _read_lease(path)
@@ -325,16 +325,16 @@ def stale_net_of_instance(instance: str, *, lease_dir: Path = LEASE_DIR) -> list
 def remove_net_of_instance(instance: str, *, lease_dir: Path = LEASE_DIR) -> list[str]:
     """Remove every netns, veth and lease of ``instance`` (also of an interrupted run)."""
     removed: list[str] = []
-    ns_re = re.compile(rf"^{re.escape(instance)}-w(\d+)$")
-    if_re = re.compile(rf"^{re.escape(instance)}h(\d+)$")
+    ns_re = re.compile(rf"{re.escape(instance)}-w(\d+)")
+    if_re = re.compile(rf"{re.escape(instance)}h(\d+)")
     with _pool_lock(lease_dir):
         for path in sorted(Path("/sys/class/net").iterdir()):
-            if if_re.match(path.name):
+            if if_re.fullmatch(path.name):
                 _ip("link", "del", path.name, check=False)
                 removed.append(f"veth {path.name}")
         if NETNS_DIR.is_dir():
             for path in sorted(NETNS_DIR.iterdir()):
-                if ns_re.match(path.name):
+                if ns_re.fullmatch(path.name):
                     _ip("netns", "del", path.name, check=False)
                     removed.append(f"netns {path.name}")
         for path in sorted(lease_dir.glob("*.lease")):

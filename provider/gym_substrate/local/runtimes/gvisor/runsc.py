@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 # runsc accepts [\w+.-]; we also forbid nothing else, but require a fixed-width random tail so
 # that no id is ever a prefix of another (runsc matches ids by prefix).
-_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*\.[0-9a-f]{8}$")
+_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*\.[0-9a-f]{8}")  # fullmatch
 
 _MASK_SCRIPT = 'mount -t tmpfs -o size=4k,mode=0555 gsnetmask /proc/sys/net && exec "$0" "$@"'
 
@@ -42,7 +42,7 @@ class RunscError(Exception):
 
 
 def check_container_id(cid: str) -> str:
-    if not _ID_RE.match(cid) or len(cid) > 200:
+    if not _ID_RE.fullmatch(cid) or len(cid) > 200:
         raise ValueError(
             f"container id {cid!r} must look like <name>.<8 hex digits> "
             "(a fixed-width tail keeps ids from being prefixes of each other)"

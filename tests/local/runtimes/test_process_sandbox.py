@@ -1,0 +1,97 @@
+"""The process runtime under bubblewrap (issue 14, "The process runtime is not a sandbox").
+
+A process-runtime actor may write only its working folder and /tmp (the host's, which the
+provider tests exchange files through), sees its own pid namespace and no other actor's folder
+or the backend's state, and still answers on 127.0.0.1 through the router.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+from local_helpers import host, make_actor, ref
+
+from gym_substrate.ateapi import ateapi_pb2 as pb
+from gym_substrate.local import LocalBackend
+from gym_substrate.local.runtimes.process import ProcessRuntime, bwrap_problem
+
+pytestmark = pytest.mark.skipif(
+    bwrap_problem() is not None, reason=f"bubblewrap cannot run here: {bwrap_problem()}"
+)
+
+
+async def _run(http: Any, backend: LocalBackend, actor: str, command: str) -> dict[str, Any]:
+    async with http.post(
+        f"{backend.router_url}/v1/exec?wait=8", json={"command": command}, headers=host(actor)
+    ) as response:
+        assert response.status == 200, await response.text()
+        result: dict[str, Any] = await response.json()
+        return result
+
+
+async def test_actor_writes_only_its_folder_and_tmp(
+    stub: Any, backend: LocalBackend, http: Any
+) -> None:
+    await make_actor(stub, "jail")
+    await make_actor(stub, "other")
+    outside = await _run(http, backend, "jail", "touch /etc/x; echo rc=$?")
+    assert "rc=1" in outside["stdout"], outside
+    for place in ("./mine", "/tmp/mine", "$HOME/again"):
+        inside = await _run(http, backend, "jail", f"touch {place} && echo ok")
+        assert inside["stdout"] == "ok\n", (place, inside)
+    # another actor's working folder is hidden, not merely read-only
+    other = await _run(http, backend, "other", "pwd")
+    folder = other["stdout"].strip()
+    peek = await _run(http, backend, "jail", f"ls {folder} 2>&1; echo rc=$?")
+    assert "rc=0" not in peek["stdout"], peek
+    # nor are the backend's state folder and the host's secrets
+    secrets = await _run(
+        http,
+        backend,
+        "jail",
+        f"ls {backend.state_dir}/state.db; cat /etc/shadow 2>/dev/null | wc -c",
+    )
+    assert secrets["stdout"].splitlines()[-1:] == ["0"], secrets["stderr"]
+    assert "state.db" not in secrets["stdout"], secrets
+    for name in ("jail", "other"):
+        await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref(name)))
+
+
+async def test_actor_has_its_own_pid_namespace_and_few_capabilities(
+    stub: Any, backend: LocalBackend, http: Any
+) -> None:
+    await make_actor(stub, "ns")
+    result = await _run(
+        http,
+        backend,
+        "ns",
+        "readlink /proc/self/ns/pid; ls /proc | grep -c '^[0-9]'; hostname; "
+        "grep CapEff /proc/self/status",
+    )
+    pid_ns, processes, hostname, caps = result["stdout"].splitlines()
+    assert pid_ns != os.readlink("/proc/self/ns/pid")
+    assert int(processes) < 20  # bwrap's init, the agent, this shell and its children
+    assert hostname == "ns"
+    # CAP_KILL, CAP_SETGID and CAP_SETUID only (to run and signal jobs as another user)
+    assert int(caps.split()[1], 16) == (1 << 5) | (1 << 6) | (1 << 7)
+    await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("ns")))
+
+
+async def test_start_up_says_what_isolates(backend: LocalBackend) -> None:
+    assert isinstance(backend.runtime, ProcessRuntime)
+    warning = backend.runtime.warning() or ""
+    assert "bubblewrap" in warning
+    assert "read-only host filesystem" in warning
+    assert "share this machine's network" in warning
+
+
+def test_without_bwrap_the_warning_is_loud(tmp_path: Any) -> None:
+    from gym_substrate.local.runtimes.base import RuntimeConfig
+
+    runtime = ProcessRuntime(RuntimeConfig(tmp_path, "gx1", 1))
+    runtime.bwrap_problem = "bwrap is not installed (apt-get install bubblewrap)"
+    warning = runtime.warning() or ""
+    assert warning.startswith("NO ISOLATION")
+    assert "full rights" in warning
