@@ -42,9 +42,9 @@ class ThreadBackend:
             self._serving.result()  # raises why it failed
 
     async def _serve(self) -> None:
-        from gym_substrate.tools.smoke import local_provider_kwargs
-
         try:
+            from gym_substrate.local.backend import local_provider_kwargs
+
             async with local_provider_kwargs({}, runtime=self.runtime, workers=self.workers) as (
                 kwargs,
                 _backend,
