@@ -118,6 +118,16 @@ _BWRAP_ARGS = (
 )
 
 
+def _under_tmp() -> list[str]:
+    """The checkout and its venv show through the private /tmp when they live under it (a CI
+    clone in /tmp): without them the sandbox has no python to run."""
+    binds: list[str] = []
+    for path in sorted({Path(sys.prefix).resolve(), Path(__file__).resolve().parents[2]}):
+        if path.is_relative_to("/tmp"):
+            binds += ["--ro-bind", str(path), str(path)]
+    return binds
+
+
 def start_agent(
     workdir: Path, *args: str, env: dict[str, str] | None = None, sandbox: bool = False
 ) -> Agent:
@@ -136,7 +146,7 @@ def start_agent(
                 if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
                     pytest.fail(message, pytrace=False)
                 pytest.skip(message)
-            argv = [BWRAP, *_BWRAP_ARGS, "--", *argv]
+            argv = [BWRAP, *_BWRAP_ARGS, *_under_tmp(), "--", *argv]
         proc = subprocess.Popen(
             argv,
             stdout=log,
