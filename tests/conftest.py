@@ -12,8 +12,7 @@ import shutil
 import subprocess
 
 import pytest
-
-_ON_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+from ci_policy import ON_CI as _ON_CI
 
 
 def _runsc_problem() -> str | None:

@@ -7,12 +7,11 @@ them, and each runs a script of this repository rather than logic that exists on
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
+from ci_policy import missing
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.yml"))
@@ -33,10 +32,7 @@ def _actionlint() -> str:
     ).stdout.strip()
     binary = Path(path) / "actionlint"
     if build.returncode != 0 or not binary.exists():
-        message = f"actionlint could not be built:\n{build.stderr[-2000:]}"
-        if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+        missing(f"actionlint could not be built:\n{build.stderr[-2000:]}")
     return str(binary)
 
 

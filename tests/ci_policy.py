@@ -1,0 +1,21 @@
+"""What a test does when a component it needs cannot be had: fail on CI, skip elsewhere.
+
+On CI (`CI=true`) the tests install or build what they need themselves, so a missing component
+there is a broken set-up step and must fail; on a developer's machine it skips and says why.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NoReturn
+
+import pytest
+
+ON_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def missing(message: str) -> NoReturn:
+    """Fail (on CI) or skip (elsewhere) the current test, naming what is missing."""
+    if ON_CI:
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
