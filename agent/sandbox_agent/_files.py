@@ -110,6 +110,13 @@ _ERRNO_ANSWERS: dict[int, tuple[int, ErrorCode, str]] = {
     errno.EACCES: (403, "permission_denied", "permission denied on {path}: {strerror}"),
     errno.EPERM: (403, "permission_denied", "permission denied on {path}: {strerror}"),
     errno.EROFS: (403, "read_only", "{path} is on a read-only file system"),
+    # The target is a mount point or a running program: another path, or later, succeeds.
+    errno.EBUSY: (409, "busy", "{path} is busy (a mount point, or in use): {strerror}"),
+    errno.ETXTBSY: (409, "busy", "{path} is a program that is running; write it once it ends"),
+    errno.EFBIG: (413, "too_large", "{path} would exceed the largest file the file system holds"),
+    # Full is the sandbox's state, not a bug: the client can free space and resume the upload.
+    errno.ENOSPC: (507, "no_space", "no space left on the file system holding {path}"),
+    errno.EDQUOT: (507, "no_space", "the disk quota of the file system holding {path} is used up"),
 }
 
 

@@ -452,8 +452,18 @@ def openapi_document() -> dict[str, Any]:
                             "`name_too_long`, `too_many_links`."
                         ),
                         "403": _err("`permission_denied` or `read_only`."),
-                        "409": _err("`offset_mismatch` or `actor_mismatch`."),
-                        "413": _err("`too_large`: the body exceeds 64 MiB."),
+                        "409": _err(
+                            "`offset_mismatch`, `actor_mismatch`, or `busy` (the target is a "
+                            "mount point or a running program)."
+                        ),
+                        "413": _err(
+                            "`too_large`: the body exceeds 64 MiB, or the file the largest "
+                            "the file system holds."
+                        ),
+                        "507": _err(
+                            "`no_space`: the file system is full or over quota; the bytes "
+                            "received so far are kept, so the upload can resume."
+                        ),
                     },
                 },
                 "get": _file_get("fileGet", head=False),

@@ -78,10 +78,12 @@ ErrorCode = Literal[
     "id_conflict",
     "actor_mismatch",
     "offset_mismatch",
+    "busy",
     "too_large",
     "range_not_satisfiable",
     "too_many_jobs",
     "internal",
+    "no_space",
     "shutting_down",
 ]
 ERROR_CODES: Final[tuple[ErrorCode, ...]] = get_args(ErrorCode)

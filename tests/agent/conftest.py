@@ -130,9 +130,14 @@ def _under_tmp() -> list[str]:
 
 
 def start_agent(
-    workdir: Path, *args: str, env: dict[str, str] | None = None, sandbox: bool = False
+    workdir: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    sandbox: bool = False,
+    mounts: tuple[str, ...] = (),
 ) -> Agent:
-    """Start `python -m sandbox_agent` on a free port; `sandbox=True` runs it under bubblewrap."""
+    """Start `python -m sandbox_agent` on a free port; `sandbox=True` runs it under bubblewrap,
+    with `mounts` (bubblewrap arguments such as a small tmpfs) added to its view."""
     workdir.mkdir(parents=True, exist_ok=True)
     log_path = workdir / "agent.log"
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("SANDBOX_AGENT_")}
@@ -144,7 +149,7 @@ def start_agent(
         if sandbox:
             if BWRAP is None:
                 missing("needs bubblewrap: apt-get install bubblewrap (.ci/install-deps)")
-            argv = [BWRAP, *_BWRAP_ARGS, *_under_tmp(), "--", *argv]
+            argv = [BWRAP, *_BWRAP_ARGS, *_under_tmp(), *mounts, "--", *argv]
         proc = subprocess.Popen(
             argv,
             stdout=log,
@@ -184,8 +189,14 @@ def agent_factory(tmp_path: Path) -> Iterator[Any]:
     """Start agents with special flags or env; all are stopped after the test."""
     started: list[Agent] = []
 
-    def factory(*args: str, env: dict[str, str] | None = None, sandbox: bool = False) -> Agent:
-        instance = start_agent(tmp_path / f"agent{len(started)}", *args, env=env, sandbox=sandbox)
+    def factory(
+        *args: str,
+        env: dict[str, str] | None = None,
+        sandbox: bool = False,
+        mounts: tuple[str, ...] = (),
+    ) -> Agent:
+        workdir = tmp_path / f"agent{len(started)}"
+        instance = start_agent(workdir, *args, env=env, sandbox=sandbox, mounts=mounts)
         started.append(instance)
         return instance
 

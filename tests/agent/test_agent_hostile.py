@@ -266,6 +266,40 @@ def test_read_only_target_is_403(sandboxed_agent: Any, check_schema: Any) -> Non
     assert not Path(private).exists(), "the sandbox has its own /tmp"
 
 
+def test_full_file_system_is_507_and_the_upload_resumes(
+    agent_factory: Any, check_schema: Any
+) -> None:
+    """ENOSPC is the sandbox's state, not a bug: 507 `no_space`, and the failed chunk is cut back
+    to its offset, so the client frees space and resends it."""
+    agent = agent_factory(sandbox=True, mounts=("--size", "65536", "--tmpfs", "/tmp/small"))
+    first = agent.request(
+        "PUT", "/v1/files?path=/tmp/small/f&offset=0&final=false", body=b"a" * 1000
+    )
+    assert first.status == 200
+    resp = agent.request(
+        "PUT", "/v1/files?path=/tmp/small/f&offset=1000&final=false", body=b"b" * 200_000
+    )
+    message = _error(resp, 507, "no_space", check_schema)
+    assert "/tmp/small/f" in message
+    # the 1000 bytes received before are kept: the next chunk continues at offset 1000
+    resp = agent.request("PUT", "/v1/files?path=/tmp/small/f&offset=1000&final=true", body=b"c")
+    assert resp.status == 200, resp.body
+    assert agent.request("GET", "/v1/files?path=/tmp/small/f").body == b"a" * 1000 + b"c"
+
+
+def test_upload_onto_a_mount_point_is_409_busy(
+    agent_factory: Any, check_schema: Any, tmp_path: Path
+) -> None:
+    """Replacing a bind-mounted file fails with EBUSY; that is the request's target, not a
+    server fault."""
+    source = tmp_path / "mounted"
+    source.write_text("kept")
+    agent = agent_factory(sandbox=True, mounts=("--bind", str(source), "/tmp/mounted"))
+    resp = agent.request("PUT", "/v1/files?path=/tmp/mounted", body=b"new")
+    _error(resp, 409, "busy", check_schema)
+    assert source.read_text() == "kept"
+
+
 # ----- 5. every error is the JSON error object, also the HTTP parser's -----
 
 
