@@ -55,6 +55,10 @@ class LazyGroup(click.Group):
             "Take one sandbox through every provider method and time each step.",
         ),
         "bench": ("gym_substrate.cli.bench:bench", "Benchmarks (provider, env, agent)."),
+        "fuzz": (
+            "gym_substrate.cli.fuzz:fuzz",
+            "Fuzz a throwaway local backend's API and router; count answers by class.",
+        ),
         "sweep": (
             "gym_substrate.cli.sweep:sweep",
             "Delete actors a provider created and left behind.",

@@ -1,0 +1,134 @@
+"""The contract fuzzers (`gym-substrate fuzz`): they find what they claim to, and the local
+backend's API and router give them no finding (issue 14: "0 server errors").
+
+The bounded runs here use fixed seeds; the closing note's full runs are
+`gym-substrate fuzz --requests 2000 --seed 14`.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+from click.testing import CliRunner
+from local_helpers import make_actor
+
+from gym_substrate._names import actor_host
+from gym_substrate.cli import main
+from gym_substrate.local import LocalBackend
+from gym_substrate.tools.fuzz import Tally, delete_everything, fuzz_api, fuzz_router
+from gym_substrate.tools.fuzz.api import _classify
+
+
+async def test_api_fuzzing_finds_nothing_and_reaches_the_state_machine(
+    backend: LocalBackend,
+) -> None:
+    async with grpc.aio.insecure_channel(backend.api_address) as channel:
+        tally = await fuzz_api(channel, requests=400, seed=14)
+        await delete_everything(channel)
+    assert tally.total == 400
+    assert tally.finding_count == 0, tally.findings
+    # the generated calls got past validation into real lookups and transitions
+    for code in ("OK", "NOT_FOUND", "INVALID_ARGUMENT", "ALREADY_EXISTS"):
+        assert tally.counts[code] > 0, tally.counts
+
+
+async def test_router_fuzzing_finds_nothing(backend: LocalBackend, stub: Any) -> None:
+    await make_actor(stub, "r0", "fz")
+    host, port = backend.router_url.removeprefix("http://").rsplit(":", 1)
+    tally = await _in_thread(
+        fuzz_router, (host, int(port)), [actor_host("r0", "fz")], requests=300, seed=14
+    )
+    async with grpc.aio.insecure_channel(backend.api_address) as channel:
+        await delete_everything(channel)
+    assert tally.finding_count == 0, tally.findings
+    assert tally.counts["2xx"] > 0, "routed cases reached the actor's agent"
+    assert tally.counts["4xx"] > 0
+
+
+async def _in_thread(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    import asyncio
+
+    return await asyncio.to_thread(fn, *args, **kwargs)
+
+
+class _Error(grpc.aio.AioRpcError):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+
+
+@pytest.mark.parametrize(
+    ("code", "details", "is_finding"),
+    [
+        (grpc.StatusCode.UNKNOWN, "Exception calling application: boom", True),
+        (grpc.StatusCode.INTERNAL, "KeyError: 'x'", True),
+        (grpc.StatusCode.INTERNAL, "ListActors: invalid page token", False),
+        (grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", True),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, "received metadata size exceeds limit", True),
+        (grpc.StatusCode.NOT_FOUND, "Actor a not found", False),
+        (grpc.StatusCode.INVALID_ARGUMENT, "name is required", False),
+    ],
+)
+def test_api_answers_outside_the_contract_are_findings(
+    code: grpc.StatusCode, details: str, is_finding: bool
+) -> None:
+    tally = Tally(server="ateapi", seed=0)
+    _classify(tally, "/ateapi.Control/GetActor", object(), _Error(code, details))
+    assert tally.counts[code.name] == 1
+    assert (tally.finding_count == 1) is is_finding
+
+
+@pytest.fixture
+def broken_server() -> Iterator[tuple[str, int]]:
+    """A server that answers every connection with a 500, or (path /hang) never answers."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\n\r\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield listener.getsockname()[:2]
+    stop.set()
+    thread.join()
+    listener.close()
+
+
+def test_router_fuzzer_reports_500s(broken_server: tuple[str, int]) -> None:
+    tally = fuzz_router(broken_server, ["a.b.c"], requests=20, seed=1, concurrency=2)
+    assert tally.counts["5xx"] == 20
+    assert tally.finding_count == 20
+    assert len(tally.findings) == 5, "examples are capped; the count is not"
+
+
+def test_fuzz_command_prints_tallies_as_json() -> None:
+    result = CliRunner().invoke(main, ["fuzz", "api", "--requests", "60", "--json"])
+    assert result.exit_code == 0, result.output
+    (tally,) = json.loads(result.stdout)
+    assert tally["server"] == "ateapi"
+    assert tally["total"] == 60
+    assert tally["findings"] == 0
+    assert tally["process_after_cleanup"]["fds"] > 0
+
+
+def test_fuzz_command_refuses_bad_input() -> None:
+    result = CliRunner().invoke(main, ["fuzz", "nginx"])
+    assert result.exit_code == 2
+    assert "'nginx' is not one of 'api', 'router'" in result.output
+    result = CliRunner().invoke(main, ["fuzz", "--requests", "0"])
+    assert result.exit_code == 2
+    assert "--requests" in result.output
