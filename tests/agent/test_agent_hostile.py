@@ -464,6 +464,10 @@ def test_exec_body_rules_are_the_documents(agent: Any, openapi: dict[str, Any]) 
         ({"command": ["true", ""]}, True),
         ({"command": ["", "x"]}, False),
         ({"command": "a\x00b"}, False),
+        # the program itself: prefixItems, which `items` does not cover (the full schemathesis
+        # run's one finding)
+        ({"command": ["tru\x00e"]}, False),
+        ({"command": ["true", "a\x00"]}, False),
         ({"command": "true", "env": {"": "x"}}, False),
         ({"command": "true", "env": {"A=B": "x"}}, False),
         ({"command": "true", "env": {"A": "x\x00"}}, False),
