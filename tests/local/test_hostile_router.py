@@ -77,6 +77,8 @@ async def test_absolute_form_target_is_routed_by_its_authority(
 ) -> None:
     """RFC 9112 §3.2.2: the target's authority wins over Host; never `http://ip:porthttp://...`."""
     await make_actor(stub, "abs")
+    # resumed first: an auto-resume slower than 5 s (a loaded machine) would be a bodiless 504
+    await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("abs")))
     authority = actor_host("abs", "t")
     port = backend.router_port
     # the Host header is ignored; a port and a query are fine
