@@ -174,6 +174,8 @@ def _up(state_dir: Path, runtime: str) -> subprocess.CompletedProcess[str]:
             "0",
             "--router-port",
             "0",
+            "--admin-port",
+            "0",
             "--workers",
             "4",
         ],

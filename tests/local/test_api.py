@@ -351,7 +351,7 @@ async def test_session_identity_and_debug_clear(stub: Any, backend: LocalBackend
 
 async def test_metrics_use_substrate_names(stub: Any, backend: LocalBackend, http: Any) -> None:
     await make_actor(stub, "m1")
-    async with http.get(f"{backend.router_url}/metrics") as response:
+    async with http.get(f"{backend.admin_url}/metrics") as response:
         text = await response.text()
     assert (
         'rpc_server_call_duration_seconds_count{rpc_method="ateapi.Control/CreateActor",'
@@ -384,7 +384,7 @@ async def test_broken_template_fails_resume_cleanly(
             f"spec:\n  containers: [{{name: a, command: {command}}}]\n"
             f"  snapshotsConfig: {{location: {tmp_path / 'snaps'}}}\n  rootfs: host\n"
         )
-        async with http.post(f"{backend.router_url}/_local/templates", data=body) as response:
+        async with http.post(f"{backend.admin_url}/_local/templates", data=body) as response:
             assert response.status == 200, await response.text()
         await stub.CreateActor(
             pb.CreateActorRequest(

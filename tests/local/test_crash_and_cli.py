@@ -60,6 +60,8 @@ class Up:
                     "0",
                     "--router-port",
                     "0",
+                    "--admin-port",
+                    "0",
                 ],  # fmt: skip
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -189,7 +191,7 @@ def test_sigkill_loses_nothing_and_restart_adopts(state: Path, runtime_name: str
         f"  snapshotsConfig: {{location: {state / 'slow'}}}\n  rootfs: host\n"
     )
     request = urllib.request.Request(
-        up.info["router"] + "/_local/templates", data=slow.encode(), method="POST"
+        up.info["admin"] + "/_local/templates", data=slow.encode(), method="POST"
     )
     with urllib.request.urlopen(request, timeout=120) as response:
         assert response.status == 200
@@ -262,6 +264,7 @@ def test_daemon_status_down(state: Path, runtime_name: str) -> None:
     result = runner.invoke(
         local,
         ["up", "--daemon", "--runtime", runtime_name, "--api-port", "0", "--router-port", "0"]
+        + ["--admin-port", "0"]
         + common,
     )
     assert result.exit_code == 0, result.output
@@ -269,6 +272,10 @@ def test_daemon_status_down(state: Path, runtime_name: str) -> None:
     assert "plaintext: true" in result.output
     info = read_backend_info(state)
     assert info is not None
+    # the admin listener is its own port, recorded in backend.json and shown by `up`
+    assert info["admin"].startswith("http://127.0.0.1:")
+    assert info["admin"] != info["router"]
+    assert f"{info['admin']}/metrics" in result.output
     again = runner.invoke(local, ["up", "--runtime", runtime_name] + common)
     assert again.exit_code != 0
     assert "already runs" in again.output
@@ -277,6 +284,9 @@ def test_daemon_status_down(state: Path, runtime_name: str) -> None:
     data = json.loads(status.output)
     assert data["running"] is True
     assert data["runtime"] == runtime_name
+    assert data["admin"] == info["admin"]
+    shown = runner.invoke(local, ["status"] + common)
+    assert info["admin"] in shown.output
     assert [t["template"] for t in data["templates"]] == ["local/sandbox"]
     assert len(data["workers"]) == 4
     down = runner.invoke(local, ["down"] + common)

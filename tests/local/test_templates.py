@@ -229,7 +229,7 @@ def test_cli_add_and_status_report_a_failing_or_unreachable_backend(tmp_path: Pa
             (server.server_port, "the backend answered 500: 500 Internal Server Error"),
             (dead_port, "cannot reach the backend at"),
         ):
-            info = {"pid": os.getpid(), "router": f"http://127.0.0.1:{port}", "api": "x"}
+            info = {"pid": os.getpid(), "admin": f"http://127.0.0.1:{port}", "api": "x"}
             (state / "backend.json").write_text(json.dumps(info))
             result = CliRunner().invoke(
                 local, ["templates", "add", str(path), "--state-dir", str(state)]
@@ -245,6 +245,12 @@ def test_cli_add_and_status_report_a_failing_or_unreachable_backend(tmp_path: Pa
                 result.exception
             )
             assert "did not report its status" in result.output
+        # a backend.json without the admin listener's address (an older backend)
+        (state / "backend.json").write_text(json.dumps({"pid": os.getpid(), "api": "x"}))
+        for args in (["templates", "add", str(path)], ["status"]):
+            result = CliRunner().invoke(local, [*args, "--state-dir", str(state)])
+            assert result.exit_code == 1, result.output
+            assert "records no admin address" in result.output
     finally:
         os.close(lock_fd)
         server.shutdown()
@@ -301,16 +307,16 @@ async def test_add_through_running_backend(
     tmp_path: Path, backend: LocalBackend, http: Any, stub: Any
 ) -> None:
     body = yaml.safe_dump(good(tmp_path / "snaps"))
-    async with http.post(f"{backend.router_url}/_local/templates", data=body.encode()) as response:
+    async with http.post(f"{backend.admin_url}/_local/templates", data=body.encode()) as response:
         assert response.status == 200, await response.text()
         result = await response.json()
     assert result["template"] == "local/mine"
     assert result["changed"] is True
     assert (tmp_path / "snaps").is_dir()
-    async with http.post(f"{backend.router_url}/_local/templates", data=body.encode()) as response:
+    async with http.post(f"{backend.admin_url}/_local/templates", data=body.encode()) as response:
         assert (await response.json())["changed"] is False
     bad = yaml.safe_dump(good(tmp_path / "other", rootfs={"directory": "/nonexistent/x"}))
-    async with http.post(f"{backend.router_url}/_local/templates", data=bad.encode()) as response:
+    async with http.post(f"{backend.admin_url}/_local/templates", data=bad.encode()) as response:
         assert response.status == 400
         assert "spec.rootfs.directory" in (await response.json())["error"]["message"]
     assert not (tmp_path / "other").exists()
@@ -326,7 +332,7 @@ async def test_add_through_running_backend(
     changed = good(tmp_path / "snaps")
     changed["spec"]["containers"][0]["env"] = [{"name": "MODE", "value": "other"}]
     body = yaml.safe_dump(changed)
-    async with http.post(f"{backend.router_url}/_local/templates", data=body.encode()) as response:
+    async with http.post(f"{backend.admin_url}/_local/templates", data=body.encode()) as response:
         assert response.status == 409
         message = (await response.json())["error"]["message"]
     assert "local/mine is used by 1 actor(s)" in message
@@ -342,7 +348,7 @@ async def test_registered_template_resumes_from_its_golden_snapshot(
         sys.executable, "-m", "sandbox_agent", "--host", "0.0.0.0", "--port", "80",
     ]  # fmt: skip
     body = yaml.safe_dump(doc).encode()
-    async with http.post(f"{backend.router_url}/_local/templates", data=body) as response:
+    async with http.post(f"{backend.admin_url}/_local/templates", data=body) as response:
         assert response.status == 200, await response.text()
         result = await response.json()
     gvisor = backend.runtime_name == "gvisor"
@@ -357,7 +363,7 @@ async def test_registered_template_resumes_from_its_golden_snapshot(
         )
     )
     await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=pb.ActorRef(atespace="t", name="g1")))
-    async with http.get(f"{backend.router_url}/metrics") as response:
+    async with http.get(f"{backend.admin_url}/metrics") as response:
         metrics = await response.text()
     source = "golden" if gvisor else "boot"
     assert (

@@ -41,6 +41,7 @@ __all__ = ["local"]
 
 DEFAULT_API_PORT = 47051
 DEFAULT_ROUTER_PORT = 47080
+DEFAULT_ADMIN_PORT = 47090
 
 err = Console(stderr=True)
 
@@ -78,7 +79,9 @@ def _print_up(info: dict[str, Any]) -> None:
     console.print(
         f"  router (Host: <actor>.<atespace>.actors.resources.substrate.ate.dev): {info['router']}"
     )
-    console.print(f"  metrics: {info['router']}/metrics")
+    admin = info.get("admin", "")
+    console.print(f"  admin (/readyz, /metrics, /_local/status, /_local/templates): {admin}")
+    console.print(f"  metrics: {admin}/metrics")
     config = provider_config(info["api"], info["router"])
     console.print("Provider config (paste under your substrate provider):")
     console.print(provider_config_yaml(config), markup=False, highlight=False)
@@ -122,6 +125,14 @@ def local() -> None:
     help="Router port on 127.0.0.1 (0 = any free port).",
 )
 @click.option(
+    "--admin-port",
+    type=click.IntRange(0, 65535),
+    default=DEFAULT_ADMIN_PORT,
+    show_default=True,
+    help="Port of the backend's own endpoints (/readyz, /metrics, /_local/*) on 127.0.0.1 "
+    "(0 = any free port).",
+)
+@click.option(
     "--router-timeout",
     type=click.FloatRange(0.1, 3600),
     default=10.0,
@@ -141,6 +152,7 @@ def up(
     state_dir: Path | None,
     api_port: int,
     router_port: int,
+    admin_port: int,
     router_timeout: float,
     kill_on_stop: bool,
     daemon: bool,
@@ -164,6 +176,7 @@ def up(
         "runtime": runtime,
         "api_port": api_port,
         "router_port": router_port,
+        "admin_port": admin_port,
         "router_timeout": router_timeout,
         "kill_on_stop": kill_on_stop,
     }
@@ -190,6 +203,7 @@ async def _foreground(folder: Path, options: dict[str, Any], as_json: bool) -> N
         workers=options["workers"],
         api_port=options["api_port"],
         router_port=options["router_port"],
+        admin_port=options["admin_port"],
         router_timeout_s=options["router_timeout"],
     )
     backend.standalone = True
@@ -314,7 +328,7 @@ def status(state_dir: Path | None, as_json: bool) -> None:
         return
     console.print(
         f"runtime [bold]{data['runtime']}[/], API {data['api']}, router {data['router']}, "
-        f"state {data['state_dir']}"
+        f"admin {data.get('admin', '-')}, state {data['state_dir']}"
     )
     _print_status(data)
 

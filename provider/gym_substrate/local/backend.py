@@ -1,7 +1,9 @@
 """`LocalBackend`: control plane + router + runtime in one process, as an async context manager.
 
 This is the in-process API the CLI, the provider's tests and the env's tools share, so a test
-gets exactly what `gym-substrate local up` serves. A state folder belongs to one backend at a
+gets exactly what `gym-substrate local up` serves. It listens on three ports of 127.0.0.1: the
+gRPC API, the router (actor traffic only, as Substrate's) and the admin listener (`/readyz`,
+`/metrics`, `/_local/*`; `admin.py`). A state folder belongs to one backend at a
 time: it holds the folder's lock while it runs and writes `backend.json` once it serves
 (`statedir.py`). Leaving the context stops every sandbox (`local down` semantics); only a
 crash leaves sandboxes behind, and the next start adopts them.
@@ -26,11 +28,12 @@ import grpc
 from aiohttp import web
 
 from gym_substrate.local import statedir
+from gym_substrate.local.admin import AdminServer, json_error, read_limited
 from gym_substrate.local.client_config import provider_config
 from gym_substrate.local.errors import ApiError, BackendError
 from gym_substrate.local.lifecycle import ControlPlane
 from gym_substrate.local.metrics import Metrics
-from gym_substrate.local.router import Router, json_error, read_limited
+from gym_substrate.local.router import Router
 from gym_substrate.local.runtimes import RUNTIME_NAMES, create_runtime, select_runtime
 from gym_substrate.local.runtimes.base import RuntimeConfig, SandboxRuntime
 from gym_substrate.local.servicer import add_ateapi_services
@@ -49,7 +52,7 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 # of them took RSS from 61 to ~240 MB, a plateau near 275 MB after 400; with the backend
 # embedded, malloc_trim(0) 30 s later brought it back to ~75 MB. So trim now and then.
 _TRIM_EVERY_S = 30.0
-# an ActorTemplate is a few KB; the admin endpoints share the router's port and event loop
+# an ActorTemplate is a few KB; the admin endpoints share the router's event loop
 ADMIN_BODY_LIMIT = 1024 * 1024
 
 
@@ -76,6 +79,7 @@ class LocalBackend:
         workers: int = 4,
         api_port: int = 0,
         router_port: int = 0,
+        admin_port: int = 0,
         router_timeout_s: float = 10.0,
         start_timeout_s: float = 60.0,
         suspend_on_stop: bool = False,
@@ -84,7 +88,8 @@ class LocalBackend:
             raise ValueError(f"unknown runtime {runtime!r}: use one of {', '.join(RUNTIME_NAMES)}")
         if workers < 1 or workers > 250:
             raise ValueError(f"workers must be between 1 and 250, got {workers}")
-        for label, port in (("api_port", api_port), ("router_port", router_port)):
+        ports = (("api_port", api_port), ("router_port", router_port), ("admin_port", admin_port))
+        for label, port in ports:
             if not 0 <= port <= 65535:
                 raise ValueError(f"{label} must be 0..65535, got {port}")
         if router_timeout_s <= 0:
@@ -94,6 +99,7 @@ class LocalBackend:
         self.workers = workers
         self._api_port = api_port
         self._router_port = router_port
+        self._admin_port = admin_port
         self.router_timeout_s = router_timeout_s
         self.start_timeout_s = start_timeout_s
         self.suspend_on_stop = suspend_on_stop
@@ -105,6 +111,7 @@ class LocalBackend:
         self._store: Store | None = None
         self._server: grpc.aio.Server | None = None
         self._router: Router | None = None
+        self._admin: AdminServer | None = None
         self._trimmer: asyncio.Task[None] | None = None
         self._lock_fd: int | None = None
         self._instance = ""
@@ -113,6 +120,7 @@ class LocalBackend:
         self.standalone = False
         self.api_port = 0
         self.router_port = 0
+        self.admin_port = 0
 
     # ------------------------------------------------------------------ addresses
     @property
@@ -122,6 +130,11 @@ class LocalBackend:
     @property
     def router_url(self) -> str:
         return f"http://127.0.0.1:{self.router_port}"
+
+    @property
+    def admin_url(self) -> str:
+        """The backend's own endpoints: /readyz, /metrics, /_local/status, /_local/templates."""
+        return f"http://127.0.0.1:{self.admin_port}"
 
     def provider_config(self) -> dict[str, Any]:
         """The NeMo Gym provider's `substrate:` block for this backend (`client_config.py`)."""
@@ -211,15 +224,7 @@ class LocalBackend:
         if trim is not None:
             self._trimmer = asyncio.get_running_loop().create_task(_trim_heap_forever(trim))
 
-        self._router = Router(
-            self.plane,
-            self.metrics,
-            timeout_s=self.router_timeout_s,
-            admin={
-                ("POST", "/_local/templates"): self._add_template,
-                ("GET", "/_local/status"): self._status,
-            },
-        )
+        self._router = Router(self.plane, self.metrics, timeout_s=self.router_timeout_s)
         try:
             self.router_port = await self._router.start("127.0.0.1", self._router_port)
         except OSError as exc:
@@ -227,10 +232,25 @@ class LocalBackend:
                 f"cannot listen on 127.0.0.1:{self._router_port} for the router ({exc}); pick "
                 "another --router-port"
             ) from exc
+        self._admin = AdminServer(
+            self.metrics,
+            {
+                ("POST", "/_local/templates"): self._add_template,
+                ("GET", "/_local/status"): self._status,
+            },
+        )
+        try:
+            self.admin_port = await self._admin.start("127.0.0.1", self._admin_port)
+        except OSError as exc:
+            raise BackendError(
+                f"cannot listen on 127.0.0.1:{self._admin_port} for the admin endpoints ({exc}); "
+                "pick another --admin-port"
+            ) from exc
         info = {
             "pid": os.getpid(),
             "api": self.api_address,
             "router": self.router_url,
+            "admin": self.admin_url,
             "runtime": name,
             "runtime_reason": reason,
             "runtime_warning": warning or "",
@@ -255,6 +275,9 @@ class LocalBackend:
                 trimmer.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await trimmer
+            if self._admin is not None:
+                admin, self._admin = self._admin, None
+                await admin.close()
             if self._router is not None:
                 router, self._router = self._router, None
                 await router.close()
@@ -292,7 +315,7 @@ class LocalBackend:
         source = request.query.get("source", "<request>")
         try:
             text = body.decode()
-            # parsing a large document takes a while: keep it off the router's event loop
+            # parsing a large document takes a while: keep it off the shared event loop
             template = await asyncio.to_thread(parse_template_yaml, text, source=source)
         except (UnicodeDecodeError, TemplateError) as exc:
             return json_error(400, "bad_request", str(exc))
@@ -341,6 +364,7 @@ class LocalBackend:
             "runtime_reason": self.runtime_reason,
             "api": self.api_address,
             "router": self.router_url,
+            "admin": self.admin_url,
             "state_dir": str(self.state_dir),
             "workers": workers,
             "actors": [

@@ -1,9 +1,10 @@
 """A backend in another process: start it detached, ask it what it serves, stop it.
 
 `local up --daemon` re-executes `python -m gym_substrate.local up ...` in a new session with its
-output in `<state-dir>/backend.log`, and is done once the API and the router both answer. Other
-commands find such a backend through `backend.json` (`statedir.read_backend_info`) and talk to it
-over its router's own endpoints (`/_local/status`, `/_local/templates`) or stop it by signal.
+output in `<state-dir>/backend.log`, and is done once the API, the router and the admin listener
+answer. Other commands find such a backend through `backend.json` (`statedir.read_backend_info`)
+and talk to it over its admin listener (`/_local/status`, `/_local/templates`; the router port
+serves actor traffic only, as Substrate's) or stop it by signal.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from gym_substrate.local.statedir import read_backend_info
 
 __all__ = [
     "START_TIMEOUT_S",
+    "admin_url",
     "answers",
     "fetch_status",
     "pid_alive",
@@ -46,6 +48,7 @@ def spawn(
     runtime: str,
     api_port: int,
     router_port: int,
+    admin_port: int,
     router_timeout: float,
     kill_on_stop: bool,
 ) -> subprocess.Popen[bytes]:
@@ -55,7 +58,7 @@ def spawn(
         sys.executable, "-m", "gym_substrate.local", "up",
         "--workers", str(workers), "--runtime", runtime, "--state-dir", str(folder),
         "--api-port", str(api_port), "--router-port", str(router_port),
-        "--router-timeout", str(router_timeout),
+        "--admin-port", str(admin_port), "--router-timeout", str(router_timeout),
     ] + (["--kill-on-stop"] if kill_on_stop else [])  # fmt: skip
     with open(folder / "backend.log", "ab") as log_file:
         return subprocess.Popen(
@@ -83,13 +86,28 @@ def wait_until_serving(folder: Path, proc: subprocess.Popen[bytes]) -> dict[str,
         time.sleep(0.1)
 
 
+def admin_url(info: Mapping[str, Any]) -> str:
+    """The admin listener of the backend ``info`` describes (BackendError if it has none)."""
+    url = info.get("admin")
+    if not isinstance(url, str) or not url.startswith("http://"):
+        raise BackendError(
+            f"the backend (pid {info.get('pid')}) records no admin address in backend.json "
+            "(started by an older gym-substrate?); restart it with `gym-substrate local down` "
+            "and `gym-substrate local up`"
+        )
+    return url
+
+
 def answers(info: Mapping[str, Any]) -> bool:
-    """True when both the router (`/readyz`) and the gRPC API of ``info`` answer."""
+    """True when the admin listener (`/readyz`) and the gRPC API of ``info`` answer.
+
+    The router needs no probe: `backend.json` is written once all three listeners are up.
+    """
     try:
-        with urllib.request.urlopen(f"{info['router']}/readyz", timeout=1) as response:
+        with urllib.request.urlopen(f"{admin_url(info)}/readyz", timeout=1) as response:
             if response.status != 200:
                 return False
-    except OSError:
+    except (OSError, BackendError):
         return False
     import grpc
 
@@ -133,14 +151,15 @@ def pid_alive(pid: int) -> bool:
 
 
 def fetch_status(info: Mapping[str, Any], folder: Path) -> dict[str, Any]:
-    """The running backend's `LocalBackend.status()`, asked over its router."""
+    """The running backend's `LocalBackend.status()`, asked over its admin listener."""
+    admin = admin_url(info)
     try:
-        with urllib.request.urlopen(f"{info['router']}/_local/status", timeout=10) as response:
+        with urllib.request.urlopen(f"{admin}/_local/status", timeout=10) as response:
             data: dict[str, Any] = json.loads(response.read())
     except (OSError, ValueError) as exc:  # URLError, HTTPError, timeouts, a non-JSON answer
         raise BackendError(
             f"the backend (pid {info.get('pid')}) on {folder} did not report its status at "
-            f"{info['router']}: {exc}; if it hangs, stop it with `gym-substrate local down "
+            f"{admin}: {exc}; if it hangs, stop it with `gym-substrate local down "
             f"--state-dir {folder}`"
         ) from exc
     return data
@@ -150,7 +169,8 @@ def post_template(
     info: Mapping[str, Any], folder: Path, document: bytes, source: str
 ) -> dict[str, Any]:
     """Register a template document with the running backend (it takes the golden snapshot)."""
-    url = f"{info['router']}/_local/templates?" + urllib.parse.urlencode({"source": source})
+    admin = admin_url(info)
+    url = f"{admin}/_local/templates?" + urllib.parse.urlencode({"source": source})
     request = urllib.request.Request(url, data=document, method="POST")
     try:
         with urllib.request.urlopen(request, timeout=300) as response:
@@ -165,7 +185,7 @@ def post_template(
         raise BackendError(detail) from exc
     except (urllib.error.URLError, OSError) as exc:
         raise BackendError(
-            f"cannot reach the backend at {info['router']} ({exc}); check `gym-substrate "
+            f"cannot reach the backend at {admin} ({exc}); check `gym-substrate "
             f"local status --state-dir {folder}`"
         ) from exc
     return result

@@ -1,13 +1,29 @@
 """The router: Substrate's Host-based HTTP entry to actors, as one aiohttp reverse proxy.
 
-It mirrors atenet (reference/substrate.md §4): `Host: <actor>.<atespace>.actors.resources.
-substrate.ate.dev[:port]` picks the actor, a suspended or paused actor is resumed on demand
-(deduplicated per actor, ABORTED retried with backoff inside a 15 s budget), resume errors map
-to the same HTTP statuses and bodies, and every request is cut at the route timeout (10 s by
-default, like Envoy's route timeout) so clients meet the real limit here. Bodies stream both ways
-and upstream connections are pooled keep-alive (aiohttp sets TCP_NODELAY), because the router
-sits on the latency path of every exec. Requests whose Host is this machine (127.0.0.1,
-localhost) reach the backend's own endpoints instead: /metrics, /readyz, /_local/*.
+It stands in for atenet's Envoy plus its ext_proc server (reference/substrate.md §4) and fails
+the way they do:
+
+- `Host: <actor>.<atespace>.actors.resources.substrate.ate.dev[:port]` picks the actor, matched
+  case-sensitively; any other Host (127.0.0.1 and localhost included) is `404 invalid host`.
+  The backend's own endpoints live on the admin listener (`admin.py`), not here.
+- Every request calls ResumeActor on the control plane, RUNNING actor or not, as ext_proc does:
+  concurrent requests for one actor share one call, which runs detached with a 15 s budget and
+  retries ABORTED with atenet's backoff (7 tries from 200 ms, x1.5, +0-20 % jitter). The request
+  waits for it at most `EXTPROC_TIMEOUT_S` (Envoy's ext_proc timeout): past that it gets
+  Envoy's bare `504` with an empty body while the resume carries on for the next request.
+  Resume errors map to atenet's statuses and bodies.
+- The actor gets the request as Envoy forwards it: `Host: <ip>:<port>` (the actor's address,
+  port 80 when the record has none), `x-request-id` (kept, or a new UUID), `x-forwarded-proto`,
+  `x-envoy-expected-rq-timeout-ms`; the client gets `server: envoy` and
+  `x-envoy-upstream-service-time` on every answer.
+- The route timeout (10 s by default) counts from the end of the request body, as Envoy's does,
+  so a slow upload is never cut; an answer not complete by then is `504 upstream request
+  timeout` (or a cut connection once its headers went out).
+- An Upgrade (WebSocket, anything but h2c) or CONNECT is `403` with an empty body, before any
+  resume: Substrate's listener has no upgrade configs.
+
+Bodies stream both ways and upstream connections are pooled keep-alive (aiohttp sets
+TCP_NODELAY), because the router sits on the latency path of every exec.
 
 Hostile input answers 4xx, never 500: a Host that is not UTF-8 is 400; an absolute-form target
 (`GET http://<actor host>/path`) is routed by its authority as RFC 9112 §3.2.2 requires (and
@@ -21,11 +37,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
-import json
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable
+import uuid
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -37,11 +53,19 @@ from yarl import URL
 
 from gym_substrate._names import ACTOR_DOMAIN, is_dns_label
 from gym_substrate.local.errors import ApiError
-from gym_substrate.local.lifecycle import RUNNING, ControlPlane
-from gym_substrate.local.metrics import CONTENT_TYPE, Metrics
+from gym_substrate.local.lifecycle import ControlPlane
+from gym_substrate.local.metrics import Metrics
 from gym_substrate.local.store import ActorRecord
 
-__all__ = ["HEAD_TIMEOUT_S", "Router", "json_error", "parse_host", "read_limited"]
+__all__ = [
+    "EXTPROC_TIMEOUT_S",
+    "HEAD_TIMEOUT_S",
+    "RESUME_BUDGET_S",
+    "HeadDeadlineServer",
+    "Router",
+    "parse_host",
+    "upstream_authority",
+]
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +84,21 @@ _HOP_BY_HOP = frozenset(
         "Host",
     )
 )
-_RESUME_BUDGET_S = 15.0
+# Envoy overwrites the upstream's `server` and adds its own timing header
+_REPLACED_ON_THE_WAY_BACK = _HOP_BY_HOP | {"server", "content-length"}
+# Envoy's ext_proc timeout and message_timeout (xds.go): the resume phase of one request
+EXTPROC_TIMEOUT_S = 5.0
+# the resumer's detached budget for one shared resume (resumer.go)
+RESUME_BUDGET_S = 15.0
+# the resumer's ABORTED backoff (resumer.go): 7 tries, sleeps 200 ms x1.5^n, +0-20 % jitter
+_RESUME_TRIES = 7
+_BACKOFF_FIRST_S = 0.2
+_BACKOFF_FACTOR = 1.5
+_BACKOFF_JITTER = 0.2
 _CHUNK = 256 * 1024
 _CONNECT_TIMEOUT_S = 2.0
 _SMALL_BODY = 64 * 1024
+_ACTOR_PORT = 80  # atenet only ever forwards to port 80 of the actor
 # a request head (request line + headers) must be complete this long after its first byte
 HEAD_TIMEOUT_S = 10.0
 # an idle keep-alive connection (no request begun) is closed after this, as aiohttp's default
@@ -72,8 +107,10 @@ _TIMEOUT_408 = (
     b"HTTP/1.1 408 Request Timeout\r\nContent-Type: text/plain\r\nConnection: close\r\n"
     b"Content-Length: %d\r\n\r\n%s"
 )
-
-AdminHandler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+_ENVOY = "envoy"
+_CONNECT_FAILURE = (
+    "upstream connect error or disconnect/reset before headers. reset reason: connection failure"
+)
 
 
 class _HeadDeadline(RequestHandler):
@@ -116,7 +153,7 @@ class _HeadDeadline(RequestHandler):
         self.force_close()
 
 
-class _Server(web.Server):
+class HeadDeadlineServer(web.Server):
     """A low-level aiohttp server whose connections are `_HeadDeadline` handlers."""
 
     def __init__(self, handler: Any, *, head_timeout_s: float, **kwargs: Any) -> None:
@@ -130,53 +167,65 @@ class _Server(web.Server):
         )
 
 
-async def read_limited(request: web.BaseRequest, limit: int) -> bytes | None:
-    """The whole body, or None once it is known to exceed ``limit`` bytes (nothing more read)."""
-    if request.content_length is not None and request.content_length > limit:
-        return None
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.content.iter_any():
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
+def _split_host_port(host: str) -> tuple[str, str | None]:
+    """``host`` without its port, as Go's net.SplitHostPort splits it; else (host, reason)."""
+    if ":" not in host:
+        return host, None
+    if host.startswith("["):
+        inside, bracket, after = host[1:].partition("]")
+        if not bracket or not after.startswith(":") or ":" in after[1:]:
+            return host, f"{host!r} is not a host:port"
+        return inside, None
+    name, _, _port = host.rpartition(":")
+    if ":" in name:
+        return host, f"{host!r} has too many colons for a host:port"
+    return name, None
 
 
 def parse_host(host: str) -> tuple[str, str] | str:
-    """(actor_id, atespace) from a Host header, or the reason it is not an actor's host."""
-    name = host
-    if name.startswith("["):
-        name = name.partition("]")[0] + "]"
-    elif name.count(":") == 1:
-        name = name.partition(":")[0]
-    name = name.rstrip(".").lower()
+    """(actor_id, atespace) from a Host header, or the reason it is not an actor's host.
+
+    Case-sensitive, as atenet's parser: `A1.t.actors...` names no actor (ids are lower case).
+    """
+    name, bad = _split_host_port(host)
+    if bad is not None:
+        return bad
+    name = name.removesuffix(".")
     suffix = "." + ACTOR_DOMAIN
     if not name.endswith(suffix):
-        return f"not under {ACTOR_DOMAIN}"
-    labels = name[: -len(suffix)].split(".")
-    if len(labels) != 2:
-        return "want <actor_id>.<atespace>." + ACTOR_DOMAIN
-    actor_id, atespace = labels
-    for label in labels:
+        return f"not a name under {ACTOR_DOMAIN}"
+    actor_id, dot, atespace = name[: -len(suffix)].partition(".")
+    if not dot:
+        return f"want <actor_id>.<atespace>.{ACTOR_DOMAIN}"
+    for what, label in (("actor id", actor_id), ("atespace", atespace)):
         if not is_dns_label(label):
-            return f"{label!r} is not a DNS-1123 label"
+            return (
+                f"{what} {label!r} is not a DNS-1123 label (1-63 of lower-case a-z, 0-9 and "
+                "'-', alphanumeric at both ends)"
+            )
     return actor_id, atespace
 
 
-def _is_local_host(host: str) -> bool:
-    name = host
-    if name.startswith("["):
-        name = name[1:].partition("]")[0]
-    elif name.count(":") == 1:
-        name = name.partition(":")[0]
-    if name in ("localhost", ""):
-        return True
+def upstream_authority(address: str) -> str | None:
+    """`<ip>:<port>` to dial for an actor's recorded address (port 80 when it has none).
+
+    None when the address holds no IP address: atenet answers such an actor 500.
+    """
+    text, port = address, _ACTOR_PORT
     try:
-        return ipaddress.ip_address(name).is_loopback
+        ip = ipaddress.ip_address(text)
     except ValueError:
-        return False
+        name, colon, port_text = address.rpartition(":")
+        if not colon or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+            return None
+        port = int(port_text)
+        if name.startswith("[") and name.endswith("]"):
+            name = name[1:-1]
+        try:
+            ip = ipaddress.ip_address(name)
+        except ValueError:
+            return None
+    return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
 
 
 def _absolute_target(target: str) -> tuple[str, str] | None:
@@ -193,8 +242,31 @@ def _absolute_target(target: str) -> tuple[str, str] | None:
     return url.raw_authority, path
 
 
+def _upgrade(request: web.BaseRequest) -> str | None:
+    """The protocol a request asks to switch to (CONNECT counts, as in Envoy), else None."""
+    if request.method == "CONNECT":
+        return "CONNECT"
+    wanted = request.headers.get("Upgrade")
+    if not wanted or wanted.strip().lower() == "h2c":
+        return None  # Envoy's HTTP/1 codec drops an h2c offer and serves the request
+    tokens = {
+        token.strip().lower()
+        for value in request.headers.getall("Connection", [])
+        for token in value.split(",")
+    }
+    return wanted if "upgrade" in tokens else None
+
+
 def _text(status: int, body: str) -> web.Response:
-    return web.Response(status=status, text=body, content_type="text/plain")
+    """A reply of the router itself (ext_proc's immediate responses, Envoy's local replies)."""
+    return web.Response(
+        status=status, text=body, content_type="text/plain", headers={"Server": _ENVOY}
+    )
+
+
+def _bare(status: int) -> web.Response:
+    """An Envoy local reply without a body (ext_proc timeout, refused upgrade)."""
+    return web.Response(status=status, headers={"Server": _ENVOY})
 
 
 _GRPC_TO_HTTP = {
@@ -202,7 +274,11 @@ _GRPC_TO_HTTP = {
     grpc.StatusCode.FAILED_PRECONDITION: (503, 'actor "{id}" unavailable: {msg}', "error"),
     grpc.StatusCode.UNAVAILABLE: (503, 'actor "{id}" unavailable', "error"),
     grpc.StatusCode.DEADLINE_EXCEEDED: (504, 'actor "{id}" request timed out', "error"),
-}  # anything else, ABORTED after its retries included, is atenet's 500
+    grpc.StatusCode.PERMISSION_DENIED: (403, 'actor "{id}" access denied', "error"),
+    grpc.StatusCode.UNAUTHENTICATED: (401, 'actor "{id}" authentication required', "error"),
+    grpc.StatusCode.RESOURCE_EXHAUSTED: (429, 'actor "{id}" rate limited', "error"),
+}  # anything else, ABORTED through every retry included, is atenet's 500
+_OTHER_ERROR = (500, 'error resuming actor "{id}"', "error")
 
 
 class _UpstreamDown(Exception):
@@ -210,23 +286,15 @@ class _UpstreamDown(Exception):
 
 
 class Router:
-    def __init__(
-        self,
-        plane: ControlPlane,
-        metrics: Metrics,
-        *,
-        timeout_s: float = 10.0,
-        admin: dict[tuple[str, str], AdminHandler] | None = None,
-    ) -> None:
+    def __init__(self, plane: ControlPlane, metrics: Metrics, *, timeout_s: float = 10.0) -> None:
         if timeout_s <= 0:
             raise ValueError("router timeout must be > 0 seconds")
         self.plane = plane
         self.metrics = metrics
         self.timeout_s = timeout_s
-        self.admin = dict(admin or {})
+        self._expected_ms = str(max(1, round(timeout_s * 1000)))
         self._resumes: dict[str, asyncio.Task[ActorRecord]] = {}
         self._pools: dict[str, aiohttp.ClientSession] = {}
-        self._closed = False
         self._runner: web.ServerRunner | None = None
         self.port = 0
 
@@ -255,7 +323,7 @@ class Router:
     async def start(self, host: str, port: int) -> int:
         self.plane.sandbox_listeners.append(self.release)
         # one catch-all handler: aiohttp's low-level server, no Application routing
-        server = _Server(
+        server = HeadDeadlineServer(
             self._handle,
             head_timeout_s=HEAD_TIMEOUT_S,
             max_field_size=65536,
@@ -283,6 +351,11 @@ class Router:
 
     # ------------------------------------------------------------------ request path
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        if _upgrade(request) is not None:
+            # Envoy's connection manager refuses it before any filter (no resume) runs
+            refused = _bare(403)
+            refused.force_close()  # the bytes after the head are another protocol
+            return refused
         host = request.headers.get("Host", "")
         target = request.raw_path
         if not target.startswith("/"):
@@ -294,38 +367,53 @@ class Router:
             host.encode()
         except UnicodeEncodeError:
             return _text(400, "invalid Host header: not UTF-8")
-        parsed = parse_host(host)
-        if isinstance(parsed, str):
-            if _is_local_host(host):
-                return await self._local(request, host)
-            return _text(404, f'invalid host "{host}": {parsed}')
-        actor_id, atespace = parsed
+        for attempt in (0, 1):
+            routed = await self._route(host)
+            if isinstance(routed, web.StreamResponse):
+                return routed
+            record, authority = routed
+            try:
+                return await self._proxy(request, target, record, authority)
+            except _UpstreamDown as down:
+                # the sandbox may have died behind our back: if so the control plane puts
+                # the actor back to SUSPENDED and the next round resumes it
+                log.info("upstream %s for %s is down: %s", authority, record.key, down)
+                if attempt == 0 and await self.plane.sandbox_gone(record.key, record.handle):
+                    continue
+                return _text(503, _CONNECT_FAILURE)
+        raise AssertionError("unreachable")
+
+    async def _route(self, host: str) -> tuple[ActorRecord, str] | web.StreamResponse:
+        """ext_proc's part: the actor's upstream address, or the answer that replaces it.
+
+        Timed as atenet times it (`atenet_router_route_duration_seconds`): the routing only,
+        not the upstream's answer.
+        """
         started = time.perf_counter()
         outcome = "error"
         template = ("", "")
         try:
-            for attempt in (0, 1):
-                record = self.plane.lookup(atespace, actor_id)
-                if record is None or record.status != RUNNING or not record.address:
-                    try:
-                        record = await self._resume(atespace, actor_id)
-                    except ApiError as exc:
-                        status, body, outcome = _GRPC_TO_HTTP.get(
-                            exc.code, (500, 'error resuming actor "{id}"', "error")
-                        )
-                        return _text(status, body.format(id=actor_id, msg=exc.message))
-                template = (record.template_namespace, record.template_name)
-                try:
-                    response = await self._proxy(request, target, record)
-                except _UpstreamDown as down:
-                    # the sandbox may have died behind our back: if so the control plane puts
-                    # the actor back to SUSPENDED and the next round resumes it
-                    if attempt == 0 and await self.plane.sandbox_gone(record.key, record.handle):
-                        continue
-                    return _text(503, f"upstream connect error or disconnect/reset: {down}")
-                outcome = "ok"
-                return response
-            raise AssertionError("unreachable")
+            parsed = parse_host(host)
+            if isinstance(parsed, str):
+                outcome = "not_found"
+                return _text(404, f'invalid host "{host}": {parsed}')
+            actor_id, atespace = parsed
+            try:
+                async with asyncio.timeout(EXTPROC_TIMEOUT_S):
+                    record = await self._resume(atespace, actor_id)
+            except TimeoutError:
+                # Envoy gave up on ext_proc: its own 504, no body; the resume goes on
+                outcome = "cancelled"
+                return _bare(504)
+            except ApiError as exc:
+                status, body, outcome = _GRPC_TO_HTTP.get(exc.code, _OTHER_ERROR)
+                return _text(status, body.format(id=actor_id, msg=exc.message))
+            template = (record.template_namespace, record.template_name)
+            authority = upstream_authority(record.address)
+            if authority is None:
+                return _text(500, f'actor "{actor_id}" routing failed')
+            outcome = "ok"
+            return record, authority
         except asyncio.CancelledError:
             outcome = "cancelled"
             raise
@@ -335,6 +423,7 @@ class Router:
             )
 
     async def _resume(self, atespace: str, actor_id: str) -> ActorRecord:
+        """Join or start the one ResumeActor of this actor; it outlives the caller."""
         key = f"{atespace}/{actor_id}"
         task = self._resumes.get(key)
         if task is None or task.done():
@@ -346,56 +435,91 @@ class Router:
             def forget(done: asyncio.Task[ActorRecord]) -> None:
                 if self._resumes.get(key) is done:
                     del self._resumes[key]
+                if not done.cancelled():
+                    done.exception()  # retrieved: nobody may be waiting any more
 
             task.add_done_callback(forget)
         return await asyncio.shield(task)
 
     async def _resume_with_retry(self, atespace: str, actor_id: str) -> ActorRecord:
-        deadline = time.monotonic() + _RESUME_BUDGET_S
-        delay = 0.2
-        while True:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + RESUME_BUDGET_S
+        delay = _BACKOFF_FIRST_S
+        for attempt in range(_RESUME_TRIES):
             try:
-                return await asyncio.wait_for(
-                    self.plane.resume_actor(atespace, actor_id),
-                    timeout=max(0.1, deadline - time.monotonic()),
-                )
-            except ApiError as exc:
-                if exc.code != grpc.StatusCode.ABORTED or time.monotonic() + delay > deadline:
-                    raise
+                async with asyncio.timeout_at(deadline):
+                    return await self.plane.resume_actor(atespace, actor_id)
             except TimeoutError:
+                # the gRPC call's deadline: the control plane's workflow runs on regardless
                 raise ApiError(
-                    grpc.StatusCode.DEADLINE_EXCEEDED, "resume exceeded its budget"
+                    grpc.StatusCode.DEADLINE_EXCEEDED, "context deadline exceeded"
                 ) from None
-            # ABORTED: another operation holds the actor. Wait for exactly that one to end
-            # (no sleeping past it), else back off like atenet's resumer.
-            remaining = deadline - time.monotonic()
-            if not await self.plane.wait_idle(f"{atespace}/{actor_id}", remaining):
-                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
-                delay *= 1.5
+            except ApiError as exc:
+                if exc.code != grpc.StatusCode.ABORTED or attempt == _RESUME_TRIES - 1:
+                    raise
+            # ABORTED: another operation holds the actor's lock; back off as atenet does
+            pause = delay * (1 + random.uniform(0, _BACKOFF_JITTER))
+            delay *= _BACKOFF_FACTOR
+            if loop.time() + pause >= deadline:
+                break
+            await asyncio.sleep(pause)
+        raise ApiError(grpc.StatusCode.UNKNOWN, "timed out waiting for the condition")
+
+    def _upstream_headers(self, request: web.BaseRequest, authority: str) -> CIMultiDict[str]:
+        """The request headers as Envoy forwards them to the actor."""
+        h2c = request.headers.get("Upgrade", "").lower() == "h2c"
+        headers: CIMultiDict[str] = CIMultiDict(
+            (name, value)
+            for name, value in request.headers.items()
+            if name.lower() not in _HOP_BY_HOP and not (h2c and name.lower() == "http2-settings")
+        )
+        headers["Host"] = authority  # ext_proc rewrites :authority to the actor's address
+        if "x-request-id" not in headers:
+            headers["x-request-id"] = str(uuid.uuid4())
+        headers["x-forwarded-proto"] = "http"
+        headers["x-envoy-expected-rq-timeout-ms"] = self._expected_ms
+        return headers
+
+    @staticmethod
+    def _downstream_headers(upstream: aiohttp.ClientResponse, took_s: float) -> CIMultiDict[str]:
+        kept: CIMultiDict[str] = CIMultiDict(
+            (name, value)
+            for name, value in upstream.headers.items()
+            if name.lower() not in _REPLACED_ON_THE_WAY_BACK
+        )
+        kept["Server"] = _ENVOY
+        kept["x-envoy-upstream-service-time"] = str(int(took_s * 1000))
+        return kept
 
     async def _proxy(
-        self, request: web.BaseRequest, target: str, record: ActorRecord
+        self, request: web.BaseRequest, target: str, record: ActorRecord, authority: str
     ) -> web.StreamResponse:
         pool = self._pool(record)
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
-        url = URL(f"http://{record.address}{target}", encoded=True)  # forwarded as sent
+        headers = self._upstream_headers(request, authority)
+        url = URL(f"http://{authority}{target}", encoded=True)  # forwarded as sent
         has_body = request.body_exists
         response: web.StreamResponse | None = None
+        loop = asyncio.get_running_loop()
         try:
-            async with asyncio.timeout(self.timeout_s):
+            # Envoy's route timeout starts once the whole request (its body too) is in
+            async with asyncio.timeout(None) as limit:
+                start_clock = _clock_starter(limit, loop, self.timeout_s)
+                if not has_body:
+                    start_clock()
                 for attempt in (0, 1):
+                    sent = loop.time()
                     try:
                         upstream_cm = pool.request(
                             request.method,
                             url,
                             headers=headers,
-                            data=request.content if has_body else None,
+                            data=_body(request, start_clock) if has_body else None,
                             allow_redirects=False,
                             compress=None,
                         )
                         upstream = await upstream_cm.__aenter__()
                     except aiohttp.ConnectionTimeoutError as exc:
-                        raise _UpstreamDown(f"connect to {record.address} timed out") from exc
+                        raise _UpstreamDown(f"connect to {authority} timed out") from exc
                     except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
                         # a pooled keep-alive connection died with its sandbox; retry once on a
                         # fresh one when no body bytes were consumed
@@ -404,6 +528,7 @@ class Router:
                         raise
                     break
                 try:
+                    kept = self._downstream_headers(upstream, loop.time() - sent)
                     length = upstream.headers.get("Content-Length")
                     if (
                         length is not None
@@ -412,25 +537,18 @@ class Router:
                         and request.method != "HEAD"  # HEAD's Content-Length is not its body
                     ):
                         # the common case (exec JSON): one read, one write back
-                        kept = CIMultiDict(
-                            (name, value)
-                            for name, value in upstream.headers.items()
-                            if name.lower() not in _HOP_BY_HOP and name.lower() != "content-length"
-                        )
                         return web.Response(
                             status=upstream.status,
                             reason=upstream.reason,
                             body=await upstream.read(),
                             headers=kept,
                         )
-                    response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-                    for name, value in upstream.headers.items():
-                        if name.lower() not in _HOP_BY_HOP:
-                            response.headers.add(name, value)
-                    if upstream.headers.get("Content-Length") is None and request.version >= (
-                        1,
-                        1,
-                    ):
+                    if length is not None:
+                        kept["Content-Length"] = length
+                    response = web.StreamResponse(
+                        status=upstream.status, reason=upstream.reason, headers=kept
+                    )
+                    if length is None and request.version >= (1, 1):
                         response.enable_chunked_encoding()
                     await response.prepare(request)
                     async for chunk in upstream.content.iter_chunked(_CHUNK):
@@ -451,32 +569,27 @@ class Router:
                 if request.transport is not None:
                     request.transport.close()
                 return response
-            log.info("upstream %s for %s failed: %s", record.address, record.key, exc)
+            log.info("upstream %s for %s failed: %s", authority, record.key, exc)
             if isinstance(exc, aiohttp.ClientConnectorError) or not has_body:
                 raise _UpstreamDown(str(exc)) from exc
-            return _text(503, "upstream connect error or disconnect/reset before headers")
-
-    # ------------------------------------------------------------------ local endpoints
-    async def _local(self, request: web.BaseRequest, host: str) -> web.StreamResponse:
-        path = request.path
-        if path == "/metrics" and request.method == "GET":
-            return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
-        if path == "/readyz" and request.method == "GET":
-            return web.json_response({"status": "ok"})
-        handler = self.admin.get((request.method, path))
-        if handler is not None:
-            return await handler(request)
-        return _text(
-            404,
-            f'invalid host "{host}": not under {ACTOR_DOMAIN} '
-            "(this address serves /metrics and /readyz; send actor traffic with "
-            "Host: <actor>.<atespace>." + ACTOR_DOMAIN + ")",
-        )
+            return _text(503, _CONNECT_FAILURE)
 
 
-def json_error(status: int, code: str, message: str) -> web.Response:
-    return web.Response(
-        status=status,
-        text=json.dumps({"error": {"code": code, "message": message}}),
-        content_type="application/json",
-    )
+def _clock_starter(
+    limit: asyncio.Timeout, loop: asyncio.AbstractEventLoop, seconds: float
+) -> Callable[[], None]:
+    """A callback that arms ``limit`` ``seconds`` from when it is called (once; never late)."""
+
+    def start() -> None:
+        if limit.when() is None and not limit.expired():
+            with contextlib.suppress(RuntimeError):  # the exchange already ended
+                limit.reschedule(loop.time() + seconds)
+
+    return start
+
+
+async def _body(request: web.BaseRequest, at_end: Callable[[], None]) -> AsyncIterator[bytes]:
+    """The request body as it arrives; ``at_end`` runs once the client has sent all of it."""
+    async for chunk in request.content.iter_any():
+        yield chunk
+    at_end()

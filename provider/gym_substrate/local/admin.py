@@ -1,0 +1,89 @@
+"""The backend's own HTTP endpoints, on a listener of their own, off the router's data path.
+
+Substrate's router port answers actor traffic only: a Host that names no actor is 404 there,
+`/readyz` and `/metrics` included (its metrics and status pages live on other ports). So the
+local backend serves its readiness, its Prometheus metrics and its admin calls
+(`GET /_local/status`, `POST /_local/templates`) here, on `127.0.0.1:<admin port>`, whatever the
+Host. It shares the backend's event loop with the router, so it cannot be allowed to stall it:
+a body is read at most `limit` bytes (`read_limited`), the request head has the router's 10 s
+deadline, and the handlers parse YAML in a worker thread.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from gym_substrate.local.metrics import CONTENT_TYPE, Metrics
+from gym_substrate.local.router import HEAD_TIMEOUT_S, HeadDeadlineServer
+
+__all__ = ["AdminHandler", "AdminServer", "json_error", "read_limited"]
+
+AdminHandler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+
+
+async def read_limited(request: web.BaseRequest, limit: int) -> bytes | None:
+    """The whole body, or None once it is known to exceed ``limit`` bytes (nothing more read)."""
+    if request.content_length is not None and request.content_length > limit:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def json_error(status: int, code: str, message: str) -> web.Response:
+    return web.Response(
+        status=status,
+        text=json.dumps({"error": {"code": code, "message": message}}),
+        content_type="application/json",
+    )
+
+
+class AdminServer:
+    """`/readyz`, `/metrics` and the backend's ``routes`` on one aiohttp listener."""
+
+    def __init__(self, metrics: Metrics, routes: dict[tuple[str, str], AdminHandler]) -> None:
+        self.metrics = metrics
+        self.routes = dict(routes)
+        self._runner: web.ServerRunner | None = None
+        self.port = 0
+
+    async def start(self, host: str, port: int) -> int:
+        server = HeadDeadlineServer(
+            self._handle, head_timeout_s=HEAD_TIMEOUT_S, max_field_size=65536, access_log=None
+        )
+        self._runner = web.ServerRunner(server, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, reuse_address=True)
+        await site.start()
+        self.port = int(self._runner.addresses[0][1])
+        return self.port
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        path = request.path
+        if path == "/metrics" and request.method == "GET":
+            return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+        if path == "/readyz" and request.method == "GET":
+            return web.json_response({"status": "ok"})
+        handler = self.routes.get((request.method, path))
+        if handler is not None:
+            return await handler(request)
+        served = ["GET /readyz", "GET /metrics", *(f"{m} {p}" for m, p in sorted(self.routes))]
+        return json_error(
+            404,
+            "not_found",
+            f"no admin endpoint {request.method} {path}; this port serves {', '.join(served)} "
+            "(actor traffic goes to the router port)",
+        )
