@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import time
 from typing import Any
@@ -70,6 +71,28 @@ async def test_non_utf8_host_is_400(backend: LocalBackend) -> None:
     response = await asyncio.to_thread(_exchange, backend.router_port, raw)
     assert _status(response) == 400
     assert b"Host" in _body(response)
+
+
+async def test_malformed_requests_log_one_line_not_a_traceback(
+    backend: LocalBackend, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Any client can send bytes that are not HTTP; each is a 400 and one INFO line, never
+    aiohttp's traceback at ERROR (which would let anyone fill the log)."""
+    raws = (
+        b"GET\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nabc",
+        b"G\x00T / HTTP/1.1\r\n\r\n",
+    )
+    with caplog.at_level(logging.INFO):
+        for raw in raws:
+            response = await asyncio.to_thread(_exchange, backend.router_port, raw)
+            assert _status(response) == 400
+            assert _body(response) == b"Bad Request"
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == []
+    lines = [r for r in caplog.records if "malformed request" in r.getMessage()]
+    assert len(lines) == len(raws)
+    assert all(r.exc_info is None for r in lines)
 
 
 async def test_absolute_form_target_is_routed_by_its_authority(

@@ -42,6 +42,7 @@ import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from http import HTTPStatus
 from typing import Any
 
 import aiohttp
@@ -143,6 +144,30 @@ class _HeadDeadline(RequestHandler):
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """The HTTP parser's answer to bytes that are not a valid request: one log line, not
+        aiohttp's traceback at ERROR per request (any client could fill the log with them),
+        and the plain-text status Envoy sends."""
+        if status >= 500:
+            return super().handle_error(request, status, exc, message)
+        detail = " ".join((message or str(exc or "") or "unreadable request").split())[:200]
+        log.info("malformed request from %s answered %d: %s", request.remote, status, detail)
+        if request.writer.output_size > 0:  # as aiohttp: too late for another answer
+            raise ConnectionError("response already sent; cannot send the error answer")
+        try:
+            text = HTTPStatus(status).phrase
+        except ValueError:
+            text = "Bad Request"
+        resp = web.Response(status=status, text=text, headers={"server": "envoy"})
+        resp.force_close()
+        return resp
 
     def _head_expired(self) -> None:
         self._head_timer = None
