@@ -732,6 +732,12 @@ def _workload_agent_image(w: _Section, target: str, mount: str, image: str) -> s
             )
         return None
     if mount == "image-volume":
+        if w.get("agentImage") is not None:
+            raise _fail(
+                w.sub("agentImage"),
+                "is not used with `agent.mount: image-volume` (the template mounts `agent.image`)",
+                "remove it, or use `agent.mount: derived-image`",
+            )
         if not _PINNED.match(image):
             raise _fail(
                 w.sub("image"),
