@@ -91,7 +91,9 @@ def kwok_cluster(base: Path, bin_dir: Path) -> Iterator[KwokCluster]:
     """Start a test cluster with Substrate's CRDs and stand-ins; stop it afterwards and fail if
     any of its processes is left."""
     if not (CRD_DIR / "ate.dev_actortemplates.yaml").is_file():
-        missing(f"Substrate's CRDs are not at {CRD_DIR} (../shared/substrate-crds)")
+        # Test data beside the checkout, not something set-up builds: a skip, as for the CRD
+        # schema tests (../shared/substrate-crds/README.md), on CI too.
+        pytest.skip(f"Substrate's CRDs are not at {CRD_DIR} (../shared/substrate-crds)")
     script = str(REPO / ".ci" / "test-cluster")
     up = subprocess.run(
         [script, "up", "--dir", str(base), "--nodes", "3", "--substrate", str(CRD_DIR)],
