@@ -38,17 +38,10 @@ def _cluster_problem() -> str | None:
     return None
 
 
-def _pulumi_problem() -> str | None:
-    if shutil.which("pulumi") is None:
-        return "the Pulumi CLI is not installed (no package registry ships it)"
-    return None
-
-
 _CHECKS = {
     "runsc": (_runsc_problem, True),
     "docker": (_docker_problem, True),
     "cluster": (_cluster_problem, False),
-    "pulumi_cli": (_pulumi_problem, False),
 }
 
 

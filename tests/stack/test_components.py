@@ -317,7 +317,7 @@ def test_kind_jwt_provider_config_names_the_token_file_the_step_wrote() -> None:
 
 def test_component_args_carry_what_the_component_reads_not_the_stack_config() -> None:
     args = [cls for name, cls in vars(components).items() if name.endswith("Args")]
-    assert len(args) == 8
+    assert len(args) == 9
     for cls in args:
         for f in dataclasses.fields(cls):
             assert "StackConfig" not in str(f.type), (cls.__name__, f.name)

@@ -2,7 +2,10 @@
 
 BorrowedHost (host stacks) -> KindCluster -> SubstrateInstall -> RuntimeSetup -> WorkerPool,
 AgentImage -> ActorTemplates; Access and Observability hang off the install. Destroy runs the
-same graph backwards, which is what makes the host's wipe-then-revert order hold.
+same graph backwards, which is what makes the host's wipe-then-revert order hold. Target
+`existing` replaces everything up to RuntimeSetup with ExistingCluster (the provider and reads of
+what the Substrate install left) and runs no command at all: WorkerPool, ActorTemplates, Access
+and Observability are the same components, given prebuilt images and no shell steps.
 
 Components only wire resources. Each takes one frozen `*Args` object that holds exactly what it
 reads: the scripts it runs, the objects it applies, the resources it waits for, and, where a
@@ -40,6 +43,8 @@ __all__ = [
     "AgentImageArgs",
     "BorrowedHost",
     "ClusterArgs",
+    "ExistingArgs",
+    "ExistingCluster",
     "HostArgs",
     "InstallArgs",
     "KindCluster",
@@ -185,6 +190,57 @@ class KindCluster(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self, provider=self.provider),
         )
         self.register_outputs({"kubeconfig": self.kubeconfig})
+
+
+@dataclass(frozen=True)
+class ExistingArgs:
+    """What ExistingCluster connects with and reads: the cluster runs Substrate already."""
+
+    kubeconfig: str  # the file's path: the provider reads it, so no credential enters the state
+    context: str
+    sandbox_config: str  # the SandboxConfig the pool names, which the install must have made
+    ca_bundle: str  # the ClusterTrustBundle whose PEM clients pin
+
+    @classmethod
+    def from_config(cls, cfg: StackConfig, *, kubeconfig: str, context: str) -> ExistingArgs:
+        return cls(
+            kubeconfig=kubeconfig,
+            context=context,
+            sandbox_config=cfg.sandbox_config_name,
+            ca_bundle=objects.CA_BUNDLE,
+        )
+
+
+class ExistingCluster(pulumi.ComponentResource):
+    """The Kubernetes provider for a cluster that already runs Substrate, and reads of what its
+    install left that this stack needs (the `ate-system` namespace, the SandboxConfig, the CA):
+    a missing one fails `preview` naming it, before anything is created."""
+
+    provider: k8s.Provider
+    ca_pem: pulumi.Output[str]
+
+    def __init__(self, name: str, args: ExistingArgs, opts: pulumi.ResourceOptions | None = None):
+        super().__init__(f"{_PKG}:ExistingCluster", name, {}, opts)
+        self.provider = k8s.Provider(
+            "existing",
+            kubeconfig=args.kubeconfig,
+            context=args.context,
+            # The Prometheus and Grafana ConfigMaps have fixed names their Deployments mount:
+            # update them in place rather than delete and re-create them on every change.
+            enable_config_map_mutable=True,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        read = pulumi.ResourceOptions(parent=self, provider=self.provider)
+        self.namespace = k8s.core.v1.Namespace.get("ate-system", "ate-system", opts=read)
+        self.sandbox_config = k8s.apiextensions.CustomResource.get(
+            "sandbox-config", "ate.dev/v1alpha1", "SandboxConfig", args.sandbox_config, opts=read
+        )
+        # certificates.k8s.io/v1beta1, the version Substrate's pod-certificate controller writes.
+        bundle = k8s.certificates.v1beta1.ClusterTrustBundle.get(
+            "ca-bundle", args.ca_bundle, opts=read
+        )
+        self.ca_pem = bundle.spec.apply(lambda spec: str(spec.trust_bundle))
+        self.register_outputs({"caPem": self.ca_pem})
 
 
 @dataclass(frozen=True)
@@ -360,19 +416,21 @@ class RuntimeSetup(pulumi.ComponentResource):
 class PoolArgs:
     """What WorkerPool applies once the SandboxConfig it names (`runtime`) exists."""
 
-    runner: Runner
+    runner: Runner | None
     provider: k8s.Provider
     runtime: pulumi.Resource
     ateom_image: pulumi.Input[str]
     namespace: Obj
     worker_pool: Callable[[str], Obj]  # the WorkerPool, given the ateom image
-    wait: str  # waits for the pool's worker Deployment
+    # Waits for the pool's worker Deployment. None (target `existing`, which runs no command):
+    # the templates' Ready wait covers it, since a golden snapshot needs a running worker.
+    wait: str | None
 
     @classmethod
     def from_config(
         cls,
         cfg: StackConfig,
-        runner: Runner,
+        runner: Runner | None,
         *,
         provider: k8s.Provider,
         runtime: pulumi.Resource,
@@ -385,7 +443,7 @@ class PoolArgs:
             ateom_image=ateom_image,
             namespace=objects.pool_namespace(cfg),
             worker_pool=functools.partial(objects.worker_pool, cfg),
-            wait=scripts.pool_wait_script(cfg),
+            wait=scripts.pool_wait_script(cfg) if runner is not None else None,
         )
 
 
@@ -414,13 +472,15 @@ class WorkerPool(pulumi.ComponentResource):
             "ate.dev/v1alpha1",
             "WorkerPool",
         )
-        self.ready = args.runner.run(
-            "pool-ready",
-            args.wait,
-            parent=self,
-            depends_on=[self.pool],
-            triggers=[pool.apply(lambda p: json.dumps(p))],
-        )
+        self.ready = self.pool
+        if args.runner is not None and args.wait is not None:
+            self.ready = args.runner.run(
+                "pool-ready",
+                args.wait,
+                parent=self,
+                depends_on=[self.pool],
+                triggers=[pool.apply(lambda p: json.dumps(p))],
+            )
         self.register_outputs({})
 
 
@@ -504,6 +564,9 @@ class WorkloadTemplate:
     pin: str | Callable[[str], str]
     template: Callable[[str, str], Obj]  # from what the image step printed and the agent image
     wait: Callable[[str], str]  # the Ready wait, given the template's name
+    # Target `existing`: the whole template from pinned images, awaited Ready by the provider
+    # (pin, template and wait are then unused).
+    prebuilt: Obj | None = None
 
     @classmethod
     def from_config(cls, cfg: StackConfig, wl: WorkloadConfig) -> WorkloadTemplate:
@@ -518,6 +581,7 @@ class WorkloadTemplate:
             pin=pin,
             template=functools.partial(_template_for, cfg, wl),
             wait=functools.partial(scripts.template_wait_script, cfg),
+            prebuilt=objects.prebuilt_actor_template(cfg, wl) if cfg.existing else None,
         )
 
 
@@ -534,9 +598,9 @@ def _template_for(cfg: StackConfig, wl: WorkloadConfig, stdout: str, agent_image
 class TemplatesArgs:
     """What ActorTemplates applies, once the pool is ready and the agent image is built."""
 
-    runner: Runner
+    runner: Runner | None  # None with prebuilt templates only (target `existing`)
     provider: k8s.Provider
-    agent: AgentImage
+    agent: AgentImage | None  # None with prebuilt templates only
     pool_ready: pulumi.Resource
     install: pulumi.Resource
     cluster: pulumi.Resource  # image-volume mode pins workloads as soon as the cluster is up
@@ -557,35 +621,40 @@ class ActorTemplates(pulumi.ComponentResource):
         super().__init__(f"{_PKG}:ActorTemplates", name, {}, opts)
         refs: dict[str, pulumi.Output[str]] = {}
         for wl in args.workloads:
-            if isinstance(wl.pin, str):
-                image_step = args.runner.run(
-                    f"image-{wl.name}", wl.pin, parent=self, depends_on=[args.cluster]
-                )
+            depends: list[pulumi.Resource] = [args.pool_ready, args.install]
+            template: pulumi.Output[Obj]
+            if wl.prebuilt is not None:
+                template = pulumi.Output.from_input(wl.prebuilt)
             else:
-                image_step = args.runner.run(
-                    f"image-{wl.name}",
-                    args.agent.image.apply(wl.pin),
-                    parent=self,
-                    depends_on=[args.agent],
+                if args.runner is None or args.agent is None:
+                    raise ValueError(f"workload {wl.name!r}: building its image needs a runner")
+                if isinstance(wl.pin, str):
+                    image_step = args.runner.run(
+                        f"image-{wl.name}", wl.pin, parent=self, depends_on=[args.cluster]
+                    )
+                else:
+                    image_step = args.runner.run(
+                        f"image-{wl.name}",
+                        args.agent.image.apply(wl.pin),
+                        parent=self,
+                        depends_on=[args.agent],
+                    )
+                template = pulumi.Output.all(image_step.stdout, args.agent.image).apply(
+                    functools.partial(_spread, wl.template)
                 )
-            template = pulumi.Output.all(image_step.stdout, args.agent.image).apply(
-                functools.partial(_spread, wl.template)
-            )
+                depends.append(args.agent)
             resource = _custom(
                 f"template-{wl.name}",
                 template,
-                pulumi.ResourceOptions(
-                    parent=self,
-                    provider=args.provider,
-                    depends_on=[args.pool_ready, args.install, args.agent],
-                ),
+                pulumi.ResourceOptions(parent=self, provider=args.provider, depends_on=depends),
                 "ate.dev/v1alpha1",
                 "ActorTemplate",
             )
             tname = template.apply(lambda t: str(t["metadata"]["name"]))
-            args.runner.run(
-                f"ready-{wl.name}", tname.apply(wl.wait), parent=self, depends_on=[resource]
-            )
+            if wl.prebuilt is None and args.runner is not None:
+                args.runner.run(
+                    f"ready-{wl.name}", tname.apply(wl.wait), parent=self, depends_on=[resource]
+                )
             refs[wl.image] = tname.apply(lambda n: f"{args.namespace}/{n}")
         self.names = pulumi.Output.all(**refs)
         self.register_outputs({"templates": self.names})

@@ -27,6 +27,7 @@ __all__ = [
     "AgentConfig",
     "ClusterConfig",
     "ConfigError",
+    "ExistingConfig",
     "HostConfig",
     "ObservabilityConfig",
     "PoolConfig",
@@ -34,6 +35,7 @@ __all__ = [
     "SubstrateConfig",
     "TemplatesConfig",
     "WorkloadConfig",
+    "existing_kubeconfig",
     "load_stack_file",
     "stack_file",
 ]
@@ -53,6 +55,10 @@ SUBSTRATE_COMMIT = "86e138f628e419426be5ac9bbc68507e8333a4c4"
 # Substrate commits known to lack image volumes in ActorTemplate (reference §2.3).
 _NO_IMAGE_VOLUMES = frozenset({SUBSTRATE_COMMIT})
 _DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
+# A whole image reference pinned by digest: a name without spaces or `@`, then the digest.
+_PINNED = re.compile(r"^[a-z0-9][^\s@]*@sha256:[0-9a-f]{64}$")
+# A node's DNS name or IPv4 address, or a bracketed IPv6 address: what providerConfig dials.
+_ADDRESS = re.compile(r"^([A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _VERSION = re.compile(r"^v?[0-9]+\.[0-9]+\.[0-9]+([-+.][0-9A-Za-z.-]+)?$")
@@ -167,12 +173,24 @@ class _Section:
             )
 
 
-def _digest_image(section: _Section, key: str, default: str | None = None) -> str:
-    value = section.string(key, default)
-    if not _DIGEST.search(value):
+def _digest_image(
+    section: _Section,
+    key: str,
+    default: str | None = None,
+    *,
+    required: bool = False,
+    fix: str = "",
+) -> str:
+    value = section.string(key, default, required=required, fix=fix)
+    if not _DIGEST.search(value) or not _PINNED.match(value):
+        problem = (
+            f"{value!r} is not `<name>@sha256:<64 lower-case hex>`"
+            if "@" in value
+            else f"{value!r} is a tag, but a digest is required"
+        )
         raise _fail(
             section.sub(key),
-            f"{value!r} is a tag, but a digest is required",
+            problem,
             "pin it as `<image>@sha256:<64 hex>` (get the digest with "
             "`docker buildx imagetools inspect <image>`)",
         )
@@ -240,6 +258,16 @@ class HostConfig:
 
 
 @dataclass(frozen=True)
+class ExistingConfig:
+    """Target `existing`: a cluster that already runs Substrate, reached through a kubeconfig."""
+
+    kubeconfig: str  # path, `~` allowed; read by the Kubernetes provider, never copied to state
+    context: str | None  # None: the kubeconfig's current-context at each run
+    address: str  # where the NodePorts answer (a node, or 127.0.0.1 through a tunnel)
+    ateom_image: str  # the WorkerPool's ateom image, as the platform's Substrate release built it
+
+
+@dataclass(frozen=True)
 class ToolVersions:
     docker: str = "docker.io"
     kind: str = "v0.32.0"
@@ -283,6 +311,8 @@ class AgentConfig:
     build_script: str = "agent/build/build-static.sh"
     dockerfile: str = "agent/build/Dockerfile"
     binary_path: str = "/opt/sandbox-agent/sandbox-agent"
+    # Target `existing` in image-volume mode: the prebuilt agent image, pinned by digest.
+    image: str | None = None
 
 
 @dataclass(frozen=True)
@@ -290,6 +320,9 @@ class WorkloadConfig:
     name: str
     image: str
     env: tuple[tuple[str, str], ...] = ()
+    # Target `existing`: the prebuilt image the template runs (this workload with the sandbox
+    # agent added), pinned by digest, instead of one `pulumi up` builds.
+    agent_image: str | None = None
 
 
 @dataclass(frozen=True)
@@ -333,6 +366,7 @@ class StackConfig:
     observability: ObservabilityConfig
     host: HostConfig | None = None
     tools: ToolVersions = field(default_factory=ToolVersions)
+    existing: ExistingConfig | None = None
 
     @property
     def sandbox_class(self) -> str:
@@ -356,9 +390,15 @@ class StackConfig:
         """
         top = _Section("", raw)
         top.used.update(SECRET_KEYS)
-        target = top.choice("target", "kind", ("kind", "host"))
+        target = top.choice("target", "kind", ("kind", "host", "existing"))
         runtime = top.choice("runtime", "gvisor", ("gvisor", "microvm"))
 
+        if target == "existing" and top.get("cluster") is not None:
+            raise _fail(
+                "cluster",
+                "is not used with target 'existing' (the cluster already exists)",
+                "remove `cluster`; set `existing.kubeconfig` and `existing.context` instead",
+            )
         c = _Section("cluster", top.get("cluster"))
         node_image = c.opt_string("nodeImage")
         if node_image is not None:
@@ -371,7 +411,7 @@ class StackConfig:
             workdir=_workdir(c),
         )
         c.done()
-        if runtime == "microvm" and not cluster.kvm:
+        if runtime == "microvm" and not cluster.kvm and target != "existing":
             raise _fail(
                 "cluster.kvm",
                 "runtime 'microvm' needs /dev/kvm on the node host, but cluster.kvm is false",
@@ -426,6 +466,7 @@ class StackConfig:
                 "is only used with target 'host'",
                 "remove `host` or set `gym-substrate:target: host`",
             )
+        existing = _existing(top, target)
 
         s = _Section("substrate", top.get("substrate"))
         commit = s.string("commit", SUBSTRATE_COMMIT)
@@ -444,6 +485,12 @@ class StackConfig:
             bucket=_label(s, "bucket", "ate-snapshots"),
         )
         s.done()
+        if target == "existing" and ("repo" in s.raw or "path" in s.raw):
+            raise _fail(
+                "substrate.repo" if "repo" in s.raw else "substrate.path",
+                "is not used with target 'existing' (Substrate is already installed there)",
+                "remove it; `substrate.commit` names the Substrate version the cluster runs",
+            )
         if substrate.path is not None and target == "host":
             raise _fail(
                 "substrate.path",
@@ -484,11 +531,27 @@ class StackConfig:
                 f"expected a list of strings, got {args!r}",
                 'write e.g. `args: [--host, 0.0.0.0, --port, "80"]`',
             )
+        agent_image: str | None = None
+        if target == "existing" and mount == "image-volume":
+            agent_image = _digest_image(
+                a,
+                "image",
+                required=True,
+                fix="set `agent.image` to the prebuilt sandbox-agent image, "
+                "`<registry>/sandbox-agent@sha256:<64 hex>`",
+            )
+        elif a.get("image") is not None:
+            raise _fail(
+                "agent.image",
+                "is only used with target 'existing' and `agent.mount: image-volume`",
+                "remove it; kind and host stacks build the agent image at `pulumi up`",
+            )
         agent = AgentConfig(
             mount=mount,
             args=tuple(args),
             build_script=a.string("buildScript", AgentConfig.build_script),
             dockerfile=a.string("dockerfile", AgentConfig.dockerfile),
+            image=agent_image,
         )
         a.done()
 
@@ -517,7 +580,12 @@ class StackConfig:
                     "or a digest (`image@sha256:...`); `latest` is not allowed",
                 )
             workloads.append(
-                WorkloadConfig(name=_label(w, "name", ""), image=image, env=_env(w, "env"))
+                WorkloadConfig(
+                    name=_label(w, "name", ""),
+                    image=image,
+                    env=_env(w, "env"),
+                    agent_image=_workload_agent_image(w, target, mount, image),
+                )
             )
             w.done()
         names = [wl.name for wl in workloads]
@@ -592,7 +660,146 @@ class StackConfig:
             observability=observability,
             host=host,
             tools=tools,
+            existing=existing,
         )
+
+
+def _existing(top: _Section, target: str) -> ExistingConfig | None:
+    if target != "existing":
+        if top.get("existing") is not None:
+            raise _fail(
+                "existing",
+                "is only used with target 'existing'",
+                "remove `existing` or set `gym-substrate:target: existing`",
+            )
+        return None
+    e = _Section(
+        "existing",
+        top.get(
+            "existing",
+            required=True,
+            fix="add `gym-substrate:existing: {kubeconfig: ~/.kube/config, address: ..., "
+            "ateomImage: ...}`",
+        ),
+    )
+    kubeconfig = e.string(
+        "kubeconfig", "~/.kube/config", fix="set `existing.kubeconfig` to your kubeconfig's path"
+    )
+    if not (kubeconfig.startswith("/") or kubeconfig.startswith("~/")) or "\n" in kubeconfig:
+        raise _fail(
+            "existing.kubeconfig",
+            f"{kubeconfig!r} is not an absolute or ~/ path",
+            "write the kubeconfig's full path, e.g. `~/.kube/config`",
+        )
+    address = e.string(
+        "address",
+        required=True,
+        fix="set `existing.address` to a node's address where the NodePorts answer "
+        "(`kubectl get nodes -o wide`), or 127.0.0.1 if you tunnel them here",
+    )
+    if not _ADDRESS.match(address):
+        raise _fail(
+            "existing.address",
+            f"{address!r} is not a host name or IP address",
+            "give a node's DNS name or IP without scheme or port, e.g. `10.0.0.5`",
+        )
+    cfg = ExistingConfig(
+        kubeconfig=kubeconfig,
+        context=e.opt_string("context"),
+        address=address,
+        ateom_image=_digest_image(
+            e,
+            "ateomImage",
+            required=True,
+            fix="set `existing.ateomImage` to the ateom image your Substrate install runs, "
+            "`<registry>/ateom-gvisor@sha256:<64 hex>` (see `kubectl -n ate-system get deploy "
+            "-o yaml`)",
+        ),
+    )
+    e.done()
+    return cfg
+
+
+def _workload_agent_image(w: _Section, target: str, mount: str, image: str) -> str | None:
+    """Target `existing` builds nothing: in derived-image mode each workload names its prebuilt
+    image with the agent; in image-volume mode the workload itself must already be a digest."""
+    if target != "existing":
+        if w.get("agentImage") is not None:
+            raise _fail(
+                w.sub("agentImage"),
+                "is only used with target 'existing'",
+                "remove it; kind and host stacks build the workload's image at `pulumi up`",
+            )
+        return None
+    if mount == "image-volume":
+        if w.get("agentImage") is not None:
+            raise _fail(
+                w.sub("agentImage"),
+                "is not used with `agent.mount: image-volume` (the template mounts `agent.image`)",
+                "remove it, or use `agent.mount: derived-image`",
+            )
+        if not _PINNED.match(image):
+            raise _fail(
+                w.sub("image"),
+                f"{image!r} is not pinned by digest, and target 'existing' resolves nothing",
+                "write it as `<name>@sha256:<64 hex>`",
+            )
+        return None
+    return _digest_image(
+        w,
+        "agentImage",
+        required=True,
+        fix=f"set `{w.sub('agentImage')}` to the prebuilt image the template runs (this "
+        "workload with the sandbox agent at /opt/sandbox-agent/sandbox-agent), "
+        "`<registry>/<name>@sha256:<64 hex>`",
+    )
+
+
+def existing_kubeconfig(cfg: StackConfig) -> tuple[str, str]:
+    """Target `existing`: the kubeconfig's expanded path and the context to use, checked now so
+    `pulumi preview` names the key and the fix instead of failing inside the provider."""
+    if cfg.existing is None:
+        raise ValueError("existing_kubeconfig needs target 'existing'")
+    path = Path(cfg.existing.kubeconfig).expanduser()
+    key = "existing.kubeconfig"
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise _fail(
+            key, f"{path} does not exist", "point it at the kubeconfig of the Substrate cluster"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _fail(
+            key, f"{path} cannot be read ({exc})", "check the file and its permissions"
+        ) from None
+    except yaml.YAMLError as exc:
+        detail = " ".join(str(exc).split())
+        raise _fail(
+            key, f"{path} is not valid YAML ({detail})", "point it at a kubeconfig file"
+        ) from None
+    contexts = doc.get("contexts") if isinstance(doc, Mapping) else None
+    names = [
+        c["name"]
+        for c in contexts or []
+        if isinstance(c, Mapping) and isinstance(c.get("name"), str)
+    ]
+    if not names:
+        raise _fail(key, f"{path} has no contexts", "point it at a kubeconfig with a context")
+    assert isinstance(doc, Mapping)
+    context = cfg.existing.context or doc.get("current-context")
+    if not context:
+        raise _fail(
+            "existing.context",
+            f"is not set and {path} has no current-context",
+            f"set `existing.context` to one of: {', '.join(names)}",
+        )
+    if context not in names:
+        raise _fail(
+            "existing.context" if cfg.existing.context else key,
+            f"context {context!r} is not in {path}",
+            f"use one of: {', '.join(names)}",
+        )
+    return str(path), str(context)
 
 
 def _workdir(section: _Section) -> str:

@@ -30,6 +30,7 @@ __all__ = [
     "nodeport_services",
     "observability_objects",
     "pool_namespace",
+    "prebuilt_actor_template",
     "provider_config",
     "sandbox_config",
     "template_name",
@@ -222,28 +223,54 @@ def template_name(workload: str, spec: Mapping[str, Any]) -> str:
 
 
 def actor_template(
-    cfg: StackConfig, workload: WorkloadConfig, *, image: str, agent_image: str | None = None
+    cfg: StackConfig,
+    workload: WorkloadConfig,
+    *,
+    image: str,
+    agent_image: str | None = None,
+    await_ready: bool = False,
 ) -> Obj:
     """The ActorTemplate for one workload.
 
     `image` is the container image by digest: the derived image (workload + agent) in
-    `derived-image` mode, or the workload itself in `image-volume` mode.
+    `derived-image` mode, or the workload itself in `image-volume` mode. `await_ready` makes
+    the Kubernetes provider itself wait for the Ready condition (the golden snapshot), up to
+    `templates.readyTimeoutSeconds`, where no shell step can run the wait.
     """
     spec = _template_spec(cfg, workload, image=image, agent_image=agent_image)
     name = template_name(workload.name, spec)
     spec["snapshotsConfig"]["location"] = (
         f"gs://{cfg.substrate.bucket}/{cfg.pool.namespace}/{name}/"
     )
+    metadata: Obj = {
+        "name": name,
+        "namespace": cfg.pool.namespace,
+        "labels": {**PART_OF, "gym-substrate/workload": workload.name},
+    }
+    if await_ready:
+        # Annotations, not spec: they leave the content hash in the name alone.
+        metadata["annotations"] = {
+            "pulumi.com/waitFor": "condition=Ready",
+            "pulumi.com/timeoutSeconds": str(cfg.templates.ready_timeout_s),
+        }
     return {
         "apiVersion": "ate.dev/v1alpha1",
         "kind": "ActorTemplate",
-        "metadata": {
-            "name": name,
-            "namespace": cfg.pool.namespace,
-            "labels": {**PART_OF, "gym-substrate/workload": workload.name},
-        },
+        "metadata": metadata,
         "spec": spec,
     }
+
+
+def prebuilt_actor_template(cfg: StackConfig, workload: WorkloadConfig) -> Obj:
+    """Target `existing`: the template from the images the config pins, with the provider
+    awaiting Ready."""
+    if cfg.agent.mount == "image-volume":
+        return actor_template(
+            cfg, workload, image=workload.image, agent_image=cfg.agent.image, await_ready=True
+        )
+    if workload.agent_image is None:
+        raise ValueError(f"workload {workload.name!r} has no agentImage (target 'existing')")
+    return actor_template(cfg, workload, image=workload.agent_image, await_ready=True)
 
 
 def nodeport_services(cfg: StackConfig) -> list[Obj]:

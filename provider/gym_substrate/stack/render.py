@@ -9,6 +9,7 @@ replaces) and listed as skipped otherwise, so nothing silently differs from what
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from gym_substrate.stack.config import StackConfig, stack_file
 
 __all__ = ["STACKS", "render_stack", "shipped_stack_file"]
 
-STACKS = ("kind-gvisor", "kind-microvm", "host-gvisor", "host-microvm")
+STACKS = ("kind-gvisor", "kind-microvm", "host-gvisor", "host-microvm", "existing")
 
 
 def shipped_stack_file(stack: str) -> Path:
@@ -49,6 +50,8 @@ def render_stack(cfg: StackConfig, out: Path) -> tuple[list[Path], list[str]]:
         path.write_text(text)
         written.append(path)
 
+    if cfg.existing is not None:
+        return written, _render_existing(cfg, write)
     ko_ateom = f"ko://github.com/agent-substrate/substrate/cmd/ateom-{cfg.runtime}"
     objs: list[dict[str, Any]] = [objects.local_registry_hosting(cfg), objects.pool_namespace(cfg)]
     if cfg.runtime == "gvisor":
@@ -93,3 +96,26 @@ def render_stack(cfg: StackConfig, out: Path) -> tuple[list[Path], list[str]]:
         write(f"scripts/{name}", "#!/usr/bin/env bash\n" + text)
     write("SKIPPED.txt", "".join(f"- {s}\n" for s in skipped))
     return written, skipped
+
+
+def _render_existing(cfg: StackConfig, write: Callable[[str, str], None]) -> list[str]:
+    """Target `existing` pins every image in its config, so every object it applies renders,
+    templates included; there is no kind config and no script."""
+    assert cfg.existing is not None
+    objs: list[dict[str, Any]] = [
+        objects.pool_namespace(cfg),
+        objects.worker_pool(cfg, cfg.existing.ateom_image),
+        *(objects.prebuilt_actor_template(cfg, wl) for wl in cfg.workloads),
+        *objects.nodeport_services(cfg),
+    ]
+    if cfg.observability.enabled:
+        objs.extend(objects.observability_objects(cfg))
+        write("dashboards/sandbox-lifecycle.json", json.dumps(objects.dashboard(cfg), indent=2))
+    for i, obj in enumerate(objs):
+        write(f"kubernetes/{_file_name(i, obj)}", yaml.safe_dump(obj, sort_keys=False))
+    skipped = [
+        f"SandboxConfig {cfg.sandbox_config_name}, the ate-system namespace and the CA bundle: "
+        "the cluster's Substrate install provides them (the stack only reads them)"
+    ]
+    write("SKIPPED.txt", "".join(f"- {s}\n" for s in skipped))
+    return skipped

@@ -1,0 +1,261 @@
+"""The `existing` target's config, objects and render: fast checks beside the live run.
+
+The live run (test_existing_live.py) shows the objects are what a real API server accepts; these
+pin every config mistake to its key and fix, and the shapes the CRDs require, without a cluster.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from click.testing import CliRunner
+from stack_harness import CRD_DIR, REPO, stack_values
+
+from gym_substrate.cli import main
+from gym_substrate.stack import objects
+from gym_substrate.stack.config import (
+    ConfigError,
+    StackConfig,
+    existing_kubeconfig,
+    load_stack_file,
+    parse_config_values,
+    stack_file,
+)
+
+DIGEST = "@sha256:" + "a" * 64
+
+
+def _raw() -> dict[str, Any]:
+    raw, _ = parse_config_values(stack_values("existing"))
+    return copy.deepcopy(raw)
+
+
+def _error(raw: dict[str, Any]) -> str:
+    with pytest.raises(ConfigError) as info:
+        StackConfig.from_mapping(raw)
+    return str(info.value)
+
+
+def test_the_shipped_existing_stack_validates() -> None:
+    cfg = load_stack_file(stack_file(REPO, "existing"))
+    assert cfg.target == "existing"
+    assert cfg.existing is not None
+    assert cfg.existing.kubeconfig == "~/.kube/config"
+    assert cfg.existing.context is None
+    assert re.fullmatch(r"[a-z0-9.]+/[a-z0-9/-]+@sha256:[0-9a-f]{64}", cfg.existing.ateom_image)
+    (wl,) = cfg.workloads
+    assert wl.image == "python:3.12-slim"
+    assert re.fullmatch(r"[a-z0-9.]+/[a-z0-9/-]+@sha256:[0-9a-f]{64}", str(wl.agent_image))
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("registry.example.com/ateom:v1", "is a tag, but a digest is required"),
+        ("registry.example.com/ateom@sha256:abc", "is not `<name>@sha256:<64 lower-case hex>`"),
+        ("registry.example.com/ateom@sha256:" + "A" * 64, "is not `<name>@sha256:<64"),
+        ("@sha256:" + "a" * 64, "is not `<name>@sha256:<64 lower-case hex>`"),
+        ("a b@sha256:" + "a" * 64, "is not `<name>@sha256:<64 lower-case hex>`"),
+    ],
+)
+def test_ateom_image_must_be_pinned_by_digest(value: str, problem: str) -> None:
+    raw = _raw()
+    raw["existing"]["ateomImage"] = value
+    msg = _error(raw)
+    assert msg.startswith(f"gym-substrate:existing.ateomImage: {value!r} {problem}")
+    assert "Fix: pin it as `<image>@sha256:<64 hex>`" in msg
+
+
+def test_workload_agent_image_is_required_and_pinned() -> None:
+    raw = _raw()
+    del raw["workloads"][0]["agentImage"]
+    msg = _error(raw)
+    assert msg.startswith("gym-substrate:workloads[0].agentImage: is required but missing. Fix: ")
+    assert "sandbox agent at /opt/sandbox-agent/sandbox-agent" in msg
+    raw["workloads"][0]["agentImage"] = "registry.example.com/python:3.12"
+    assert _error(raw).startswith(
+        "gym-substrate:workloads[0].agentImage: 'registry.example.com/python:3.12' is a tag"
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "fix"),
+    [
+        ("address", "set `existing.address` to a node's address"),
+        ("ateomImage", "set `existing.ateomImage` to the ateom image your Substrate install runs"),
+    ],
+)
+def test_required_existing_keys(key: str, fix: str) -> None:
+    raw = _raw()
+    del raw["existing"][key]
+    msg = _error(raw)
+    assert msg.startswith(f"gym-substrate:existing.{key}: is required but missing. Fix: {fix}")
+
+
+@pytest.mark.parametrize(
+    ("mutate", "needle"),
+    [
+        (
+            lambda r: r["existing"].update(address="http://10.0.0.5:30443"),
+            "gym-substrate:existing.address: 'http://10.0.0.5:30443' is not a host name or IP",
+        ),
+        (
+            lambda r: r["existing"].update(kubeconfig="kube/config"),
+            "gym-substrate:existing.kubeconfig: 'kube/config' is not an absolute or ~/ path",
+        ),
+        (
+            lambda r: r["existing"].update(extra=1),
+            "gym-substrate:existing.extra: is not a known key",
+        ),
+        (
+            lambda r: r.update(cluster={"name": "x"}),
+            "gym-substrate:cluster: is not used with target 'existing'",
+        ),
+        (
+            lambda r: r["substrate"].update(repo="https://example.com/s.git"),
+            "gym-substrate:substrate.repo: is not used with target 'existing'",
+        ),
+        (
+            lambda r: r.pop("existing"),
+            "gym-substrate:existing: is required but missing",
+        ),
+        (
+            lambda r: r["agent"].update(image="registry.example.com/agent" + DIGEST),
+            "gym-substrate:agent.image: is only used with target 'existing' and "
+            "`agent.mount: image-volume`",
+        ),
+    ],
+)
+def test_existing_mistakes_name_the_key(mutate: Any, needle: str) -> None:
+    raw = _raw()
+    mutate(raw)
+    assert needle in _error(raw)
+
+
+def test_existing_only_keys_are_refused_elsewhere() -> None:
+    raw, secrets = parse_config_values(stack_values("kind-gvisor"))
+    raw["existing"] = {"address": "10.0.0.5"}
+    with pytest.raises(ConfigError, match=r"^gym-substrate:existing: is only used with target"):
+        StackConfig.from_mapping(raw, secrets=secrets)
+    del raw["existing"]
+    raw["workloads"][0]["agentImage"] = "x" + DIGEST
+    with pytest.raises(ConfigError, match=r"workloads\[0\]\.agentImage: is only used with"):
+        StackConfig.from_mapping(raw, secrets=secrets)
+
+
+def test_image_volume_needs_the_agent_image_and_pinned_workloads() -> None:
+    raw = _raw()
+    raw["substrate"]["commit"] = "f" * 40  # a Substrate with image volumes
+    raw["agent"]["mount"] = "image-volume"
+    assert _error(raw).startswith("gym-substrate:agent.image: is required but missing")
+    raw["agent"]["image"] = "registry.example.com/sandbox-agent" + DIGEST
+    assert "workloads[0].agentImage: is not used with `agent.mount: image-volume`" in _error(raw)
+    del raw["workloads"][0]["agentImage"]
+    assert "workloads[0].image: 'python:3.12-slim' is not pinned by digest" in _error(raw)
+    raw["workloads"][0]["image"] = "python" + DIGEST
+    cfg = StackConfig.from_mapping(raw)
+    tmpl = objects.prebuilt_actor_template(cfg, cfg.workloads[0])
+    assert tmpl["spec"]["containers"][0]["image"] == "python" + DIGEST
+    assert tmpl["spec"]["volumes"][0]["image"]["reference"] == raw["agent"]["image"]
+
+
+def _kubeconfig(path: Path, current: str | None, contexts: list[str]) -> Path:
+    doc: dict[str, Any] = {"apiVersion": "v1", "kind": "Config"}
+    doc["contexts"] = [{"name": c, "context": {"cluster": "c", "user": "u"}} for c in contexts]
+    if current:
+        doc["current-context"] = current
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _with(path: Path, context: str | None = None) -> StackConfig:
+    raw = _raw()
+    raw["existing"]["kubeconfig"] = str(path)
+    if context:
+        raw["existing"]["context"] = context
+    return StackConfig.from_mapping(raw)
+
+
+def test_kubeconfig_and_context_are_checked_with_the_fix(tmp_path: Path) -> None:
+    """Checked by the program before any resource is registered (`pulumi preview` shows it)."""
+    path = tmp_path / "kubeconfig"
+    with pytest.raises(ConfigError, match=r"^gym-substrate:existing.kubeconfig: .* does not exist"):
+        existing_kubeconfig(_with(path))
+    path.write_text("clusters: [\n")
+    with pytest.raises(ConfigError, match=r"is not valid YAML"):
+        existing_kubeconfig(_with(path))
+    _kubeconfig(path, None, [])
+    with pytest.raises(ConfigError, match=r"has no contexts"):
+        existing_kubeconfig(_with(path))
+    _kubeconfig(path, None, ["a", "b"])
+    with pytest.raises(ConfigError) as info:
+        existing_kubeconfig(_with(path))
+    assert str(info.value) == (
+        f"gym-substrate:existing.context: is not set and {path} has no current-context. "
+        "Fix: set `existing.context` to one of: a, b"
+    )
+    with pytest.raises(ConfigError, match=r"existing.context: context 'c' is not in .* one of: a"):
+        existing_kubeconfig(_with(path, "c"))
+    assert existing_kubeconfig(_with(path, "b")) == (str(path), "b")
+    _kubeconfig(path, "a", ["a", "b"])
+    assert existing_kubeconfig(_with(path)) == (str(path), "a")
+
+
+def _crd_schema(kind: str) -> dict[str, Any]:
+    if not CRD_DIR.is_dir():
+        pytest.skip(f"Substrate CRD schemas not found at {CRD_DIR} (shared/ beside the clone)")
+    for path in CRD_DIR.glob("ate.dev_*.yaml"):
+        doc = yaml.safe_load(path.read_text())
+        if doc["spec"]["names"]["kind"] == kind:
+            schema: dict[str, Any] = doc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+            return schema
+    raise AssertionError(kind)
+
+
+def test_prebuilt_template_is_awaited_by_the_provider_and_fits_the_crd() -> None:
+    """Ready means the golden snapshot exists (real:
+    cmd/atecontroller/internal/controllers/actortemplate_controller.go sets condition Ready);
+    the provider waits for it through the annotations, which stay out of the name's hash."""
+    cfg = load_stack_file(stack_file(REPO, "existing"))
+    (wl,) = cfg.workloads
+    tmpl = objects.prebuilt_actor_template(cfg, wl)
+    jsonschema.validate(tmpl, _crd_schema("ActorTemplate"))
+    assert tmpl["metadata"]["annotations"] == {
+        "pulumi.com/waitFor": "condition=Ready",
+        "pulumi.com/timeoutSeconds": "300",
+    }
+    assert tmpl["spec"]["containers"][0]["image"] == wl.agent_image
+    plain = objects.actor_template(cfg, wl, image=str(wl.agent_image))
+    assert plain["metadata"]["name"] == tmpl["metadata"]["name"]
+    assert "annotations" not in plain["metadata"]
+    assert cfg.existing is not None
+    jsonschema.validate(
+        objects.worker_pool(cfg, cfg.existing.ateom_image), _crd_schema("WorkerPool")
+    )
+
+
+def test_render_existing_writes_templates_and_no_scripts(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        main, ["render", "--stack", "existing", "--out", str(tmp_path), "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    kinds = [
+        yaml.safe_load(Path(f).read_text())["kind"] for f in report["files"] if "/kubernetes/" in f
+    ]
+    assert kinds.count("ActorTemplate") == 1
+    assert "SandboxConfig" not in kinds
+    assert "WorkerPool" in kinds
+    assert not (tmp_path / "scripts").exists()
+    assert not (tmp_path / "kind-config.yaml").exists()
+    assert report["skipped"] == [
+        "SandboxConfig gvisor-default, the ate-system namespace and the CA bundle: the "
+        "cluster's Substrate install provides them (the stack only reads them)"
+    ]
