@@ -618,8 +618,11 @@ class ControlPlane:
             )
 
     async def _resume(self, key: str, boot: bool, deadline: float) -> ActorRecord:
-        # LoadActorForResume reads the store with the lock held: a concurrent call meets it
-        await asyncio.sleep(0)
+        # LoadActorForResume reads the store with the lock held, so a concurrent call can meet
+        # the lock (as ateapi's read of Redis does). The mirror holds the same record
+        # (write-through) and is what counts if a DeleteActor ran meanwhile.
+        atespace, _, actor_id = key.partition("/")
+        await asyncio.to_thread(self.store.get_actor, atespace, actor_id)
         record = self._get(key)
         spec = self._spec(record, "LoadActorForResume")
         if record.status == RUNNING:
