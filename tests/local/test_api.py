@@ -145,9 +145,7 @@ async def test_lifecycle_transitions_and_versions(stub: Any, backend: LocalBacke
     await make_actor(stub, "life")
     r = ref("life")
     # illegal from SUSPENDED: the pause workflow finds no worker (workflow_pause.go)
-    assert await status_code(stub.PauseActor(pb.PauseActorRequest(actor_ref=r))) == (
-        C.INTERNAL
-    )
+    assert await status_code(stub.PauseActor(pb.PauseActorRequest(actor_ref=r))) == (C.INTERNAL)
     # suspend is idempotent when already SUSPENDED
     same = await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=r))
     assert same.actor.status == S.STATUS_SUSPENDED
@@ -180,9 +178,7 @@ async def test_lifecycle_transitions_and_versions(stub: Any, backend: LocalBacke
         S.STATUS_PAUSED
     )
     # Substrate cannot suspend a paused actor (no active worker, workflow_suspend.go)
-    assert await status_code(stub.SuspendActor(pb.SuspendActorRequest(actor_ref=r))) == (
-        C.INTERNAL
-    )
+    assert await status_code(stub.SuspendActor(pb.SuspendActorRequest(actor_ref=r))) == (C.INTERNAL)
     assert await status_code(stub.DeleteActor(pb.DeleteActorRequest(actor_ref=r))) == (
         C.FAILED_PRECONDITION
     )
@@ -286,9 +282,9 @@ async def test_no_free_workers_and_abort(
     ):
         assert await status_code(call) == C.ABORTED
     # DeleteActor and UpdateActor take no lock (delete_actor.go, update_actor.go)
-    assert await status_code(
-        stub.DeleteActor(pb.DeleteActorRequest(actor_ref=ref("w1slow")))
-    ) == (C.FAILED_PRECONDITION)
+    assert await status_code(stub.DeleteActor(pb.DeleteActorRequest(actor_ref=ref("w1slow")))) == (
+        C.FAILED_PRECONDITION
+    )
     assert await status_code(stub.UpdateActor(pb.UpdateActorRequest(actor_ref=ref("w1slow")))) == (
         C.OK
     )
@@ -400,7 +396,9 @@ async def test_broken_template_fails_resume_and_suspend_recovers_it(
         assert response.status == 200, await response.text()
     await stub.CreateActor(
         pb.CreateActorRequest(
-            actor_ref=ref("missing"), actor_template_namespace="local", actor_template_name="missing"
+            actor_ref=ref("missing"),
+            actor_template_namespace="local",
+            actor_template_name="missing",
         )
     )
     with pytest.raises(grpc.aio.AioRpcError) as info:
