@@ -21,7 +21,7 @@ from typing import Any
 
 from gym_substrate._agent_client import AgentClient
 from gym_substrate._errors import AgentResponseError, RetryError, RouterError, SubstrateError
-from gym_substrate._lifecycle import ManagedActor, ResumeFailedError
+from gym_substrate._lifecycle import ManagedActor, ResumeFailedError, WorkloadLostError
 from gym_substrate.types import SandboxExecResult
 from sandbox_agent.contract import MAX_TIMEOUT_S, ExecRequest, Job
 
@@ -163,6 +163,8 @@ async def run_job(
         try:
             state = await managed.call_agent(step, what=f"exec {job_id}", deadline=deadline)
         except ResumeFailedError as exc:
+            if isinstance(exc.__cause__, WorkloadLostError):
+                return sandbox_failure(str(exc.__cause__))
             return sandbox_failure(
                 f"the actor lost its worker and could not be resumed: {exc.__cause__}"
             )

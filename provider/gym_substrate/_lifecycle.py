@@ -50,6 +50,7 @@ __all__ = [
     "Lifecycle",
     "ManagedActor",
     "ResumeFailedError",
+    "WorkloadLostError",
 ]
 
 log = logging.getLogger("gym_substrate.provider")
@@ -89,6 +90,16 @@ class ActorServices:
 
 class ResumeFailedError(SubstrateError):
     """The actor lost its worker (router 503) and could not be resumed; chained to why."""
+
+
+class WorkloadLostError(SubstrateError):
+    """The actor is RUNNING but its workload does not answer: it died (router 503)."""
+
+
+# How long a router 503 may last after a ResumeActor that found the actor already RUNNING where
+# it was: nothing moved, so the workload is dead (Substrate leaves such an actor RUNNING and its
+# router answers 503 until the worker pod goes).
+_DEAD_WORKLOAD_GRACE_S = 2.0
 
 
 class _StillMoving(SubstrateError):
@@ -134,6 +145,9 @@ class ManagedActor:
         self._idle_task: asyncio.Task[None] | None = None
         self._handles: list[weakref.ref[SandboxHandle]] = []
         self._state = Lifecycle.ACTIVE
+        self._version: int | None = None  # the actor's version at our last resume or park
+        # (pod ip, version) where this process found the workload dead; status() says ERROR
+        self.lost_workload: tuple[str, int] | None = None
         self.defaults_known = True  # False after connect() by id alone: read them from the sandbox
         if counted:
             self.mark_created()
@@ -240,10 +254,12 @@ class ManagedActor:
 
     # ------------------------------------------------------------------ resume
 
-    async def _resume_and_wait(self, deadline: float) -> None:
+    async def _resume_and_wait(self, deadline: float, *, lost_worker: bool = False) -> None:
         """ResumeActor (retrying through no-free-workers) then `/readyz` through the router.
 
-        Caller holds `self.lock`.
+        With ``lost_worker`` (the router said 503), a ResumeActor that finds the actor RUNNING
+        at the version we last saw moved nothing: a 503 that outlasts a short grace means the
+        workload died, `WorkloadLostError`. Caller holds `self.lock`.
         """
         control, actor = self.services.control, self.actor
         started = time.monotonic()
@@ -254,18 +270,37 @@ class ManagedActor:
             what=f"ResumeActor {actor.actor_id}",
         )
         agent = self.services.agent(actor)
-        # Right after a resume the router may still answer 503 or reset: wait those out.
-        ready = await retry_target(
-            agent.readyz,
-            lambda exc: is_router_glitch(exc) or is_lost_worker(exc),
-            RetryPolicy(
-                initial=0.02,
-                maximum=0.5,
-                multiplier=2.0,
-                deadline=max(0.001, deadline - time.monotonic()),
-            ),
-            what=f"GET /readyz on {actor.actor_id}",
+        unmoved = (
+            lost_worker
+            and status_name(resumed.status) == "RUNNING"
+            and resumed.version == self._version
         )
+        if unmoved:
+            deadline = min(deadline, time.monotonic() + _DEAD_WORKLOAD_GRACE_S)
+        # Right after a resume the router may still answer 503 or reset: wait those out.
+        try:
+            ready = await retry_target(
+                agent.readyz,
+                lambda exc: is_router_glitch(exc) or is_lost_worker(exc),
+                RetryPolicy(
+                    initial=0.02,
+                    maximum=0.5,
+                    multiplier=2.0,
+                    deadline=max(0.001, deadline - time.monotonic()),
+                ),
+                what=f"GET /readyz on {actor.actor_id}",
+            )
+        except SubstrateError as exc:
+            if not unmoved:
+                raise
+            self.lost_workload = (resumed.ateom_pod_ip, resumed.version)
+            raise WorkloadLostError(
+                f"actor {actor.actor_id} is RUNNING at {resumed.ateom_pod_ip} but its workload "
+                f"does not answer (its router answers 503): the workload died, and nothing "
+                f"restarts it; close() or pause() the sandbox ({exc})"
+            ) from exc
+        self._version = resumed.version
+        self.lost_workload = None
         self._publish(
             status=status_name(resumed.status),
             pod_ip=resumed.ateom_pod_ip,
@@ -290,7 +325,7 @@ class ManagedActor:
         """The router said 503: the actor lost its worker. Resume it over gRPC with backoff."""
         async with self.lock:
             self.check_open()
-            await self._resume_and_wait(deadline)
+            await self._resume_and_wait(deadline, lost_worker=True)
 
     # ------------------------------------------------------------------ park
 
@@ -308,6 +343,8 @@ class ManagedActor:
             self.services.retry,
             what=f"{mode.capitalize()}Actor {actor.actor_id}",
         )
+        self._version = parked.version
+        self.lost_workload = None
         self._publish(status=status_name(parked.status), pod_ip="")
         self._enter(Lifecycle.PARKED)
 
@@ -367,7 +404,9 @@ class ManagedActor:
                 if name == "SUSPENDED":
                     await control.delete_actor(actor.atespace, actor.actor_id)
                     return
-                if name == "RUNNING":
+                # RESUMING: a resume in flight (ABORTED, looked at again), or one that failed or
+                # was cut off and left the actor on its worker, which nothing else moves on
+                if name in ("RUNNING", "RESUMING"):
                     await control.suspend_actor(actor.atespace, actor.actor_id)
                 elif name == "PAUSED":
                     await control.resume_actor(actor.atespace, actor.actor_id)

@@ -354,7 +354,10 @@ class SubstrateProvider:
 
     @_shared.holding
     async def status(self, handle: SandboxHandle) -> SandboxStatus:
-        """Control-plane status from GetActor only: asking never wakes a parked actor."""
+        """Control-plane status from GetActor only: asking never wakes a parked actor.
+
+        ERROR for an actor still RUNNING where an exec of this provider found its workload dead.
+        """
         actor = self._actor(handle)
         try:
             got = await self.control.get_actor(actor.atespace, actor.actor_id)
@@ -363,6 +366,9 @@ class SubstrateProvider:
         except ControlPlaneError as exc:
             log.info("status of %s unknown: %s", actor.actor_id, exc)
             return SandboxStatus.UNKNOWN
+        managed = self._actors.get((actor.atespace, actor.actor_id))
+        if managed is not None and managed.lost_workload == (got.ateom_pod_ip, got.version):
+            return SandboxStatus.ERROR  # RUNNING on paper, but its workload died (exec saw it)
         return gym_status(status_name(got.status))
 
     @_shared.holding

@@ -43,7 +43,8 @@ async def test_atespaces(stub: Any) -> None:
     assert await status_code(stub.GetAtespace(pb.GetAtespaceRequest(name="nope"))) == C.NOT_FOUND
     await make_actor(stub, "x1", atespace="team-a")
     listed = await stub.ListAtespaces(pb.ListAtespacesRequest())
-    assert [a.name for a in listed.atespaces] == ["team-a"]
+    # the template controller's golden atespace is there too (test_fidelity_control.py)
+    assert [a.name for a in listed.atespaces] == ["ate-golden", "team-a"]
     assert await status_code(stub.DeleteAtespace(pb.DeleteAtespaceRequest(name="team-a"))) == (
         C.FAILED_PRECONDITION
     )
@@ -83,7 +84,7 @@ async def test_create_actor_errors(stub: Any) -> None:
         worker_selector=pb.Selector(match_labels={"bad key!": "v"}),
     )
     assert await status_code(stub.CreateActor(bad_selector)) == C.INVALID_ARGUMENT
-    listed = await stub.ListActors(pb.ListActorsRequest())
+    listed = await stub.ListActors(pb.ListActorsRequest(atespace="t"))
     assert [a.actor_id for a in listed.actors] == ["a1"]  # nothing half-created
 
 
@@ -91,15 +92,16 @@ async def test_get_and_missing_actor(stub: Any) -> None:
     await make_actor(stub, "a1")
     got = await stub.GetActor(pb.GetActorRequest(actor_ref=ref("a1")))
     assert got.actor.actor_id == "a1"
+    # one at a time: Resume, Pause and Suspend take the lock of "zz" before they look it up
     for call in (
-        stub.GetActor(pb.GetActorRequest(actor_ref=ref("zz"))),
-        stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("zz"))),
-        stub.PauseActor(pb.PauseActorRequest(actor_ref=ref("zz"))),
-        stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("zz"))),
-        stub.DeleteActor(pb.DeleteActorRequest(actor_ref=ref("zz"))),
-        stub.UpdateActor(pb.UpdateActorRequest(actor_ref=ref("zz"))),
+        lambda: stub.GetActor(pb.GetActorRequest(actor_ref=ref("zz"))),
+        lambda: stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("zz"))),
+        lambda: stub.PauseActor(pb.PauseActorRequest(actor_ref=ref("zz"))),
+        lambda: stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("zz"))),
+        lambda: stub.DeleteActor(pb.DeleteActorRequest(actor_ref=ref("zz"))),
+        lambda: stub.UpdateActor(pb.UpdateActorRequest(actor_ref=ref("zz"))),
     ):
-        assert await status_code(call) == C.NOT_FOUND
+        assert await status_code(call()) == C.NOT_FOUND
     assert await status_code(stub.GetActor(pb.GetActorRequest(actor_ref=ref("")))) == (
         C.INVALID_ARGUMENT
     )
@@ -122,9 +124,9 @@ async def test_list_actors_paging(stub: Any) -> None:
         token = page.next_page_token
         if not token:
             break
-    assert pages == 3
+    assert pages == 4  # the golden actor of local/sandbox is listed too
     assert sorted(seen) == sorted({*seen})
-    assert len(seen) == 6
+    assert len(seen) == 7
     only = await stub.ListActors(pb.ListActorsRequest(atespace="two"))
     assert [a.actor_id for a in only.actors] == ["q0"]
     for size in (-1, 1001):
@@ -142,10 +144,8 @@ async def test_list_actors_paging(stub: Any) -> None:
 async def test_lifecycle_transitions_and_versions(stub: Any, backend: LocalBackend) -> None:
     await make_actor(stub, "life")
     r = ref("life")
-    # illegal from SUSPENDED
-    assert await status_code(stub.PauseActor(pb.PauseActorRequest(actor_ref=r))) == (
-        C.FAILED_PRECONDITION
-    )
+    # illegal from SUSPENDED: the pause workflow finds no worker (workflow_pause.go)
+    assert await status_code(stub.PauseActor(pb.PauseActorRequest(actor_ref=r))) == (C.INTERNAL)
     # suspend is idempotent when already SUSPENDED
     same = await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=r))
     assert same.actor.status == S.STATUS_SUSPENDED
@@ -177,10 +177,8 @@ async def test_lifecycle_transitions_and_versions(stub: Any, backend: LocalBacke
     assert (await stub.PauseActor(pb.PauseActorRequest(actor_ref=r))).actor.status == (
         S.STATUS_PAUSED
     )
-    # Substrate cannot suspend a paused actor (no active worker): resume first
-    assert await status_code(stub.SuspendActor(pb.SuspendActorRequest(actor_ref=r))) == (
-        C.FAILED_PRECONDITION
-    )
+    # Substrate cannot suspend a paused actor (no active worker, workflow_suspend.go)
+    assert await status_code(stub.SuspendActor(pb.SuspendActorRequest(actor_ref=r))) == (C.INTERNAL)
     assert await status_code(stub.DeleteActor(pb.DeleteActorRequest(actor_ref=r))) == (
         C.FAILED_PRECONDITION
     )
@@ -281,10 +279,15 @@ async def test_no_free_workers_and_abort(
     for call in (
         stub.PauseActor(pb.PauseActorRequest(actor_ref=ref("w1slow"))),
         stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("w1slow"))),
-        stub.DeleteActor(pb.DeleteActorRequest(actor_ref=ref("w1slow"))),
-        stub.UpdateActor(pb.UpdateActorRequest(actor_ref=ref("w1slow"))),
     ):
         assert await status_code(call) == C.ABORTED
+    # DeleteActor and UpdateActor take no lock (delete_actor.go, update_actor.go)
+    assert await status_code(stub.DeleteActor(pb.DeleteActorRequest(actor_ref=ref("w1slow")))) == (
+        C.FAILED_PRECONDITION
+    )
+    assert await status_code(stub.UpdateActor(pb.UpdateActorRequest(actor_ref=ref("w1slow")))) == (
+        C.OK
+    )
     # another actor is not blocked by it, but the only worker is taken
     with pytest.raises(grpc.aio.AioRpcError) as full:
         await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("w2")))
@@ -357,7 +360,8 @@ async def test_metrics_use_substrate_names(stub: Any, backend: LocalBackend, htt
         'rpc_server_call_duration_seconds_count{rpc_method="ateapi.Control/CreateActor",'
         'rpc_response_status_code="OK"} 1.0' in text
     )
-    assert 'gym_substrate_local_actors{status="STATUS_SUSPENDED"} 1.0' in text
+    # m1 and the golden actor of local/sandbox
+    assert 'gym_substrate_local_actors{status="STATUS_SUSPENDED"} 2.0' in text
     assert 'gym_substrate_local_workers{state="free"} 2.0' in text
     for name in ("atenet_router_route_duration_seconds", "atelet_snapshot_size_bytes"):
         assert f"# TYPE {name} histogram" in text
@@ -374,32 +378,46 @@ async def test_one_backend_per_state_folder(backend: LocalBackend) -> None:
         await busy.start()
 
 
-async def test_broken_template_fails_resume_cleanly(
+@pytest.mark.parametrize("backend_options", [{"workers": 2, "workflow_timeout_s": 2.0}])
+async def test_broken_template_fails_resume_and_suspend_recovers_it(
     stub: Any, backend: LocalBackend, http: Any, tmp_path: Path
 ) -> None:
+    """A command that never answers readyz fails the resume at the workflow deadline (28 s on
+    a cluster, 2 s here; test_fidelity_control.py waits the real one) and leaves the actor
+    RESUMING on its worker (workflow_resume.go keeps what a failed step left); SuspendActor,
+    finding no workload, returns it to SUSPENDED and frees the worker."""
     await stub.CreateAtespace(pb.CreateAtespaceRequest(name="t"))
-    for name, command in (("missing", ["/nonexistent/agent"]), ("exits", ["/bin/false"])):
-        body = (
-            f"metadata: {{name: {name}, namespace: local}}\n"
-            f"spec:\n  containers: [{{name: a, command: {command}}}]\n"
-            f"  snapshotsConfig: {{location: {tmp_path / 'snaps'}}}\n  rootfs: host\n"
+    body = (
+        "metadata: {name: missing, namespace: local}\n"
+        "spec:\n  containers: [{name: a, command: [/nonexistent/agent]}]\n"
+        f"  snapshotsConfig: {{location: {tmp_path / 'snaps'}}}\n  rootfs: host\n"
+    )
+    async with http.post(f"{backend.admin_url}/_local/templates", data=body) as response:
+        assert response.status == 200, await response.text()
+    await stub.CreateActor(
+        pb.CreateActorRequest(
+            actor_ref=ref("missing"),
+            actor_template_namespace="local",
+            actor_template_name="missing",
         )
-        async with http.post(f"{backend.admin_url}/_local/templates", data=body) as response:
-            assert response.status == 200, await response.text()
-        await stub.CreateActor(
-            pb.CreateActorRequest(
-                actor_ref=ref(name), actor_template_namespace="local", actor_template_name=name
-            )
-        )
-        with pytest.raises(grpc.aio.AioRpcError) as info:
-            await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref(name)))
-        assert info.value.code() == C.INTERNAL
-        assert info.value.details().startswith("workflow failed at step CallAteletRestore: ")
-        actor = (await stub.GetActor(pb.GetActorRequest(actor_ref=ref(name)))).actor
-        assert actor.status == S.STATUS_SUSPENDED
-        assert actor.ateom_pod_ip == ""
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("missing")))
+    assert info.value.code() == C.DEADLINE_EXCEEDED
+    assert info.value.details() == "context deadline exceeded"
+    actor = (await stub.GetActor(pb.GetActorRequest(actor_ref=ref("missing")))).actor
+    assert actor.status == S.STATUS_RESUMING
+    assert actor.ateom_pod_name
+    workers = (await stub.ListWorkers(pb.ListWorkersRequest())).workers
+    assert sorted(w.actor_id for w in workers) == ["", "missing"]
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("missing")))
+    assert info.value.code() == C.INTERNAL
+    actor = (await stub.GetActor(pb.GetActorRequest(actor_ref=ref("missing")))).actor
+    assert (actor.status, actor.ateom_pod_ip) == (S.STATUS_SUSPENDED, "")
     workers = (await stub.ListWorkers(pb.ListWorkersRequest())).workers
     assert [w.actor_id for w in workers] == ["", ""]  # no slot leaked
+    await stub.DeleteActor(pb.DeleteActorRequest(actor_ref=ref("missing")))
 
 
 def test_down_never_signals_an_embedding_process(backend: LocalBackend) -> None:

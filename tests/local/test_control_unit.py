@@ -170,22 +170,34 @@ async def test_snapshot_choice_follows_substrate(tmp_path: Path) -> None:
     plane.store.close()
 
 
-async def test_failed_restore_frees_the_slot_and_keeps_the_record(tmp_path: Path) -> None:
+async def test_failed_restore_keeps_the_worker_and_the_next_resume_continues(
+    tmp_path: Path,
+) -> None:
+    """Real: a failed step leaves the actor RESUMING with its worker; the next ResumeActor
+    reuses that worker (AssignWorker) and carries on (workflow_resume.go)."""
     runtime = FakeRuntime()
     plane = await _plane(tmp_path, runtime, workers=1)
     plane.create_atespace("t")
     before = plane.create_actor("t", "a", "local", "sandbox", {})
+    plane.create_actor("t", "b", "local", "sandbox", {})
     runtime.fail_start = "restore exploded"
     with pytest.raises(ApiError) as info:
         await plane.resume_actor("t", "a")
     assert info.value.code == grpc.StatusCode.INTERNAL
-    assert info.value.message == "workflow failed at step CallAteletRestore: restore exploded"
+    assert info.value.message == (
+        "workflow failed at step CallAteletRestore: while creating workload from golden "
+        "snapshot: restore exploded"
+    )
     after = plane.get_actor("t", "a")
-    assert after.status == "STATUS_SUSPENDED"
-    assert after.slot is None
+    assert after.status == "STATUS_RESUMING"
+    assert after.slot == 0
     assert after.version > before.version
+    with pytest.raises(ApiError) as info:
+        await plane.resume_actor("t", "b")  # "a" still holds the only worker
+    assert info.value.message == "no free workers available"
     runtime.fail_start = None
-    assert (await plane.resume_actor("t", "a")).status == "STATUS_RUNNING"  # the slot is free
+    resumed = await plane.resume_actor("t", "a")
+    assert (resumed.status, resumed.slot) == ("STATUS_RUNNING", 0)
     plane.store.close()
 
 

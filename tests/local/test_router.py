@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 import aiohttp
+import grpc
 import pytest
 from local_helpers import RUNTIMES, host, make_actor, ref
 
@@ -159,9 +160,12 @@ async def test_admin_endpoints(backend: LocalBackend, http: Any) -> None:
 
 
 @pytest.mark.parametrize("runtime_name", RUNTIMES)
-async def test_dead_sandbox_is_restarted_on_demand(
+async def test_dead_sandbox_stays_running_and_answers_503(
     stub: Any, backend: LocalBackend, http: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Real: a workload that died leaves its actor RUNNING at its dead address; requests get
+    503 "upstream connect error" until the worker pod is deleted (syncer.go). Nothing restarts
+    it behind the user's back; SuspendActor brings it back to SUSPENDED here."""
     await make_actor(stub, "dies")
     first = (await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("dies")))).actor
     assert backend.plane is not None
@@ -169,13 +173,24 @@ async def test_dead_sandbox_is_restarted_on_demand(
     assert record is not None
     assert backend.runtime is not None
     await backend.runtime.stop(record.handle)  # the sandbox dies behind the control plane's back
-    status, body = await _readyz(http, backend, host("dies"))
-    assert status == 200
-    assert body["actor_id"] == "dies"
+    for _ in range(2):
+        async with http.get(f"{backend.router_url}/readyz", headers=host("dies")) as response:
+            assert response.status == 503
+            assert (await response.text()).startswith("upstream connect error")
     again = (await stub.GetActor(pb.GetActorRequest(actor_ref=ref("dies")))).actor
-    assert again.status == S.STATUS_RUNNING
-    assert again.version > first.version
-    assert "its sandbox died while RUNNING" in caplog.text
+    assert (again.status, again.version, again.ateom_pod_ip) == (
+        S.STATUS_RUNNING,
+        first.version,
+        first.ateom_pod_ip,
+    )
+    assert caplog.text.count("its workload at") == 1  # reported once, not per request
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("dies")))
+    assert info.value.code() == grpc.StatusCode.INTERNAL
+    gone = (await stub.GetActor(pb.GetActorRequest(actor_ref=ref("dies")))).actor
+    assert gone.status == S.STATUS_SUSPENDED
+    status, body = await _readyz(http, backend, host("dies"))  # resumed on demand
+    assert (status, body["actor_id"]) == (200, "dies")
     await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("dies")))
 
 

@@ -250,11 +250,13 @@ class Stack:
 
 @contextlib.asynccontextmanager
 async def make_stack(
-    tmp: Path, *, workers: int = 4, runtime: str = "process"
+    tmp: Path, *, workers: int = 4, runtime: str = "process", workflow_timeout_s: float = 28.0
 ) -> AsyncIterator[Stack]:
     from gym_substrate.local import LocalBackend
 
-    async with LocalBackend(tmp / "state", runtime=runtime, workers=workers) as backend:
+    async with LocalBackend(
+        tmp / "state", runtime=runtime, workers=workers, workflow_timeout_s=workflow_timeout_s
+    ) as backend:
         gproxy = GrpcFaultProxy(backend.api_address)
         hproxy = HttpFaultProxy(backend.router_url)
         await gproxy.start()

@@ -39,6 +39,7 @@ from gym_substrate.local.runtimes.base import RuntimeConfig, SandboxRuntime
 from gym_substrate.local.servicer import add_ateapi_services
 from gym_substrate.local.store import Store
 from gym_substrate.local.templates import TemplateError, default_template, parse_template_yaml
+from gym_substrate.local.workflows import WORKFLOW_DEADLINE_S
 
 __all__ = ["ADMIN_BODY_LIMIT", "MAX_MESSAGE_BYTES", "LocalBackend", "local_provider_kwargs"]
 
@@ -81,7 +82,7 @@ class LocalBackend:
         router_port: int = 0,
         admin_port: int = 0,
         router_timeout_s: float = 10.0,
-        start_timeout_s: float = 60.0,
+        workflow_timeout_s: float = WORKFLOW_DEADLINE_S,
         suspend_on_stop: bool = False,
     ) -> None:
         if runtime not in RUNTIME_NAMES:
@@ -94,6 +95,8 @@ class LocalBackend:
                 raise ValueError(f"{label} must be 0..65535, got {port}")
         if router_timeout_s <= 0:
             raise ValueError(f"router_timeout_s must be > 0, got {router_timeout_s}")
+        if workflow_timeout_s <= 0:
+            raise ValueError(f"workflow_timeout_s must be > 0, got {workflow_timeout_s}")
         self.state_dir = Path(state_dir).expanduser()
         self.requested_runtime = runtime
         self.workers = workers
@@ -101,7 +104,7 @@ class LocalBackend:
         self._router_port = router_port
         self._admin_port = admin_port
         self.router_timeout_s = router_timeout_s
-        self.start_timeout_s = start_timeout_s
+        self.workflow_timeout_s = workflow_timeout_s
         self.suspend_on_stop = suspend_on_stop
         self.runtime_name = ""
         self.runtime_reason = ""
@@ -198,7 +201,7 @@ class LocalBackend:
             instance=instance,
             workers=self.workers,
             metrics=self.metrics,
-            start_timeout_s=self.start_timeout_s,
+            workflow_timeout_s=self.workflow_timeout_s,
         )
         await self.plane.start([default_template(self.state_dir / "snapshots" / "store")])
 

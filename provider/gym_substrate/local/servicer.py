@@ -3,7 +3,8 @@
 Each `ateapi.Control` RPC is one row of `CONTROL_RPCS`: the `ControlPlane` method it calls, how
 the request's fields become that method's arguments, and how the result becomes the response's
 fields. One handler serves every row: it times the call (`rpc_server_call_duration_seconds`,
-the `x-server-elapsed-us` trailer) and aborts with an `ApiError`'s code and message unchanged.
+the `x-server-elapsed-us` trailer on every answer, errors included) and aborts with an
+`ApiError`'s code and message unchanged.
 The servicer decides nothing: validation, state and every error are the plane's; here requests
 become arguments and records become messages (`ProtobufViews`). Request and response classes
 come from the proto's service descriptor, so a table that misses an RPC fails at start-up.
@@ -209,14 +210,19 @@ def _control_behavior(
     async def behavior(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         started = time.perf_counter()
         code = grpc.StatusCode.OK
+
+        def elapsed() -> tuple[tuple[str, str], ...]:
+            # as ateapi's interceptor, on every answer: its client reads it off errors too
+            return (("x-server-elapsed-us", str(int((time.perf_counter() - started) * 1e6))),)
+
         try:
             result = call(*rpc.args(request))
             if inspect.isawaitable(result):
                 result = await result
-            return response_class(**rpc.response(views, result))
+            response = response_class(**rpc.response(views, result))
         except ApiError as exc:
             code = exc.code
-            await context.abort(exc.code, exc.message)
+            await context.abort(exc.code, exc.message, elapsed())
             raise  # unreachable: abort raises
         except asyncio.CancelledError:
             code = grpc.StatusCode.CANCELLED
@@ -226,12 +232,16 @@ def _control_behavior(
                 raise
             code = grpc.StatusCode.INTERNAL
             log.exception("%s failed", method.name)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal server error: {exc}")
+            await context.abort(
+                grpc.StatusCode.INTERNAL, f"internal server error: {exc}", elapsed()
+            )
             raise
         finally:
-            elapsed = time.perf_counter() - started
-            plane.metrics.rpc_duration.labels(label, code.name).observe(elapsed)
-            context.set_trailing_metadata((("x-server-elapsed-us", str(int(elapsed * 1e6))),))
+            plane.metrics.rpc_duration.labels(label, code.name).observe(
+                time.perf_counter() - started
+            )
+        context.set_trailing_metadata(elapsed())
+        return response
 
     return behavior
 

@@ -1,7 +1,8 @@
 """The worker pool: a fixed number of slots, each held by at most one sandbox at a time.
 
 A slot's holder is an actor key (``atespace/actor_id``) while that actor is RESUMING through
-SUSPENDING, or ``golden:<template>`` while a golden snapshot is taken. Each slot is a "worker"
+SUSPENDING (a resume that failed keeps it, as ateapi's AssignWorker leaves the worker assigned),
+or ``golden:<template>`` while a golden snapshot is taken. Each slot is a "worker"
 to ateapi clients (``ListWorkers``): a stable uid and a version that bumps on every change of
 holder, stored so both survive a restart.
 """
@@ -50,6 +51,10 @@ class SlotPool:
         if index is not None and 0 <= index < self.size and self._holders[index] is not None:
             self._holders[index] = None
             self._bump(index)
+
+    def holder(self, index: int) -> str | None:
+        """The key of what holds slot ``index`` (None when free or out of range)."""
+        return self._holders[index] if 0 <= index < self.size else None
 
     def is_free(self, index: int) -> bool:
         return 0 <= index < self.size and self._holders[index] is None

@@ -2,8 +2,9 @@
 
 Why SQLite and why write-through: every state change is committed before the RPC that caused it
 answers, in WAL mode, so a SIGKILL at any point loses nothing an RPC reported as done. Reads are
-served from the control plane's in-memory mirror; the database is the crash-safe copy, read once
-at start. One process owns a state folder at a time (its backend holds the folder's lock, see
+served from the control plane's in-memory mirror; the database is the crash-safe copy, read at
+start and by a workflow's load step (its round trip to the store, as ateapi's to Redis). One
+process owns a state folder at a time (its backend holds the folder's lock, see
 `statedir.py`).
 """
 
@@ -147,6 +148,13 @@ class Store:
     def actors(self) -> Iterator[ActorRecord]:
         for (body,) in self._db.execute("SELECT body FROM actors ORDER BY atespace, actor_id"):
             yield ActorRecord(**json.loads(body))
+
+    def get_actor(self, atespace: str, actor_id: str) -> ActorRecord | None:
+        """One actor's stored record. Safe from a worker thread (SQLite is built serialized)."""
+        row = self._db.execute(
+            "SELECT body FROM actors WHERE atespace=? AND actor_id=?", (atespace, actor_id)
+        ).fetchone()
+        return None if row is None else ActorRecord(**json.loads(row[0]))
 
     def insert_actor(self, record: ActorRecord) -> None:
         self._db.execute(

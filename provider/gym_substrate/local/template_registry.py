@@ -87,6 +87,10 @@ class TemplateRegistry:
     def golden(self, key: str) -> GoldenRecord | None:
         return self._golden.get(key)
 
+    def is_golden_path(self, path: str) -> bool:
+        """True for the folder of a template's current golden snapshot (never an actor's own)."""
+        return bool(path) and any(golden.path == path for golden in self._golden.values())
+
     def usable_golden(self, template: TemplateSpec) -> GoldenRecord | None:
         """The golden snapshot to restore ``template`` from: taken under this spec, on disk."""
         golden = self._golden.get(template.key)

@@ -1,9 +1,16 @@
-"""One lifecycle operation per actor at a time, each run to completion even if its caller leaves.
+"""The per-actor lock of ateapi's workflows, and their deadline.
 
-Resume, pause, suspend and delete are Substrate workflows: once started they finish, so a client
-that disconnects mid-restore does not leave a half-started sandbox behind. A second operation on
-an actor that is busy is refused with ABORTED (ateapi's "another operation is in progress"); the
-router waits for the one in flight (`wait_idle`) instead of backing off blindly.
+Substrate runs ResumeActor, SuspendActor and PauseActor under a lock named after the actor id
+alone (`lock:actor:<id>`, so one id in two atespaces shares it) with a 30 s TTL, and under a
+deadline 2 s shorter than that TTL (workflow.go). A second operation on a held lock is refused
+with ABORTED "another operation is in progress for this actor"; DeleteActor, UpdateActor and the
+reads take no lock.
+
+A resume runs in its caller's task (`lock`): the RPC's cancellation (a client deadline) stops it
+part-way, as a real workflow stops when its request context ends. A checkpoint runs in a task of
+its own (`run_detached`): the runtimes cannot stop a checkpoint half-way without losing the
+sandbox, so it finishes, holding the lock, after its caller has gone. The router waits for the
+operation in flight (`wait_idle`) instead of backing off blindly.
 """
 
 from __future__ import annotations
@@ -18,48 +25,56 @@ import grpc
 
 from gym_substrate.local.errors import ApiError
 
-__all__ = ["Workflows"]
+__all__ = ["WORKFLOW_DEADLINE_S", "Workflows"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# workflow.go: lock TTL 30 s minus 2 s of padding
+WORKFLOW_DEADLINE_S = 28.0
+
 
 class Workflows:
     def __init__(self) -> None:
-        self._busy: set[str] = set()
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._inflight: dict[str, asyncio.Task[Any]] = {}
+        # actor id -> a future done when its lock is released
+        self._held: dict[str, asyncio.Future[None]] = {}
+        self._holders: dict[str, asyncio.Task[Any] | None] = {}
 
-    def busy(self, key: str | None = None) -> bool:
-        """True while an operation holds actor ``key`` (any actor when None)."""
-        return bool(self._busy) if key is None else key in self._busy
+    def busy(self, actor_id: str | None = None) -> bool:
+        """True while an operation holds ``actor_id``'s lock (any actor's when None)."""
+        return bool(self._held) if actor_id is None else actor_id in self._held
 
-    def _claim(self, key: str) -> None:
-        if key in self._busy:
+    def _claim(self, actor_id: str, holder: asyncio.Task[Any] | None) -> None:
+        if actor_id in self._held:
             raise ApiError(
                 grpc.StatusCode.ABORTED, "another operation is in progress for this actor"
             )
-        self._busy.add(key)
+        self._held[actor_id] = asyncio.get_running_loop().create_future()
+        self._holders[actor_id] = holder
+
+    def _release(self, actor_id: str) -> None:
+        self._holders.pop(actor_id, None)
+        released = self._held.pop(actor_id, None)
+        if released is not None and not released.done():
+            released.set_result(None)
 
     @contextlib.asynccontextmanager
-    async def lock(self, key: str) -> AsyncIterator[None]:
-        """Hold ``key`` for an operation the caller runs inline (ABORTED when it is busy)."""
-        self._claim(key)
+    async def lock(self, actor_id: str) -> AsyncIterator[None]:
+        """Hold ``actor_id``'s lock while the caller's task runs the block (ABORTED if held)."""
+        self._claim(actor_id, asyncio.current_task())
         try:
             yield
         finally:
-            self._busy.discard(key)
+            self._release(actor_id)
 
-    async def run_detached(self, key: str, work: Callable[[], Awaitable[T]]) -> T:
-        """Run a lifecycle workflow to completion even if the caller goes away.
+    def run_detached(self, actor_id: str, work: Callable[[], Awaitable[T]]) -> asyncio.Task[T]:
+        """Take ``actor_id``'s lock and run ``work`` in its own task, which releases the lock.
 
-        The actor is marked busy before the task is created, not when it first runs: a second
-        call in the same loop turn is refused here instead of replacing this task's `_inflight`
-        entry (which `wait_idle` relies on). Busy and `_inflight` are released together by the
-        task's own done-callback, which runs before the caller sees the result.
+        The lock is claimed before the task is created, not when it first runs, so a second
+        call in the same loop turn is refused here.
         """
-        self._claim(key)
+        self._claim(actor_id, None)
 
         async def run() -> T:
             return await work()
@@ -67,35 +82,30 @@ class Workflows:
         try:
             task = asyncio.get_running_loop().create_task(run())
         except BaseException:
-            self._busy.discard(key)
+            self._release(actor_id)
             raise
-        self._tasks.add(task)
-        self._inflight[key] = task
+        self._holders[actor_id] = task
+        task.add_done_callback(lambda _: self._release(actor_id))
+        return task
 
-        def finished(done: asyncio.Task[T]) -> None:
-            self._tasks.discard(done)
-            if self._inflight.get(key) is done:
-                del self._inflight[key]
-                self._busy.discard(key)
-
-        task.add_done_callback(finished)
-        return await asyncio.shield(task)
-
-    async def wait_idle(self, key: str, timeout_s: float) -> bool:
-        """Wait until the operation in flight on ``key`` (if any) ends; True if one was waited."""
-        task = self._inflight.get(key)
-        if task is None:
+    async def wait_idle(self, actor_id: str, timeout_s: float) -> bool:
+        """Wait until the operation holding ``actor_id`` (if any) ends; True if one was waited."""
+        held = self._held.get(actor_id)
+        if held is None:
             return False
-        await asyncio.wait([task], timeout=timeout_s)
+        await asyncio.wait([held], timeout=timeout_s)
         return True
 
     async def drain(self, timeout_s: float = 15.0) -> None:
-        """Let in-flight workflows finish; cancel what is still running after ``timeout_s``."""
-        if not self._tasks:
+        """Let operations in flight finish; cancel what still holds a lock after ``timeout_s``."""
+        if not self._held:
             return
-        _, pending = await asyncio.wait(list(self._tasks), timeout=timeout_s)
-        for task in pending:
+        _, pending = await asyncio.wait(list(self._held.values()), timeout=timeout_s)
+        if not pending:
+            return
+        holders = [task for task in self._holders.values() if task is not None]
+        for task in holders:
             task.cancel()
-        if pending:
-            log.warning("cancelled %d lifecycle operations still running at shutdown", len(pending))
-            await asyncio.wait(pending, timeout=5)
+        log.warning("cancelled %d lifecycle operations still running at shutdown", len(holders))
+        if self._held:
+            await asyncio.wait(list(self._held.values()), timeout=5)
