@@ -33,7 +33,7 @@ from local_helpers import status_code
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
 from gym_substrate.cli.local import local
-from gym_substrate.local import LocalBackend, provider_config
+from gym_substrate.local import BackendError, LocalBackend, provider_config
 from gym_substrate.local import credentials as material
 from gym_substrate.local.auth import CLIENT_JWT_ISSUER, encode_jwt
 from gym_substrate.local.client_config import provider_config_env
@@ -560,3 +560,27 @@ async def _use_the_block(block: dict[str, Any], tmp_path: Path, ca: bytes, token
     listed = await stub.ListActors(pb.ListActorsRequest(), metadata=_bearer(token))
     assert [a.actor_id for a in listed.actors] == []
     await channel.close()
+
+
+@module_loop
+async def test_tls_without_the_extra_fails_with_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--tls` needs cryptography (the local-tls extra); without it the backend refuses to
+    start, before any sandbox, and says what to install. Plaintext does not need it."""
+    import sys
+
+    import gym_substrate.local
+
+    for name in [n for n in sys.modules if n == "cryptography" or n.startswith("cryptography.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.delitem(sys.modules, "gym_substrate.local.credentials")
+    monkeypatch.delattr(gym_substrate.local, "credentials")
+    backend = LocalBackend(tmp_path / "state", runtime="process", tls=True)
+    try:
+        with pytest.raises(BackendError, match=r"install gym-substrate\[local-tls\]"):
+            await backend.start()
+    finally:
+        await backend.stop()
+    assert not (tmp_path / "state" / "runtime").exists()
+    assert read_backend_info(tmp_path / "state") is None
