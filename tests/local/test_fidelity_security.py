@@ -557,8 +557,8 @@ async def _use_the_block(block: dict[str, Any], tmp_path: Path, ca: bytes, token
         C.UNAUTHENTICATED,
         "missing bearer token",
     )
-    listed = await stub.ListActors(pb.ListActorsRequest(), metadata=_bearer(token))
-    assert [a.actor_id for a in listed.actors] == []
+    listed = await stub.ListActors(pb.ListActorsRequest(atespace="gym"), metadata=_bearer(token))
+    assert [a.actor_id for a in listed.actors] == []  # the provider deleted its sandbox
     await channel.close()
 
 

@@ -2,11 +2,11 @@
 
 real (cmd/ateapi/main.go): one server with the auth interceptor first on unary and streaming
 calls (`--auth-mode`, `auth.py`), then `reflection.Register` (v1 and v1alpha), `ateapi.Control`
-and `ateapi.SessionIdentity`; nothing else, so there is no `grpc.health.v1.Health` (readiness is
-HTTP `/readyz` on the metrics port, here the admin listener's). A method it does not serve is answered
-as grpc-go answers it (UNIMPLEMENTED `unknown service <s>` / `unknown method <m> for service
-<s>`, vendor/google.golang.org/grpc/server.go), before any interceptor, so even in jwt mode a
-call without a token learns only that the method does not exist.
+and `ateapi.SessionIdentity`; nothing else, so there is no `grpc.health.v1.Health` (readiness
+is HTTP `/readyz` on the metrics port, here the admin listener's). A method it does not serve is
+answered as grpc-go answers it (UNIMPLEMENTED `unknown service <s>` / `unknown method <m> for
+service <s>`, vendor/google.golang.org/grpc/server.go), before any interceptor, so even in jwt
+mode a call without a token learns only that the method does not exist.
 """
 
 from __future__ import annotations
