@@ -103,10 +103,13 @@ async def test_plane_errors_pass_through_unchanged(served: tuple[ScriptedPlane, 
         grpc.StatusCode.INTERNAL,
         "internal server error: boom",
     )
+    # real: sessionidentity.go checks the caller's token itself, before anything else
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await identity.MintJWT(pb.MintJWTRequest(app_id="a"))
-    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
-    assert "not available in the local backend" in (info.value.details() or "")
+    assert (info.value.code(), info.value.details()) == (
+        grpc.StatusCode.UNAUTHENTICATED,
+        "Need authorization header",
+    )
     rendered = plane.metrics.render().decode()
     for method, code in (("GetActor", "NOT_FOUND"), ("ListAtespaces", "INTERNAL")):
         assert (

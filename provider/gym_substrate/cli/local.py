@@ -22,8 +22,10 @@ from rich.console import Console
 
 from gym_substrate.cli._output import Column, console, emit_json, fail, table
 from gym_substrate.local import daemon, statedir
+from gym_substrate.local.auth import AUTH_MODES
 from gym_substrate.local.backend import LocalBackend
 from gym_substrate.local.client_config import (
+    API_SERVER_NAME,
     provider_config,
     provider_config_env,
     provider_config_yaml,
@@ -75,16 +77,30 @@ def _print_up(info: dict[str, Any]) -> None:
         console.print(f"  why this runtime: {info['runtime_reason']}")
     if info.get("runtime_warning"):
         console.print(f"  [yellow]warning:[/] {info['runtime_warning']}")
-    console.print(f"  API (ateapi.Control, plaintext gRPC): {info['api']}")
+    if info.get("tls"):
+        console.print(
+            f"  API (ateapi.Control, TLS gRPC for {API_SERVER_NAME}, auth {info['auth']}): "
+            f"{info['api']}"
+        )
+        console.print(f"  CA to pin: {info['ca_file']}")
+        if info.get("token_file"):
+            console.print(f"  bearer token (rewritten every 48 min): {info['token_file']}")
+    else:
+        console.print(f"  API (ateapi.Control, plaintext gRPC): {info['api']}")
     console.print(
         f"  router (Host: <actor>.<atespace>.actors.resources.substrate.ate.dev): {info['router']}"
     )
     admin = info.get("admin", "")
     console.print(f"  admin (/readyz, /metrics, /_local/status, /_local/templates): {admin}")
     console.print(f"  metrics: {admin}/metrics")
-    config = provider_config(info["api"], info["router"])
+    config = provider_config(
+        info["api"],
+        info["router"],
+        ca_file=info.get("ca_file") or None,
+        token_file=info.get("token_file") or None,
+    )
     console.print("Provider config (paste under your substrate provider):")
-    console.print(provider_config_yaml(config), markup=False, highlight=False)
+    console.print(provider_config_yaml(config), markup=False, highlight=False, soft_wrap=True)
     console.print("or, with configs/substrate.yaml:")
     console.print(provider_config_env(config), markup=False, highlight=False, soft_wrap=True)
 
@@ -144,6 +160,20 @@ def local() -> None:
     is_flag=True,
     help="On stop, kill running actors instead of suspending them first.",
 )
+@click.option(
+    "--tls",
+    is_flag=True,
+    help="Serve the API over TLS as ateapi does (a CA and a certificate for api.ate-system.svc "
+    "in <state-dir>/tls; needs gym-substrate[local-tls]). Default: plaintext.",
+)
+@click.option(
+    "--auth",
+    type=click.Choice(AUTH_MODES),
+    default="mtls",
+    show_default=True,
+    help="ateapi's --auth-mode: mtls checks no caller; jwt wants a bearer token on every call "
+    "(<state-dir>/auth/token; needs --tls).",
+)
 @click.option("--daemon", is_flag=True, help="Run in the background; return once it answers.")
 @click.option("--json", "as_json", is_flag=True, help="Print the addresses as JSON.")
 def up(
@@ -155,6 +185,8 @@ def up(
     admin_port: int,
     router_timeout: float,
     kill_on_stop: bool,
+    tls: bool,
+    auth: str,
     daemon: bool,
     as_json: bool,
 ) -> None:
@@ -163,6 +195,11 @@ def up(
     Stopping it (Ctrl-C, SIGTERM, `local down`) suspends every running actor first, so a later
     `up` resumes them where they were; --kill-on-stop skips that.
     """
+    if auth == "jwt" and not tls:
+        raise fail(
+            "--auth jwt needs --tls: ateapi serves only TLS, and a bearer token must not cross a "
+            "plaintext connection"
+        )
     folder = _resolve(state_dir)
     running = statedir.read_backend_info(folder)
     if running is not None:
@@ -179,6 +216,8 @@ def up(
         "admin_port": admin_port,
         "router_timeout": router_timeout,
         "kill_on_stop": kill_on_stop,
+        "tls": tls,
+        "auth": auth,
     }
     if daemon:
         _up_detached(folder, options, as_json)
@@ -205,6 +244,8 @@ async def _foreground(folder: Path, options: dict[str, Any], as_json: bool) -> N
         router_port=options["router_port"],
         admin_port=options["admin_port"],
         router_timeout_s=options["router_timeout"],
+        tls=options["tls"],
+        auth=options["auth"],
     )
     backend.standalone = True
     backend.suspend_on_stop = not options["kill_on_stop"]

@@ -22,13 +22,15 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import grpc
 from aiohttp import web
 
 from gym_substrate.local import statedir
 from gym_substrate.local.admin import AdminServer, json_error, read_limited
+from gym_substrate.local.apiserver import create_api_server
+from gym_substrate.local.auth import AUTH_MODES, TokenVerifier
 from gym_substrate.local.client_config import provider_config
 from gym_substrate.local.errors import ApiError, BackendError
 from gym_substrate.local.lifecycle import ControlPlane
@@ -36,10 +38,13 @@ from gym_substrate.local.metrics import Metrics
 from gym_substrate.local.router import Router
 from gym_substrate.local.runtimes import RUNTIME_NAMES, create_runtime, select_runtime
 from gym_substrate.local.runtimes.base import RuntimeConfig, SandboxRuntime
-from gym_substrate.local.servicer import add_ateapi_services
+from gym_substrate.local.session_identity import SessionIdentity
 from gym_substrate.local.store import Store
 from gym_substrate.local.templates import TemplateError, default_template, parse_template_yaml
 from gym_substrate.local.workflows import WORKFLOW_DEADLINE_S
+
+if TYPE_CHECKING:
+    from gym_substrate.local.credentials import TokenIssuer
 
 __all__ = ["ADMIN_BODY_LIMIT", "MAX_MESSAGE_BYTES", "LocalBackend", "local_provider_kwargs"]
 
@@ -71,6 +76,26 @@ async def _trim_heap_forever(trim: Any) -> None:
         await asyncio.to_thread(trim, 0)
 
 
+class _Security(NamedTuple):
+    credentials: grpc.ServerCredentials | None
+    verifier: TokenVerifier | None
+    identity: SessionIdentity
+    issuer: TokenIssuer | None
+    next_refresh_s: float
+
+
+async def _refresh_token_forever(issuer: TokenIssuer, first_s: float) -> None:
+    """Keep `auth/token` fresh, as the kubelet keeps a projected token (at 80% of its life)."""
+    delay = first_s
+    while True:
+        await asyncio.sleep(max(delay, 1.0))
+        try:
+            delay = await asyncio.to_thread(issuer.refresh_token_file)
+        except OSError as exc:
+            log.warning("could not rewrite the API token %s: %s", issuer.token_file, exc)
+            delay = 60.0
+
+
 class LocalBackend:
     def __init__(
         self,
@@ -84,6 +109,8 @@ class LocalBackend:
         router_timeout_s: float = 10.0,
         workflow_timeout_s: float = WORKFLOW_DEADLINE_S,
         suspend_on_stop: bool = False,
+        tls: bool = False,
+        auth: str = "mtls",
     ) -> None:
         if runtime not in RUNTIME_NAMES:
             raise ValueError(f"unknown runtime {runtime!r}: use one of {', '.join(RUNTIME_NAMES)}")
@@ -97,6 +124,13 @@ class LocalBackend:
             raise ValueError(f"router_timeout_s must be > 0, got {router_timeout_s}")
         if workflow_timeout_s <= 0:
             raise ValueError(f"workflow_timeout_s must be > 0, got {workflow_timeout_s}")
+        if auth not in AUTH_MODES:
+            raise ValueError(f"unknown auth mode {auth!r}: use one of {', '.join(AUTH_MODES)}")
+        if auth == "jwt" and not tls:
+            raise ValueError(
+                "auth mode 'jwt' needs TLS (--tls): ateapi serves only TLS, and a bearer token "
+                "must not cross a plaintext connection"
+            )
         self.state_dir = Path(state_dir).expanduser()
         self.requested_runtime = runtime
         self.workers = workers
@@ -106,6 +140,11 @@ class LocalBackend:
         self.router_timeout_s = router_timeout_s
         self.workflow_timeout_s = workflow_timeout_s
         self.suspend_on_stop = suspend_on_stop
+        self.tls = bool(tls)
+        self.auth = auth
+        # with tls: the CA clients pin (`tls/ca.crt`); with jwt: the token file they send
+        self.ca_file: Path | None = None
+        self.token_file: Path | None = None
         self.runtime_name = ""
         self.runtime_reason = ""
         self.runtime: SandboxRuntime | None = None
@@ -116,6 +155,7 @@ class LocalBackend:
         self._router: Router | None = None
         self._admin: AdminServer | None = None
         self._trimmer: asyncio.Task[None] | None = None
+        self._token_refresher: asyncio.Task[None] | None = None
         self._lock_fd: int | None = None
         self._instance = ""
         # True when this process exists only to serve the backend (`local up`): `local down`
@@ -141,7 +181,12 @@ class LocalBackend:
 
     def provider_config(self) -> dict[str, Any]:
         """The NeMo Gym provider's `substrate:` block for this backend (`client_config.py`)."""
-        return provider_config(self.api_address, self.router_url)
+        return provider_config(
+            self.api_address,
+            self.router_url,
+            ca_file=str(self.ca_file) if self.ca_file else None,
+            token_file=str(self.token_file) if self.token_file else None,
+        )
 
     # ------------------------------------------------------------------ lifecycle
     async def __aenter__(self) -> LocalBackend:
@@ -165,6 +210,12 @@ class LocalBackend:
             raise
 
     async def _start(self) -> None:
+        # first, so a missing cryptography package fails before any sandbox starts
+        security = await asyncio.to_thread(self._security)
+        if security.issuer is not None:
+            self._token_refresher = asyncio.get_running_loop().create_task(
+                _refresh_token_forever(security.issuer, security.next_refresh_s)
+            )
         name, reason = select_runtime(self.requested_runtime)
         self.runtime_name, self.runtime_reason = name, reason
         store = Store(self.state_dir / "state.db")
@@ -205,15 +256,21 @@ class LocalBackend:
         )
         await self.plane.start([default_template(self.state_dir / "snapshots" / "store")])
 
-        server = grpc.aio.server(
+        server = create_api_server(
+            self.plane,
+            verifier=security.verifier if self.auth == "jwt" else None,
+            identity=security.identity,
             options=[
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ]
+            ],
         )
-        add_ateapi_services(server, self.plane)
+        address = f"127.0.0.1:{self._api_port}"
         try:
-            port = server.add_insecure_port(f"127.0.0.1:{self._api_port}")
+            if security.credentials is None:
+                port = server.add_insecure_port(address)
+            else:
+                port = server.add_secure_port(address, security.credentials)
         except RuntimeError:
             port = 0
         if port == 0:
@@ -261,6 +318,10 @@ class LocalBackend:
             "workers": self.workers,
             "standalone": self.standalone,
             "started_at": time.time(),
+            "tls": self.tls,
+            "auth": self.auth,
+            "ca_file": str(self.ca_file or ""),
+            "token_file": str(self.token_file or ""),
         }
         statedir.write_backend_info(self.state_dir, info)
 
@@ -273,11 +334,12 @@ class LocalBackend:
 
     async def _teardown(self, *, stop_sandboxes: bool) -> None:
         try:
-            if self._trimmer is not None:
-                trimmer, self._trimmer = self._trimmer, None
-                trimmer.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await trimmer
+            for task in (self._trimmer, self._token_refresher):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+            self._trimmer = self._token_refresher = None
             if self._admin is not None:
                 admin, self._admin = self._admin, None
                 await admin.close()
@@ -306,6 +368,30 @@ class LocalBackend:
             if self._lock_fd is not None:
                 statedir.release_lock(self._lock_fd)
                 self._lock_fd = None
+
+    def _security(self) -> _Security:
+        """With tls: the state folder's certificates, token issuer and session signer."""
+        if not self.tls:
+            return _Security(None, None, SessionIdentity(), None, 0.0)
+        from gym_substrate.local import credentials as material  # needs the local-tls extra
+
+        certificates = material.ServerCertificates(self.state_dir)
+        issuer = material.TokenIssuer(self.state_dir)
+        self.ca_file = certificates.ca_file
+        # the token file is kept in mtls mode too (SessionIdentity.MintJWT checks one there),
+        # but only jwt mode tells clients to send it on every call
+        next_refresh_s = issuer.refresh_token_file()
+        if self.auth == "jwt":
+            self.token_file = issuer.token_file
+        verifier = issuer.verifier()
+        signer = material.SessionIdSigner(self.state_dir)
+        return _Security(
+            certificates.server_credentials(),
+            verifier,
+            SessionIdentity(verifier, signer.sign),
+            issuer,
+            next_refresh_s,
+        )
 
     # ------------------------------------------------------------------ admin endpoints
     async def _add_template(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -385,12 +471,18 @@ class LocalBackend:
 
 @contextlib.asynccontextmanager
 async def local_provider_kwargs(
-    base: dict[str, Any], *, runtime: str = "process", workers: int = 2
+    base: dict[str, Any],
+    *,
+    runtime: str = "process",
+    workers: int = 2,
+    tls: bool = False,
+    auth: str = "mtls",
 ) -> AsyncIterator[tuple[dict[str, Any], Any]]:
     """Start a local backend in a temporary state folder and point `base` (provider kwargs,
     e.g. a cluster's config) at it: its connection, its template, a private ledger."""
     with tempfile.TemporaryDirectory(prefix="gym-substrate-local-") as state:
-        async with LocalBackend(Path(state), runtime=runtime, workers=workers) as backend:
+        backend = LocalBackend(Path(state), runtime=runtime, workers=workers, tls=tls, auth=auth)
+        async with backend:
             block = backend.provider_config()
             kwargs = dict(base)
             kwargs["connection"] = {**dict(base.get("connection") or {}), **block["connection"]}

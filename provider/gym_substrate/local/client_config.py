@@ -8,6 +8,7 @@ helpers all take it from here, so they cannot disagree about a key.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +17,7 @@ import yaml
 from gym_substrate.local.templates import DEFAULT_TEMPLATE_NAME, DEFAULT_TEMPLATE_NAMESPACE
 
 __all__ = [
+    "API_SERVER_NAME",
     "DEFAULT_TEMPLATE",
     "provider_config",
     "provider_config_env",
@@ -23,14 +25,35 @@ __all__ = [
 ]
 
 DEFAULT_TEMPLATE = f"{DEFAULT_TEMPLATE_NAMESPACE}/{DEFAULT_TEMPLATE_NAME}"
+# the DNS SAN of ateapi's certificate (cmd/podcertcontroller's servicednssigner), and of ours
+API_SERVER_NAME = "api.ate-system.svc"
 
 
-def provider_config(api: str, router: str, *, template: str = DEFAULT_TEMPLATE) -> dict[str, Any]:
-    """The provider's `substrate:` block for a local backend's API and router addresses."""
-    return {
-        "connection": {"api": api, "router": router, "tls": {"plaintext": True}},
-        "create": {"template": template},
-    }
+def provider_config(
+    api: str,
+    router: str,
+    *,
+    template: str = DEFAULT_TEMPLATE,
+    ca_file: str | None = None,
+    token_file: str | None = None,
+) -> dict[str, Any]:
+    """The provider's `substrate:` block for a local backend's API and router addresses.
+
+    ``ca_file`` (a `--tls` backend's `tls/ca.crt`) replaces plaintext with TLS checked against
+    `api.ate-system.svc`, the one name on the certificate, as on a cluster; ``token_file`` (jwt
+    mode's `auth/token`) is sent as the bearer token and re-read on every call, so it can rotate.
+    """
+    if token_file is not None and ca_file is None:
+        raise ValueError("a bearer token needs TLS: pass ca_file too")
+    tls: dict[str, Any] = (
+        {"plaintext": True}
+        if ca_file is None
+        else {"ca_file": ca_file, "server_name": API_SERVER_NAME}
+    )
+    connection: dict[str, Any] = {"api": api, "router": router, "tls": tls}
+    if token_file is not None:
+        connection["token"] = {"file": token_file}
+    return {"connection": connection, "create": {"template": template}}
 
 
 def provider_config_yaml(config: Mapping[str, Any]) -> str:
@@ -41,8 +64,17 @@ def provider_config_yaml(config: Mapping[str, Any]) -> str:
 def provider_config_env(config: Mapping[str, Any]) -> str:
     """The same settings as the variables configs/substrate.yaml interpolates."""
     connection = config["connection"]
-    plaintext = "true" if connection["tls"]["plaintext"] else "false"
-    return (
+    tls = connection["tls"]
+    if tls.get("plaintext"):
+        transport = "SUBSTRATE_PLAINTEXT=true"
+    else:
+        transport = f"SUBSTRATE_PLAINTEXT=false SUBSTRATE_CA_FILE={shlex.quote(tls['ca_file'])}"
+    line = (
         f"export SUBSTRATE_API={connection['api']} SUBSTRATE_ROUTER={connection['router']} "
-        f"SUBSTRATE_PLAINTEXT={plaintext} SUBSTRATE_TEMPLATE={config['create']['template']}"
+        f"{transport} SUBSTRATE_TEMPLATE={config['create']['template']}"
     )
+    token = connection.get("token")
+    if token:
+        # configs/substrate.yaml has no variable for the token section (it is null or a mapping)
+        line += f"\n# and in that file set  connection.token: {{file: {token['file']}}}"
+    return line

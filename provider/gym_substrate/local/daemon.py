@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from gym_substrate.local.client_config import API_SERVER_NAME
 from gym_substrate.local.errors import BackendError
 from gym_substrate.local.statedir import read_backend_info
 
@@ -51,6 +52,8 @@ def spawn(
     admin_port: int,
     router_timeout: float,
     kill_on_stop: bool,
+    tls: bool = False,
+    auth: str = "mtls",
 ) -> subprocess.Popen[bytes]:
     """Start `local up` for ``folder`` detached, logging to `<folder>/backend.log`."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -59,7 +62,8 @@ def spawn(
         "--workers", str(workers), "--runtime", runtime, "--state-dir", str(folder),
         "--api-port", str(api_port), "--router-port", str(router_port),
         "--admin-port", str(admin_port), "--router-timeout", str(router_timeout),
-    ] + (["--kill-on-stop"] if kill_on_stop else [])  # fmt: skip
+        "--auth", auth,
+    ] + (["--kill-on-stop"] if kill_on_stop else []) + (["--tls"] if tls else [])  # fmt: skip
     with open(folder / "backend.log", "ab") as log_file:
         return subprocess.Popen(
             argv,
@@ -111,7 +115,20 @@ def answers(info: Mapping[str, Any]) -> bool:
         return False
     import grpc
 
-    channel = grpc.insecure_channel(info["api"])
+    if info.get("tls"):
+        try:
+            with open(info["ca_file"], "rb") as fh:
+                root = fh.read()
+        except OSError:
+            return False
+        # the certificate names only api.ate-system.svc; a port-forwarded cluster is dialled so
+        channel = grpc.secure_channel(
+            info["api"],
+            grpc.ssl_channel_credentials(root_certificates=root),
+            options=[("grpc.ssl_target_name_override", API_SERVER_NAME)],
+        )
+    else:
+        channel = grpc.insecure_channel(info["api"])
     try:
         grpc.channel_ready_future(channel).result(timeout=1)
     except grpc.FutureTimeoutError:

@@ -28,14 +28,13 @@ from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.local.errors import ApiError
 from gym_substrate.local.lifecycle import ControlPlane
+from gym_substrate.local.session_identity import SessionIdentity
 from gym_substrate.local.slots import WORKER_NAMESPACE, WORKER_POOL
 from gym_substrate.local.store import ActorRecord, WorkerRecord
 
 __all__ = ["CONTROL_RPCS", "ProtobufViews", "Rpc", "add_ateapi_services"]
 
 log = logging.getLogger(__name__)
-
-_NO_IDENTITY = "SessionIdentity is not available in the local backend (no cluster identity)"
 
 
 class ProtobufViews:
@@ -246,10 +245,6 @@ def _control_behavior(
     return behavior
 
 
-async def _no_identity(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-    await context.abort(grpc.StatusCode.UNIMPLEMENTED, _NO_IDENTITY)
-
-
 def _register(
     server: grpc.aio.Server,
     service: ServiceDescriptor,
@@ -271,8 +266,11 @@ def _register(
     server.add_registered_method_handlers(service.full_name, handlers)  # type: ignore[attr-defined]
 
 
-def add_ateapi_services(server: grpc.aio.Server, plane: ControlPlane) -> None:
-    """Serve ateapi.Control from ``plane`` and ateapi.SessionIdentity (UNIMPLEMENTED here)."""
+def add_ateapi_services(
+    server: grpc.aio.Server, plane: ControlPlane, identity: SessionIdentity | None = None
+) -> None:
+    """Serve ateapi.Control from ``plane`` and ateapi.SessionIdentity from ``identity`` (by
+    default one that trusts no issuer: `session_identity.py`)."""
     services = pb.DESCRIPTOR.services_by_name
     views = ProtobufViews(plane)
     _register(
@@ -281,5 +279,5 @@ def add_ateapi_services(server: grpc.aio.Server, plane: ControlPlane) -> None:
         CONTROL_RPCS,
         lambda method: _control_behavior(plane, views, method, CONTROL_RPCS[method.name]),
     )
-    identity = services["SessionIdentity"]
-    _register(server, identity, identity.methods_by_name, lambda method: _no_identity)
+    behaviors = (identity or SessionIdentity()).behaviors
+    _register(server, services["SessionIdentity"], behaviors, lambda method: behaviors[method.name])

@@ -1,0 +1,92 @@
+"""The local API's gRPC server, put together as cmd/ateapi/main.go puts ateapi's together.
+
+real (cmd/ateapi/main.go): one server with the auth interceptor first on unary and streaming
+calls (`--auth-mode`, `auth.py`), then `reflection.Register` (v1 and v1alpha), `ateapi.Control`
+and `ateapi.SessionIdentity`; nothing else, so there is no `grpc.health.v1.Health` (readiness
+is HTTP `/readyz` on the metrics port, here the admin listener's). A method it does not serve is
+answered as grpc-go answers it (UNIMPLEMENTED `unknown service <s>` / `unknown method <m> for
+service <s>`, vendor/google.golang.org/grpc/server.go), before any interceptor, so even in jwt
+mode a call without a token learns only that the method does not exist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+from grpc_reflection.v1alpha import reflection, reflection_pb2
+
+from gym_substrate.ateapi import ateapi_pb2 as pb
+from gym_substrate.local.auth import BearerAuthInterceptor, TokenVerifier
+from gym_substrate.local.lifecycle import ControlPlane
+from gym_substrate.local.servicer import add_ateapi_services
+from gym_substrate.local.session_identity import SessionIdentity
+
+__all__ = ["REFLECTION_SERVICES", "SERVED_SERVICES", "create_api_server", "served_methods"]
+
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
+REFLECTION_SERVICES = (REFLECTION_V1, reflection.SERVICE_NAME)
+# what reflection lists: every registered service, sorted (grpc-go's ListServices)
+SERVED_SERVICES = tuple(
+    sorted([*(s.full_name for s in pb.DESCRIPTOR.services_by_name.values()), *REFLECTION_SERVICES])
+)
+
+
+def served_methods() -> frozenset[str]:
+    """Every `/service/method` path the server answers (the ones the interceptor guards)."""
+    paths = {
+        f"/{service.full_name}/{method.name}"
+        for service in pb.DESCRIPTOR.services_by_name.values()
+        for method in service.methods
+    }
+    paths.update(f"/{name}/ServerReflectionInfo" for name in REFLECTION_SERVICES)
+    return frozenset(paths)
+
+
+class _UnknownMethods(grpc.GenericRpcHandler):  # type: ignore[type-arg]
+    """Last in line: grpc-go's UNIMPLEMENTED for a path nothing else serves."""
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> Any:
+        service, _, method = handler_call_details.method.lstrip("/").rpartition("/")
+        if service in SERVED_SERVICES:
+            message = f"unknown method {method} for service {service}"
+        else:
+            message = f"unknown service {service or method}"
+
+        async def unimplemented(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, message)
+
+        return grpc.stream_stream_rpc_method_handler(unimplemented)
+
+
+def _add_reflection(server: grpc.aio.Server) -> None:
+    """v1alpha from grpcio-reflection, and v1 (the same messages under the newer name, which
+    grpcurl and grpc-go clients try first) from the same servicer."""
+    reflection.enable_server_reflection(SERVED_SERVICES, server)
+    aio = reflection.aio  # type: ignore[attr-defined]
+    servicer = aio.ReflectionServicer(SERVED_SERVICES)
+    handler = grpc.stream_stream_rpc_method_handler(
+        servicer.ServerReflectionInfo,
+        request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(REFLECTION_V1, {"ServerReflectionInfo": handler}),)
+    )
+
+
+def create_api_server(
+    plane: ControlPlane,
+    *,
+    verifier: TokenVerifier | None,
+    identity: SessionIdentity | None,
+    options: Sequence[tuple[str, Any]] = (),
+) -> grpc.aio.Server:
+    """The server, not yet listening; ``verifier`` set means jwt mode (every call checked)."""
+    interceptors = [] if verifier is None else [BearerAuthInterceptor(verifier, served_methods())]
+    server = grpc.aio.server(interceptors=interceptors, options=list(options))
+    _add_reflection(server)
+    add_ateapi_services(server, plane, identity)
+    server.add_generic_rpc_handlers((_UnknownMethods(),))
+    return server
