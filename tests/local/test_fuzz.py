@@ -71,6 +71,7 @@ class _Error(grpc.aio.AioRpcError):
         (grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", True),
         (grpc.StatusCode.DEADLINE_EXCEEDED, "context deadline exceeded", False),
         (grpc.StatusCode.RESOURCE_EXHAUSTED, "received metadata size exceeds limit", True),
+        (grpc.StatusCode.UNIMPLEMENTED, "Method not found!", True),
         (grpc.StatusCode.NOT_FOUND, "Actor a not found", False),
         (grpc.StatusCode.INVALID_ARGUMENT, "name is required", False),
     ],

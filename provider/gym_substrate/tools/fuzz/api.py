@@ -162,6 +162,8 @@ def _classify(tally: Tally, path: str, request: Any, exc: grpc.aio.AioRpcError |
         finding = f"INTERNAL the real server does not give: {details}"
     elif code == grpc.StatusCode.DEADLINE_EXCEEDED and details != _SERVER_DEADLINE:
         finding = f"no answer within {CALL_DEADLINE_S:g} s"
+    elif code == grpc.StatusCode.UNIMPLEMENTED:
+        finding = f"an RPC of the proto the server does not serve: {details}"
     elif code in (
         grpc.StatusCode.UNAVAILABLE,
         grpc.StatusCode.RESOURCE_EXHAUSTED,
