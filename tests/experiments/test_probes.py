@@ -39,11 +39,13 @@ def test_probe_cancelled_pause_races(config: Path, tmp_path: Path) -> None:
     )  # fmt: skip
     assert code == 0
     assert data["verdict"] == "PASS", data["rows"]
-    assert [(r["race"], r["final"]) for r in data["rows"]] == [
-        ("resume", "RUNNING"),
-        ("exec", "RUNNING"),
-        ("delete", "DELETED"),
-    ]
+    assert [r["race"] for r in data["rows"]] == ["resume", "exec", "delete"]
+    # Which call finishes last depends on timing (the router's per-request ResumeActor meets the
+    # pause's lock); the actor must end as the last call asked, and a delete always wins.
+    for row in data["rows"]:
+        assert row["final"] == row["expected"], row
+        assert row["final"] in ("RUNNING", "PAUSED", "DELETED"), row
+    assert data["rows"][2]["final"] == "DELETED"
 
 
 def test_probe_footprint_on_the_local_backend(tmp_path: Path) -> None:
