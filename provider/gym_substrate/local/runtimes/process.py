@@ -2,9 +2,9 @@
 
 It exists so the backend works where gVisor cannot (no runsc, no root). Where `bwrap` (Debian's
 bubblewrap) works, every actor runs inside it: the host's filesystem read-only (the backend's
-state and other actors' folders hidden), its own working folder and the host's /tmp writable, a
-private /dev/shm, its own pid, uts and ipc namespaces, only the capabilities to switch users,
-signal its jobs and bind port 80, and no_new_privs. It keeps
+state and other actors' folders hidden), its own working folder and its own /tmp writable (a
+per-actor folder bound at /tmp), a private /dev/shm, its own pid, uts and ipc namespaces, only
+the capabilities to switch users, signal its jobs and bind port 80, and no_new_privs. It keeps
 the host's network namespace and this user's uid. Without bwrap it isolates nothing, and
 `warning()` says so loudly.
 
@@ -14,7 +14,7 @@ port 80 needs root or CAP_NET_BIND_SERVICE; without it the agent listens on a fr
 slot's address and the record is ``ip:port`` (`warning()` says so). Pause keeps the process tree
 alive but SIGSTOPped (memory kept, no slot held), so the paused agent keeps its address and the
 slot moves on to a fresh one; resuming it gives its slot that address back. Suspend ends the
-process tree and keeps only its working folder; resume restarts it there.
+process tree and keeps only its working folder and /tmp; resume restarts it there.
 
 Processes start in their own session so they outlive a crashed control plane and can be
 adopted; every process of an actor carries a marker variable in its environment, so
@@ -35,6 +35,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Collection
 from pathlib import Path
@@ -110,15 +111,13 @@ def bwrap_problem() -> str | None:
 
 # The same for every actor: read-only host, fresh /dev, /proc of its own pid namespace, a
 # private /dev/shm, own pid/uts/ipc namespaces, and of the capabilities only those the agent
-# needs to run a command as another user and signal it (bwrap also sets no_new_privs). The
-# host's /tmp stays shared and writable: the provider and Gym tests exchange files with actors
-# through host paths under /tmp (docs/local.md), so a private /tmp would break them.
+# needs to run a command as another user and signal it (bwrap also sets no_new_privs). Each
+# actor's /tmp is its own folder (sandboxed_argv).
 _BWRAP_FIXED = (
     "--ro-bind", "/", "/",
     "--dev", "/dev",
     "--tmpfs", "/dev/shm",
     "--proc", "/proc",
-    "--bind", "/tmp", "/tmp",
     "--unshare-pid", "--unshare-uts", "--unshare-ipc",
     "--cap-drop", "ALL",
     "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_KILL",
@@ -134,27 +133,46 @@ _SECRET_DIRS = (
 _SECRET_FILES = ("/etc/shadow", "/etc/gshadow")
 
 
+def _shown_under_tmp(program: Path) -> list[Path]:
+    """What a private /tmp would hide but the command needs: its venv and this Python's
+    import path, when they live under the host's /tmp (a CI clone there)."""
+    wanted = {program, program.parent.parent, Path(sys.prefix), Path(sys.base_prefix)}
+    wanted |= {Path(entry) for entry in sys.path if entry and os.path.isabs(entry)}
+    tmp = Path("/tmp")
+    shown = {path.resolve() for path in wanted if path.exists()}
+    return sorted(path for path in shown if path.is_relative_to(tmp) and path != tmp)
+
+
 def sandboxed_argv(
     argv: list[str],
     workdir: Path,
+    tmpdir: Path,
     hidden: list[Path],
     hostname: str,
     *,
     bind_low_ports: bool = False,
 ) -> list[str]:
-    """``argv`` under bwrap: ``hidden`` folders (and host secrets) masked, ``workdir`` writable.
+    """``argv`` under bwrap: ``hidden`` folders (and host secrets) masked, ``workdir`` writable,
+    ``tmpdir`` bound at /tmp.
 
     ``hidden`` are folders of the backend (its state, other actors' folders); ``workdir`` is
     bound back inside them. A secret folder that contains ``argv[0]`` (say a venv under /home)
-    stays visible, read-only, so the command still runs. ``bind_low_ports`` adds
-    CAP_NET_BIND_SERVICE, for an agent that listens on port 80.
+    stays visible, read-only, so the command still runs; so does its venv under /tmp.
+    ``bind_low_ports`` adds CAP_NET_BIND_SERVICE, for an agent that listens on port 80.
     """
     bwrap = shutil.which("bwrap") or "bwrap"
     program = Path(shutil.which(argv[0]) or argv[0]).absolute()
+    shown = _shown_under_tmp(program)
+    binds = ["--bind", str(tmpdir), "/tmp"]
+    for path in shown:
+        binds += ["--ro-bind", str(path), str(path)]
     masks: list[str] = []
     for folder in [*map(Path, _SECRET_DIRS), *hidden]:
-        if folder.is_dir() and not program.is_relative_to(folder):
-            masks += ["--tmpfs", str(folder)]
+        if not folder.is_dir() or program.is_relative_to(folder):
+            continue
+        if folder.is_relative_to("/tmp") and not any(folder.is_relative_to(p) for p in shown):
+            continue  # the private /tmp already hides it
+        masks += ["--tmpfs", str(folder)]
     for secret in _SECRET_FILES:
         if Path(secret).exists():
             masks += ["--ro-bind", "/dev/null", secret]
@@ -163,6 +181,7 @@ def sandboxed_argv(
         bwrap,
         *_BWRAP_FIXED,
         *caps,
+        *binds,
         *masks,
         "--bind", str(workdir), str(workdir),
         "--chdir", str(workdir),
@@ -305,7 +324,10 @@ class ProcessRuntime:
         self._slot_ips: dict[int, str] = {}
 
     def warning(self) -> str | None:
-        memory = "their memory does not survive suspend (only the files in their working folder do)"
+        memory = (
+            "their memory does not survive suspend (only the files in their working folder "
+            "and /tmp do)"
+        )
         ports = (
             ""
             if self.port80_problem is None
@@ -319,16 +341,17 @@ class ProcessRuntime:
         if self.bwrap_problem is None:
             return (
                 "the process runtime runs actors under bubblewrap: read-only host filesystem "
-                "but for their working folder and the host's /tmp, own pid/uts/ipc namespaces, "
+                "but for their working folder and a private /tmp, own pid/uts/ipc namespaces, "
                 "no capabilities but switching users and binding port 80; they still share "
-                f"this machine's network and /tmp and run as this user, and {memory}. Install "
-                "runsc and run as root for gVisor sandboxes." + ports
+                f"this machine's network and run as this user, and {memory}. Install runsc "
+                "and run as root for gVisor sandboxes." + ports
             )
         return (
             f"NO ISOLATION: bubblewrap cannot run here ({self.bwrap_problem}), so the process "
             "runtime runs actors as ordinary processes of this user with "
             f"this user's full rights on this machine: model-written code can read, change and "
-            f"delete anything this user can. Their {memory.removeprefix('their ')}. Install "
+            f"delete anything this user can, and /tmp is the host's (TMPDIR points to a folder "
+            f"of their own). Their {memory.removeprefix('their ')}. Install "
             "bubblewrap (apt-get install bubblewrap) or runsc before running untrusted code."
             + ports
         )
@@ -441,6 +464,10 @@ class ProcessRuntime:
     def _workdir(self, actor: ActorSpec) -> Path:
         return self.actors / actor.atespace / actor.actor_id / "work"
 
+    def _tmpdir(self, actor: ActorSpec) -> Path:
+        """The actor's /tmp: kept across pause and suspend like its working folder."""
+        return self.actors / actor.atespace / actor.actor_id / "tmp"
+
     def _pids(self, handle: str, entry: dict[str, Any] | None) -> set[int]:
         pids = set(_marked(SANDBOX_ENV, handle))
         if entry is not None and _alive(int(entry["pid"]), int(entry["start"])):
@@ -515,6 +542,9 @@ class ProcessRuntime:
                 return resumed
         workdir = self._workdir(actor)
         workdir.mkdir(parents=True, exist_ok=True)
+        tmpdir = self._tmpdir(actor)
+        tmpdir.mkdir(exist_ok=True)
+        tmpdir.chmod(0o1777)  # like /tmp: the agent's jobs may run as other users
         last_error: RuntimeFailure | None = None
         for _ in range(3):  # a free port can be taken between probing and binding
             try:
@@ -561,12 +591,15 @@ class ProcessRuntime:
         ip = self.worker_ip(slot)
         port = loopback.AGENT_PORT if self.port80_problem is None else _free_port(ip)
         address = self._address(ip, port)
+        tmpdir = self._tmpdir(actor)
         handle = f"{self.config.instance}-{secrets.token_hex(5)}"
         env = {
             "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
             "HOME": str(workdir),
             "LANG": "C.UTF-8",
         }
+        if self.bwrap_problem is not None:  # no private /tmp: point what honours TMPDIR there
+            env["TMPDIR"] = str(tmpdir)
         env.update(dict(actor.template.env))
         env.update(
             {
@@ -583,6 +616,7 @@ class ProcessRuntime:
             argv = sandboxed_argv(
                 argv,
                 workdir,
+                tmpdir,
                 self._hidden(),
                 actor.actor_id,
                 bind_low_ports=port < 1024 and os.geteuid() == 0,
