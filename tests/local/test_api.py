@@ -251,14 +251,13 @@ async def test_pause_keeps_memory_and_suspend_keeps_files(
 async def test_no_free_workers_and_abort(
     stub: Any, backend: LocalBackend, runtime_name: str
 ) -> None:
-    # a template whose agent takes a second to come up keeps the first resume in flight
-    address = "--host 127.0.0.1" if runtime_name == "process" else "--host 0.0.0.0 --port 80"
+    # a template whose agent takes a second to come up keeps the first resume in flight; the
+    # agent's --host/--port stay in argv, where the process runtime points them at the worker
     assert backend.plane is not None
     default = backend.plane.templates["local/sandbox"]
+    agent = (sys.executable, "-m", "sandbox_agent", "--host", "0.0.0.0", "--port", "80")
     slow = dataclasses.replace(
-        default,
-        name="slow",
-        command=("/bin/sh", "-c", f"sleep 1; exec {sys.executable} -m sandbox_agent {address}"),
+        default, name="slow", command=("/bin/sh", "-c", 'sleep 1; exec "$0" "$@"', *agent)
     )
     await backend.plane.add_template(slow)
     await make_actor(stub, "w2")

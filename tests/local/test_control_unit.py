@@ -61,6 +61,9 @@ class FakeRuntime:
     def warning(self) -> str | None:
         return None
 
+    def worker_ip(self, slot: Slot) -> str:
+        return f"10.0.0.{slot.index + 1}"
+
     async def open(self) -> None:
         return None
 
@@ -84,7 +87,7 @@ class FakeRuntime:
         self._n += 1
         handle = f"fk-{self._n}"
         self.alive[handle] = actor.key
-        return StartedSandbox(handle, f"10.0.0.{slot.index + 1}:80", source is not None)
+        return StartedSandbox(handle, self.worker_ip(slot), source is not None)
 
     async def checkpoint(
         self, actor: ActorSpec, handle: str, kind: SnapshotKind, dest: Path

@@ -184,11 +184,12 @@ def test_sigkill_loses_nothing_and_restart_adopts(state: Path, runtime_name: str
 
     # SIGKILL in the middle of a resume: the record survives, the half-started sandbox does not.
     # The template's agent takes a second to start, so the kill lands inside the resume.
-    address = "--host 127.0.0.1" if runtime_name == "process" else "--host 0.0.0.0 --port 80"
+    # --host/--port stay in argv, where the process runtime points them at the worker's address
     slow = (
         "metadata: {name: slow, namespace: local}\n"
         "spec:\n  containers: [{name: a, command: [/bin/sh, -c, "
-        f"'sleep 1; exec {sys.executable} -m sandbox_agent {address}']}}]\n"
+        f'\'sleep 1; exec "$0" "$@"\', {sys.executable}, -m, sandbox_agent, '
+        "--host, 0.0.0.0, --port, '80']}]\n"
         f"  snapshotsConfig: {{location: {state / 'slow'}}}\n  rootfs: host\n"
     )
     request = urllib.request.Request(

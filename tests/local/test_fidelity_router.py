@@ -30,7 +30,10 @@ from gym_substrate.local import LocalBackend
 from gym_substrate.local.statedir import read_backend_info
 
 S = pb.Actor.Status
-_AGENT = f"exec {sys.executable} -m sandbox_agent --host 127.0.0.1"
+# the agent's --host/--port stay in argv, where the process runtime points them at the worker's
+# own address (a shell string would keep them out of its reach)
+_AGENT = 'exec "$0" "$@"'
+_AGENT_ARGV = (sys.executable, "-m", "sandbox_agent", "--host", "0.0.0.0", "--port", "80")
 _ECHO = Path(__file__).with_name("echo_agent.py")
 
 
@@ -74,7 +77,7 @@ async def test_auto_resume_over_5_s_is_envoys_empty_504_and_carries_on(
     Envoy answers the client itself, 504 with an empty body, while the resume goes on detached
     (cmd/atenet/internal/router/resumer.go, its own 15 s context), so a later request for the
     actor joins it and is served."""
-    await _template(backend, "slow6", ("/bin/sh", "-c", f"sleep 6; {_AGENT}"))
+    await _template(backend, "slow6", ("/bin/sh", "-c", f"sleep 6; {_AGENT}", *_AGENT_ARGV))
     await _actor(stub, "slow", "slow6")
     url = f"{backend.router_url}/readyz"
     started = time.monotonic()
@@ -105,7 +108,7 @@ async def test_shared_resume_stops_waiting_after_15_s(
     DEADLINE_EXCEEDED mapped to `504 actor "<id>" request timed out`
     (cmd/atenet/internal/router/errors.go). That context also cancels the workflow, so the actor
     is left RESUMING for a gRPC ResumeActor to finish."""
-    await _template(backend, "slow17", ("/bin/sh", "-c", f"sleep 17; {_AGENT}"))
+    await _template(backend, "slow17", ("/bin/sh", "-c", f"sleep 17; {_AGENT}", *_AGENT_ARGV))
     await _actor(stub, "slower", "slow17")
     url = f"{backend.router_url}/readyz"
     started = time.monotonic()

@@ -244,8 +244,11 @@ async def test_request_during_an_explicit_resume_waits_for_it(
 ) -> None:
     assert backend.plane is not None
     default = backend.plane.templates["local/sandbox"]
-    agent = f"exec {sys.executable} -m sandbox_agent --host 127.0.0.1"
-    slow = dataclasses.replace(default, name="slow", command=("/bin/sh", "-c", f"sleep 1; {agent}"))
+    # --host/--port stay in argv, where the process runtime points them at the worker's address
+    agent = (sys.executable, "-m", "sandbox_agent", "--host", "0.0.0.0", "--port", "80")
+    slow = dataclasses.replace(
+        default, name="slow", command=("/bin/sh", "-c", 'sleep 1; exec "$0" "$@"', *agent)
+    )
     await backend.plane.add_template(slow)
     await stub.CreateAtespace(pb.CreateAtespaceRequest(name="t"))
     await stub.CreateActor(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -284,6 +285,19 @@ def marker_dir(tmp_path: Path) -> Path:
 
 def count_runs(marker: Path) -> int:
     return len(marker.read_text().splitlines()) if marker.exists() else 0
+
+
+async def sandbox_runs(provider: SubstrateProvider, handle: Any, path: str, scratch: Path) -> int:
+    """How many lines a file inside the sandbox has, read back through the provider's own
+    download (the sandbox's /tmp is its own, so host paths would see nothing)."""
+    local = scratch / f"{uuid.uuid4().hex}.runs"
+    await provider.download_file(handle, path, local)
+    return count_runs(local)
+
+
+def sandbox_marker() -> str:
+    """A fresh path inside a sandbox for a command to append a line to every time it runs."""
+    return f"/tmp/runs-{uuid.uuid4().hex}"
 
 
 @pytest.fixture

@@ -25,7 +25,10 @@ from gym_substrate.types import SandboxSpec, SandboxStatus
 
 from .conftest import Stack, make_stack
 
-_AGENT = f"exec {sys.executable} -m sandbox_agent --host 127.0.0.1"
+# the agent's --host/--port stay in argv, where the process runtime points them at the worker's
+# own address (a shell string would keep them out of its reach)
+_AGENT = 'exec "$0" "$@"'
+_AGENT_ARGV = (sys.executable, "-m", "sandbox_agent", "--host", "0.0.0.0", "--port", "80")
 
 
 @pytest.fixture
@@ -38,7 +41,7 @@ async def _template(stack: Stack, name: str, script: str) -> str:
     plane = stack.backend.plane
     default = plane.templates["local/sandbox"]
     await plane.add_template(
-        dataclasses.replace(default, name=name, command=("/bin/sh", "-c", script))
+        dataclasses.replace(default, name=name, command=("/bin/sh", "-c", script, *_AGENT_ARGV))
     )
     return f"local/{name}"
 

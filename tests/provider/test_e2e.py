@@ -282,12 +282,13 @@ async def test_blank_command_is_a_no_op_not_a_sandbox_failure(stack: Stack) -> N
 async def test_exec_concurrency_limit_bounds_jobs_in_flight(stack: Stack, tmp_path: Path) -> None:
     p = stack.provider(exec={"concurrency": 2})
     h = await p.create(SandboxSpec())
-    log = tmp_path / "overlap.log"
+    log = "/tmp/overlap.log"  # inside the sandbox: its /tmp is its own
     cmd = f"echo start >> {log}; sleep 0.2; echo end >> {log}"
     results = await asyncio.gather(*(p.exec(h, cmd) for _ in range(6)))
     assert [r.return_code for r in results] == [0] * 6
+    await p.download_file(h, log, tmp_path / "overlap.log")
     depth, deepest = 0, 0
-    for line in log.read_text().split():
+    for line in (tmp_path / "overlap.log").read_text().split():
         depth += 1 if line == "start" else -1
         deepest = max(deepest, depth)
     assert deepest == 2

@@ -82,7 +82,7 @@ async def test_a_timeout_says_so_in_stderr(stack: Stack, tmp_path: Path) -> None
     for limit in (0, -1):
         result = await p.exec(handle, "touch ran", timeout_s=limit)
         assert (result.return_code, result.error_type) == (125, "timeout")
-    assert not (tmp_path / "ran").exists()
+    assert (await p.exec(handle, "test -e ran; echo $?")).stdout == "1\n"  # in the workdir
     await p.close(handle)
     await p.aclose()
 
@@ -96,7 +96,7 @@ async def test_relative_paths_are_taken_from_the_workdir(stack: Stack, tmp_path:
     src = tmp_path / "src.txt"
     src.write_text("data\n")
     await p.upload_file(handle, src, "sub/in.txt")
-    assert (work / "sub" / "in.txt").read_text() == "data\n"
+    assert (await p.exec(handle, f"cat {work}/sub/in.txt")).stdout == "data\n"
     assert (await p.exec(handle, "pwd", cwd="sub")).stdout == f"{work}/sub\n"
     await p.download_file(handle, "sub/in.txt", tmp_path / "back.txt")
     assert (tmp_path / "back.txt").read_text() == "data\n"

@@ -643,7 +643,14 @@ class ControlPlane:
         if slot is None or self.slots.holder(slot) != key:
             # a worker kept by an earlier attempt that failed is reused, as AssignWorker does
             slot = self.slots.take(key)
-            record = self._write(record, status=RESUMING, slot=slot, pod_uid=self.slots.uid(slot))
+            record = self._write(
+                record,
+                status=RESUMING,
+                slot=slot,
+                pod_uid=self.slots.uid(slot),
+                # a resuming actor already carries its worker's IP (real: workflow_resume.go)
+                address=self.runtime.worker_ip(Slot(slot)),
+            )
         # CallAteletRestore
         source, source_name = self._pick_source(record, spec.template, boot)
         step = {

@@ -28,6 +28,7 @@ from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.local.errors import ApiError
 from gym_substrate.local.lifecycle import ControlPlane
+from gym_substrate.local.runtimes.base import Slot
 from gym_substrate.local.session_identity import SessionIdentity
 from gym_substrate.local.slots import WORKER_NAMESPACE, WORKER_POOL
 from gym_substrate.local.store import ActorRecord, WorkerRecord
@@ -90,13 +91,14 @@ class ProtobufViews:
             version=worker.version,
             worker_pod_uid=worker.uid,
             node_name=self.node_name,
+            # every worker has its pod's IP, free or not (real: controlapi/syncer.go)
+            ip=self.plane.runtime.worker_ip(Slot(worker.slot)),
         )
         if actor is not None:
             out.actor_namespace = actor.template_namespace
             out.actor_template = actor.template_name
             out.actor_id = actor.actor_id
             out.actor_atespace = actor.atespace
-            out.ip = actor.address.rpartition(":")[0] if actor.address else ""
         return out
 
 

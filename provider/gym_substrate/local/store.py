@@ -48,7 +48,7 @@ class ActorRecord:
     version: int = 1
     slot: int | None = None
     handle: str = ""  # runtime handle of the running sandbox
-    address: str = ""  # host:port of the agent while RUNNING
+    address: str = ""  # the worker's bare IP (agent on :80), or ip:port; RESUMING/RUNNING
     pod_uid: str = ""
     in_progress_snapshot: str = ""
     snapshot_kind: str = ""  # "" | "local" | "external" (latest_snapshot_info)

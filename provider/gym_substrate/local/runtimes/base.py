@@ -30,8 +30,12 @@ Identity and addresses
       ``adopt``/``is_alive``, also after a control-plane restart. Handles and every host-wide name
       a runtime creates (netns, veth, container ids, cgroups) start with ``RuntimeConfig.instance``
       so two backends on one machine never collide and ``cleanup()`` finds exactly its own.
-    * ``address`` is ``host:port`` where the actor's agent answers HTTP; it becomes the actor's
-      ``ateom_pod_ip`` and the router's upstream. It may change on every start.
+    * ``address`` is where the actor's agent answers HTTP; it becomes the actor's
+      ``ateom_pod_ip`` and the router's upstream. As on a real cluster it is a bare IPv4
+      address with the agent on port 80 (the real router dials ``<ip>:80``,
+      cmd/atenet/internal/router/extproc.go); only a process runtime that may not bind port 80
+      records ``ip:port``. The IP is the slot's ``worker_ip`` (a pod's IP, which
+      workflow_resume.go copies onto the actor at RESUMING).
     * The agent must be able to learn its actor id at request time: gVisor bind-mounts
       ``/run/ate/actor-id`` (rebuilt on every start/restore, as atelet does); the process runtime
       sets ``SANDBOX_AGENT_ACTOR_ID``.
@@ -184,7 +188,7 @@ class SnapshotRef:
 @dataclass(frozen=True)
 class StartedSandbox:
     handle: str
-    address: str  # "host:port" of the agent; becomes Actor.ateom_pod_ip
+    address: str  # bare IP (agent on port 80), else "ip:port"; becomes Actor.ateom_pod_ip
     memory_restored: bool  # True when process memory came back from a snapshot
 
 
@@ -219,6 +223,10 @@ class SandboxRuntime(Protocol):
     name: str  # "process" | "gvisor"
     isolates: bool  # False: the actor can touch the host (process runtime)
     memory_survives_suspend: bool
+
+    def worker_ip(self, slot: Slot) -> str:
+        """The bare IP of ``slot`` (its worker pod's IP in ListWorkers), once ``open``."""
+        ...
 
     def warning(self) -> str | None:
         """A line the CLI prints at ``up`` (e.g. the process runtime isolates nothing)."""

@@ -1,17 +1,25 @@
-"""The `process` runtime: each actor's agent is a subprocess on 127.0.0.1, in bubblewrap.
+"""The `process` runtime: each actor's agent is a subprocess on a loopback address, in bubblewrap.
 
-It exists so the backend works where gVisor cannot (no runsc, no root, macOS-like hosts). Where
-`bwrap` (Debian's bubblewrap) works, every actor runs inside it: the host's filesystem read-only
-(the backend's state and other actors' folders hidden), its own working folder and the host's
-/tmp writable, a private /dev/shm, its own pid, uts and ipc namespaces, only the capabilities to
-switch users and signal its jobs, and no_new_privs. It keeps the host's network namespace (the
-agent answers on 127.0.0.1:<port>, where the router dials it) and this user's uid. Without bwrap
-it isolates nothing, and `warning()` says so loudly. Pause keeps the process tree alive but
-SIGSTOPped (memory kept, no slot held), suspend ends it and keeps only its working folder,
-resume restarts it there. Processes start in their own session so they outlive a crashed control
-plane and can be adopted; every process of an actor carries a marker variable in its
-environment, so stop/sweep/cleanup find its jobs (and their children) even after the agent
-itself is gone, and `leftovers()` can prove nothing leaked.
+It exists so the backend works where gVisor cannot (no runsc, no root). Where `bwrap` (Debian's
+bubblewrap) works, every actor runs inside it: the host's filesystem read-only (the backend's
+state and other actors' folders hidden), its own working folder and its own /tmp writable (a
+per-actor folder bound at /tmp), a private /dev/shm, its own pid, uts and ipc namespaces, only
+the capabilities to switch users, signal its jobs and bind port 80, and no_new_privs. It keeps
+the host's network namespace and this user's uid. Without bwrap it isolates nothing, and
+`warning()` says so loudly.
+
+Addresses (`loopback.py`): each worker slot has an address of its own in 127.0.0.0/8 and the
+agent listens on port 80 there, so ``ateom_pod_ip`` is a bare IP as on a real cluster. Binding
+port 80 needs root or CAP_NET_BIND_SERVICE; without it the agent listens on a free port of the
+slot's address and the record is ``ip:port`` (`warning()` says so). Pause keeps the process tree
+alive but SIGSTOPped (memory kept, no slot held), so the paused agent keeps its address and the
+slot moves on to a fresh one; resuming it gives its slot that address back. Suspend ends the
+process tree and keeps only its working folder and /tmp; resume restarts it there.
+
+Processes start in their own session so they outlive a crashed control plane and can be
+adopted; every process of an actor carries a marker variable in its environment, so
+stop/sweep/cleanup find its jobs (and their children) even after the agent itself is gone, and
+`leftovers()` can prove nothing leaked.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Collection
 from pathlib import Path
@@ -34,6 +43,7 @@ from typing import Any
 
 import aiohttp
 
+from gym_substrate.local.runtimes import loopback
 from gym_substrate.local.runtimes.base import (
     ActorSpec,
     CheckpointResult,
@@ -56,14 +66,14 @@ SANDBOX_ENV = "GYM_SUBSTRATE_LOCAL_SANDBOX"
 _TERM_GRACE_S = 2.0
 
 
-def rewrite_argv(command: tuple[str, ...], port: int) -> list[str]:
-    """Point an agent-style argv at 127.0.0.1:port (`--port X`, `--host X`, `--k=v` forms)."""
+def rewrite_argv(command: tuple[str, ...], host: str, port: int) -> list[str]:
+    """Point an agent-style argv at host:port (`--port X`, `--host X`, `--k=v` forms)."""
     out: list[str] = []
     saw_port = saw_host = False
     index = 0
     while index < len(command):
         arg = command[index]
-        for flag, value in (("--port", str(port)), ("--host", "127.0.0.1")):
+        for flag, value in (("--port", str(port)), ("--host", host)):
             if arg == flag and index + 1 < len(command):
                 out += [flag, value]
                 index += 2
@@ -79,7 +89,7 @@ def rewrite_argv(command: tuple[str, ...], port: int) -> list[str]:
         saw_port = saw_port or flag == "--port"
         saw_host = saw_host or flag == "--host"
     if saw_port and not saw_host:
-        out += ["--host", "127.0.0.1"]
+        out += ["--host", host]
     return out
 
 
@@ -101,15 +111,13 @@ def bwrap_problem() -> str | None:
 
 # The same for every actor: read-only host, fresh /dev, /proc of its own pid namespace, a
 # private /dev/shm, own pid/uts/ipc namespaces, and of the capabilities only those the agent
-# needs to run a command as another user and signal it (bwrap also sets no_new_privs). The
-# host's /tmp stays shared and writable: the provider and Gym tests exchange files with actors
-# through host paths under /tmp (docs/local.md), so a private /tmp would break them.
+# needs to run a command as another user and signal it (bwrap also sets no_new_privs). Each
+# actor's /tmp is its own folder (sandboxed_argv).
 _BWRAP_FIXED = (
     "--ro-bind", "/", "/",
     "--dev", "/dev",
     "--tmpfs", "/dev/shm",
     "--proc", "/proc",
-    "--bind", "/tmp", "/tmp",
     "--unshare-pid", "--unshare-uts", "--unshare-ipc",
     "--cap-drop", "ALL",
     "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_KILL",
@@ -125,25 +133,55 @@ _SECRET_DIRS = (
 _SECRET_FILES = ("/etc/shadow", "/etc/gshadow")
 
 
-def sandboxed_argv(argv: list[str], workdir: Path, hidden: list[Path], hostname: str) -> list[str]:
-    """``argv`` under bwrap: ``hidden`` folders (and host secrets) masked, ``workdir`` writable.
+def _shown_under_tmp(program: Path) -> list[Path]:
+    """What a private /tmp would hide but the command needs: its venv and this Python's
+    import path, when they live under the host's /tmp (a CI clone there)."""
+    wanted = {program, program.parent.parent, Path(sys.prefix), Path(sys.base_prefix)}
+    wanted |= {Path(entry) for entry in sys.path if entry and os.path.isabs(entry)}
+    tmp = Path("/tmp")
+    shown = {path.resolve() for path in wanted if path.exists()}
+    return sorted(path for path in shown if path.is_relative_to(tmp) and path != tmp)
+
+
+def sandboxed_argv(
+    argv: list[str],
+    workdir: Path,
+    tmpdir: Path,
+    hidden: list[Path],
+    hostname: str,
+    *,
+    bind_low_ports: bool = False,
+) -> list[str]:
+    """``argv`` under bwrap: ``hidden`` folders (and host secrets) masked, ``workdir`` writable,
+    ``tmpdir`` bound at /tmp.
 
     ``hidden`` are folders of the backend (its state, other actors' folders); ``workdir`` is
     bound back inside them. A secret folder that contains ``argv[0]`` (say a venv under /home)
-    stays visible, read-only, so the command still runs.
+    stays visible, read-only, so the command still runs; so does its venv under /tmp.
+    ``bind_low_ports`` adds CAP_NET_BIND_SERVICE, for an agent that listens on port 80.
     """
     bwrap = shutil.which("bwrap") or "bwrap"
     program = Path(shutil.which(argv[0]) or argv[0]).absolute()
+    shown = _shown_under_tmp(program)
+    binds = ["--bind", str(tmpdir), "/tmp"]
+    for path in shown:
+        binds += ["--ro-bind", str(path), str(path)]
     masks: list[str] = []
     for folder in [*map(Path, _SECRET_DIRS), *hidden]:
-        if folder.is_dir() and not program.is_relative_to(folder):
-            masks += ["--tmpfs", str(folder)]
+        if not folder.is_dir() or program.is_relative_to(folder):
+            continue
+        if folder.is_relative_to("/tmp") and not any(folder.is_relative_to(p) for p in shown):
+            continue  # the private /tmp already hides it
+        masks += ["--tmpfs", str(folder)]
     for secret in _SECRET_FILES:
         if Path(secret).exists():
             masks += ["--ro-bind", "/dev/null", secret]
+    caps = ["--cap-add", "CAP_NET_BIND_SERVICE"] if bind_low_ports else []
     return [
         bwrap,
         *_BWRAP_FIXED,
+        *caps,
+        *binds,
         *masks,
         "--bind", str(workdir), str(workdir),
         "--chdir", str(workdir),
@@ -153,10 +191,19 @@ def sandboxed_argv(argv: list[str], workdir: Path, hidden: list[Path], hostname:
     ]  # fmt: skip
 
 
-def _free_port() -> int:
+def _free_port(ip: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((ip, 0))
         return int(sock.getsockname()[1])
+
+
+def _url(address: str, path: str) -> str:
+    """A bare IP means port 80, as the real router dials it (cmd/atenet/.../extproc.go)."""
+    return f"http://{address}{path}"
+
+
+def _ip_of(address: str) -> str:
+    return address.rpartition(":")[0] if ":" in address else address
 
 
 def _stat(pid: int) -> tuple[str, int, int] | None:
@@ -271,24 +318,116 @@ class ProcessRuntime:
         self._session: aiohttp.ClientSession | None = None
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         self.bwrap_problem = bwrap_problem()
+        self.port80_problem = loopback.port80_problem()
+        self.lease_dir = Path(config.extra.get("process.lease_dir") or loopback.default_lease_dir())
+        self._lease: loopback.LoopbackLease | None = None
+        self._slot_ips: dict[int, str] = {}
 
     def warning(self) -> str | None:
-        memory = "their memory does not survive suspend (only the files in their working folder do)"
+        memory = (
+            "their memory does not survive suspend (only the files in their working folder "
+            "and /tmp do)"
+        )
+        ports = (
+            ""
+            if self.port80_problem is None
+            else (
+                f" Their agents cannot listen on port 80 ({self.port80_problem}): each listens "
+                "on a free port of its worker's loopback address and ateom_pod_ip reads "
+                "<ip>:<port> instead of a bare IP as on a real cluster (the local router "
+                "follows it; code that dials <ip>:80 itself does not). Run as root for port 80."
+            )
+        )
         if self.bwrap_problem is None:
             return (
                 "the process runtime runs actors under bubblewrap: read-only host filesystem "
-                "but for their working folder and the host's /tmp, own pid/uts/ipc namespaces, "
-                "no capabilities but switching users; they still share this machine's network "
-                f"and /tmp and run as this user, and {memory}. Install runsc and run as root "
-                "for gVisor sandboxes."
+                "but for their working folder and a private /tmp, own pid/uts/ipc namespaces, "
+                "no capabilities but switching users and binding port 80; they still share "
+                f"this machine's network and run as this user, and {memory}. Install runsc "
+                "and run as root for gVisor sandboxes." + ports
             )
         return (
             f"NO ISOLATION: bubblewrap cannot run here ({self.bwrap_problem}), so the process "
             "runtime runs actors as ordinary processes of this user with "
             f"this user's full rights on this machine: model-written code can read, change and "
-            f"delete anything this user can. Their {memory.removeprefix('their ')}. Install "
+            f"delete anything this user can, and /tmp is the host's (TMPDIR points to a folder "
+            f"of their own). Their {memory.removeprefix('their ')}. Install "
             "bubblewrap (apt-get install bubblewrap) or runsc before running untrusted code."
+            + ports
         )
+
+    # ------------------------------------------------------------------ addresses
+    def worker_ip(self, slot: Slot) -> str:
+        """The slot's loopback address (its worker's IP); changes only when a paused agent
+        keeps it."""
+        try:
+            return self._slot_ips[slot.index]
+        except KeyError:
+            raise RuntimeFailure(
+                f"slot {slot.index} has no address: the process runtime is not open "
+                f"(workers={self.config.workers})"
+            ) from None
+
+    def _address(self, ip: str, port: int) -> str:
+        return ip if port == loopback.AGENT_PORT else f"{ip}:{port}"
+
+    def _held_ips(self) -> dict[str, int | None]:
+        """Address -> slot (None while paused) of every live process this runtime started."""
+        held: dict[str, int | None] = {}
+        for entry in self._entries().values():
+            if "address" in entry and _alive(int(entry["pid"]), int(entry["start"])):
+                slot = entry.get("slot")
+                held[_ip_of(str(entry["address"]))] = None if slot is None else int(slot)
+        return held
+
+    def _fresh_ip(self, taken: Collection[str]) -> str:
+        assert self._lease is not None
+        for ip in self._lease.addresses():
+            if ip not in taken:
+                return ip
+        raise RuntimeFailure(
+            f"all {self._lease.network.num_addresses - 2} loopback addresses of "
+            f"{self._lease.network} are held by running or paused actors: suspend or delete some"
+        )
+
+    def _save_slot_ips(self) -> None:
+        tmp = self.root / "addresses.json.tmp"
+        tmp.write_text(json.dumps({str(k): v for k, v in self._slot_ips.items()}))
+        tmp.replace(self.root / "addresses.json")
+
+    def _open_addresses(self) -> None:
+        """Lease the instance's block and give every slot an address no paused agent holds."""
+        self._lease = loopback.lease_block(
+            self.lease_dir, self.config.instance, self.root.resolve()
+        )
+        try:
+            saved = json.loads((self.root / "addresses.json").read_text())
+        except (OSError, ValueError):
+            saved = {}
+        held = self._held_ips()
+        ips: dict[int, str] = {}
+        for index in range(self.config.workers):
+            ip = saved.get(str(index)) if isinstance(saved, dict) else None
+            fine = isinstance(ip, str) and self._lease.holds(ip) and ip not in ips.values()
+            if not fine or held.get(str(ip), index) != index:
+                ip = self._fresh_ip({*ips.values(), *held})
+            ips[index] = str(ip)
+        self._slot_ips = ips
+        self._save_slot_ips()
+
+    def _move_slot(self, slot: int | None, ip: str | None) -> None:
+        """Give ``slot`` the address ``ip`` (a resumed agent's), or a fresh one for None."""
+        if slot is None or slot not in self._slot_ips:
+            return
+        others = {v for k, v in self._slot_ips.items() if k != slot}
+        self._slot_ips[slot] = ip or self._fresh_ip({*others, *self._held_ips()})
+        if ip is not None:  # the slot that held ``ip`` before, if any, moves on
+            for other, value in self._slot_ips.items():
+                if other != slot and value == ip:
+                    self._slot_ips[other] = self._fresh_ip(
+                        {*self._slot_ips.values(), *self._held_ips()}
+                    )
+        self._save_slot_ips()
 
     # ------------------------------------------------------------------ plumbing
     def _hidden(self) -> list[Path]:
@@ -325,6 +464,10 @@ class ProcessRuntime:
     def _workdir(self, actor: ActorSpec) -> Path:
         return self.actors / actor.atespace / actor.actor_id / "work"
 
+    def _tmpdir(self, actor: ActorSpec) -> Path:
+        """The actor's /tmp: kept across pause and suspend like its working folder."""
+        return self.actors / actor.atespace / actor.actor_id / "tmp"
+
     def _pids(self, handle: str, entry: dict[str, Any] | None) -> set[int]:
         pids = set(_marked(SANDBOX_ENV, handle))
         if entry is not None and _alive(int(entry["pid"]), int(entry["start"])):
@@ -340,7 +483,7 @@ class ProcessRuntime:
         proc: subprocess.Popen[bytes] | None,
         log_path: Path,
     ) -> None:
-        url = f"http://{address}{path}"
+        url = _url(address, path)
         while True:
             if proc is not None and proc.poll() is not None:
                 tail = _tail(log_path)
@@ -363,6 +506,16 @@ class ProcessRuntime:
     async def open(self) -> None:
         self.procs.mkdir(parents=True, exist_ok=True)
         self.actors.mkdir(parents=True, exist_ok=True)
+        try:
+            await asyncio.to_thread(self._open_addresses)
+        except loopback.LoopbackError as exc:
+            raise RuntimeFailure(str(exc)) from exc
+        if self.port80_problem is not None:
+            log.warning(
+                "process runtime: agents cannot listen on port 80 (%s); actor addresses are "
+                "<ip>:<port>, not bare IPs as on a real cluster",
+                self.port80_problem,
+            )
 
     async def close(self) -> None:
         if self._session is not None:
@@ -384,15 +537,18 @@ class ProcessRuntime:
     ) -> StartedSandbox:
         deadline = time.monotonic() + timeout_s
         if source is not None and source.kind is SnapshotKind.LOCAL:
-            resumed = await self._continue(actor, source, deadline)
+            resumed = await self._continue(actor, slot, source, deadline)
             if resumed is not None:
                 return resumed
         workdir = self._workdir(actor)
         workdir.mkdir(parents=True, exist_ok=True)
+        tmpdir = self._tmpdir(actor)
+        tmpdir.mkdir(exist_ok=True)
+        tmpdir.chmod(0o1777)  # like /tmp: the agent's jobs may run as other users
         last_error: RuntimeFailure | None = None
         for _ in range(3):  # a free port can be taken between probing and binding
             try:
-                return await self._spawn(actor, workdir, deadline)
+                return await self._spawn(actor, slot, workdir, deadline)
             except _PortTaken as exc:
                 last_error = exc
                 if time.monotonic() > deadline:
@@ -401,7 +557,7 @@ class ProcessRuntime:
         raise last_error
 
     async def _continue(
-        self, actor: ActorSpec, source: SnapshotRef, deadline: float
+        self, actor: ActorSpec, slot: Slot, source: SnapshotRef, deadline: float
     ) -> StartedSandbox | None:
         try:
             manifest = json.loads((source.path / "manifest.json").read_text())
@@ -418,18 +574,32 @@ class ProcessRuntime:
             return None
         pids = await asyncio.to_thread(self._pids, handle, entry)
         _signal_all(pids, signal.SIGCONT)
-        address = f"127.0.0.1:{entry['port']}"
+        address = str(entry.get("address") or f"127.0.0.1:{entry['port']}")
+        # the paused agent still listens where it did: its new slot takes that address over
+        self._move_slot(slot.index, _ip_of(address))
+        self._write_entry(handle, {**entry, "slot": slot.index})
         await self._ready(address, actor.template.readyz_path, deadline, None, Path("/dev/null"))
         return StartedSandbox(handle=handle, address=address, memory_restored=True)
 
-    async def _spawn(self, actor: ActorSpec, workdir: Path, deadline: float) -> StartedSandbox:
-        port = _free_port()
+    def _write_entry(self, handle: str, entry: dict[str, Any]) -> None:
+        self.procs.mkdir(parents=True, exist_ok=True)
+        (self.procs / f"{handle}.json").write_text(json.dumps(entry))
+
+    async def _spawn(
+        self, actor: ActorSpec, slot: Slot, workdir: Path, deadline: float
+    ) -> StartedSandbox:
+        ip = self.worker_ip(slot)
+        port = loopback.AGENT_PORT if self.port80_problem is None else _free_port(ip)
+        address = self._address(ip, port)
+        tmpdir = self._tmpdir(actor)
         handle = f"{self.config.instance}-{secrets.token_hex(5)}"
         env = {
             "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
             "HOME": str(workdir),
             "LANG": "C.UTF-8",
         }
+        if self.bwrap_problem is not None:  # no private /tmp: point what honours TMPDIR there
+            env["TMPDIR"] = str(tmpdir)
         env.update(dict(actor.template.env))
         env.update(
             {
@@ -441,9 +611,16 @@ class ProcessRuntime:
             }
         )
         log_path = workdir.parent / "agent.log"
-        argv = rewrite_argv(actor.template.command, port)
+        argv = rewrite_argv(actor.template.command, ip, port)
         if self.bwrap_problem is None:
-            argv = sandboxed_argv(argv, workdir, self._hidden(), actor.actor_id)
+            argv = sandboxed_argv(
+                argv,
+                workdir,
+                tmpdir,
+                self._hidden(),
+                actor.actor_id,
+                bind_low_ports=port < 1024 and os.geteuid() == 0,
+            )
         try:
             proc = _popen(argv, workdir, env, log_path)
         except OSError as exc:
@@ -456,13 +633,13 @@ class ProcessRuntime:
             "pid": proc.pid,
             "start": stat[2] if stat else 0,
             "port": port,
+            "address": address,
+            "slot": slot.index,
             "actor": actor.key,
             "workdir": str(workdir),
         }
-        self.procs.mkdir(parents=True, exist_ok=True)
-        (self.procs / f"{handle}.json").write_text(json.dumps(entry))
+        self._write_entry(handle, entry)
         self._children[handle] = proc
-        address = f"127.0.0.1:{port}"
         try:
             await self._ready(address, actor.template.readyz_path, deadline, proc, log_path)
         except BaseException:
@@ -480,8 +657,12 @@ class ProcessRuntime:
         if kind is SnapshotKind.LOCAL:
             pids = await asyncio.to_thread(self._pids, handle, entry)
             _signal_all(pids, signal.SIGSTOP)
-            manifest.update(handle=handle, port=entry["port"])
+            manifest.update(handle=handle, address=entry.get("address", ""))
             retained: str | None = handle
+            # the stopped agent keeps its address: the slot it leaves gets a fresh one
+            slot = entry.get("slot")
+            self._write_entry(handle, {**entry, "slot": None})
+            self._move_slot(None if slot is None else int(slot), None)
         else:
             await self.stop(handle)
             retained = None
@@ -530,7 +711,7 @@ class ProcessRuntime:
         entry = self._entry(handle)
         if entry is None or not _alive(int(entry["pid"]), int(entry["start"])):
             return None
-        address = f"127.0.0.1:{entry['port']}"
+        address = str(entry.get("address") or f"127.0.0.1:{entry['port']}")
         try:
             await self._ready(
                 address, actor.template.readyz_path, time.monotonic() + 5.0, None, Path("/dev/null")
@@ -538,6 +719,8 @@ class ProcessRuntime:
         except RuntimeFailure:
             await self.stop(handle)
             return None
+        if self._slot_ips.get(slot.index) != _ip_of(address):
+            self._move_slot(slot.index, _ip_of(address))
         return StartedSandbox(handle=handle, address=address, memory_restored=True)
 
     async def sweep(self, keep: Collection[str]) -> list[str]:
@@ -574,6 +757,14 @@ class ProcessRuntime:
     async def cleanup(self) -> list[str]:
         removed = await self.sweep(keep=())
         shutil.rmtree(self.procs, ignore_errors=True)
+        released = await asyncio.to_thread(
+            loopback.release_block, self.lease_dir, self.config.instance, self.root.resolve()
+        )
+        if released:
+            removed.append(released)
+        with contextlib.suppress(OSError):
+            (self.root / "addresses.json").unlink()
+        self._slot_ips = {}
         await self.close()
         return removed
 
@@ -584,4 +775,7 @@ class ProcessRuntime:
                 found.append(f"process {entry['pid']} of {entry.get('actor')} ({handle})")
         strays = await asyncio.to_thread(_marked, INSTANCE_ENV, self.config.instance)
         found += [f"process {pid} marked {INSTANCE_ENV}={self.config.instance}" for pid in strays]
+        lease = loopback.find_lease(self.lease_dir, self.config.instance, self.root.resolve())
+        if lease is not None:
+            found.append(f"loopback lease {lease}")
         return found

@@ -212,6 +212,10 @@ class GvisorRuntime:
             await asyncio.gather(*tasks, return_exceptions=True)
         self._drains.clear()
 
+    def worker_ip(self, slot: Slot) -> str:
+        """The slot's veth address: the router dials it on port 80, as a pod IP."""
+        return self._net(slot).sandbox_ip
+
     def _net(self, slot: Slot) -> net.SlotNet:
         if not self._opened:
             raise RuntimeFailure("the gVisor runtime is not open (call open() first)")
@@ -316,9 +320,7 @@ class GvisorRuntime:
             raise
         log.debug("%s %s on slot %d as %s", what, actor.key, slot.index, cid)
         return StartedSandbox(
-            handle=cid,
-            address=f"{net_.sandbox_ip}:{AGENT_PORT}",
-            memory_restored=source is not None,
+            handle=cid, address=net_.sandbox_ip, memory_restored=source is not None
         )
 
     async def _wait_ready(
@@ -467,7 +469,7 @@ class GvisorRuntime:
         sandbox = self._sandboxes.get(handle) or self._load_sandbox(handle)
         if sandbox is None or sandbox.slot != slot.index or not await self.is_alive(handle):
             return None
-        expected = f"{net_.sandbox_ip}:{AGENT_PORT}"
+        expected = net_.sandbox_ip
         if address != expected:
             log.warning("adopted %s answers at %s, not the recorded %s", handle, expected, address)
         return StartedSandbox(handle=handle, address=expected, memory_restored=True)
