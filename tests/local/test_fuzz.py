@@ -7,6 +7,7 @@ The bounded runs here use fixed seeds; the closing note's full runs are
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -41,7 +42,7 @@ async def test_api_fuzzing_finds_nothing_and_reaches_the_state_machine(
 async def test_router_fuzzing_finds_nothing(backend: LocalBackend, stub: Any) -> None:
     await make_actor(stub, "r0", "fz")
     host, port = backend.router_url.removeprefix("http://").rsplit(":", 1)
-    tally = await _in_thread(
+    tally = await asyncio.to_thread(
         fuzz_router, (host, int(port)), [actor_host("r0", "fz")], requests=300, seed=14
     )
     async with grpc.aio.insecure_channel(backend.api_address) as channel:
@@ -49,12 +50,6 @@ async def test_router_fuzzing_finds_nothing(backend: LocalBackend, stub: Any) ->
     assert tally.finding_count == 0, tally.findings
     assert tally.counts["2xx"] > 0, "routed cases reached the actor's agent"
     assert tally.counts["4xx"] > 0
-
-
-async def _in_thread(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    import asyncio
-
-    return await asyncio.to_thread(fn, *args, **kwargs)
 
 
 class _Error(grpc.aio.AioRpcError):

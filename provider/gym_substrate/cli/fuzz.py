@@ -46,9 +46,10 @@ async def _run(servers: tuple[str, ...], requests: int, seed: int, runtime: str)
     import grpc
 
     from gym_substrate._names import actor_host
-    from gym_substrate.ateapi import ateapi_pb2 as pb
     from gym_substrate.local import LocalBackend
     from gym_substrate.tools.fuzz import delete_everything, fuzz_api, fuzz_router
+    from gym_substrate.tools.fuzz._rpc import ensure_actors
+    from gym_substrate.tools.fuzz.api import ATESPACES
 
     tallies = []
     with tempfile.TemporaryDirectory(prefix="gym-substrate-fuzz-") as state:
@@ -61,7 +62,8 @@ async def _run(servers: tuple[str, ...], requests: int, seed: int, runtime: str)
                         tally = await fuzz_api(channel, requests=requests, seed=seed, progress=step)
                     tallies.append(tally)
                 if "router" in servers:
-                    hosts = await _routable_actors(channel, pb)
+                    hosts = [(ATESPACES[0], "r0"), (ATESPACES[0], "r1")]
+                    await ensure_actors(channel, ATESPACES[0], [name for _, name in hosts])
                     host, port = backend.router_url.removeprefix("http://").rsplit(":", 1)
                     with _bar(requests, "router") as step:
                         tally = await asyncio.to_thread(
@@ -82,39 +84,6 @@ async def _run(servers: tuple[str, ...], requests: int, seed: int, runtime: str)
             finally:
                 await channel.close(None)
     return tallies
-
-
-async def _routable_actors(channel: Any, pb: Any) -> list[tuple[str, str]]:
-    """Two actors the router can wake (it resumes them on the first request)."""
-    import grpc
-
-    from gym_substrate.tools.fuzz.api import ATESPACES
-
-    create_space = channel.unary_unary(
-        "/ateapi.Control/CreateAtespace",
-        request_serializer=pb.CreateAtespaceRequest.SerializeToString,
-        response_deserializer=pb.CreateAtespaceResponse.FromString,
-    )
-    create_actor = channel.unary_unary(
-        "/ateapi.Control/CreateActor",
-        request_serializer=pb.CreateActorRequest.SerializeToString,
-        response_deserializer=pb.CreateActorResponse.FromString,
-    )
-    try:
-        await create_space(pb.CreateAtespaceRequest(name=ATESPACES[0]))
-    except grpc.aio.AioRpcError as exc:
-        if exc.code() != grpc.StatusCode.ALREADY_EXISTS:
-            raise
-    names = [(ATESPACES[0], "r0"), (ATESPACES[0], "r1")]
-    for space, name in names:
-        await create_actor(
-            pb.CreateActorRequest(
-                actor_ref=pb.ActorRef(atespace=space, name=name),
-                actor_template_namespace="local",
-                actor_template_name="sandbox",
-            )
-        )
-    return names
 
 
 @click.command("fuzz")

@@ -9,6 +9,7 @@ from typing import Any
 import grpc
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
+from gym_substrate.tools.fuzz._rpc import call
 
 __all__ = ["delete_everything"]
 
@@ -16,19 +17,11 @@ __all__ = ["delete_everything"]
 _CLEANUP_LIMIT_S = 120.0
 
 
-def _call(channel: grpc.aio.Channel, method: str, request: Any, response: Any) -> Any:
-    return channel.unary_unary(
-        f"/ateapi.Control/{method}",
-        request_serializer=type(request).SerializeToString,
-        response_deserializer=response.FromString,
-    )(request, timeout=40.0)
-
-
 async def _actors(channel: grpc.aio.Channel) -> list[Any]:
     actors: list[Any] = []
     token = ""
     while True:
-        page = await _call(
+        page = await call(
             channel,
             "ListActors",
             pb.ListActorsRequest(page_size=100, page_token=token),
@@ -47,18 +40,18 @@ async def _step_towards_deleted(channel: grpc.aio.Channel, actor: Any) -> None:
     status = actor.status
     try:
         if status == pb.Actor.STATUS_RUNNING:
-            await _call(
+            await call(
                 channel,
                 "SuspendActor",
                 pb.SuspendActorRequest(actor_ref=ref),
                 pb.SuspendActorResponse,
             )
         elif status == pb.Actor.STATUS_PAUSED:
-            await _call(
+            await call(
                 channel, "ResumeActor", pb.ResumeActorRequest(actor_ref=ref), pb.ResumeActorResponse
             )
         elif status in (pb.Actor.STATUS_SUSPENDED, pb.Actor.STATUS_UNSPECIFIED):
-            await _call(
+            await call(
                 channel, "DeleteActor", pb.DeleteActorRequest(actor_ref=ref), pb.DeleteActorResponse
             )
     except grpc.aio.AioRpcError as exc:
@@ -87,14 +80,14 @@ async def delete_everything(channel: grpc.aio.Channel) -> None:
     else:
         names = ", ".join(f"{a.atespace}/{a.actor_id}" for a in left)
         raise TimeoutError(f"actors still there after {_CLEANUP_LIMIT_S:g} s: {names}")
-    spaces = await _call(
+    spaces = await call(
         channel, "ListAtespaces", pb.ListAtespacesRequest(), pb.ListAtespacesResponse
     )
     for space in spaces.atespaces:
         if space.name == "ate-golden":
             continue
         try:
-            await _call(
+            await call(
                 channel,
                 "DeleteAtespace",
                 pb.DeleteAtespaceRequest(name=space.name),

@@ -19,6 +19,7 @@ from google.protobuf import message as _message
 from google.protobuf import message_factory
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
+from gym_substrate.tools.fuzz._rpc import CALL_DEADLINE_S, ensure_actors
 from gym_substrate.tools.fuzz._tally import Tally
 
 __all__ = ["REAL_INTERNALS", "fuzz_api"]
@@ -30,9 +31,6 @@ REAL_INTERNALS = ("invalid page token", "workflow failed at step")
 # What the server itself answers when a workflow outlives its deadline (workflow.go), unlike
 # the client's own "Deadline Exceeded".
 _SERVER_DEADLINE = "context deadline exceeded"
-
-# A call that outlives this has hung: the real resume deadline is about 28 s.
-CALL_DEADLINE_S = 40.0
 
 ATESPACES = ("fz", "fz2")
 ACTORS = ("a0", "a1", "a2", "a3")
@@ -180,33 +178,9 @@ def _short(request: Any) -> str:
 
 async def _setup(channel: grpc.aio.Channel) -> None:
     """Atespaces and a few actors that exist, so calls reach real transitions."""
-    create_space = channel.unary_unary(
-        "/ateapi.Control/CreateAtespace",
-        request_serializer=pb.CreateAtespaceRequest.SerializeToString,
-        response_deserializer=pb.CreateAtespaceResponse.FromString,
-    )
-    create_actor = channel.unary_unary(
-        "/ateapi.Control/CreateActor",
-        request_serializer=pb.CreateActorRequest.SerializeToString,
-        response_deserializer=pb.CreateActorResponse.FromString,
-    )
-    for space in ATESPACES:
-        try:
-            await create_space(pb.CreateAtespaceRequest(name=space), timeout=CALL_DEADLINE_S)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.ALREADY_EXISTS:
-                raise
-    for name in ACTORS[:2]:
-        request = pb.CreateActorRequest(
-            actor_ref=pb.ActorRef(atespace=ATESPACES[0], name=name),
-            actor_template_namespace="local",
-            actor_template_name="sandbox",
-        )
-        try:
-            await create_actor(request, timeout=CALL_DEADLINE_S)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.ALREADY_EXISTS:
-                raise
+    await ensure_actors(channel, ATESPACES[0], ACTORS[:2])
+    for space in ATESPACES[1:]:
+        await ensure_actors(channel, space, ())
 
 
 async def fuzz_api(
