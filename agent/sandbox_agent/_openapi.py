@@ -165,7 +165,7 @@ _SCHEMAS: dict[str, Any] = {
                     {
                         "type": "array",
                         "minItems": 1,
-                        "prefixItems": [{"type": "string", "minLength": 1}],
+                        "prefixItems": [{"type": "string", "minLength": 1, "pattern": _NO_NUL}],
                         "items": {"type": "string", "pattern": _NO_NUL},
                     },
                 ],
@@ -291,7 +291,7 @@ _SCHEMAS: dict[str, Any] = {
                     {
                         "type": "array",
                         "minItems": 1,
-                        "prefixItems": [{"type": "string", "minLength": 1}],
+                        "prefixItems": [{"type": "string", "minLength": 1, "pattern": _NO_NUL}],
                         "items": {"type": "string", "pattern": _NO_NUL},
                     },
                     {"type": "null"},

@@ -473,7 +473,6 @@ class PtyManager:
         self._ended: collections.deque[PtySession] = collections.deque()
         self._running = 0
         self._closing = False
-        self._tasks: set[asyncio.Task[None]] = set()
 
     @property
     def running(self) -> int:
@@ -555,10 +554,18 @@ class PtyManager:
             kwargs = {"user": creds.uid, "group": creds.gid, "extra_groups": list(creds.groups)}
         # The parent's ends first, then the child's: (parent, child) pairs.
         ends: list[tuple[int, int]] = []
+        if spec.pty:
+            try:
+                ends.append(os.openpty())
+            except OSError as exc:
+                session.fail(
+                    f"cannot open a terminal here ({exc.strerror or exc}): it needs /dev/ptmx "
+                    "and a devpts /dev/pts; pty: false runs the command on pipes instead"
+                )
+                return
         try:
             if spec.pty:
-                master, slave = os.openpty()
-                ends.append((master, slave))
+                master, slave = ends[0]
                 _set_size(master, spec.rows, spec.cols)
                 proc = subprocess.Popen(
                     argv,

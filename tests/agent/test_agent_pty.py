@@ -522,3 +522,15 @@ def test_no_zombies_after_sessions(agent: Any) -> None:
         check=False,
     ).stdout.split()
     assert not [s for s in children if s.startswith("Z")]
+
+
+def test_no_terminal_device_is_a_failed_session_that_says_why(agent_factory: Any) -> None:
+    """An image whose /dev has no devpts: the session fails and names what is missing, and
+    pipe mode still works."""
+    inst = agent_factory(sandbox=True, mounts=("--tmpfs", "/dev/pts"))
+    resp = inst.request("POST", "/v1/pty", json_body={"command": "true"})
+    assert resp.status == 200
+    assert resp.json()["state"] == "failed"
+    assert "/dev/ptmx" in resp.json()["error"]
+    piped = Pty(inst, command="echo piped", pty=False)
+    assert piped.drain() == b"piped\n"
