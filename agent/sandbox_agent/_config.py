@@ -9,7 +9,10 @@ from .contract import (
     HEADER_TIMEOUT_S,
     IDLE_TIMEOUT_S,
     MAX_JSON_BYTES,
+    MAX_PTY_SESSIONS,
     MAX_UPLOAD_BYTES,
+    PTY_BUFFER_BYTES,
+    PTY_RETAINED_ENDED,
     MiB,
 )
 
@@ -34,6 +37,9 @@ class AgentConfig:
     job_retention_count: int = 1024
     job_hard_cap: int = 16384
     kill_grace_s: float = 2.0
+    max_pty_sessions: int = MAX_PTY_SESSIONS
+    pty_buffer_bytes: int = PTY_BUFFER_BYTES
+    pty_retained_ended: int = PTY_RETAINED_ENDED
     restore_jump_s: float = 2.0
     header_timeout_s: float = HEADER_TIMEOUT_S
     body_timeout_s: float = BODY_TIMEOUT_S
@@ -53,6 +59,7 @@ class AgentConfig:
             if not getattr(self, name) > 0:
                 msg = f"{name} must be > 0, got {getattr(self, name)}"
                 raise ValueError(msg)
-        if self.max_running_jobs < 1:
-            msg = "max_running_jobs must be >= 1"
-            raise ValueError(msg)
+        for name in ("max_running_jobs", "max_pty_sessions", "pty_buffer_bytes"):
+            if getattr(self, name) < 1:
+                msg = f"{name} must be >= 1"
+                raise ValueError(msg)

@@ -37,6 +37,7 @@ import secrets
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,12 +48,24 @@ from .contract import DEFAULT_MAX_OUTPUT_BYTES, MAX_OUTPUT_BYTES, MAX_TIMEOUT_S,
 
 __all__ = [
     "AnyJob",
+    "Credentials",
     "DEFAULT_PATH",
     "ExecSpec",
     "FinishedJob",
     "Job",
     "JobManager",
+    "check_fields",
+    "descendants",
+    "failure_message",
+    "json_integer",
+    "parse_command",
+    "parse_cwd",
+    "parse_env",
     "parse_exec_request",
+    "parse_id",
+    "parse_shell",
+    "parse_user",
+    "resolve_user",
 ]
 
 log = logging.getLogger("sandbox_agent.jobs")
@@ -69,6 +82,7 @@ _EXEC_KEYS = (
     "stdin",
     "user",
     "max_output_bytes",
+    "background_services",
 )
 # Variables that configure the agent itself and must not leak into commands.
 _PRIVATE_ENV = ("SANDBOX_AGENT_TOKEN",)
@@ -103,6 +117,7 @@ class ExecSpec:
     stdin: str | None
     user: str | int | None
     max_output_bytes: int
+    background_services: bool = False
 
     @property
     def argv(self) -> list[str]:
@@ -111,7 +126,7 @@ class ExecSpec:
         return list(self.command)
 
 
-def _json_integer(value: Any) -> int | None:
+def json_integer(value: Any) -> int | None:
     """A JSON integer as JSON Schema counts them (`1e3` and `1000.0` are 1000), else None."""
     if isinstance(value, bool):
         return None
@@ -122,7 +137,7 @@ def _json_integer(value: Any) -> int | None:
     return None
 
 
-def _parse_user(raw: Any) -> str | int | None:
+def parse_user(raw: Any) -> str | int | None:
     """A uid 0..MAX_UID (a JSON integer or ASCII digits), a user name, or None.
 
     Only ASCII digits make a uid: `"١٢"` is a name (and unknown), and 4294967295 is refused
@@ -131,7 +146,7 @@ def _parse_user(raw: Any) -> str | int | None:
     if raw is None:
         return None
     uid_range = f"a uid must be 0..{MAX_UID}"
-    number = _json_integer(raw)
+    number = json_integer(raw)
     if number is not None:
         if not 0 <= number <= MAX_UID:
             raise _bad(f"user {str(raw)[:24]} is out of range: {uid_range}")
@@ -147,63 +162,86 @@ def _parse_user(raw: Any) -> str | int | None:
     return raw
 
 
+def parse_command(raw: Any) -> str | tuple[str, ...]:
+    """`command`: a non-empty string (run by the shell) or a non-empty argv list."""
+    if isinstance(raw, str):
+        if not raw:
+            raise _bad("command must not be empty")
+        _check_text(raw, "command")
+        return raw
+    if isinstance(raw, list):
+        if not raw or not all(isinstance(a, str) for a in raw):
+            raise _bad("command as a list must be a non-empty list of strings (argv)")
+        if not raw[0]:
+            raise _bad("command[0] (the program) must not be empty")
+        for arg in raw:
+            _check_text(arg, "command arguments")
+        return tuple(raw)
+    raise _bad("command must be a string (run by the shell) or a list of strings (argv)")
+
+
+def parse_shell(raw: Any) -> str | None:
+    """`shell`: a non-empty string, or None when absent or null."""
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or not raw:
+        raise _bad('shell must be a non-empty string such as "/bin/bash"')
+    _check_text(raw, "shell")
+    return raw
+
+
+def parse_cwd(raw: Any) -> str | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or not raw.startswith("/"):
+        raise _bad("cwd must be an absolute path (starting with /) or null")
+    _check_text(raw, "cwd")
+    return raw
+
+
+def parse_env(raw: Any) -> tuple[tuple[str, str], ...]:
+    """`env` as sorted (name, value) pairs: names not empty, without `=` or NUL."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        raise _bad("env must be an object mapping variable names to string values")
+    for name, value in raw.items():
+        if not name or "=" in name or "\x00" in name:
+            raise _bad(f"env name {name!r} is invalid: non-empty, without '=' or NUL")
+        if not isinstance(value, str):
+            raise _bad(f"env value for {name!r} must be a string")
+        _check_text(value, f"env value for {name!r}")
+    return tuple(sorted(raw.items()))
+
+
+def parse_id(raw: Any) -> str | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or not ID_RE.match(raw):
+        raise _bad("id must be a string matching [A-Za-z0-9._-]{1,128}, or omitted")
+    return raw
+
+
+def check_fields(body: Any, allowed: tuple[str, ...], example: str) -> dict[str, Any]:
+    """The body as a dict with only `allowed` keys, else a 400 that lists them."""
+    if not isinstance(body, dict):
+        raise _bad(f"the body must be a JSON object such as {example}")
+    unknown = sorted(set(body) - set(allowed))
+    if unknown:
+        raise _bad(f"unknown field(s) {unknown}; allowed fields: {list(allowed)}")
+    return body
+
+
 def parse_exec_request(body: Any) -> tuple[str | None, ExecSpec]:
     """Validate a POST /v1/exec body; returns (client id or None, spec) or raises 400."""
-    if not isinstance(body, dict):
-        raise _bad('the body must be a JSON object such as {"command": "echo hi"}')
-    unknown = sorted(set(body) - set(_EXEC_KEYS))
-    if unknown:
-        raise _bad(f"unknown field(s) {unknown}; allowed fields: {list(_EXEC_KEYS)}")
-
-    job_id = body.get("id")
-    if job_id is not None and (not isinstance(job_id, str) or not ID_RE.match(job_id)):
-        raise _bad("id must be a string matching [A-Za-z0-9._-]{1,128}, or omitted")
-
+    body = check_fields(body, _EXEC_KEYS, '{"command": "echo hi"}')
+    job_id = parse_id(body.get("id"))
     if "command" not in body:
         raise _bad("command is required: a string (run by the shell) or a list of strings (argv)")
-    raw_cmd = body["command"]
-    command: str | tuple[str, ...]
-    if isinstance(raw_cmd, str):
-        if not raw_cmd:
-            raise _bad("command must not be empty")
-        _check_text(raw_cmd, "command")
-        command = raw_cmd
-    elif isinstance(raw_cmd, list):
-        if not raw_cmd or not all(isinstance(a, str) for a in raw_cmd):
-            raise _bad("command as a list must be a non-empty list of strings (argv)")
-        if not raw_cmd[0]:
-            raise _bad("command[0] (the program) must not be empty")
-        for arg in raw_cmd:
-            _check_text(arg, "command arguments")
-        command = tuple(raw_cmd)
-    else:
-        raise _bad("command must be a string (run by the shell) or a list of strings (argv)")
-
-    shell = body.get("shell")
-    if shell is None:
-        shell = "/bin/sh"
-    elif not isinstance(shell, str) or not shell:
-        raise _bad('shell must be a non-empty string such as "/bin/bash"')
-    _check_text(shell, "shell")
-
-    cwd = body.get("cwd")
-    if cwd is not None:
-        if not isinstance(cwd, str) or not cwd.startswith("/"):
-            raise _bad("cwd must be an absolute path (starting with /) or null")
-        _check_text(cwd, "cwd")
-
-    raw_env = body.get("env")
-    env: tuple[tuple[str, str], ...] = ()
-    if raw_env is not None:
-        if not isinstance(raw_env, dict):
-            raise _bad("env must be an object mapping variable names to string values")
-        for name, value in raw_env.items():
-            if not name or "=" in name or "\x00" in name:
-                raise _bad(f"env name {name!r} is invalid: non-empty, without '=' or NUL")
-            if not isinstance(value, str):
-                raise _bad(f"env value for {name!r} must be a string")
-            _check_text(value, f"env value for {name!r}")
-        env = tuple(sorted(raw_env.items()))
+    command = parse_command(body["command"])
+    shell = parse_shell(body.get("shell")) or "/bin/sh"
+    cwd = parse_cwd(body.get("cwd"))
+    env = parse_env(body.get("env"))
 
     timeout = body.get("timeout_s")
     timeout_s: float | None = None
@@ -226,14 +264,20 @@ def parse_exec_request(body: Any) -> tuple[str | None, ExecSpec]:
         except UnicodeEncodeError:
             raise _bad("stdin must be valid Unicode (no lone surrogates)") from None
 
-    user = _parse_user(body.get("user"))
+    user = parse_user(body.get("user"))
 
     raw_max = body.get("max_output_bytes")
-    max_out = DEFAULT_MAX_OUTPUT_BYTES if raw_max is None else _json_integer(raw_max)
+    max_out = DEFAULT_MAX_OUTPUT_BYTES if raw_max is None else json_integer(raw_max)
     if max_out is None:
         raise _bad("max_output_bytes must be an integer number of bytes per stream")
     if not 0 <= max_out <= MAX_OUTPUT_BYTES:
         raise _bad(f"max_output_bytes must be between 0 and {MAX_OUTPUT_BYTES} (64 MiB)")
+
+    services = body.get("background_services")
+    if services is None:
+        services = False
+    elif not isinstance(services, bool):
+        raise _bad("background_services must be true, false or null")
 
     spec = ExecSpec(
         command=command,
@@ -244,6 +288,7 @@ def parse_exec_request(body: Any) -> tuple[str | None, ExecSpec]:
         stdin=stdin,
         user=user,
         max_output_bytes=max_out,
+        background_services=services,
     )
     return job_id, spec
 
@@ -466,7 +511,7 @@ AnyJob = Job | FinishedJob
 
 
 @dataclass(frozen=True, slots=True)
-class _Credentials:
+class Credentials:
     uid: int
     gid: int
     groups: tuple[int, ...]
@@ -474,15 +519,15 @@ class _Credentials:
     name: str | None
 
 
-def _resolve_user(user: str | int) -> _Credentials:
+def resolve_user(user: str | int) -> Credentials:
     """Look a user up in the image's passwd database (blocking: run it in a thread)."""
     if isinstance(user, int):
         try:
             entry = pwd.getpwuid(user)
         except KeyError:
             # A uid without a passwd entry gets the same number as its group and no extras.
-            return _Credentials(user, user, (), None, None)
-        return _Credentials(
+            return Credentials(user, user, (), None, None)
+        return Credentials(
             user,
             entry.pw_gid,
             tuple(os.getgrouplist(entry.pw_name, entry.pw_gid)),
@@ -498,10 +543,10 @@ def _resolve_user(user: str | int) -> _Credentials:
         )
         raise _bad(msg) from None
     groups = tuple(os.getgrouplist(entry.pw_name, entry.pw_gid))
-    return _Credentials(entry.pw_uid, entry.pw_gid, groups, entry.pw_dir, entry.pw_name)
+    return Credentials(entry.pw_uid, entry.pw_gid, groups, entry.pw_dir, entry.pw_name)
 
 
-def _descendants(root: int) -> set[int]:
+def descendants(root: int) -> set[int]:
     """Pids below `root` in the process tree, read from /proc (blocking: run it in a thread)."""
     children: dict[int, list[int]] = collections.defaultdict(list)
     try:
@@ -529,7 +574,7 @@ def _descendants(root: int) -> set[int]:
     return found
 
 
-def _become_subreaper() -> bool:
+def become_subreaper() -> bool:
     """prctl(PR_SET_CHILD_SUBREAPER, 1): orphaned descendants are re-parented to this process."""
     try:
         import ctypes
@@ -540,20 +585,20 @@ def _become_subreaper() -> bool:
         return False
 
 
-def _failure_message(exc: OSError, spec: ExecSpec) -> str:
+def failure_message(exc: OSError, program: str, cwd: str | None, user: str | int | None) -> str:
+    """Why a spawn failed, in the words of the request (cwd, program, user)."""
     target = exc.filename
-    if spec.cwd is not None and target == spec.cwd:
+    if cwd is not None and target == cwd:
         if isinstance(exc, FileNotFoundError):
-            return f"cwd {spec.cwd!r} does not exist; create it first or pass another cwd"
+            return f"cwd {cwd!r} does not exist; create it first or pass another cwd"
         if isinstance(exc, NotADirectoryError):
-            return f"cwd {spec.cwd!r} is not a directory"
-        return f"cannot enter cwd {spec.cwd!r}: {exc.strerror}"
-    program = spec.argv[0]
+            return f"cwd {cwd!r} is not a directory"
+        return f"cannot enter cwd {cwd!r}: {exc.strerror}"
     if isinstance(exc, FileNotFoundError):
         return f"command not found: {program!r} (not an existing path or on PATH)"
     if isinstance(exc, PermissionError):
-        if spec.user is not None and exc.errno == errno.EPERM:
-            return f"cannot switch to user {spec.user!r}: only an agent running as root can"
+        if user is not None and exc.errno == errno.EPERM:
+            return f"cannot switch to user {user!r}: only an agent running as root can"
         return f"permission denied running {program!r}: {exc.strerror}"
     return f"could not start {program!r}: {exc.strerror or exc}"
 
@@ -570,6 +615,9 @@ class JobManager:
         self._tasks: set[asyncio.Task[None]] = set()
         self._base_env: dict[bytes, bytes] | None = None
         self._by_pid: dict[int, Job] = {}
+        self._watchers: dict[int, Callable[[], None]] = {}
+        # Output pipes that background services of finished jobs still hold (fd -> file).
+        self._service_pipes: dict[int, Any] = {}
         self._sigchld = False
 
     # ----- public API used by the HTTP handlers -----
@@ -589,7 +637,7 @@ class JobManager:
                 return existing
         creds = None
         if spec.user is not None:
-            creds = await asyncio.get_running_loop().run_in_executor(None, _resolve_user, spec.user)
+            creds = await asyncio.get_running_loop().run_in_executor(None, resolve_user, spec.user)
         # No await from here on: check, insert and spawn happen atomically on the loop, so two
         # concurrent requests with one id can never start two processes.
         if job_id is None:
@@ -641,6 +689,11 @@ class JobManager:
             self._start_kill(job, "killed")
         if running:
             await asyncio.gather(*(self.wait(j, self._config.kill_grace_s + 3.0) for j in running))
+        loop = asyncio.get_running_loop()
+        for fd, stream in list(self._service_pipes.items()):
+            loop.remove_reader(fd)
+            stream.close()
+        self._service_pipes.clear()
 
     def reap_orphans(self) -> bool:
         """Become the child subreaper and reap every child on SIGCHLD (the agent's own process).
@@ -655,10 +708,56 @@ class JobManager:
         except (RuntimeError, ValueError, NotImplementedError):
             return False
         self._sigchld = True
-        if not _become_subreaper():
+        if not become_subreaper():
             log.warning("cannot become the child subreaper; orphans of jobs go to PID 1")
         self._reap()
         return True
+
+    def watch_exit(self, proc: subprocess.Popen[bytes], on_exit: Callable[[int], None]) -> None:
+        """Call `on_exit(returncode)` on the loop once `proc` (a child of the agent) has exited.
+
+        For children that are not jobs (PTY sessions): with `reap_orphans` the SIGCHLD handler
+        would otherwise reap them as orphans and their exit status would be lost.
+        """
+        loop = asyncio.get_running_loop()
+        pid = proc.pid
+
+        def check() -> None:
+            rc = proc.poll()
+            if rc is None:
+                return
+            self._watchers.pop(pid, None)
+            on_exit(rc)
+
+        if self._sigchld:
+            self._watchers[pid] = check
+            check()
+            return
+        try:
+            pidfd = os.pidfd_open(pid)
+        except (OSError, AttributeError):  # gVisor has no pidfd_open
+
+            async def poll() -> None:
+                delay = 0.0005
+                while (rc := proc.poll()) is None:
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 0.05)
+                on_exit(rc)
+
+            task = loop.create_task(poll())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            return
+
+        def on_pidfd() -> None:
+            rc = proc.poll()
+            if rc is None:
+                return
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+            on_exit(rc)
+
+        loop.add_reader(pidfd, on_pidfd)
 
     # ----- internals -----
 
@@ -672,9 +771,14 @@ class JobManager:
             if info is None:
                 return
             job = self._by_pid.get(info.si_pid)
+            watcher = self._watchers.get(info.si_pid)
             if job is not None:
                 self._on_exit(job)
                 if info.si_pid in self._by_pid:  # not reaped after all; retry on next SIGCHLD
+                    return
+            elif watcher is not None:
+                watcher()
+                if info.si_pid in self._watchers:
                     return
             else:
                 with contextlib.suppress(ChildProcessError):
@@ -693,7 +797,11 @@ class JobManager:
             )
         return existing
 
-    def _child_env(self, spec: ExecSpec, creds: _Credentials | None) -> dict[bytes, bytes]:
+    def child_env(
+        self, pairs: tuple[tuple[str, str], ...], creds: Credentials | None
+    ) -> dict[bytes, bytes]:
+        """The environment of a child: the agent's (without its token), the user's HOME, USER
+        and LOGNAME, then `pairs`."""
         # The agent's environment is encoded once: re-encoding ~50 variables for every exec
         # cost more than a tenth of a millisecond.
         if self._base_env is None:
@@ -710,11 +818,11 @@ class JobManager:
                 env[b"HOME"] = os.fsencode(creds.home)
             if creds.name:
                 env[b"USER"] = env[b"LOGNAME"] = os.fsencode(creds.name)
-        for name, value in spec.env:
+        for name, value in pairs:
             env[os.fsencode(name)] = os.fsencode(value)
         return env
 
-    def _spawn(self, job: Job, creds: _Credentials | None) -> None:
+    def _spawn(self, job: Job, creds: Credentials | None) -> None:
         spec = job.spec
         kwargs: dict[str, Any] = {}
         if creds is not None:
@@ -726,13 +834,13 @@ class JobManager:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 cwd=spec.cwd,
-                env=self._child_env(spec, creds),
+                env=self.child_env(spec.env, creds),
                 start_new_session=True,
                 **kwargs,
             )
         except OSError as exc:
             job.state = "failed"
-            job.error = _failure_message(exc, spec)
+            job.error = failure_message(exc, spec.argv[0], spec.cwd, spec.user)
             self._retire(job)
             return
         except Exception as exc:
@@ -864,12 +972,35 @@ class JobManager:
     def _drain_and_finish(self, job: Job) -> None:
         if job.finished:
             return
-        for fd, (sink, _) in list(job.open_fds.items()):
+        keep = job.spec.background_services and job.kill_reason is None
+        for fd, (sink, stream) in list(job.open_fds.items()):
             with contextlib.suppress(OSError):
                 while data := os.read(fd, _READ_SIZE):
                     sink.feed(data)
-            self._close_fd(job, fd)
+            if keep:
+                self._keep_draining(job, fd, stream)
+            else:
+                self._close_fd(job, fd)
         self._finish(job)
+
+    def _keep_draining(self, job: Job, fd: int, stream: Any) -> None:
+        """A service still holds the job's pipe: read and discard, so it never gets SIGPIPE."""
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(fd)
+        job.open_fds.pop(fd)
+        self._service_pipes[fd] = stream
+        loop.add_reader(fd, self._discard, fd)
+
+    def _discard(self, fd: int) -> None:
+        try:
+            if os.read(fd, _READ_SIZE):
+                return
+        except BlockingIOError:
+            return
+        except OSError:
+            pass
+        asyncio.get_running_loop().remove_reader(fd)
+        self._service_pipes.pop(fd).close()
 
     def _finish(self, job: Job) -> None:
         if job.finished:
@@ -912,7 +1043,7 @@ class JobManager:
         loop = asyncio.get_running_loop()
         if job.returncode is None and job.proc is not None:
             try:
-                found = await loop.run_in_executor(None, _descendants, job.proc.pid)
+                found = await loop.run_in_executor(None, descendants, job.proc.pid)
             except Exception:  # the scan is best effort; the group kill below still runs
                 log.exception("scanning the process tree of job %s failed", job.id)
                 found = set()

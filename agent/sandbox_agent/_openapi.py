@@ -20,9 +20,16 @@ from .contract import (
     JOB_STATES,
     MAX_FILE_OFFSET,
     MAX_OUTPUT_BYTES,
+    MAX_PTY_INPUT_BYTES,
+    MAX_PTY_READ_BYTES,
+    MAX_PTY_SESSIONS,
+    MAX_TERMINAL_SIZE,
     MAX_TIMEOUT_S,
     MAX_UID,
     MAX_WAIT_S,
+    PTY_BUFFER_BYTES,
+    PTY_SIGNALS,
+    PTY_STATES,
 )
 
 __all__ = ["openapi_document"]
@@ -85,6 +92,11 @@ _WAIT_PARAM = {
     "required": False,
     "description": "Seconds to wait for the job to finish, as a JSON number (0 to 8, default 0).",
     "schema": {"type": "number", "minimum": 0, "maximum": MAX_WAIT_S, "default": 0},
+}
+
+_PTY_WAIT_PARAM = {
+    **_WAIT_PARAM,
+    "description": "Seconds to wait for the session to end, as a JSON number (0 to 8, default 0).",
 }
 
 _ACTOR_PARAM = {
@@ -197,6 +209,14 @@ _SCHEMAS: dict[str, Any] = {
                 "default": DEFAULT_MAX_OUTPUT_BYTES,
                 "description": "Per stream; beyond it the head and the tail are kept.",
             },
+            "background_services": {
+                "type": ["boolean", "null"],
+                "default": False,
+                "description": "true: processes the command leaves running (services) may "
+                "keep its stdout and stderr; the job still finishes when the command exits, "
+                "and the agent goes on reading and discarding their output, so they never "
+                "get SIGPIPE.",
+            },
         },
     },
     "Job": {
@@ -255,6 +275,190 @@ _SCHEMAS: dict[str, Any] = {
             "mtime": {"type": "number"},
         },
     },
+    "PtyRequest": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "id": {
+                "type": ["string", "null"],
+                "pattern": "^[A-Za-z0-9._-]{1,128}$",
+                "description": "Idempotency key, as for exec: the same id with the same body "
+                "returns the existing session, with a different body it is a 409 id_conflict.",
+            },
+            "command": {
+                "oneOf": [
+                    {"type": "string", "minLength": 1, "pattern": _NO_NUL},
+                    {
+                        "type": "array",
+                        "minItems": 1,
+                        "prefixItems": [{"type": "string", "minLength": 1, "pattern": _NO_NUL}],
+                        "items": {"type": "string", "pattern": _NO_NUL},
+                    },
+                    {"type": "null"},
+                ],
+                "description": "A string runs as [shell, -c, command]; a list is the argv; "
+                "null (the default) is an interactive shell: `shell`, else bash if it is on "
+                "PATH, else /bin/sh.",
+            },
+            "shell": {"type": ["string", "null"], "minLength": 1, "pattern": _NO_NUL},
+            "cwd": {"type": ["string", "null"], "pattern": _ABSOLUTE},
+            "env": {
+                "type": ["object", "null"],
+                "propertyNames": {"minLength": 1, "pattern": "^[^=\\x00]*$"},
+                "additionalProperties": {"type": "string", "pattern": _NO_NUL},
+                "description": "Added to the agent's environment; a terminal also gets "
+                "TERM=xterm-256color unless this sets TERM.",
+            },
+            "user": {
+                "oneOf": [
+                    {"type": "string", "minLength": 1, "pattern": _NO_NUL},
+                    {"type": "integer", "minimum": 0, "maximum": MAX_UID},
+                    {"type": "null"},
+                ],
+                "description": "As for exec: a uid or a user name of the sandbox's passwd.",
+            },
+            "rows": {
+                "type": ["integer", "null"],
+                "minimum": 1,
+                "maximum": MAX_TERMINAL_SIZE,
+                "default": 24,
+            },
+            "cols": {
+                "type": ["integer", "null"],
+                "minimum": 1,
+                "maximum": MAX_TERMINAL_SIZE,
+                "default": 80,
+            },
+            "pty": {
+                "type": "boolean",
+                "default": True,
+                "description": "true: a terminal (all output on stdout); false: pipes, stdout "
+                "and stderr apart, rows and cols unused.",
+            },
+        },
+    },
+    "PtySession": {
+        "type": "object",
+        "required": [
+            "id",
+            "mode",
+            "state",
+            "exit_code",
+            "signal",
+            "error",
+            "rows",
+            "cols",
+            "started_at",
+            "duration_ms",
+            "stdout_offset",
+            "stderr_offset",
+            "input_offset",
+            "input_pending",
+        ],
+        "additionalProperties": False,
+        "properties": {
+            "id": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,128}$"},
+            "mode": {"enum": ["pty", "pipe"]},
+            "state": {"enum": list(PTY_STATES)},
+            "exit_code": {"type": ["integer", "null"]},
+            "signal": {"type": ["integer", "null"]},
+            "error": {
+                "type": ["string", "null"],
+                "description": "Why the process could not start (state failed).",
+            },
+            "rows": {"type": "integer", "minimum": 1, "maximum": MAX_TERMINAL_SIZE},
+            "cols": {"type": "integer", "minimum": 1, "maximum": MAX_TERMINAL_SIZE},
+            "started_at": {"type": "number", "description": "Unix time in seconds."},
+            "duration_ms": {"type": "number", "minimum": 0},
+            "stdout_offset": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "Bytes of output produced so far (the terminal's in pty mode).",
+            },
+            "stderr_offset": {"type": "integer", "minimum": 0},
+            "input_offset": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "Bytes of input received so far: where the next chunk starts.",
+            },
+            "input_pending": {
+                "type": "integer",
+                "minimum": 0,
+                "maximum": MAX_PTY_INPUT_BYTES,
+                "description": "Received bytes the program has not read yet.",
+            },
+        },
+    },
+    "PtyOutput": {
+        "type": "object",
+        "required": [
+            "id",
+            "stream",
+            "offset",
+            "next_offset",
+            "skipped",
+            "data",
+            "eof",
+            "state",
+            "exit_code",
+            "signal",
+        ],
+        "additionalProperties": False,
+        "properties": {
+            "id": {"type": "string"},
+            "stream": {"enum": ["stdout", "stderr"]},
+            "offset": {"type": "integer", "minimum": 0, "description": "Of data's first byte."},
+            "next_offset": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "Where the next read starts.",
+            },
+            "skipped": {
+                "type": "integer",
+                "minimum": 0,
+                "description": "Bytes between the requested offset and `offset` that are no "
+                f"longer kept: each stream keeps its last {PTY_BUFFER_BYTES} bytes, and drops "
+                "only bytes a read has moved past (or all of them on DELETE).",
+            },
+            "data": {
+                "type": "string",
+                "contentEncoding": "base64",
+                "description": f"At most max_bytes ({MAX_PTY_READ_BYTES} by default) bytes.",
+            },
+            "eof": {
+                "type": "boolean",
+                "description": "The session has ended and this is the end of the stream.",
+            },
+            "state": {"enum": list(PTY_STATES)},
+            "exit_code": {"type": ["integer", "null"]},
+            "signal": {"type": ["integer", "null"]},
+        },
+    },
+    "PtyInputResult": {
+        "type": "object",
+        "required": ["id", "input_offset", "input_pending"],
+        "additionalProperties": False,
+        "properties": {
+            "id": {"type": "string"},
+            "input_offset": {"type": "integer", "minimum": 0},
+            "input_pending": {"type": "integer", "minimum": 0, "maximum": MAX_PTY_INPUT_BYTES},
+        },
+    },
+    "PtyResize": {
+        "type": "object",
+        "required": ["rows", "cols"],
+        "additionalProperties": False,
+        "properties": {
+            "rows": {"type": "integer", "minimum": 1, "maximum": MAX_TERMINAL_SIZE},
+            "cols": {"type": "integer", "minimum": 1, "maximum": MAX_TERMINAL_SIZE},
+        },
+    },
+    "PtySignal": {
+        "type": "object",
+        "required": ["signal"],
+        "additionalProperties": False,
+        "properties": {"signal": {"enum": list(PTY_SIGNALS)}},
+    },
 }
 
 
@@ -267,6 +471,19 @@ _FILE_LINKS = {
     "GetFile": {"operationId": "fileGet", "parameters": {"path": "$response.body#/path"}},
     "HeadFile": {"operationId": "fileHead", "parameters": {"path": "$response.body#/path"}},
     "StatFile": {"operationId": "stat", "parameters": {"path": "$response.body#/path"}},
+}
+
+
+_PTY_LINKS = {
+    name: {"operationId": op, "parameters": {"session_id": "$response.body#/id"}}
+    for name, op in (
+        ("GetSession", "ptyGet"),
+        ("ReadOutput", "ptyOutput"),
+        ("WriteInput", "ptyInput"),
+        ("Resize", "ptyResize"),
+        ("Signal", "ptySignal"),
+        ("CloseSession", "ptyClose"),
+    )
 }
 
 
@@ -308,6 +525,12 @@ def openapi_document() -> dict[str, Any]:
     """The contract v1 document served at GET /v1/openapi.json."""
     job_id_param = {
         "name": "job_id",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string"},
+    }
+    session_id_param = {
+        "name": "session_id",
         "in": "path",
         "required": True,
         "schema": {"type": "string"},
@@ -468,6 +691,184 @@ def openapi_document() -> dict[str, Any]:
                 },
                 "get": _file_get("fileGet", head=False),
                 "head": _file_get("fileHead", head=True),
+            },
+            "/v1/pty": {
+                "post": {
+                    "operationId": "ptyCreate",
+                    "parameters": [_ACTOR_PARAM],
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {"schema": _ref("PtyRequest")}},
+                    },
+                    "responses": {
+                        "200": _with_links(
+                            _json(
+                                "PtySession",
+                                "The session, running (or failed: the process could not "
+                                "start, `error` says why).",
+                            ),
+                            _PTY_LINKS,
+                        ),
+                        **_COMMON_ERRORS,
+                        "400": _err("Malformed JSON, a wrong field, an unknown user."),
+                        "409": _err("`id_conflict` or `actor_mismatch`."),
+                        "413": _err("The JSON body is larger than 16 MiB."),
+                        "429": _err(
+                            f"`too_many_sessions`: {MAX_PTY_SESSIONS} sessions are running."
+                        ),
+                        "503": _err("`shutting_down`: the agent is stopping."),
+                    },
+                }
+            },
+            "/v1/pty/{session_id}": {
+                "get": {
+                    "operationId": "ptyGet",
+                    "parameters": [session_id_param, _PTY_WAIT_PARAM, _ACTOR_PARAM],
+                    "responses": {
+                        "200": _json("PtySession", "The session, after waiting up to `wait`."),
+                        **_COMMON_ERRORS,
+                        "400": _err("A bad `wait`."),
+                        "404": _err("Unknown session id."),
+                    },
+                },
+                "delete": {
+                    "operationId": "ptyClose",
+                    "parameters": [session_id_param, _ACTOR_PARAM],
+                    "responses": {
+                        "200": _json(
+                            "PtySession",
+                            "The session after its process group got SIGHUP and SIGTERM "
+                            "(SIGKILL after 2 s), its buffers dropped; an ended session is "
+                            "returned unchanged.",
+                        ),
+                        **_COMMON_ERRORS,
+                        "404": _err("Unknown session id."),
+                    },
+                },
+            },
+            "/v1/pty/{session_id}/output": {
+                "get": {
+                    "operationId": "ptyOutput",
+                    "parameters": [
+                        session_id_param,
+                        {
+                            "name": "stream",
+                            "in": "query",
+                            "schema": {"enum": ["stdout", "stderr"], "default": "stdout"},
+                            "description": "stderr is separate only in pipe mode.",
+                        },
+                        {
+                            "name": "offset",
+                            "in": "query",
+                            "schema": {
+                                "type": "integer",
+                                "minimum": 0,
+                                "maximum": MAX_FILE_OFFSET,
+                                "default": 0,
+                            },
+                            "description": "The first byte wanted; bytes before it may be "
+                            "dropped from now on.",
+                        },
+                        {
+                            "name": "max_bytes",
+                            "in": "query",
+                            "schema": {
+                                "type": "integer",
+                                "minimum": 1,
+                                "maximum": MAX_PTY_READ_BYTES,
+                                "default": MAX_PTY_READ_BYTES,
+                            },
+                        },
+                        {
+                            **_PTY_WAIT_PARAM,
+                            "description": "Seconds to wait for a byte at `offset` (0 to 8, "
+                            "default 0).",
+                        },
+                        _ACTOR_PARAM,
+                    ],
+                    "responses": {
+                        "200": _json(
+                            "PtyOutput",
+                            "The bytes from `offset` (none if nothing came within `wait`).",
+                        ),
+                        **_COMMON_ERRORS,
+                        "400": _err("A bad parameter."),
+                        "404": _err("Unknown session id."),
+                        "409": _err(
+                            "`offset_mismatch` (past the bytes produced so far) or "
+                            "`actor_mismatch`."
+                        ),
+                    },
+                }
+            },
+            "/v1/pty/{session_id}/input": {
+                "post": {
+                    "operationId": "ptyInput",
+                    "parameters": [
+                        session_id_param,
+                        {
+                            "name": "offset",
+                            "in": "query",
+                            "schema": {"type": "integer", "minimum": 0, "maximum": MAX_FILE_OFFSET},
+                            "description": "Where the body starts in the session's input; "
+                            "bytes already received are skipped. Omitted: appended as is.",
+                        },
+                        _ACTOR_PARAM,
+                    ],
+                    "requestBody": {
+                        "required": False,
+                        "content": {"application/octet-stream": {"schema": {}}},
+                        "description": f"Raw bytes, at most {MAX_PTY_INPUT_BYTES}.",
+                    },
+                    "responses": {
+                        "200": _json("PtyInputResult", "Received; the program reads them."),
+                        **_COMMON_ERRORS,
+                        "400": _err("A bad `offset`."),
+                        "404": _err("Unknown session id."),
+                        "409": _err(
+                            "`offset_mismatch` (past the input received so far), `busy` "
+                            f"(over {MAX_PTY_INPUT_BYTES} bytes not read by the program yet), "
+                            "`session_ended` or `actor_mismatch`."
+                        ),
+                        "413": _err(f"`too_large`: a body over {MAX_PTY_INPUT_BYTES} bytes."),
+                    },
+                }
+            },
+            "/v1/pty/{session_id}/resize": {
+                "post": {
+                    "operationId": "ptyResize",
+                    "parameters": [session_id_param, _ACTOR_PARAM],
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {"schema": _ref("PtyResize")}},
+                    },
+                    "responses": {
+                        "200": _json("PtySession", "Resized (the foreground job gets SIGWINCH)."),
+                        **_COMMON_ERRORS,
+                        "400": _err("Malformed JSON or a size out of range."),
+                        "404": _err("Unknown session id."),
+                        "409": _err("`session_ended` or `actor_mismatch`."),
+                        "413": _err("The JSON body is larger than 16 MiB."),
+                    },
+                }
+            },
+            "/v1/pty/{session_id}/signal": {
+                "post": {
+                    "operationId": "ptySignal",
+                    "parameters": [session_id_param, _ACTOR_PARAM],
+                    "requestBody": {
+                        "required": True,
+                        "content": {"application/json": {"schema": _ref("PtySignal")}},
+                    },
+                    "responses": {
+                        "200": _json("PtySession", "Sent to the session's process group."),
+                        **_COMMON_ERRORS,
+                        "400": _err("Malformed JSON or an unknown signal name."),
+                        "404": _err("Unknown session id."),
+                        "409": _err("`session_ended` or `actor_mismatch`."),
+                        "413": _err("The JSON body is larger than 16 MiB."),
+                    },
+                }
             },
             "/v1/stat": {
                 "get": {

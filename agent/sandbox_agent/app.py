@@ -26,15 +26,17 @@ from ._identity import Identity, read_actor_id
 from ._jobs import AnyJob, JobManager, parse_exec_request
 from ._numbers import parse_number
 from ._openapi import openapi_document
+from ._pty import PtyHandlers, PtyManager
 from .contract import ACTOR_ID_HEADER, MAX_WAIT_S
 
-__all__ = ["create_app", "JOBS_KEY", "CONFIG_KEY"]
+__all__ = ["create_app", "JOBS_KEY", "CONFIG_KEY", "PTY_KEY"]
 
 log = logging.getLogger("sandbox_agent")
 access_log = logging.getLogger("sandbox_agent.access")
 
 CONFIG_KEY = web.AppKey("config", AgentConfig)
 JOBS_KEY = web.AppKey("jobs", JobManager)
+PTY_KEY = web.AppKey("pty", PtyManager)
 IDENTITY_KEY = web.AppKey("identity", Identity)
 
 
@@ -82,6 +84,7 @@ def create_app(config: AgentConfig | None = None) -> web.Application:
     """Build the agent's aiohttp application for `config` (defaults: the contract's values)."""
     config = config or AgentConfig()
     jobs = JobManager(config)
+    ptys = PtyManager(config, jobs)
     identity = Identity(config.restore_jump_s)
     files = FileHandlers(config.max_upload_bytes, config.body_timeout_s)
     token = config.token.encode() if config.token else None
@@ -215,12 +218,14 @@ def create_app(config: AgentConfig | None = None) -> web.Application:
         await current_actor_id()
 
     async def on_shutdown(app: web.Application) -> None:
-        await jobs.shutdown()
+        await asyncio.gather(jobs.shutdown(), ptys.shutdown())
 
     app = web.Application(middlewares=[middleware], client_max_size=config.max_json_bytes)
     app[CONFIG_KEY] = config
     app[JOBS_KEY] = jobs
     app[IDENTITY_KEY] = identity
+    app[PTY_KEY] = ptys
+    pty = PtyHandlers(ptys, config, read_json, _wait_param)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/v1/openapi.json", openapi)
     app.router.add_post("/v1/exec", exec_start)
@@ -229,6 +234,13 @@ def create_app(config: AgentConfig | None = None) -> web.Application:
     app.router.add_put("/v1/files", files.put)
     app.router.add_get("/v1/files", files.get)
     app.router.add_get("/v1/stat", files.stat)
+    app.router.add_post("/v1/pty", pty.create)
+    app.router.add_get("/v1/pty/{session_id}", pty.get)
+    app.router.add_delete("/v1/pty/{session_id}", pty.delete)
+    app.router.add_get("/v1/pty/{session_id}/output", pty.output)
+    app.router.add_post("/v1/pty/{session_id}/input", pty.input)
+    app.router.add_post("/v1/pty/{session_id}/resize", pty.resize)
+    app.router.add_post("/v1/pty/{session_id}/signal", pty.signal)
     app.on_startup.append(on_startup)
     app.on_shutdown.append(on_shutdown)
     return app

@@ -27,6 +27,14 @@ __all__ = [
     "MAX_UID",
     "MAX_UPLOAD_BYTES",
     "MAX_WAIT_S",
+    "MAX_PTY_INPUT_BYTES",
+    "MAX_PTY_READ_BYTES",
+    "MAX_PTY_SESSIONS",
+    "MAX_TERMINAL_SIZE",
+    "PTY_BUFFER_BYTES",
+    "PTY_RETAINED_ENDED",
+    "PTY_SIGNALS",
+    "PTY_STATES",
     "ErrorBody",
     "ErrorCode",
     "ExecRequest",
@@ -34,6 +42,12 @@ __all__ = [
     "Job",
     "JobState",
     "MiB",
+    "PtyInputReply",
+    "PtyMode",
+    "PtyOutput",
+    "PtyRequest",
+    "PtySession",
+    "PtyState",
     "Readiness",
     "UploadReply",
 ]
@@ -63,6 +77,33 @@ MAX_UID: Final = 4_294_967_294
 # `offset` and `Range` positions: the largest off_t.
 MAX_FILE_OFFSET: Final = 2**63 - 1
 
+# PTY sessions (`/v1/pty`): at most MAX_PTY_SESSIONS run at once; each output stream keeps the
+# last PTY_BUFFER_BYTES (and a program stops being read, so it blocks on its next write, once
+# that many bytes are unread); one input request carries at most MAX_PTY_INPUT_BYTES, and at
+# most that many may wait for the program to read them; one output read returns at most
+# MAX_PTY_READ_BYTES; ended sessions stay readable until more than PTY_RETAINED_ENDED have ended.
+MAX_PTY_SESSIONS: Final = 64
+PTY_BUFFER_BYTES: Final = 1 * MiB
+MAX_PTY_INPUT_BYTES: Final = 1 * MiB
+MAX_PTY_READ_BYTES: Final = 1 * MiB
+PTY_RETAINED_ENDED: Final = 64
+# rows and cols are unsigned shorts in the kernel's struct winsize; 0 means "unknown" there.
+MAX_TERMINAL_SIZE: Final = 65535
+# The signals POST /v1/pty/{id}/signal delivers, by name.
+PTY_SIGNALS: Final = (
+    "SIGHUP",
+    "SIGINT",
+    "SIGQUIT",
+    "SIGKILL",
+    "SIGTERM",
+    "SIGUSR1",
+    "SIGUSR2",
+    "SIGCONT",
+    "SIGSTOP",
+    "SIGTSTP",
+    "SIGWINCH",
+)
+
 # The `code` of every error body. contract.md says when each is sent; a test checks that the
 # OpenAPI document lists exactly these.
 ErrorCode = Literal[
@@ -82,6 +123,8 @@ ErrorCode = Literal[
     "too_large",
     "range_not_satisfiable",
     "too_many_jobs",
+    "too_many_sessions",
+    "session_ended",
     "internal",
     "no_space",
     "shutting_down",
@@ -105,6 +148,7 @@ class ExecRequest(TypedDict, total=False):
     stdin: str | None
     user: str | int | None
     max_output_bytes: int
+    background_services: bool | None
 
 
 class Job(TypedDict, total=False):
@@ -121,6 +165,67 @@ class Job(TypedDict, total=False):
     started_at: float
     duration_ms: float
     error: str | None
+
+
+PtyMode = Literal["pty", "pipe"]
+PtyState = Literal["running", "exited", "killed", "failed"]
+PTY_STATES: Final[tuple[PtyState, ...]] = ("running", "exited", "killed", "failed")
+
+
+class PtyRequest(TypedDict, total=False):
+    """`POST /v1/pty` body. Every field is optional: no `command` is an interactive shell."""
+
+    id: str | None
+    command: str | list[str] | None
+    shell: str | None
+    cwd: str | None
+    env: dict[str, str]
+    user: str | int | None
+    rows: int
+    cols: int
+    pty: bool
+
+
+class PtySession(TypedDict):
+    """A session as `POST /v1/pty`, `GET`, `DELETE /v1/pty/{id}` and resize/signal return it."""
+
+    id: str
+    mode: PtyMode
+    state: PtyState
+    exit_code: int | None
+    signal: int | None
+    error: str | None
+    rows: int
+    cols: int
+    started_at: float
+    duration_ms: float
+    stdout_offset: int
+    stderr_offset: int
+    input_offset: int
+    input_pending: int
+
+
+class PtyOutput(TypedDict):
+    """`GET /v1/pty/{id}/output`: `data` (base64) starts at byte `offset` of the stream."""
+
+    id: str
+    stream: Literal["stdout", "stderr"]
+    offset: int
+    next_offset: int
+    skipped: int
+    data: str
+    eof: bool
+    state: PtyState
+    exit_code: int | None
+    signal: int | None
+
+
+class PtyInputReply(TypedDict):
+    """`POST /v1/pty/{id}/input`: bytes accepted so far, and how many the program has not read."""
+
+    id: str
+    input_offset: int
+    input_pending: int
 
 
 class Readiness(TypedDict):

@@ -26,7 +26,17 @@ from gym_substrate._errors import (
     translate_http_errors,
 )
 from gym_substrate._names import actor_host
-from sandbox_agent.contract import ACTOR_ID_HEADER, FileStat, Job, Readiness, UploadReply
+from sandbox_agent.contract import (
+    ACTOR_ID_HEADER,
+    FileStat,
+    Job,
+    PtyInputReply,
+    PtyOutput,
+    PtyRequest,
+    PtySession,
+    Readiness,
+    UploadReply,
+)
 
 __all__ = ["AgentClient", "AiohttpTransport", "HttpResponse", "HttpTransport"]
 
@@ -202,3 +212,55 @@ class AgentClient:
             "GET", "/v1/files", params={"path": path}, headers={"Range": f"bytes={start}-{end}"}
         )
         return body, headers
+
+    # ------------------------------------------------------------------ PTY sessions
+
+    async def pty_create(self, body: PtyRequest) -> PtySession:
+        _, _, payload = await self._request("POST", "/v1/pty", json_body=body)
+        return cast(PtySession, json.loads(payload))
+
+    async def pty_get(self, session_id: str, wait_s: float = 0.0) -> PtySession:
+        _, _, payload = await self._request(
+            "GET",
+            f"/v1/pty/{session_id}",
+            params={"wait": f"{wait_s:.3f}"},
+            timeout_s=wait_s + self.request_timeout_s,
+        )
+        return cast(PtySession, json.loads(payload))
+
+    async def pty_output(
+        self, session_id: str, stream: str, offset: int, wait_s: float
+    ) -> PtyOutput:
+        _, _, payload = await self._request(
+            "GET",
+            f"/v1/pty/{session_id}/output",
+            params={"stream": stream, "offset": str(offset), "wait": f"{wait_s:.3f}"},
+            timeout_s=wait_s + self.request_timeout_s,
+        )
+        return cast(PtyOutput, json.loads(payload))
+
+    async def pty_input(self, session_id: str, offset: int, data: bytes) -> PtyInputReply:
+        _, _, payload = await self._request(
+            "POST",
+            f"/v1/pty/{session_id}/input",
+            params={"offset": str(offset)},
+            data=data,
+            headers={"Content-Type": "application/octet-stream"},
+        )
+        return cast(PtyInputReply, json.loads(payload))
+
+    async def pty_resize(self, session_id: str, rows: int, cols: int) -> PtySession:
+        _, _, payload = await self._request(
+            "POST", f"/v1/pty/{session_id}/resize", json_body={"rows": rows, "cols": cols}
+        )
+        return cast(PtySession, json.loads(payload))
+
+    async def pty_signal(self, session_id: str, name: str) -> PtySession:
+        _, _, payload = await self._request(
+            "POST", f"/v1/pty/{session_id}/signal", json_body={"signal": name}
+        )
+        return cast(PtySession, json.loads(payload))
+
+    async def pty_close(self, session_id: str) -> PtySession:
+        _, _, payload = await self._request("DELETE", f"/v1/pty/{session_id}")
+        return cast(PtySession, json.loads(payload))

@@ -23,6 +23,8 @@ __all__ = [
     "SandboxEndpoint",
     "SandboxExecResult",
     "SandboxHandle",
+    "SandboxPtyError",
+    "SandboxPtySpec",
     "SandboxResources",
     "SandboxSpec",
     "SandboxStatus",
@@ -161,3 +163,20 @@ class SandboxCreateError(RuntimeError):
 
 class SandboxCreateVerificationError(SandboxCreateError):
     """Raised when a newly-created sandbox fails provider readiness checks."""
+
+
+@dataclass(frozen=True)
+class SandboxPtySpec:
+    """Interactive PTY session request (mirror of nemo-gym 0.7.0): no `command` is a shell."""
+
+    command: str | None = None
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    rows: int = 24
+    cols: int = 80
+    user: str | int | None = None
+    pty: bool = True
+
+
+class SandboxPtyError(RuntimeError):
+    """Raised when a PTY session fails outside normal process exit."""

@@ -63,6 +63,7 @@ def build_job(
     user: str | int | None,
     max_output_bytes: int | None = None,
     stdin: str | None = None,
+    background_services: bool = False,
 ) -> ExecRequest:
     """The agent job for one `exec()`; a fresh id, reused on every resubmission."""
     job: ExecRequest = {
@@ -83,6 +84,8 @@ def build_job(
         job["max_output_bytes"] = max_output_bytes
     if stdin is not None:
         job["stdin"] = stdin
+    if background_services:
+        job["background_services"] = True
     return job
 
 

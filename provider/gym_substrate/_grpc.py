@@ -27,10 +27,13 @@ log = logging.getLogger("gym_substrate.grpc")
 
 R = TypeVar("R")
 
+# Within grpc-go's default server enforcement, which ateapi keeps: no ping sooner than 5 minutes
+# and none without a call in flight, else GOAWAY "too_many_pings" (and grpc's complaint on
+# stderr, in the middle of an interactive terminal). RPCs have their own deadlines.
 _KEEPALIVE = [
-    ("grpc.keepalive_time_ms", 30_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.keepalive_time_ms", 300_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.keepalive_permit_without_calls", 0),
     ("grpc.http2.max_pings_without_data", 0),
 ]
 

@@ -1,12 +1,15 @@
 """`SubstrateProvider`: NeMo Gym's `SandboxProvider` backed by Agent Substrate actors.
 
-This module is the Gym-facing protocol only; each method checks its arguments and delegates to
-`_lifecycle.ManagedActor` (one per sandbox: resume, park, the idle policy, recovery after a
-router 503, delete), `_create` (spec checks; the actor id is chosen here and reused on every
-retry, and any failure after CreateActor deletes the actor), `_exec` (commands as agent jobs
-with client-chosen ids, so a command never runs twice) and `_transfer` (chunked, sha256-checked
-files). Clients come from `_shared` (one channel and HTTP pool per event loop) or from the
-constructor's `control` and `http` arguments (in-memory fakes in tests).
+This module is the Gym-facing protocol only, with its optional capabilities (pause/resume,
+connect, endpoint, PTY sessions, background services); each method checks its arguments and
+delegates to `_lifecycle.ManagedActor` (one per sandbox: resume, park, the idle policy, recovery
+after a router 503, delete), `_create` (spec checks; the actor id is chosen here and reused on
+every retry, and any failure after CreateActor deletes the actor), `_exec` (commands as agent jobs
+with client-chosen ids, so a command never runs twice), `_transfer` (chunked, sha256-checked
+files) and `_pty` (terminals over the agent's `/v1/pty`). The Compose-era capabilities Substrate
+cannot honour come from `_capabilities.ComposeCapabilities`, which answers them with the reason.
+Clients come from `_shared` (one channel and HTTP pool per event loop) or from the constructor's
+`control` and `http` arguments (in-memory fakes in tests).
 """
 
 from __future__ import annotations
@@ -17,13 +20,14 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Mapping
+import weakref
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
-from gym_substrate import _create, _exec, _shared, _transfer
+from gym_substrate import _capabilities, _create, _exec, _pty, _shared, _transfer
 from gym_substrate._actor import DELETED, PARKED_STATUSES, Descriptor, SubstrateActor, gym_status
-from gym_substrate._agent_client import HttpTransport
+from gym_substrate._agent_client import AgentClient, HttpTransport
 from gym_substrate._config import (
     ConnectionConfig,
     CreateConfig,
@@ -35,6 +39,7 @@ from gym_substrate._config import (
 )
 from gym_substrate._errors import (
     ActorNotFoundError,
+    AgentResponseError,
     CloseError,
     ConfigError,
     ControlPlaneError,
@@ -47,11 +52,14 @@ from gym_substrate._grpc import ControlAPI, status_name
 from gym_substrate._ledger import Ledger, LedgerRecorder
 from gym_substrate._lifecycle import ActorServices, ManagedActor
 from gym_substrate._metrics import METRICS, serve_metrics
+from gym_substrate._pty import SubstratePtySession
 from gym_substrate._retry import RetryPolicy
 from gym_substrate.types import (
     SandboxEndpoint,
     SandboxExecResult,
     SandboxHandle,
+    SandboxPtyError,
+    SandboxPtySpec,
     SandboxSpec,
     SandboxStatus,
 )
@@ -60,8 +68,10 @@ __all__ = ["SANDBOX_RUNTIME_RETURN_CODE", "SubstrateActor", "SubstrateProvider"]
 
 log = logging.getLogger("gym_substrate.provider")
 
+T = TypeVar("T")
 
-class SubstrateProvider:
+
+class SubstrateProvider(_capabilities.ComposeCapabilities):
     """NeMo Gym sandbox provider `substrate` (entry point `nemo_gym.sandbox_providers`).
 
     Keywords are the sub-keys of the YAML `substrate:` block: `connection`, `create`, `exec`,
@@ -112,6 +122,8 @@ class SubstrateProvider:
         self._lease = _shared.Lease(self._open, idle=lambda: not self._actors)
         self._services: ActorServices | None = None
         self._actors: dict[tuple[str, str], ManagedActor] = {}
+        # PTY sessions by sandbox, so that pause() can detach them.
+        self._ptys: dict[tuple[str, str], weakref.WeakSet[SubstratePtySession]] = {}
         self._closed = False
 
     def __repr__(self) -> str:
@@ -191,6 +203,7 @@ class SubstrateProvider:
     def _forget(self, managed: ManagedActor) -> None:
         # A provider serving a whole training run would otherwise keep one entry per sandbox.
         self._actors.pop((managed.actor.atespace, managed.actor.actor_id), None)
+        self._ptys.pop((managed.actor.atespace, managed.actor.actor_id), None)
 
     # ------------------------------------------------------------------ create
 
@@ -272,6 +285,40 @@ class SubstrateProvider:
         A relative `cwd` is taken from the sandbox's workdir (else `/`); `timeout_s <= 0` is a
         timeout result without running anything, as in Gym's local provider.
         """
+        return await self._run(handle, command, cwd=cwd, env=env, timeout_s=timeout_s, user=user)
+
+    @_shared.holding
+    async def exec_with_background_services(
+        self,
+        handle: SandboxHandle,
+        command: str,
+        *,
+        cwd: str | None = None,
+        timeout_s: int | float | None = None,
+    ) -> SandboxExecResult:
+        """As `exec()`, for a command that starts services later commands need (Gym's
+        `exec(preserve_background_services=True)`).
+
+        The result comes when the command exits; the services it leaves running keep going,
+        even while they still write to the stdout or stderr they inherited (the agent drains
+        those pipes), until they exit, the sandbox is closed, or the command times out (its
+        whole process group is killed then). They survive pause and resume.
+        """
+        return await self._run(
+            handle, command, cwd=cwd, env=None, timeout_s=timeout_s, user=None, services=True
+        )
+
+    async def _run(
+        self,
+        handle: SandboxHandle,
+        command: str,
+        *,
+        cwd: str | None,
+        env: dict[str, str] | None,
+        timeout_s: int | float | None,
+        user: str | int | None,
+        services: bool = False,
+    ) -> SandboxExecResult:
         self._actor(handle)
         timeout = float(self.exec_config.default_timeout_s if timeout_s is None else timeout_s)
         if math.isnan(timeout):
@@ -293,6 +340,7 @@ class SubstrateProvider:
                     timeout_s=timeout,
                     user=user,
                     max_output_bytes=self.exec_config.max_output_bytes,
+                    background_services=services,
                 )
                 # The timeout is the command's: time queued for a slot or spent resuming a parked
                 # actor must not use it up before the command was even submitted.
@@ -373,13 +421,148 @@ class SubstrateProvider:
 
     @_shared.holding
     async def pause(self, handle: SandboxHandle) -> None:
-        """Park the actor (PauseActor or SuspendActor per `pause_mode`), freeing its worker."""
-        await self._managed(handle).park(self.pause_mode)
+        """Park the actor (PauseActor or SuspendActor per `pause_mode`), freeing its worker.
+
+        Open PTY sessions of the sandbox are detached first (Gym's `AsyncSandbox.pause()`
+        contract); after `resume()` they are reattached with `reattach()` or `attach_pty()`.
+        """
+        managed = self._managed(handle)
+        for session in list(self._ptys.get(self._key(managed), ())):
+            session.detach()
+        await managed.park(self.pause_mode)
 
     @_shared.holding
     async def resume(self, handle: SandboxHandle) -> None:
         """ResumeActor, wait for the agent, and refresh `handle.raw` in place."""
         await self._managed(handle).resume()
+
+    # ------------------------------------------------------------------ PTY sessions
+
+    @staticmethod
+    def _key(managed: ManagedActor) -> tuple[str, str]:
+        return (managed.actor.atespace, managed.actor.actor_id)
+
+    def _pty_call(self, managed: ManagedActor) -> _pty.PtyCall:
+        """Session calls as provider calls: resume a parked sandbox, retry router glitches."""
+
+        async def call(request: Callable[[AgentClient], Awaitable[T]], what: str) -> T:
+            self._lease.calls += 1
+            try:
+                async with managed.active():
+                    return await managed.call_agent(request, what=what)
+            finally:
+                self._lease.calls -= 1
+                await self._lease.after_call()
+
+        return call
+
+    def _track(self, managed: ManagedActor, session: SubstratePtySession) -> SubstratePtySession:
+        self._ptys.setdefault(self._key(managed), weakref.WeakSet()).add(session)
+        return session
+
+    @_shared.holding
+    async def create_pty(self, handle: SandboxHandle, spec: SandboxPtySpec) -> SubstratePtySession:
+        """Open a terminal in the sandbox (Gym's `SupportsSandboxPty`).
+
+        `spec.command` runs under `/bin/sh -c`; None is an interactive shell (bash when the
+        sandbox has it). The sandbox's env and workdir apply as for `exec()`; `rows`/`cols` are
+        set before the process starts. `ValueError` for a spec the sandbox cannot honour (a
+        size out of 1..65535, an unknown user), `SandboxPtyError` when no terminal could be
+        opened.
+        """
+        managed = self._managed(handle)
+        if spec.env is not None and not isinstance(spec.env, Mapping):
+            raise ValueError(f"env must be a mapping of names to values, got {spec.env!r}")
+        if spec.cwd is not None and not isinstance(spec.cwd, str):
+            raise ValueError(f"cwd must be a path, got {spec.cwd!r}")
+        session_id = f"gp-{uuid.uuid4().hex}"
+        async with managed.active():
+            actor = await self._with_defaults(managed)
+            body = _pty.pty_request(
+                spec,
+                cwd=_exec.resolve_path(spec.cwd, actor.workdir) if spec.cwd else actor.workdir,
+                env={**actor.env, **(spec.env or {})},
+                session_id=session_id,
+            )
+            try:
+                state = await managed.call_agent(
+                    lambda agent: agent.pty_create(body), what=f"PTY {session_id}: create"
+                )
+            except AgentResponseError as exc:
+                if exc.status == 400:  # an unknown user, a path the agent refuses
+                    raise ValueError(str(exc)) from exc
+                raise _pty.session_error(session_id, exc) from exc
+            except (SubstrateError, OSError) as exc:
+                raise SandboxPtyError(
+                    f"could not open a PTY in sandbox {actor.actor_id}: {exc}"
+                ) from exc
+        if state["state"] == "failed":
+            raise SandboxPtyError(f"the PTY command could not start: {state['error']}")
+        session = SubstratePtySession(
+            self._pty_call(managed),
+            state,
+            owned=True,
+            poll_wait_s=self.exec_config.poll_wait_s,
+            sandbox_id=actor.actor_id,
+        )
+        return self._track(managed, session)
+
+    @_shared.holding
+    async def attach_pty(
+        self,
+        handle: SandboxHandle,
+        session_id: str,
+        *,
+        takeover: bool = True,
+        since: int | None = None,
+    ) -> SubstratePtySession:
+        """Attach to a session by id (Gym's `SupportsSandboxPtyAttach`), here or from another
+        process: sessions live in the sandbox's agent, across pause and resume.
+
+        `since` replays output from that byte offset of the terminal (0: all still kept; None:
+        live output only). Holders are known per process: `takeover` evicts this process's
+        other session objects for the id; without it, attaching to one held here raises.
+        Closing an attached session only lets go of it.
+        """
+        if not isinstance(session_id, str) or not session_id:
+            raise ValueError(f"session_id must be a non-empty string, got {session_id!r}")
+        if since is not None and (isinstance(since, bool) or not isinstance(since, int)):
+            raise ValueError(f"since must be a byte offset (an int >= 0) or None, got {since!r}")
+        if since is not None and since < 0:
+            raise ValueError(f"since must be >= 0, got {since}")
+        managed = self._managed(handle)
+        call = self._pty_call(managed)
+        try:
+            state = await call(lambda agent: agent.pty_get(session_id), f"PTY {session_id}: attach")
+        except (SubstrateError, OSError) as exc:
+            raise _pty.session_error(session_id, exc) from exc
+        if since is not None and since > state["stdout_offset"]:
+            raise ValueError(
+                f"since {since} is past the {state['stdout_offset']} bytes the session produced"
+            )
+        holders = [
+            s
+            for s in self._ptys.get(self._key(managed), ())
+            if s.session_id == session_id and not s.closed and not s.detached
+        ]
+        if holders and not takeover:
+            raise SandboxPtyError(
+                f"PTY session {session_id} is already attached here; pass takeover=True"
+            )
+        for holder in holders:
+            holder.take_over()
+        session = SubstratePtySession(
+            call,
+            state,
+            owned=False,
+            poll_wait_s=self.exec_config.poll_wait_s,
+            sandbox_id=managed.actor.actor_id,
+            since=since,
+        )
+        return self._track(managed, session)
+
+    async def _check_in_sandbox(self, handle: SandboxHandle, script: str) -> SandboxExecResult:
+        return await self.exec(handle, script, timeout_s=60)
 
     # ------------------------------------------------------------------ connect / endpoint
 

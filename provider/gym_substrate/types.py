@@ -19,6 +19,8 @@ __all__ = [
     "SandboxEndpoint",
     "SandboxExecResult",
     "SandboxHandle",
+    "SandboxPtyError",
+    "SandboxPtySpec",
     "SandboxResources",
     "SandboxSpec",
     "SandboxStatus",
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
         SandboxEndpoint,
         SandboxExecResult,
         SandboxHandle,
+        SandboxPtyError,
+        SandboxPtySpec,
         SandboxResources,
         SandboxSpec,
         SandboxStatus,
@@ -57,6 +61,8 @@ else:
             SandboxEndpoint,
             SandboxExecResult,
             SandboxHandle,
+            SandboxPtyError,
+            SandboxPtySpec,
             SandboxResources,
             SandboxSpec,
             SandboxStatus,
@@ -70,5 +76,9 @@ else:
             from nemo_gym.sandbox.providers.base import SandboxEndpoint
         except ImportError:
             from gym_substrate._compat import SandboxEndpoint
+        try:  # so are the PTY types: callers catch Gym's own SandboxPtyError
+            from nemo_gym.sandbox.providers.base import SandboxPtyError, SandboxPtySpec
+        except ImportError:
+            from gym_substrate._compat import SandboxPtyError, SandboxPtySpec
 
 HAS_PAUSED_STATUS: bool = hasattr(SandboxStatus, "PAUSED")

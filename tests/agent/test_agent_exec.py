@@ -258,6 +258,52 @@ def test_background_process_does_not_hold_job_open(agent: Any) -> None:
     assert job["stdout"] == "started\n"
 
 
+@pytest.mark.parametrize("services", [True, False])
+def test_background_services_keep_their_inherited_output(
+    agent: Any, tmp_path: Path, services: bool
+) -> None:
+    """Gym 0.7.0's `exec(preserve_background_services=True)` (nemo_gym/sandbox/api.py,
+    `SupportsSandboxBackgroundServices` in providers/base.py): services a command starts must
+    outlive it. With `background_services` the agent keeps reading a service's inherited
+    stdout after the job ends; without it the pipe is closed and the next write kills the
+    service with SIGPIPE, which is the documented default."""
+    pidfile = tmp_path / "svc.pid"
+    loop = "while :; do echo tick; sleep 0.05; done"
+    job = agent.exec(
+        command=f"({loop}) & echo $! > {pidfile}; echo up", background_services=services
+    ).json()
+    assert job["state"] == "exited"
+    assert "up\n" in job["stdout"], "the loop may print before it"
+    pid = int(pidfile.read_text())
+    # Ten times the loop's period after the pipe was closed (0.1 s after the job ended).
+    deadline = time.monotonic() + (1.0 if services else 5.0)
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+    try:
+        assert _alive(pid) is services
+    finally:
+        if _alive(pid):
+            os.kill(pid, 9)
+
+
+def test_background_services_do_not_survive_a_timeout(agent: Any, tmp_path: Path) -> None:
+    pidfile = tmp_path / "svc.pid"
+    job = agent.exec(
+        command=f"sleep 300 & echo $! > {pidfile}; sleep 300",
+        background_services=True,
+        timeout_s=0.5,
+    ).json()
+    assert job["state"] == "timeout"
+    pid = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid), "a timed-out command takes its whole group with it"
+    bad = agent.exec(command="true", background_services="yes")
+    assert bad.status == 400
+    assert "background_services must be true, false or null" in bad.json()["error"]["message"]
+
+
 async def test_64_concurrent_jobs(agent: Any) -> None:
     url = f"http://127.0.0.1:{agent.port}/v1/exec?wait=8"
     connector = aiohttp.TCPConnector(limit=64)

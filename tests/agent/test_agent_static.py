@@ -9,6 +9,7 @@ removed even when an assertion fails.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import http.client
 import json
@@ -137,6 +138,34 @@ def _drive(agent: _Http) -> None:
     assert job["exit_code"] != 0, "uid 1234 must not read a 0600 root file"
     job = agent.exec(command=["/bin/busybox", "wc", "-c", "/work/data.bin"])
     assert job["stdout"].split()[0] == str(len(data))
+    _drive_pty(agent)
+
+
+def _drive_pty(agent: _Http) -> None:
+    """A terminal from the static binary: termios and the PTY work without the image's help,
+    and no bash means busybox's /bin/sh for an interactive shell."""
+    status, _, body = agent.call("POST", "/v1/pty", {"user": 1234, "rows": 22, "cols": 66})
+    assert status == 200, body
+    session = json.loads(body)["id"]
+    status, _, body = agent.call(
+        "POST",
+        f"/v1/pty/{session}/input?offset=0",
+        b"stty size; id -u; echo $0; exit 3\n",
+        headers={"Content-Type": "application/octet-stream"},
+    )
+    assert status == 200, body
+    out, offset = b"", 0
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        status, _, body = agent.call("GET", f"/v1/pty/{session}/output?offset={offset}&wait=8")
+        doc = json.loads(body)
+        out += base64.b64decode(doc["data"])
+        offset = doc["next_offset"]
+        if doc["eof"]:
+            break
+    assert b"22 66\r\n1234\r\n/bin/sh\r\n" in out, out
+    status, _, body = agent.call("GET", f"/v1/pty/{session}")
+    assert json.loads(body)["exit_code"] == 3
 
 
 def _busybox_rootfs(root: Path) -> None:

@@ -27,6 +27,13 @@ PROTOCOLS = [
     base.SupportsSandboxPauseResume,
     base.ConnectableProvider,
     base.SupportsSandboxEndpoint,
+    base.SupportsSandboxPty,
+    base.SupportsSandboxPtyAttach,
+    base.SupportsSandboxBackgroundServices,
+    base.SupportsSandboxNetwork,
+    base.SupportsSandboxRuntimeRequirements,
+    base.SupportsSandboxPortForwarding,
+    base.SupportsSandboxSharedStorage,
 ]
 
 
@@ -54,18 +61,18 @@ def test_registry_resolves_our_entry_point() -> None:
 @pytest.mark.parametrize("protocol", PROTOCOLS, ids=lambda p: p.__name__)
 def test_methods_match_protocol_signatures(protocol: type) -> None:
     for name, member in vars(protocol).items():
-        if name.startswith("_") or not inspect.iscoroutinefunction(member):
+        if name.startswith("_") or not inspect.isfunction(member):
             continue
         ours = getattr(SubstrateProvider, name)
-        assert inspect.iscoroutinefunction(ours), name
+        assert inspect.iscoroutinefunction(ours) == inspect.iscoroutinefunction(member), name
         theirs_sig, ours_sig = inspect.signature(member), inspect.signature(ours)
         assert [(p.name, p.kind, p.default) for p in ours_sig.parameters.values()] == [
             (p.name, p.kind, p.default) for p in theirs_sig.parameters.values()
         ], name
-        args = [object()] * sum(
-            p.kind == p.POSITIONAL_OR_KEYWORD for p in theirs_sig.parameters.values()
-        )
-        ours_sig.bind(*args)
+        params = theirs_sig.parameters.values()
+        args = [object()] * sum(p.kind == p.POSITIONAL_OR_KEYWORD for p in params)
+        required = {p.name: object() for p in params if p.kind == p.KEYWORD_ONLY}
+        ours_sig.bind(*args, **{k: v for k, v in required.items() if k != "self"})
     assert SubstrateProvider.name == "substrate"
 
 
@@ -74,7 +81,8 @@ def test_capability_protocols_by_isinstance(stack: Stack) -> None:
     assert isinstance(p, base.SupportsSandboxPauseResume)
     assert isinstance(p, base.ConnectableProvider)
     assert isinstance(p, base.SupportsSandboxEndpoint)
-    assert not isinstance(p, base.SupportsSandboxPty)
+    for protocol in PROTOCOLS[4:]:
+        assert isinstance(p, protocol), protocol.__name__
 
 
 async def test_async_facade_end_to_end(stack: Stack, tmp_path: Path) -> None:
@@ -129,3 +137,94 @@ async def test_sync_facade_on_its_private_loop(stack: Stack) -> None:
     assert (paused, running) == (base.SandboxStatus.PAUSED, base.SandboxStatus.RUNNING)
     assert await stack.actors() == []
     assert os.environ["GYM_SUBSTRATE_GYM_CONFORMANCE"] == "1"
+
+
+async def test_gym_pty_api_drives_our_sessions(stack: Stack) -> None:
+    """Gym's own `AsyncSandbox.pty` (nemo_gym/sandbox/api.py): one-shot `pty.exec` in a private
+    session, the default shell session reused by `pty.exec`, `detach=True` through our
+    `run_detached`, and pipe mode; the session satisfies Gym's `SandboxPtySession` protocol."""
+    box = AsyncSandbox({"substrate": stack.kwargs()})
+    await box.start(base.SandboxSpec(workdir="/tmp", env={"K": "v"}))
+    r = await box.pty.exec("stty size; echo $K; exit 3", rows=33, cols=99)
+    assert (r.return_code, r.error_type) == (3, None)
+    assert r.stdout == "33 99\r\nv\r\n"
+    shell = await box.pty.create()
+    assert isinstance(shell, base.SandboxPtySession)
+    r = await box.pty.exec("cd /; export Q=1")
+    assert r.return_code == 0
+    r = await box.pty.exec("echo $(pwd) $Q")
+    assert (r.return_code, r.error_type) == (0, None)
+    assert "/ 1" in (r.stdout or ""), "the default shell session kept its state"
+    r = await box.pty.exec(
+        "echo detached; (exit 5)", session=shell, detach=True, poll_interval_s=0.2
+    )
+    assert (r.stdout, r.return_code) == ("detached\r\n", 5)
+    r = await box.pty.exec("echo out; echo err >&2", pty=False)
+    assert (r.stdout, r.stderr, r.return_code) == ("out\n", "err\n", 0)
+    r = await box.pty.exec("sleep 30", timeout_s=0.5, rows=25)  # a private session
+    assert (r.return_code, r.error_type) == (125, "timeout")
+    await box.pause()  # detaches the open sessions
+    with pytest.raises(base.SandboxPtyError, match="detached"):
+        await shell.read(timeout_s=0.1)
+    await box.resume()
+    await shell.reattach()
+    r = await box.pty.exec("echo $Q again", session=shell)
+    assert "1 again" in (r.stdout or "")
+    attached = await box.pty.attach(shell.session_id, since=0)  # takes it over
+    assert shell.closed
+    r = await box.pty.exec("echo $Q attached", session=attached)
+    assert "1 attached" in (r.stdout or "")
+    await attached.close()
+    await shell.close()
+    await box.stop()
+    assert await stack.actors() == []
+
+
+async def test_gym_background_services_exec(stack: Stack, tmp_path: Path) -> None:
+    """`AsyncSandbox.exec(preserve_background_services=True)` reaches our
+    `exec_with_background_services`; Gym refuses env/user overrides for it itself."""
+    box = AsyncSandbox({"substrate": stack.kwargs()})
+    await box.start(base.SandboxSpec(workdir=str(tmp_path / "w")))
+    r = await box.exec(
+        "(while :; do echo tick; date >> svc.log; sleep 0.1; done) & echo up",
+        preserve_background_services=True,
+    )
+    assert r.return_code == 0
+    await asyncio.sleep(0.8)
+    first = int((await box.exec("wc -l < svc.log")).stdout or "0")
+    await asyncio.sleep(0.5)
+    assert int((await box.exec("wc -l < svc.log")).stdout or "0") > first
+    with pytest.raises(ValueError, match="env or user"):
+        await box.exec("true", env={"A": "1"}, preserve_background_services=True)
+    await box.stop()
+
+
+@pytest.mark.parametrize(
+    ("service", "extra", "reason"),
+    [
+        ({}, {}, "cannot reach each other on service ports"),
+        ({"cap_add": ["SYS_ADMIN"]}, {}, "CAP_SYS_ADMIN cannot be granted"),
+        ({"network_mode": "service:db"}, {}, "cannot forward ports to one another"),
+        (
+            {"volumes": [{"type": "volume", "source": "data", "target": "/data"}]},
+            {"volumes": {"data": {}}},
+            "no storage shared between sandboxes",
+        ),
+    ],
+)
+async def test_gym_compose_adapter_reports_our_reason(
+    stack: Stack, tmp_path: Path, service: dict, extra: dict, reason: str
+) -> None:
+    """Gym's Compose adapter (nemo_gym/sandbox/adapters/docker_compose.py) validates before it
+    provisions anything; it must fail with Substrate's reason, and create no sandbox."""
+    import yaml
+    from nemo_gym.sandbox.adapters.docker_compose import AsyncSandboxCompose
+
+    services = {"db": {"image": "db:1", "command": ["sleep", "1"], "expose": [5432]}}
+    services["app"] = {"image": "app:1", "command": ["sleep", "1"], **service}
+    compose = tmp_path / "compose.yaml"
+    compose.write_text(yaml.safe_dump({"services": services, **extra}))
+    collection = AsyncSandboxCompose({"substrate": stack.kwargs()}, compose)
+    with pytest.raises(NotImplementedError, match=reason):
+        await collection.start()
+    assert await stack.actors() == []
