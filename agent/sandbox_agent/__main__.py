@@ -224,7 +224,25 @@ def _setup_logging(level: int) -> logging.Handler:
     return handler
 
 
+# Signals a launcher may leave ignored (nohup: HUP; a shell's `&`: INT and QUIT). SIG_IGN survives
+# exec, so every job and terminal session would inherit it: a hang-up would not end a session's
+# foreground job. The agent stays deaf to them through a handler instead, which exec resets.
+_INHERITED_IGNORES = (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT)
+
+
+def _untangle_ignored_signals() -> None:
+    """Keep ignoring what the launcher ignored, without passing SIG_IGN on to the sandbox."""
+    for sig in _INHERITED_IGNORES:
+        if signal.getsignal(sig) is signal.SIG_IGN:
+            signal.signal(sig, _ignore)
+
+
+def _ignore(signum: int, frame: object) -> None:
+    """The agent's own stand-in for SIG_IGN (see `_untangle_ignored_signals`)."""
+
+
 def main(argv: list[str] | None = None) -> None:
+    _untangle_ignored_signals()
     _clean_environment()
     parser = _parser()
     args = parser.parse_args(argv)

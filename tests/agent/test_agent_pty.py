@@ -534,3 +534,31 @@ def test_no_terminal_device_is_a_failed_session_that_says_why(agent_factory: Any
     assert "/dev/ptmx" in resp.json()["error"]
     piped = Pty(inst, command="echo piped", pty=False)
     assert piped.drain() == b"piped\n"
+
+
+def _ignored_signals(text: str) -> int:
+    """The SigIgn mask from a /proc/<pid>/status dump."""
+    for line in text.splitlines():
+        if line.startswith("SigIgn:"):
+            return int(line.split()[1], 16)
+    raise AssertionError(f"no SigIgn line in {text!r}")
+
+
+def test_a_launcher_s_ignored_hangup_does_not_reach_the_sandbox(agent_factory: Any) -> None:
+    """An agent started under nohup (SIGHUP ignored, and SIG_IGN survives exec) still gives
+    its sessions and jobs the default dispositions a terminal's processes have, so a hang-up
+    ends a session's foreground job; the agent itself keeps ignoring the hang-up."""
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        started = agent_factory()
+    finally:
+        signal.signal(signal.SIGHUP, before)
+    hup = 1 << (signal.SIGHUP - 1)
+    pty = Pty(started, command="cat /proc/self/status")
+    assert pty.state(wait=8)["state"] == "exited"
+    assert not _ignored_signals(pty.read_until(b"SigIgn").decode()) & hup
+    job = started.exec(command=["cat", "/proc/self/status"]).json()
+    assert not _ignored_signals(job["stdout"]) & hup, job
+    started.proc.send_signal(signal.SIGHUP)
+    time.sleep(0.2)
+    assert started.proc.poll() is None, "the agent keeps ignoring the hang-up it was told to"
