@@ -26,6 +26,7 @@ __all__ = [
     "gym_progress",
     "note",
     "report_files",
+    "terminate_as_interrupt",
     "run",
     "target_options",
 ]
@@ -185,6 +186,17 @@ def arm_options(*, rollouts: int = 4, steps: int = 5, think: str = "2") -> Calla
         return func
 
     return decorate
+
+
+def terminate_as_interrupt() -> None:
+    """Let SIGTERM tear a run down as Ctrl-C does (the `finally` blocks run), since the Gym
+    driver's servers live in sessions of their own that a plain exit would leave running."""
+    import signal
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:

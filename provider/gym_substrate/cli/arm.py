@@ -172,7 +172,11 @@ def _gym_arm(
     out: str | None,
     as_json: bool,
 ) -> None:
-    from gym_substrate.cli._experiments import gym_progress, synthetic_only
+    from gym_substrate.cli._experiments import (
+        gym_progress,
+        synthetic_only,
+        terminate_as_interrupt,
+    )
     from gym_substrate.experiments import ExperimentError
     from gym_substrate.experiments._arm import write_arm
     from gym_substrate.experiments._artifacts import make_out_dir
@@ -196,6 +200,8 @@ def _gym_arm(
         folder = make_out_dir(out, f"arm-gym-{policy}")
     except ExperimentError as exc:
         raise fail(str(exc)) from exc
+
+    terminate_as_interrupt()
 
     def say(text: str) -> None:
         note(text, as_json=True)  # stderr: the table (or JSON) stays alone on stdout

@@ -152,7 +152,11 @@ def _gym_compare(
     as_json: bool,
 ) -> None:
     """The same comparison through Gym: one Gym run per arm, one after the other."""
-    from gym_substrate.cli._experiments import gym_progress, synthetic_only
+    from gym_substrate.cli._experiments import (
+        gym_progress,
+        synthetic_only,
+        terminate_as_interrupt,
+    )
     from gym_substrate.cli.arm import GYM_FIGURES, GYM_IDLE_AFTER_S
     from gym_substrate.experiments import ExperimentError
     from gym_substrate.experiments._artifacts import make_out_dir
@@ -184,6 +188,8 @@ def _gym_compare(
         folder = make_out_dir(out, "compare-gym")
     except ExperimentError as exc:
         raise fail(str(exc)) from exc
+
+    terminate_as_interrupt()
 
     def say(text: str) -> None:
         note(text, as_json=True)

@@ -703,6 +703,7 @@ async def run_gym_arm(
             return text[-size:]
 
         started = time.monotonic()
+        load_start = os.getloadavg()[0]
         failures: list[str] = []
         async with instrumented_provider(kwargs, Instrument()) as provider:
             try:
@@ -913,6 +914,8 @@ async def run_gym_arm(
             )
         },
         processes_left=len(left),
+        # The host's other work shows in every figure: a busy machine is slower at everything.
+        load_avg_1m=[load_start, os.getloadavg()[0]],
     )
     result.summary = summary
     (work / "replay-log.json").write_text(json.dumps([asdict(s) for s in replayer.log], indent=1))
