@@ -137,8 +137,9 @@ def test_gym_python_must_be_a_python_313_with_nemo_gym(python: str, message: str
         (["--driver", "gym", "--replay-rollouts", "/nonexistent.jsonl"], "no such file"),
     ],
 )
-def test_gym_driver_refuses_what_it_cannot_use(args: list[str], message: str) -> None:
-    result = invoke("arm", *args)
+@pytest.mark.parametrize("command", ["arm", "compare"])
+def test_gym_driver_refuses_what_it_cannot_use(command: str, args: list[str], message: str) -> None:
+    result = invoke(command, *args)
     assert result.exit_code == 1, result.output
     assert message in " ".join(result.output.split())
 
