@@ -139,6 +139,8 @@ def test_gym_python_must_be_a_python_313_with_nemo_gym(python: str, message: str
 )
 @pytest.mark.parametrize("command", ["arm", "compare"])
 def test_gym_driver_refuses_what_it_cannot_use(command: str, args: list[str], message: str) -> None:
+    """Options the Gym driver has no use for are refused rather than silently ignored, and its
+    own options need it; a bad task folder or recording is named before anything starts."""
     result = invoke(command, *args)
     assert result.exit_code == 1, result.output
     assert message in " ".join(result.output.split())
