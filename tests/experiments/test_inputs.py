@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -99,14 +101,63 @@ def test_bad_input_gives_a_clear_error(args: list[str], code: int, message: str)
 def test_gym_driver_says_how_to_build_its_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Without the chroot (nothing under GYM_SUBSTRATE_CACHE), the error names both ways out."""
     monkeypatch.setenv("GYM_SUBSTRATE_CACHE", str(tmp_path))
     result = invoke("arm", "--driver", "gym")
     assert result.exit_code == 1
-    assert "`.ci/gym-env build`" in result.output
-    built = tmp_path / "gym-chroot" / "current"
-    built.mkdir(parents=True)
-    (built / ".gym-env-complete").write_text("")
-    result = invoke("arm", "--driver", "gym")
-    assert result.exit_code == 1
-    assert "not implemented yet" in result.output
-    assert "--driver synthetic" in result.output
+    text = " ".join(result.output.split())
+    assert "`.ci/gym-env build`" in text
+    assert "--gym-python" in text
+    assert "--driver synthetic" in text
+
+
+@pytest.mark.parametrize(
+    ("python", "message"),
+    [
+        ("/nonexistent/python3.13", "--gym-python /nonexistent/python3.13: no such executable"),
+        ("/bin/true", "not a Python >= 3.13 that can run NeMo Gym"),
+        (sys.executable, "is too old; NeMo Gym 0.7.0 needs Python >= 3.13"),
+    ],
+)
+def test_gym_python_must_be_a_python_313_with_nemo_gym(python: str, message: str) -> None:
+    """--gym-python is checked by running it: a missing file, a program that is not Python,
+    and this test's own Python (3.11, without nemo-gym) are each refused with the reason."""
+    result = invoke("arm", "--driver", "gym", "--gym-python", python)
+    assert result.exit_code == 1, result.output
+    assert message in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--driver", "gym", "--steps", "3"], "--steps: not used by --driver gym"),
+        (["--driver", "gym", "--workload", "edit-run"], "--workload: not used by --driver gym"),
+        (["--gym-python", "/usr/bin/python3"], "need --driver gym"),
+        (["--driver", "gym", "--gym-task", "/nonexistent"], "needs task.json"),
+        (["--driver", "gym", "--replay-rollouts", "/nonexistent.jsonl"], "no such file"),
+    ],
+)
+@pytest.mark.parametrize("command", ["arm", "compare"])
+def test_gym_driver_refuses_what_it_cannot_use(command: str, args: list[str], message: str) -> None:
+    """Options the Gym driver has no use for are refused rather than silently ignored, and its
+    own options need it; a bad task folder or recording is named before anything starts."""
+    result = invoke(command, *args)
+    assert result.exit_code == 1, result.output
+    assert message in " ".join(result.output.split())
+
+
+def test_shipped_gym_recording_replays_terminus_turns() -> None:
+    """The shipped recording is valid for the Gym arm: one shape of turns, each a Terminus
+    JSON answer; a shell command in most of them; it matches Terminus' live first prompt."""
+    from gym_substrate.experiments._gym import GymArmConfig
+    from gym_substrate.experiments._rollouts import responses_items
+
+    config = GymArmConfig.create("pause", 2, ThinkSpec.parse("1"))
+    assert config.steps == len(config.store.rollouts[0].turns) - 1 >= 5
+    assert len(config.workload.commands) >= 4
+    task = json.loads((config.task / "task.json").read_text())
+    prompt = task["responses_create_params"]["input"][0]["content"]
+    live = responses_items(
+        [{"role": "user", "content": f"(protocol)\n{prompt}\n\nCurrent terminal state:\n$ "}]
+    )
+    assert [r.rollout_id for r in config.store.candidates(live)] == ["hello-terminus-1"]

@@ -261,3 +261,41 @@ def test_serve_command_answers_the_openai_client_and_reports_at_exit() -> None:
         out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert json.loads(out)["turns_served"] == 1
+
+
+async def test_a_script_with_match_replays_prompts_that_carry_live_state(
+    serve: Serve, tmp_path: Path
+) -> None:
+    """`match`: Terminus 2's first prompt ends with the live terminal screen, so it can never
+    equal a recording; a script matching a substring of it still replays turn by turn, and the
+    server's log chains each turn to the answer it follows."""
+    script = tmp_path / "match.jsonl"
+    turns = [{"text": '{"commands": [{"keystrokes": "ls\\n"}]}'}, {"text": "done"}]
+    row = {
+        "rollout": "t1",
+        "match": "[task:hello]",
+        "prompt": "[task:hello] Do it.",
+        "turns": turns,
+    }
+    script.write_text(json.dumps(row) + "\n")
+    client, app, _ = await serve(script)
+    live = [{"role": "user", "content": "protocol...\n[task:hello] Do it.\nScreen:\nroot@x:/# "}]
+    one = await client.responses.create(model="replay", input=live)
+    assert one.metadata == {"replay_rollout": "t1", "replay_turn": "0"}
+    conversation = [
+        *live,
+        {"role": "assistant", "content": one.output_text},
+        {"role": "user", "content": "New Terminal Output:\nfile.txt"},
+    ]
+    two = await client.responses.create(model="replay", input=conversation)
+    assert two.output_text == "done"
+    log = app[REPLAYER].log
+    assert [s.turn for s in log] == [0, 1]
+    assert log[0].follows is None
+    assert log[1].follows == log[0].key
+    with pytest.raises(openai.NotFoundError, match="no recorded rollout starts with"):
+        await client.responses.create(model="replay", input="[task:other] Do it.")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({**row, "match": "[task:elsewhere]"}) + "\n")
+    with pytest.raises(ExperimentError, match="does not occur in the script's first user"):
+        load_rollouts(bad)

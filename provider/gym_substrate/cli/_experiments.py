@@ -22,8 +22,11 @@ from gym_substrate.cli._output import console, fail, progress
 __all__ = [
     "arm_options",
     "arm_progress",
+    "gym_options",
+    "gym_progress",
     "note",
     "report_files",
+    "terminate_as_interrupt",
     "run",
     "target_options",
 ]
@@ -61,6 +64,60 @@ def target_options(func: F) -> F:
     for option in reversed(options):
         func = option(func)
     return func
+
+
+def gym_options(func: F) -> F:
+    """`--gym-env`, `--gym-python`, `--gym-task`, `--replay-rollouts`: the Gym driver's inputs."""
+    options = [
+        click.option(
+            "--gym-env",
+            type=click.Choice(["chroot"]),
+            default="chroot",
+            show_default=True,
+            help="--driver gym: the NeMo Gym environment (chroot: `.ci/gym-env`'s, run from "
+            "this checkout).",
+        ),
+        click.option(
+            "--gym-python",
+            default=None,
+            metavar="PYTHON",
+            help="--driver gym: the python3.13 of your own venv with nemo-gym 0.7.0, "
+            "gym-substrate and harbor, instead of the chroot.",
+        ),
+        click.option(
+            "--gym-task",
+            default=None,
+            metavar="DIR",
+            help="--driver gym: a task folder (task.json, tests/test.sh); default: the shipped "
+            "hello task.",
+        ),
+        click.option(
+            "--replay-rollouts",
+            default=None,
+            metavar="FILE",
+            help="--driver gym: the recording the replay policy serves as the model; default: "
+            "the shipped Terminus 2 rollout of the hello task (6 turns).",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def synthetic_only(ctx: click.Context, names: tuple[str, ...]) -> None:
+    """Refuse options the Gym driver has no use for, instead of ignoring them."""
+    from click.core import ParameterSource
+
+    given = [
+        f"--{name.replace('_', '-')}"
+        for name in names
+        if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)
+    ]
+    if given:
+        raise fail(
+            f"{', '.join(given)}: not used by --driver gym (the recording sets the turns and "
+            "Gym runs each rollout once); leave them out"
+        )
 
 
 def _think(ctx: click.Context, param: click.Parameter, value: str) -> Any:
@@ -131,6 +188,17 @@ def arm_options(*, rollouts: int = 4, steps: int = 5, think: str = "2") -> Calla
     return decorate
 
 
+def terminate_as_interrupt() -> None:
+    """Let SIGTERM tear a run down as Ctrl-C does (the `finally` blocks run), since the Gym
+    driver's servers live in sessions of their own that a plain exit would leave running."""
+    import signal
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run an experiment coroutine; its `ExperimentError` becomes one line and exit 1."""
     from gym_substrate.experiments import ExperimentError
@@ -151,6 +219,51 @@ def report_files(folder: Path, plots_note: str | None, *, as_json: bool) -> None
     note(f"output: {folder} ({', '.join(names)})", as_json=as_json)
     if plots_note:
         note(plots_note, as_json=as_json)
+
+
+@contextlib.contextmanager
+def gym_progress() -> Iterator[Callable[[Any], None]]:
+    """A callback for `run_gym_arm(on_progress=...)`: the stage and rollouts done x/N."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    def status(p: Any) -> str:
+        parked = p.statuses.get("PAUSED", 0) + p.statuses.get("SUSPENDED", 0)
+        return (
+            f"{p.stage} | actors running {p.statuses.get('RUNNING', 0)} parked {parked} | "
+            f"thinking {p.phases.get('thinking', 0)} | failures {p.failures}"
+        )
+
+    if not progress.is_terminal:
+        last: dict[str, Any] = {"t": 0.0, "stage": ""}
+
+        def plain(p: Any) -> None:
+            if time.monotonic() - last["t"] >= 10 or p.stage != last["stage"]:
+                last.update(t=time.monotonic(), stage=p.stage)
+                progress.print(
+                    f"{p.name}: {p.elapsed_s:.0f} s, rollouts done {p.rollouts_done}/"
+                    f"{p.rollouts_total}, {status(p)}",
+                    highlight=False,
+                    soft_wrap=True,
+                )
+
+        yield plain
+        return
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[status]}"),
+        console=progress,
+    ) as bar:
+        tasks: dict[str, Any] = {}
+
+        def live(p: Any) -> None:
+            if p.name not in tasks:
+                tasks[p.name] = bar.add_task(f"gym {p.name}", total=p.rollouts_total, status="")
+            bar.update(tasks[p.name], completed=p.rollouts_done, status=status(p))
+
+        yield live
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ import click
 from gym_substrate.cli._experiments import (
     arm_options,
     arm_progress,
+    gym_options,
     note,
     report_files,
     run,
@@ -34,9 +35,12 @@ from gym_substrate.cli._output import Column, emit, emit_json, fail
 )
 @arm_options()
 @target_options
+@gym_options
 @click.option("--out", default=None, metavar="DIR", help="Output folder (default: timestamped).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.pass_context
 def arm(
+    ctx: click.Context,
     policy: str,
     driver: str,
     rollouts: int,
@@ -50,6 +54,10 @@ def arm(
     config_file: str | None,
     runtime: str,
     workers: int,
+    gym_env: str,
+    gym_python: str | None,
+    gym_task: str | None,
+    replay_rollouts: str | None,
     out: str | None,
     as_json: bool,
 ) -> None:
@@ -58,15 +66,24 @@ def arm(
     Samples actors by status (ListActors) and rollouts by phase every second, splits each
     step's latency into wait-for-worker, resume and exec, and writes steps.csv, rollouts.csv,
     occupancy.csv, summary.json and plots to the output folder.
+
+    With --driver gym the rollouts go through real NeMo Gym instead: Gym's servers with this
+    provider and the replay policy as the model, N rollouts of one task collected at once by
+    `gym eval run`; each step is then an agent turn between two model calls.
     """
     from gym_substrate.experiments import ExperimentError, load_workload
     from gym_substrate.experiments._arm import ArmConfig, run_arm, write_arm
     from gym_substrate.experiments._artifacts import make_out_dir
     from gym_substrate.experiments._backend import local_or_config
-    from gym_substrate.experiments._gym import gym_driver_error
 
     if driver == "gym":
-        raise fail(str(gym_driver_error()))
+        _gym_arm(
+            ctx, policy, rollouts, think, idle_after_s, seed, config_file, runtime, workers,
+            gym_env, gym_python, gym_task, replay_rollouts, out, as_json,
+        )  # fmt: skip
+        return
+    if any(v is not None for v in (gym_python, gym_task, replay_rollouts)):
+        raise fail("--gym-python, --gym-task and --replay-rollouts need --driver gym")
     try:
         config = ArmConfig(
             policy,
@@ -102,6 +119,112 @@ def arm(
             [Column("figure"), Column(summary["arm"], justify="right")],
             title=f"arm {summary['arm']}: {rollouts} rollouts x {steps} steps, think "
             f"{summary['think_s']} s, workload {summary['workload']}",
+        )
+    report_files(folder, written["plots_note"], as_json=as_json)
+    if summary["leaked_actors"]:
+        raise fail(
+            f"{summary['leaked_actors']} actor(s) were left behind (deleted after the report): "
+            + ", ".join(summary["leaked_actor_ids"])
+        )
+
+
+# Terminus sleeps up to a command's `duration` between its own calls within one turn; parking
+# inside those gaps would park on every call, not while the model thinks.
+GYM_IDLE_AFTER_S = 1.0
+GYM_FIGURES = [
+    ("reward_mean", "reward mean"),
+    ("rewards", "rewards"),
+    ("servers_ready_s", "Gym's servers ready, s"),
+    ("turns_per_rollout", "model turns per rollout"),
+]
+
+
+def gym_figure_rows(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The synthetic arm's rows, step meaning agent turn, plus the Gym-only figures."""
+    from gym_substrate.experiments._compare import figure_rows
+
+    rows = figure_rows(summaries)
+    for row in rows:
+        row["figure"] = row["figure"].replace("step", "turn").replace("steps", "turns")
+    for key, label in GYM_FIGURES:
+        row = {"figure": label, "key": key}
+        for s in summaries:
+            value = s.get(key)
+            row[s["arm"]] = " ".join(f"{v:g}" for v in value) if isinstance(value, list) else value
+        rows.append(row)
+    return rows
+
+
+def _gym_arm(
+    ctx: click.Context,
+    policy: str,
+    rollouts: int,
+    think: Any,
+    idle_after_s: float,
+    seed: int,
+    config_file: str | None,
+    runtime: str,
+    workers: int,
+    gym_env: str,
+    gym_python: str | None,
+    gym_task: str | None,
+    replay_rollouts: str | None,
+    out: str | None,
+    as_json: bool,
+) -> None:
+    from gym_substrate.cli._experiments import (
+        gym_progress,
+        synthetic_only,
+        terminate_as_interrupt,
+    )
+    from gym_substrate.experiments import ExperimentError
+    from gym_substrate.experiments._arm import write_arm
+    from gym_substrate.experiments._artifacts import make_out_dir
+    from gym_substrate.experiments._backend import local_or_config
+    from gym_substrate.experiments._gym import GymArmConfig, resolve_gym_env, run_gym_arm
+
+    synthetic_only(ctx, ("steps", "rounds", "workload", "duration_s"))
+    if ctx.get_parameter_source("idle_after_s") == click.core.ParameterSource.DEFAULT:
+        idle_after_s = GYM_IDLE_AFTER_S
+    try:
+        config = GymArmConfig.create(
+            policy,
+            rollouts,
+            think,
+            task=gym_task,
+            recording=replay_rollouts,
+            idle_after_s=idle_after_s,
+            seed=seed,
+        )
+        env = resolve_gym_env(gym_env, gym_python)
+        folder = make_out_dir(out, f"arm-gym-{policy}")
+    except ExperimentError as exc:
+        raise fail(str(exc)) from exc
+
+    terminate_as_interrupt()
+
+    def say(text: str) -> None:
+        note(text, as_json=True)  # stderr: the table (or JSON) stays alone on stdout
+
+    async def main() -> dict[str, Any]:
+        async with local_or_config(config_file, runtime, workers) as target:
+            say(f"target: {target.where} ({target.runtime_reason})")
+            with gym_progress() as on_progress:
+                result = await run_gym_arm(
+                    config, target, env, folder, on_progress=on_progress, on_note=say
+                )
+            return write_arm(result, folder)
+
+    written = run(main())
+    summary = written["summary"]
+    if as_json:
+        emit_json(written)
+    else:
+        emit(
+            gym_figure_rows([summary]),
+            [Column("figure"), Column(summary["arm"], justify="right")],
+            title=f"arm {summary['arm']} through NeMo Gym: {rollouts} rollouts of "
+            f"{summary['task']} ({summary['agent']}), think {summary['think_s']} s",
         )
     report_files(folder, written["plots_note"], as_json=as_json)
     if summary["leaked_actors"]:

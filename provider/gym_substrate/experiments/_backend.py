@@ -12,7 +12,7 @@ import contextlib
 import copy
 import json
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,6 +83,40 @@ class Target:
                 if used is not None:
                     return int(used)
         return 0
+
+    @contextlib.contextmanager
+    def operation_log(self) -> Iterator[list[tuple[str, float]] | None]:
+        """Every pause, suspend and resume the local control plane finishes inside the block,
+        as (operation, seconds); None on a cluster, whose control plane we cannot look into.
+
+        For runs whose provider lives in another process (the Gym driver), where the timed
+        seams of `_instrument` cannot reach: the local backend's own duration histogram is
+        wrapped for the block, so each observation is also kept here.
+        """
+        metrics = getattr(self._backend, "metrics", None)
+        if metrics is None:
+            yield None
+            return
+        inner = metrics.operation_duration
+        log: list[tuple[str, float]] = []
+
+        class Child:
+            def __init__(self, operation: str, child: Any) -> None:
+                self.operation, self.child = operation, child
+
+            def observe(self, seconds: float) -> None:
+                log.append((self.operation, float(seconds)))
+                self.child.observe(seconds)
+
+        class Histogram:
+            def labels(self, operation: str, *rest: str) -> Child:
+                return Child(operation, inner.labels(operation, *rest))
+
+        metrics.operation_duration = Histogram()
+        try:
+            yield log
+        finally:
+            metrics.operation_duration = inner
 
     def snapshot_bytes(self, atespace: str, actor_id: str) -> int | None:
         """Bytes of the actor's latest snapshot on disk (local backend), else None."""

@@ -1,21 +1,96 @@
-"""`--driver gym`: the same arms through real NeMo Gym (issue 13 §3), not built yet.
+"""`--driver gym`: an arm through real NeMo Gym 0.7.0 (issue 13 §3).
 
-The driver would start Gym's servers with the provider config and the replay policy as the
-model, and collect N rollouts at once with Gym's own rollout collection. It needs the Python
-3.13 environment with NeMo Gym 0.7.0 that `.ci/gym-env build` makes; until the driver exists,
-`gym_driver_error` says where that environment is (or how to build it) and what to use instead.
+The synthetic arm calls the provider itself; this one lets Gym do everything a training run
+does. `gym env start` runs Gym's own servers: the `terminal_bench_2_1` resources server, the
+`terminus_2_sandboxed_agent` (Harbor's Terminus 2, typing into tmux inside the sandbox), the
+environment server Gym generates for it and `openai_model`, pointed at the replay policy
+(`_replay`, served here on 127.0.0.1 with the think time) instead of a model. Then
+`gym eval run --no-serve --num-repeats N --concurrency N` collects N rollouts of one task at
+once, which is Gym's own knob for parallel rollouts (`num_samples_in_parallel`). The sandboxes
+come from our provider inside Gym's processes, configured by a `sandbox: substrate:` block
+written for the run, whose `lifecycle.idle_policy` is the arm's policy.
+
+What the arm sees from outside Gym: actors by status every second (ListActors, never waking
+anyone, as the synthetic arm samples), every model call at the replay policy (so a rollout's
+turns and the agent's time between them), every pause and resume the local control plane
+finishes (`Target.operation_log`; not observable on a cluster), and Gym's rollout rows (reward,
+errors). Gym runs in its Python 3.13 environment: `.ci/gym-env`'s chroot (`--gym-env chroot`)
+or a user's own environment (`--gym-python`). Every process the run starts carries a marker in
+its environment, so teardown finds them all, Ray's daemons included, on success, failure and
+Ctrl-C.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
+from gym_substrate.experiments._arm import POLICIES, ArmConfig
 from gym_substrate.experiments._errors import ExperimentError
+from gym_substrate.experiments._think import ThinkSpec
+from gym_substrate.experiments._workload import Workload
 
-__all__ = ["DRIVERS", "gym_driver_error", "gym_env_path"]
+__all__ = [
+    "DRIVERS",
+    "GYM_ENVS",
+    "GymArmConfig",
+    "GymEnv",
+    "default_recording",
+    "default_task",
+    "gym_driver_error",
+    "gym_env_path",
+    "resolve_gym_env",
+    "run_gym_arm",
+]
 
 DRIVERS = ("synthetic", "gym")
+GYM_ENVS = ("chroot",)
+MIN_PYTHON = (3, 13)
+AGENT = "terminus_2_sandboxed_agent"
+RESOURCES = "terminal_bench_2_1_resources_server"
+# Servers `gym env start` launches, as <type>/<implementation>; each runs from the prebuilt
+# environment (uv_venv_dir/<type>/<name>/.venv links to it, with skip_venv_if_present).
+SERVER_DIRS = (
+    "resources_servers/terminal_bench_2_1",
+    "responses_api_agents/terminus_2_sandboxed_agent",
+    "responses_api_models/openai_model",
+    "environment_servers/legacy_agent",
+)
+SERVER_CONFIGS = (
+    "resources_servers/terminal_bench_2_1/configs/terminal_bench_2_1.yaml",
+    "responses_api_agents/terminus_2_sandboxed_agent/configs/terminus_2_sandboxed_agent.yaml",
+    "responses_api_models/openai_model/configs/openai_model.yaml",
+)
+# What Gym's Terminus agent needs beyond nemo-gym (its requirements.txt).
+AGENT_PACKAGES = ("harbor",)
+READY_LINE = "servers ready! Polling"
+MARKER = "GYM_SUBSTRATE_GYM_ARM_RUN"
+DATA = Path(__file__).resolve().parent / "data" / "gym"
+CHECKOUT = Path(__file__).resolve().parents[3]
+# Where the run's folders appear inside the chroot.
+INSIDE_WORK = "/gs/work"
+INSIDE_TASK = "/gs/task"
+
+
+def default_task() -> Path:
+    return DATA / "hello"
+
+
+def default_recording() -> Path:
+    return DATA / "hello-terminus.jsonl"
 
 
 def gym_env_path() -> Path | None:
@@ -26,16 +101,822 @@ def gym_env_path() -> Path | None:
 
 
 def gym_driver_error() -> ExperimentError:
-    """Why `--driver gym` cannot run here, naming the fix."""
-    env = gym_env_path()
-    if env is None:
-        return ExperimentError(
-            "--driver gym runs NeMo Gym 0.7.0 in its Python 3.13 environment, which is not built "
-            "on this machine: build it from a gym-substrate checkout with `.ci/gym-env build` "
-            "(as root; it prints the environment's path), or use --driver synthetic"
-        )
+    """Why the chroot environment cannot be used here, naming the fix."""
     return ExperimentError(
-        f"--driver gym is not implemented yet (issue 13 §3): the NeMo Gym environment exists at "
-        f"{env}, but starting Gym's servers with the replay policy as the model is still to be "
-        "written; use --driver synthetic, which drives the same provider calls directly"
+        "--driver gym runs NeMo Gym 0.7.0 in its Python 3.13 environment, which is not built "
+        "on this machine: build it from a gym-substrate checkout with `.ci/gym-env build` "
+        "(as root; it prints the environment's path), give your own with --gym-python "
+        "/path/to/python3.13 (a venv with nemo-gym 0.7.0, gym-substrate and harbor), or use "
+        "--driver synthetic"
     )
+
+
+# ---------------------------------------------------------------------------------- environment
+
+_PROBE = """
+import importlib.metadata as m, json, os, sys
+out = {"python": list(sys.version_info[:3]), "prefix": sys.prefix, "packages": {}}
+for name in ("nemo-gym", "gym-substrate", "harbor"):
+    try:
+        out["packages"][name] = m.version(name)
+    except m.PackageNotFoundError:
+        out["packages"][name] = None
+try:
+    import nemo_gym
+    out["site"] = os.path.dirname(os.path.dirname(nemo_gym.__file__))
+except Exception as exc:
+    out["site"] = None
+    out["nemo_gym_error"] = repr(exc)
+out["substrate"] = any(
+    e.name == "substrate" for e in m.entry_points(group="nemo_gym.sandbox_providers")
+)
+print("PROBE " + json.dumps(out))
+"""
+
+
+@dataclass(frozen=True)
+class GymEnv:
+    """Where Gym runs: `.ci/gym-env`'s chroot, or a Python the user gave."""
+
+    mode: str  # "chroot" | "python"
+    describe: str
+    prefix: str  # the environment's sys.prefix, as Gym's processes see it
+    site: str  # its site-packages (where Gym's server folders are), as they see it
+    runner: Path | None = None  # .ci/gym-env (chroot mode)
+    bin_dir: Path | None = None  # the python's bin folder (python mode)
+    packages: dict[str, str | None] = field(default_factory=dict)
+
+    @property
+    def chroot(self) -> bool:
+        return self.mode == "chroot"
+
+    def argv(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        binds: Sequence[tuple[Path, str]],
+        cwd: str,
+    ) -> list[str]:
+        """The host command line that runs `argv` (`python`, `gym`, ...) in the environment."""
+        if self.runner is not None:
+            cmd = [str(self.runner), "run"]
+            for src, dst in binds:
+                cmd += ["-b", f"{src}:{dst}"]
+            for name, value in env.items():
+                cmd += ["-e", f"{name}={value}"]
+            return [*cmd, "-w", cwd, "--", *argv]
+        assert self.bin_dir is not None
+        head = argv[0]
+        tool = self.bin_dir / head
+        return [str(tool) if tool.exists() else head, *argv[1:]]
+
+    def process_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """The host-side environment of a process `argv` made."""
+        out = {**os.environ, **env}
+        if self.bin_dir is not None:
+            out["PATH"] = f"{self.bin_dir}{os.pathsep}{out.get('PATH', '')}"
+            out["VIRTUAL_ENV"] = self.prefix
+        return out
+
+
+def _parse_probe(stdout: str) -> dict[str, Any] | None:
+    for line in reversed(stdout.splitlines()):
+        if line.startswith("PROBE "):
+            data: dict[str, Any] = json.loads(line[len("PROBE ") :])
+            return data
+    return None
+
+
+def _check_probe(probe: dict[str, Any], where: str, fix_wheel: str) -> None:
+    version = tuple(probe.get("python") or ())
+    if version < MIN_PYTHON:
+        raise ExperimentError(
+            f"{where}: Python {'.'.join(map(str, version))} is too old; NeMo Gym 0.7.0 needs "
+            f"Python >= {'.'.join(map(str, MIN_PYTHON))}"
+        )
+    packages = probe.get("packages") or {}
+    if not packages.get("nemo-gym") or not probe.get("site"):
+        raise ExperimentError(
+            f"{where}: NeMo Gym is not installed there "
+            f"({probe.get('nemo_gym_error', 'no nemo-gym')}); install nemo-gym==0.7.0 into it"
+        )
+    if not packages.get("gym-substrate") or not probe.get("substrate"):
+        raise ExperimentError(
+            f"{where}: gym-substrate (the `substrate` sandbox provider) is not installed there; "
+            f"{fix_wheel}"
+        )
+    missing = [p for p in AGENT_PACKAGES if not packages.get(p)]
+    if missing:
+        raise ExperimentError(
+            f"{where}: {', '.join(missing)} is missing, which Gym's terminus_2_sandboxed_agent "
+            f"needs (its requirements.txt); pip install {' '.join(missing)} into it"
+        )
+
+
+def resolve_gym_env(gym_env: str = "chroot", gym_python: str | None = None) -> GymEnv:
+    """The environment `--gym-env` / `--gym-python` name, checked: Python >= 3.13 with
+    nemo-gym, gym-substrate and Harbor, else an `ExperimentError` saying what to install."""
+    if gym_python is not None:
+        path = Path(gym_python)
+        if not path.is_file() or not os.access(path, os.X_OK):
+            raise ExperimentError(
+                f"--gym-python {gym_python}: no such executable; give the python3.13 of a "
+                "venv with nemo-gym 0.7.0, gym-substrate and harbor"
+            )
+        try:
+            proc = subprocess.run(
+                [str(path), "-c", _PROBE], capture_output=True, text=True, timeout=120
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise ExperimentError(f"--gym-python {gym_python}: cannot run it: {exc}") from exc
+        probe = _parse_probe(proc.stdout)
+        if probe is None:
+            raise ExperimentError(
+                f"--gym-python {gym_python}: not a Python >= 3.13 that can run NeMo Gym "
+                f"(it said: {(proc.stderr or proc.stdout).strip()[-300:] or 'nothing'})"
+            )
+        where = f"--gym-python {gym_python}"
+        _check_probe(probe, where, "pip install gym-substrate into it")
+        bin_dir = path.parent
+        if not (bin_dir / "gym").exists():
+            raise ExperimentError(f"{where}: Gym's `gym` command is not next to it in {bin_dir}")
+        return GymEnv(
+            "python",
+            f"{where} (Python {'.'.join(map(str, probe['python']))}, "
+            f"nemo-gym {probe['packages']['nemo-gym']})",
+            str(probe["prefix"]),
+            str(probe["site"]),
+            bin_dir=bin_dir,
+            packages=probe["packages"],
+        )
+    if gym_env not in GYM_ENVS:
+        raise ExperimentError(f"--gym-env {gym_env!r}: use chroot, or give --gym-python")
+    chroot = gym_env_path()
+    if chroot is None:
+        raise gym_driver_error()
+    runner = CHECKOUT / ".ci" / "gym-env"
+    if not runner.is_file():
+        raise ExperimentError(
+            f"--gym-env chroot runs commands in {chroot} through `.ci/gym-env run` of a "
+            "gym-substrate checkout, and this installation has none: run from a checkout, or "
+            "give --gym-python /path/to/python3.13"
+        )
+    if os.geteuid() != 0:
+        raise ExperimentError("--gym-env chroot needs root (chroot and mount namespaces)")
+    try:
+        proc = subprocess.run(
+            [str(runner), "run", "--", "python", "-c", _PROBE],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ExperimentError(f"cannot run the Gym chroot {chroot}: {exc}") from exc
+    probe = _parse_probe(proc.stdout)
+    if probe is None:
+        raise ExperimentError(
+            f"the Gym chroot {chroot} did not run Python: {proc.stderr.strip()[-500:]}"
+        )
+    _check_probe(
+        probe,
+        f"the Gym chroot {chroot}",
+        f"install this checkout's wheel with `.ci/gym-env install-wheel {CHECKOUT}`",
+    )
+    return GymEnv(
+        "chroot",
+        f"chroot {chroot.resolve()} (Python {'.'.join(map(str, probe['python']))}, "
+        f"nemo-gym {probe['packages']['nemo-gym']})",
+        str(probe["prefix"]),
+        str(probe["site"]),
+        runner=runner,
+        packages=probe["packages"],
+    )
+
+
+# ---------------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True)
+class GymArmConfig(ArmConfig):
+    """An arm through Gym: the policy, N, the think time, and the task and recording it runs.
+
+    `steps` (the agent turns after the first) and `workload` (the recorded keystrokes) come
+    from the recording; build one with `GymArmConfig.create`.
+    """
+
+    task: Path = field(default_factory=default_task)
+    recording: Path = field(default_factory=default_recording)
+    store: Any = field(default=None, repr=False, compare=False)
+    servers_timeout_s: float = 600.0
+    collect_timeout_s: float = 1800.0
+
+    @classmethod
+    def create(
+        cls,
+        policy: str,
+        rollouts: int,
+        think: ThinkSpec,
+        *,
+        task: str | Path | None = None,
+        recording: str | Path | None = None,
+        name: str = "",
+        idle_after_s: float = 0.1,
+        seed: int = 0,
+    ) -> GymArmConfig:
+        from gym_substrate.experiments._rollouts import load_rollouts
+
+        task_dir = Path(task) if task is not None else default_task()
+        load_task(task_dir)
+        path = Path(recording) if recording is not None else default_recording()
+        store = load_rollouts(path)
+        if think.kind == "recorded" and think.fallback is None and store.missing_latencies():
+            raise ExperimentError(
+                f"--think-s recorded: {store.missing_latencies()} turn(s) in {path} have no "
+                "recorded latency; give a fallback as --think-s recorded:SECONDS"
+            )
+        lengths = {len(r.turns) for r in store.rollouts}
+        if len(lengths) != 1 or min(lengths) < 2:
+            raise ExperimentError(
+                f"--replay-rollouts {path}: the Gym arm replays rollouts of one shape, with at "
+                f"least 2 turns each; this file has rollouts of {sorted(lengths)} turns"
+            )
+        commands = tuple(
+            _keystrokes(t.text) for t in store.rollouts[0].turns if _keystrokes(t.text)
+        ) or (f"(recorded turns of {path.name})",)
+        return cls(
+            policy,
+            rollouts,
+            min(lengths) - 1,
+            think,
+            Workload(f"gym:{task_dir.name}", commands),
+            name=name,
+            idle_after_s=idle_after_s,
+            seed=seed,
+            task=task_dir,
+            recording=path,
+            store=store,
+        )
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            object.__setattr__(self, "name", self.policy)
+        if self.policy not in POLICIES:
+            raise ExperimentError(f"--policy {self.policy!r}: use one of {', '.join(POLICIES)}")
+        if self.rollouts < 1:
+            raise ExperimentError(f"--rollouts must be >= 1, got {self.rollouts}")
+        if not self.idle_after_s > 0:
+            raise ExperimentError(f"--idle-after-s must be > 0, got {self.idle_after_s}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "driver": "gym",
+            "policy": self.policy,
+            "name": self.name,
+            "rollouts": self.rollouts,
+            "think": str(self.think),
+            "idle_after_s": self.idle_after_s,
+            "seed": self.seed,
+            "task": str(self.task),
+            "recording": str(self.recording),
+            "agent": AGENT,
+            "turns": self.steps + 1,
+            "workload": {"name": self.workload.name, "commands": list(self.workload.commands)},
+        }
+
+
+def _keystrokes(text: str | None) -> str:
+    """The shell input of a recorded Terminus turn (its JSON `commands`), else ""."""
+    try:
+        data = json.loads(text or "")
+    except ValueError:
+        return ""
+    commands = data.get("commands") if isinstance(data, dict) else None
+    if not isinstance(commands, list):
+        return ""
+    return "".join(str(c.get("keystrokes") or "") for c in commands if isinstance(c, dict)).strip()
+
+
+def load_task(folder: Path) -> dict[str, Any]:
+    """A terminal-bench style task folder: task.json (Gym's task row) and tests/test.sh."""
+    file = folder / "task.json"
+    if not file.is_file() or not (folder / "tests" / "test.sh").is_file():
+        raise ExperimentError(
+            f"--gym-task {folder}: needs task.json (the task row: responses_create_params, "
+            "task_name, docker_image) and tests/test.sh (the verifier)"
+        )
+    try:
+        task = json.loads(file.read_text())
+    except ValueError as exc:
+        raise ExperimentError(f"--gym-task {file}: not valid JSON ({exc})") from exc
+    if not isinstance(task, dict) or not all(
+        k in task for k in ("responses_create_params", "task_name", "docker_image")
+    ):
+        raise ExperimentError(
+            f"--gym-task {file}: needs responses_create_params, task_name and docker_image"
+        )
+    return task
+
+
+# ---------------------------------------------------------------------------------- processes
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _marked_pids(marker: str) -> list[int]:
+    """Processes whose environment carries `MARKER=marker`: everything the run started."""
+    needle = f"{MARKER}={marker}".encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as fh:
+                if needle in fh.read().split(b"\0"):
+                    found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def stop_processes(procs: Sequence[subprocess.Popen[bytes]], marker: str) -> list[int]:
+    """SIGTERM the run's process groups, then every marked process; SIGKILL what stays.
+
+    Returns the PIDs still alive after SIGKILL (nothing, normally). Blocking on purpose: it
+    runs in `finally` blocks, also while the event loop is being cancelled by Ctrl-C.
+    """
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        pids = [p for p in _marked_pids(marker) if _alive(p)]
+        for proc in procs:
+            if proc.poll() is None:
+                pids.append(proc.pid)
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+    return [p for p in _marked_pids(marker) if _alive(p)]
+
+
+def _count_lines(paths: Sequence[Path]) -> int:
+    total = 0
+    for path in paths:
+        with contextlib.suppress(OSError):
+            total += sum(1 for line in path.read_bytes().splitlines() if line.strip())
+    return total
+
+
+def _read_rows(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    if path.is_file():
+        for line in path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                row = json.loads(line)
+                if isinstance(row, dict):
+                    rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------------------------- the arm
+
+
+@dataclass
+class GymProgress:
+    """What the terminal shows while a Gym arm runs."""
+
+    name: str
+    stage: str  # "starting servers" | "collecting" | "stopping"
+    elapsed_s: float
+    rollouts_done: int
+    rollouts_total: int
+    statuses: dict[str, int]
+    phases: dict[str, int]
+    failures: int
+
+
+@dataclass
+class _Chain:
+    """One rollout as the replay policy saw it: its answered turns in order."""
+
+    turns: list[Any]  # _replay.Served
+
+
+def _chains(log: Sequence[Any]) -> list[_Chain]:
+    """Group served turns into conversations: a turn continues the chain whose last answer it
+    follows (the earliest such, if several replayed identical conversations)."""
+    chains: list[_Chain] = []
+    for served in sorted(log, key=lambda s: s.received):
+        if served.follows is None or served.turn == 0:
+            chains.append(_Chain([served]))
+            continue
+        tail = next(
+            (
+                c
+                for c in chains
+                if c.turns[-1].key == served.follows and c.turns[-1].turn == served.turn - 1
+            ),
+            None,
+        )
+        if tail is None:
+            chains.append(_Chain([served]))
+        else:
+            tail.turns.append(served)
+    return chains
+
+
+async def run_gym_arm(
+    config: Any,
+    target: Any,
+    env: GymEnv,
+    folder: Path,
+    *,
+    on_progress: Callable[[GymProgress], None] | None = None,
+    on_note: Callable[[str], None] | None = None,
+) -> Any:
+    """Run one arm through Gym on `target`; returns an `ArmResult` (its raw records, summary)."""
+    import yaml
+    from aiohttp import web
+
+    from gym_substrate.experiments._arm import (
+        ArmResult,
+        RolloutRecord,
+        Sample,
+        StepRecord,
+        _status_counts,
+        summarize,
+    )
+    from gym_substrate.experiments._backend import merged_kwargs
+    from gym_substrate.experiments._instrument import Instrument, instrumented_provider
+    from gym_substrate.experiments._replay import REPLAYER, create_app
+    from gym_substrate.experiments._stats import mean, percentile
+    from gym_substrate.experiments._vocab import PHASES
+
+    def say(text: str) -> None:
+        if on_note is not None:
+            on_note(text)
+
+    if target.runtime == "process":
+        raise ExperimentError(
+            "--driver gym needs gVisor sandboxes on the local backend (the task writes to /app, "
+            "/tests and /logs of its sandbox, which with the process runtime is this host): "
+            f"runsc is not usable here ({target.runtime_reason}); use --runtime gvisor on a host "
+            "where runsc works, or --config FILE for a cluster"
+        )
+    work = (folder / "gym").resolve()
+    for sub in ("logs", "state"):
+        (work / sub).mkdir(parents=True, exist_ok=True)
+    # The chroot's /tmp (Ray's session files) must lie outside the work folder: Ray packs the
+    # working directory for its workers, and a /tmp inside it packs itself until the disk fills.
+    scratch = Path(tempfile.mkdtemp(prefix="gym-substrate-gym-tmp-"))
+    task_dir = config.task.resolve()
+    inside_work = INSIDE_WORK if env.chroot else str(work)
+    inside_task = INSIDE_TASK if env.chroot else str(task_dir)
+    binds = [(work, INSIDE_WORK), (task_dir, INSIDE_TASK), (scratch, "/tmp")]
+    for server_dir in SERVER_DIRS:
+        venv = work / "venvs" / server_dir / ".venv"
+        venv.parent.mkdir(parents=True, exist_ok=True)
+        if not venv.is_symlink():
+            venv.symlink_to(env.prefix)  # resolved by Gym's processes, inside the chroot
+    task = dict(load_task(task_dir))
+    task["task_folder"] = inside_task
+    (work / "tasks.jsonl").write_text(json.dumps(task) + "\n")
+
+    store = config.store
+    replay = create_app(store, config.think, seed=config.seed)
+    replayer = replay[REPLAYER]
+    runner = web.AppRunner(replay, access_log=None)
+    await runner.setup()
+    marker = uuid.uuid4().hex
+    procs: list[subprocess.Popen[bytes]] = []
+    atespace = target.atespace
+    samples: list[Sample] = []
+    outputs = [work / "rollouts.jsonl"]
+    try:
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        policy_url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+        kwargs = merged_kwargs(
+            target.provider_kwargs,
+            lifecycle={
+                "idle_policy": config.policy,
+                "idle_after_s": config.idle_after_s,
+                "ledger": f"{inside_work}/ledger.jsonl",
+            },
+        )
+        create = dict(kwargs.get("create") or {})
+        templates = dict(create.get("image_templates") or {})
+        templates[str(task["docker_image"])] = str(create.get("template") or "local/sandbox")
+        create["image_templates"] = templates
+        kwargs["create"] = create
+        gym_config = {
+            "policy_base_url": policy_url,
+            "policy_api_key": "replay",
+            "policy_model_name": store.models[0],
+            "skip_venv_if_present": True,
+            "uv_venv_dir": f"{inside_work}/venvs",
+            "head_server": {"host": "127.0.0.1", "port": _free_port()},
+            "nemo_gym_log_dir": f"{inside_work}/logs",
+            RESOURCES: {
+                "resources_servers": {
+                    "terminal_bench_2_1": {
+                        "sandbox_config": {
+                            "env": {
+                                "EXECD_API_GRACE_SHUTDOWN": "50ms",  # the stock config's
+                                # A task image's root has an empty home; the local template's
+                                # root is this host's, whose ~/.profile would run in every login
+                                # shell (Terminus types into `bash --login`), and under gVisor
+                                # with parking that startup spans many turns.
+                                "HOME": "/tmp",
+                            }
+                        }
+                    }
+                }
+            },
+            AGENT: {
+                "responses_api_agents": {
+                    AGENT: {
+                        "resources_server": {"name": RESOURCES},
+                        # 4 uvicorn workers importing Harbor and litellm is minutes on 2 cores.
+                        "num_workers": 1,
+                    }
+                }
+            },
+            "sandbox": {
+                "default_metadata": {"sandbox-api": "substrate", "experiment": config.name},
+                "substrate": kwargs,
+            },
+        }
+        (work / "gym.yaml").write_text(yaml.safe_dump(gym_config, sort_keys=False))
+        config_args: list[str] = []
+        for path in [*(f"{env.site}/{c}" for c in SERVER_CONFIGS), f"{inside_work}/gym.yaml"]:
+            config_args += ["--config", path]
+        proc_env = {
+            MARKER: marker,
+            "XDG_STATE_HOME": f"{inside_work}/state",
+            # litellm (imported by Harbor) otherwise fetches its model cost map from GitHub.
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        }
+
+        def start(name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+            full = env.argv(argv, env=proc_env, binds=binds, cwd=inside_work)
+            (work / f"{name}.cmd").write_text(" ".join(full) + "\n")
+            with open(work / f"{name}.log", "wb") as out:
+                proc = subprocess.Popen(
+                    full,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    env=env.process_env(proc_env),
+                    cwd=str(work),
+                )
+            procs.append(proc)
+            return proc
+
+        def tail(name: str, size: int = 3000) -> str:
+            path = work / f"{name}.log"
+            text = path.read_text(errors="replace") if path.is_file() else ""
+            return text[-size:]
+
+        started = time.monotonic()
+        load_start = os.getloadavg()[0]
+        failures: list[str] = []
+        async with instrumented_provider(kwargs, Instrument()) as provider:
+            try:
+                await provider.control.create_atespace(atespace)
+            except Exception as exc:  # ALREADY_EXISTS is success
+                if "ALREADY_EXISTS" not in str(exc):
+                    raise ExperimentError(f"cannot reach the control plane: {exc}") from exc
+            baseline = {a.actor_id for a in await provider.control.list_actors(atespace)}
+
+            def report(stage: str, elapsed: float, statuses: dict[str, int]) -> None:
+                if on_progress is None:
+                    return
+                phases = samples[-1].phases if samples else dict.fromkeys(PHASES, 0)
+                on_progress(
+                    GymProgress(
+                        config.name,
+                        stage,
+                        elapsed,
+                        _count_lines(done_files()),
+                        config.rollouts,
+                        statuses,
+                        phases,
+                        len(failures) + sum(replayer.errors.values()),
+                    )
+                )
+
+            def done_files() -> list[Path]:
+                return [*outputs, *sorted(work.glob("rollouts*failures*.jsonl"))]
+
+            # 1. Gym's servers.
+            say(f"gym: starting Gym's servers ({env.describe}); logs in {work}")
+            server = start("env-start", ["gym", "env", "start", *config_args])
+            while READY_LINE not in tail("env-start", 200_000):
+                if server.poll() is not None:
+                    raise ExperimentError(
+                        f"`gym env start` exited ({server.returncode}) before its servers were "
+                        f"ready; its log ({work / 'env-start.log'}) ends:\n{tail('env-start')}"
+                    )
+                if time.monotonic() - started > config.servers_timeout_s:
+                    raise ExperimentError(
+                        f"Gym's servers were not ready in {config.servers_timeout_s:.0f} s; "
+                        f"the log ({work / 'env-start.log'}) ends:\n{tail('env-start')}"
+                    )
+                report("starting servers", time.monotonic() - started, {})
+                await asyncio.sleep(1)
+            servers_s = time.monotonic() - started
+            say(
+                f"gym: servers ready after {servers_s:.0f} s; collecting {config.rollouts} rollouts"
+            )
+
+            # 2. The rollouts, all at once.
+            with target.operation_log() as operations:
+                t0 = time.monotonic()
+                collect = start(
+                    "eval-run",
+                    [
+                        "gym", "eval", "run", "--no-serve", *config_args,
+                        "--agent", AGENT,
+                        "--input", f"{inside_work}/tasks.jsonl",
+                        "--output", f"{inside_work}/rollouts.jsonl",
+                        "--limit", "1",
+                        "--num-repeats", str(config.rollouts),
+                        "--concurrency", str(config.rollouts),
+                    ],
+                )  # fmt: skip
+
+                def phases() -> dict[str, int]:
+                    counts = dict.fromkeys(PHASES, 0)
+                    begun = sum(1 for s in replayer.log if s.turn == 0) + replayer.thinking
+                    begun = min(begun, config.rollouts)
+                    finished = min(_count_lines(done_files()), config.rollouts)
+                    counts["thinking"] = replayer.thinking
+                    counts["creating"] = max(0, config.rollouts - begun)
+                    counts["executing"] = max(0, begun - finished - replayer.thinking)
+                    return counts
+
+                async def sample_once() -> None:
+                    try:
+                        statuses = await _status_counts(provider, atespace, baseline)
+                    except Exception:  # a lost sample is not worth failing the arm for
+                        return
+                    samples.append(Sample(time.monotonic() - t0, statuses, phases()))
+                    report("collecting", time.monotonic() - t0, statuses)
+
+                while collect.poll() is None:
+                    await sample_once()
+                    if time.monotonic() - t0 > config.collect_timeout_s:
+                        failures.append("gym eval run timeout")
+                        break
+                    await asyncio.sleep(config.sample_interval_s)
+                wall_s = time.monotonic() - t0
+                await sample_once()
+                op_log = list(operations) if operations is not None else None
+            if collect.returncode not in (0, None):
+                failures.append(f"gym eval run exit {collect.returncode}")
+            say(f"gym: collection ended after {wall_s:.0f} s; stopping Gym's servers")
+            report("stopping", time.monotonic() - t0, samples[-1].statuses if samples else {})
+            left = await asyncio.to_thread(stop_processes, procs, marker)
+            if left:
+                failures.append(f"processes left after SIGKILL: {len(left)}")
+            # Gym stops sandboxes on background threads; give the deletes time to land.
+            deadline = time.monotonic() + 30
+            while True:
+                leaked = sorted(
+                    a.actor_id
+                    for a in await provider.control.list_actors(atespace)
+                    if a.actor_id not in baseline
+                )
+                if not leaked or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.5)
+            for actor_id in leaked:  # report them, but leave the next arm a clean atespace
+                with contextlib.suppress(Exception):
+                    await provider.delete_actor(actor_id, atespace)
+    finally:
+        stop_processes(procs, marker)
+        await runner.cleanup()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    # 3. What happened, as the synthetic arm's records.
+    rows = _read_rows(work / "rollouts.jsonl")
+    failed_rows = [r for p in sorted(work.glob("rollouts*failures*.jsonl")) for r in _read_rows(p)]
+    for row in failed_rows:
+        failures.append(f"rollout {row.get('_ng_failure_class') or 'failed'}")
+    for row in rows:
+        if row.get("error"):
+            failures.append("rollout error")
+    missing = config.rollouts - len(rows) - len(failed_rows)
+    failures += ["rollout missing"] * max(0, missing)
+    for code, count in replayer.errors.items():
+        failures += [f"replay {code}"] * count
+    chains = _chains(replayer.log)
+    steps: list[StepRecord] = []
+    rollouts: list[RolloutRecord] = []
+    planned = len(store.rollouts[0].turns) if store.rollouts else 0
+    for lane, chain in enumerate(sorted(chains, key=lambda c: c.turns[0].received)):
+        rid = f"{config.name}-{lane:03d}"
+        record = RolloutRecord(config.name, rid, lane, 0, chain.turns[0].received - t0, planned - 1)
+        record.ended_s = chain.turns[-1].answered - t0
+        for prev, served in zip(chain.turns, chain.turns[1:], strict=False):
+            agent_s = served.received - prev.answered
+            steps.append(
+                StepRecord(
+                    config.name, rid, lane, 0, served.turn - 1, prev.answered - t0,
+                    served.think_s, agent_s, 0.0, 0.0, agent_s, False, None,
+                )
+            )  # fmt: skip
+            record.steps_done += 1
+        record.ok = len(chain.turns) == planned
+        if not record.ok:
+            record.failure = f"stopped after turn {len(chain.turns)} of {planned}"
+        rollouts.append(record)
+    ok_rows = [r for r in rows if not r.get("error")]
+    # Rollouts done are Gym's rows without error, not the chains: a chain can end well while its
+    # verification fails.
+    for record in rollouts[len(ok_rows) :]:
+        record.ok = False
+    parks = [(s, op) for op, s in (op_log or []) if op in ("pause", "suspend")]
+    result = ArmResult(
+        config,
+        target.describe(),
+        wall_s,
+        steps,
+        rollouts,
+        samples,
+        leaked,
+        parks,
+        failures,
+    )
+    summary = summarize(result, target.workers)
+    summary["rollouts_done"] = len(ok_rows)
+    summary["rollouts_per_min"] = len(ok_rows) / (wall_s / 60) if wall_s > 0 else None
+    summary["completion"] = len(ok_rows) / config.rollouts
+    resumes = [s for op, s in (op_log or []) if op == "resume"]
+    if op_log is None:
+        summary.update(resumes=None, resume_p50_s=None, resume_p95_s=None)
+    else:
+        summary.update(
+            resumes=len(resumes),
+            resume_p50_s=percentile(resumes, 0.5),
+            resume_p95_s=percentile(resumes, 0.95),
+        )
+    summary["resume_source"] = (
+        "the local control plane's ResumeActor durations (worker to running)"
+        if op_log is not None
+        else "not observable: the provider runs inside Gym, the control plane is a cluster's"
+    )
+    summary["wait_p50_s"] = summary["wait_p95_s"] = None  # inside Gym's provider: not seen
+    rewards = [float(r["reward"]) for r in rows if isinstance(r.get("reward"), (int, float))]
+    summary.update(
+        driver="gym",
+        gym_env=env.describe,
+        agent=AGENT,
+        task=str(task.get("task_name")),
+        recording=str(config.recording),
+        servers_ready_s=servers_s,
+        rewards=rewards,
+        reward_mean=mean(rewards),
+        turns_per_rollout=planned,
+        replay=replayer.stats(),
+        gym_timings_s={
+            key: mean([float(r[key]) for r in rows if isinstance(r.get(key), (int, float))])
+            for key in (
+                "terminus2_time_taken",
+                "verification_time_taken",
+                "total_command_exec_time",
+                "total_model_call_time",
+            )
+        },
+        processes_left=len(left),
+        # The host's other work shows in every figure: a busy machine is slower at everything.
+        load_avg_1m=[load_start, os.getloadavg()[0]],
+    )
+    result.summary = summary
+    (work / "replay-log.json").write_text(json.dumps([asdict(s) for s in replayer.log], indent=1))
+    return result

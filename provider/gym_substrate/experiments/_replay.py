@@ -30,6 +30,7 @@ from aiohttp import web
 
 from gym_substrate.experiments._errors import ExperimentError
 from gym_substrate.experiments._rollouts import (
+    MODEL_KINDS,
     FormatError,
     Item,
     Rollout,
@@ -40,7 +41,7 @@ from gym_substrate.experiments._rollouts import (
 )
 from gym_substrate.experiments._think import ThinkSpec
 
-__all__ = ["REPLAYER", "ReplayError", "Replayer", "create_app"]
+__all__ = ["REPLAYER", "ReplayError", "Replayer", "Served", "create_app"]
 
 ROLLOUT_HEADER = "X-Replay-Rollout"
 
@@ -53,6 +54,23 @@ class ReplayError(Exception):
         self.status = status
         self.code = code
         self.message = message
+
+
+@dataclass(frozen=True)
+class Served:
+    """One answered request, for an experiment's per-turn figures (monotonic seconds).
+
+    `follows` is the `key` of the answer this request continues (None on a first turn), so a
+    conversation's turns chain up even when many replay the same recording at once.
+    """
+
+    rollout: str
+    turn: int
+    received: float
+    answered: float
+    think_s: float
+    key: int
+    follows: int | None
 
 
 @dataclass(frozen=True)
@@ -104,6 +122,8 @@ class Replayer:
         self.served: Counter[str] = Counter()
         self.errors: Counter[str] = Counter()
         self.thought_s = 0.0
+        self.log: list[Served] = []
+        self.thinking = 0  # requests inside their think time now
 
     # ------------------------------------------------------------------ matching
 
@@ -151,8 +171,8 @@ class Replayer:
         fitting: list[tuple[Rollout, int]] = []
         reasons: list[ReplayError] = []
         for rollout in candidates:
-            opening = len(rollout.initial)
-            if tuple(items[:opening]) != rollout.initial:
+            opening = rollout.opening(items)
+            if opening is None:
                 reasons.append(
                     ReplayError(
                         404,
@@ -206,13 +226,18 @@ class Replayer:
             "recording ended",
         )
 
-    async def answer(self, match: Match) -> tuple[str, Any]:
+    async def answer(self, match: Match, received: float | None = None) -> tuple[str, Any]:
         """Think, remember the turn, return (response id, the turn)."""
+        received = time.monotonic() if received is None else received
         turn = match.rollout.turns[match.turn]
         think = self.think.sample(self.rng, turn.latency_s)
         self.thought_s += think
         if think > 0:
-            await self.sleep(think)
+            self.thinking += 1
+            try:
+                await self.sleep(think)
+            finally:
+                self.thinking -= 1
         if match.turn == 0:
             self.starts[match.rollout.rollout_id] += 1
         after = match.conversation + turn.items
@@ -220,6 +245,20 @@ class Replayer:
         response_id = uuid.uuid4().hex
         self.issued[response_id] = (match.rollout.rollout_id, match.turn, after)
         self.served[match.rollout.rollout_id] += 1
+        before = list(match.conversation)
+        while before and before[-1][0] not in MODEL_KINDS:
+            before.pop()
+        self.log.append(
+            Served(
+                match.rollout.rollout_id,
+                match.turn,
+                received,
+                time.monotonic(),
+                think,
+                hash(after),
+                hash(tuple(before)) if match.turn > 0 and before else None,
+            )
+        )
         return response_id, turn
 
     def stats(self) -> dict[str, Any]:
@@ -382,6 +421,7 @@ def create_app(
         parse: Callable[[Mapping[str, Any]], tuple[list[Item], str | None]],
         build: Callable[[Match, str, Any], dict[str, Any]],
     ) -> web.Response:
+        received = time.monotonic()
         try:
             body = await _body(request)
             try:
@@ -389,7 +429,7 @@ def create_app(
             except FormatError as exc:
                 raise ReplayError(400, "invalid_request", str(exc)) from exc
             match = replayer.match(items, pinned=_pinned(request, body), previous=previous)
-            rid, turn = await replayer.answer(match)
+            rid, turn = await replayer.answer(match, received)
         except ReplayError as exc:
             replayer.errors[exc.code] += 1
             return _error(exc.status, exc.code, exc.message)

@@ -15,7 +15,10 @@ The script format is for synthetic rollouts, one JSON object per line:
                {"text": "Done."}]}
 
 `prompt` is a string (one user message) or a list of `{"role", "content"}` messages; a tool
-call's `arguments` is an object or a JSON string; `call_id` is optional.
+call's `arguments` is an object or a JSON string; `call_id` is optional. `"match": TEXT` makes
+a request fit the script when its first user message contains TEXT, whatever else its opening
+says: for agents whose first prompt carries live state (Terminus 2 puts the terminal's screen
+into it), so no recording can equal it.
 
 Matching works on a normal form of conversations that both API dialects map to: messages by
 role and text, function calls by name and canonical arguments, tool outputs as a bare marker
@@ -33,6 +36,7 @@ from typing import Any
 from gym_substrate.experiments._errors import ExperimentError
 
 __all__ = [
+    "MODEL_KINDS",
     "FormatError",
     "Item",
     "Rollout",
@@ -183,11 +187,20 @@ class Rollout:
     initial: tuple[Item, ...]  # the conversation before the first model turn
     turns: tuple[Turn, ...]
     source: str  # "FILE:LINE"
+    contains: str | None = None  # script `match`: a substring of the first user message
 
     @property
     def key(self) -> str:
         """What a first request is looked up by: the first user message (else the first)."""
         return _key(self.initial)
+
+    def opening(self, items: Sequence[Item]) -> int | None:
+        """How many of `items` are the conversation's opening, or None if it is not this one's."""
+        if self.contains is None:
+            size = len(self.initial)
+            return size if tuple(items[:size]) == self.initial else None
+        size = next((n for n, item in enumerate(items) if item[0] in MODEL_KINDS), len(items))
+        return size if self.contains in _key(items[:size]) else None
 
 
 def _key(items: Sequence[Item]) -> str:
@@ -216,7 +229,14 @@ class RolloutStore:
         return sorted({r.model for r in self.rollouts})
 
     def candidates(self, items: Sequence[Item]) -> list[Rollout]:
-        return list(self.by_key.get(_key(items), []))
+        key = _key(items)
+        found = list(self.by_key.get(key, []))
+        found += [
+            r
+            for r in self.rollouts
+            if r.contains is not None and r.contains in key and all(r is not f for f in found)
+        ]
+        return found
 
     def missing_latencies(self) -> int:
         return sum(1 for r in self.rollouts for t in r.turns if t.latency_s is None)
@@ -326,6 +346,9 @@ def _gym_rollout(row: Mapping[str, Any]) -> tuple[str | None, str, list[Item], l
 
 
 def _script_rollout(row: Mapping[str, Any]) -> tuple[str | None, str, list[Item], list[Turn]]:
+    contains = row.get("match")
+    if contains is not None and (not isinstance(contains, str) or not contains.strip()):
+        raise FormatError("`match` must be a non-empty string (a part of the first user message)")
     prompt = row.get("prompt")
     initial: list[Item] = []
     if isinstance(row.get("system"), str):
@@ -336,6 +359,8 @@ def _script_rollout(row: Mapping[str, Any]) -> tuple[str | None, str, list[Item]
         initial += chat_items(prompt)
     else:
         raise FormatError("a script needs `prompt`: a string or a list of {role, content}")
+    if contains is not None and contains not in _key(initial):
+        raise FormatError(f"`match` {contains!r} does not occur in the script's first user message")
     raw_turns = row.get("turns")
     if not isinstance(raw_turns, list) or not raw_turns:
         raise FormatError("`turns` must be a non-empty list")
@@ -433,7 +458,10 @@ def load_rollouts(path: str | Path) -> RolloutStore:
         if rollout_id in seen:
             rollout_id = f"{rollout_id}@line-{number}"
         seen.add(rollout_id)
-        rollouts.append(Rollout(rollout_id, model, tuple(initial), tuple(turns), where))
+        contains = row.get("match") if "turns" in row else None
+        rollouts.append(
+            Rollout(rollout_id, model, tuple(initial), tuple(turns), where, contains or None)
+        )
     if not rollouts:
         raise ExperimentError(f"--rollouts {file}: the file holds no rollouts (it is empty)")
     return RolloutStore(str(file), rollouts)
