@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -20,7 +21,14 @@ import click
 from gym_substrate.cli._output import console, fail, progress
 
 __all__ = [
+    "GymInputs",
     "arm_options",
+    "driver_option",
+    "fail_on_leaks",
+    "gym_idle_after_s",
+    "gym_rows",
+    "output_options",
+    "stderr_note",
     "arm_progress",
     "gym_options",
     "gym_progress",
@@ -102,6 +110,86 @@ def gym_options(func: F) -> F:
     for option in reversed(options):
         func = option(func)
     return func
+
+
+driver_option = click.option(
+    "--driver",
+    type=click.Choice(["synthetic", "gym"]),
+    default="synthetic",
+    show_default=True,
+    help="synthetic: straight against the provider; gym: through real NeMo Gym.",
+)
+
+
+def output_options(json_help: str) -> Callable[[F], F]:
+    """`--out DIR` and `--json`."""
+
+    def decorate(func: F) -> F:
+        func = click.option("--json", "as_json", is_flag=True, help=json_help)(func)
+        return click.option(
+            "--out", default=None, metavar="DIR", help="Output folder (default: timestamped)."
+        )(func)
+
+    return decorate
+
+
+@dataclass(frozen=True)
+class GymInputs:
+    """What `gym_options` gathered, handed on as one value."""
+
+    env: str
+    python: str | None
+    task: str | None
+    recording: str | None
+
+    def refuse_without_driver(self) -> None:
+        if any(v is not None for v in (self.python, self.task, self.recording)):
+            raise fail("--gym-python, --gym-task and --replay-rollouts need --driver gym")
+
+
+# Terminus sleeps up to a command's `duration` between its own calls within one turn; parking
+# inside those gaps would park on every call, not while the model thinks.
+GYM_IDLE_AFTER_S = 1.0
+GYM_FIGURES = [
+    ("reward_mean", "reward mean"),
+    ("rewards", "rewards"),
+    ("servers_ready_s", "Gym's servers ready, s"),
+    ("turns_per_rollout", "model turns per rollout"),
+]
+
+
+def gym_idle_after_s(ctx: click.Context, idle_after_s: float) -> float:
+    """Refuse the synthetic-only options; the Gym driver's own idle delay unless one is given."""
+    synthetic_only(ctx, ("steps", "rounds", "workload", "duration_s"))
+    if ctx.get_parameter_source("idle_after_s") == click.core.ParameterSource.DEFAULT:
+        return GYM_IDLE_AFTER_S
+    return idle_after_s
+
+
+def gym_rows(rows: list[dict[str, Any]], summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A synthetic table's rows for Gym arms: a step is an agent turn, plus Gym's own figures."""
+    for row in rows:
+        row["figure"] = row["figure"].replace("step", "turn")
+    for key, label in GYM_FIGURES:
+        extra: dict[str, Any] = {"figure": label, "key": key}
+        for s in summaries:
+            value = s.get(key)
+            extra[s["arm"]] = (
+                " ".join(f"{v:g}" for v in value) if isinstance(value, list) else value
+            )
+        rows.append(extra)
+    return rows
+
+
+def stderr_note(text: str) -> None:
+    """A Gym run's notes go to stderr, so the table (or JSON) stays alone on stdout."""
+    note(text, as_json=True)
+
+
+def fail_on_leaks(count: int, ids: list[str] | None = None) -> None:
+    if count:
+        named = ": " + ", ".join(ids) if ids else ""
+        raise fail(f"{count} actor(s) were left behind (deleted after the report){named}")
 
 
 def synthetic_only(ctx: click.Context, names: tuple[str, ...]) -> None:
@@ -222,91 +310,80 @@ def report_files(folder: Path, plots_note: str | None, *, as_json: bool) -> None
 
 
 @contextlib.contextmanager
-def gym_progress() -> Iterator[Callable[[Any], None]]:
+def _live_progress(
+    label: Callable[[Any], str],
+    counts: Callable[[Any], tuple[int, int]],
+    status: Callable[[Any], str],
+    *,
+    unit: str,
+    new_stage: Callable[[Any], Any] = lambda p: None,
+) -> Iterator[Callable[[Any], None]]:
+    """A progress callback on stderr: a rich bar per run on a terminal, else a plain line every
+    10 s (and at each new stage). `counts(p)` is (done, total) in `unit`s."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    if not progress.is_terminal:
+        last: dict[str, Any] = {"t": 0.0, "stage": None}
+
+        def plain(p: Any) -> None:
+            stage = new_stage(p)
+            if time.monotonic() - last["t"] >= 10 or stage != last["stage"]:
+                last.update(t=time.monotonic(), stage=stage)
+                done, total = counts(p)
+                progress.print(
+                    f"{p.name}: {p.elapsed_s:.0f} s, {unit} {done}/{total}, {status(p)}",
+                    highlight=False,
+                    soft_wrap=True,
+                )
+
+        yield plain
+        return
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[status]}"),
+        console=progress,
+    ) as bar:
+        tasks: dict[str, Any] = {}
+
+        def live(p: Any) -> None:
+            done, total = counts(p)
+            if p.name not in tasks:
+                tasks[p.name] = bar.add_task(label(p), total=total, status="")
+            bar.update(tasks[p.name], completed=done, status=status(p))
+
+        yield live
+
+
+def _parked(p: Any) -> str:
+    parked = p.statuses.get("PAUSED", 0) + p.statuses.get("SUSPENDED", 0)
+    return f"running {p.statuses.get('RUNNING', 0)} parked {parked}"
+
+
+def gym_progress() -> contextlib.AbstractContextManager[Callable[[Any], None]]:
     """A callback for `run_gym_arm(on_progress=...)`: the stage and rollouts done x/N."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    def status(p: Any) -> str:
-        parked = p.statuses.get("PAUSED", 0) + p.statuses.get("SUSPENDED", 0)
-        return (
-            f"{p.stage} | actors running {p.statuses.get('RUNNING', 0)} parked {parked} | "
-            f"thinking {p.phases.get('thinking', 0)} | failures {p.failures}"
-        )
-
-    if not progress.is_terminal:
-        last: dict[str, Any] = {"t": 0.0, "stage": ""}
-
-        def plain(p: Any) -> None:
-            if time.monotonic() - last["t"] >= 10 or p.stage != last["stage"]:
-                last.update(t=time.monotonic(), stage=p.stage)
-                progress.print(
-                    f"{p.name}: {p.elapsed_s:.0f} s, rollouts done {p.rollouts_done}/"
-                    f"{p.rollouts_total}, {status(p)}",
-                    highlight=False,
-                    soft_wrap=True,
-                )
-
-        yield plain
-        return
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[status]}"),
-        console=progress,
-    ) as bar:
-        tasks: dict[str, Any] = {}
-
-        def live(p: Any) -> None:
-            if p.name not in tasks:
-                tasks[p.name] = bar.add_task(f"gym {p.name}", total=p.rollouts_total, status="")
-            bar.update(tasks[p.name], completed=p.rollouts_done, status=status(p))
-
-        yield live
-
-
-@contextlib.contextmanager
-def arm_progress() -> Iterator[Callable[[Any], None]]:
-    """A callback for `run_arm(on_progress=...)` that shows the arm's progress on stderr."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    def status(p: Any) -> str:
-        parked = p.statuses.get("PAUSED", 0) + p.statuses.get("SUSPENDED", 0)
-        return (
-            f"running {p.statuses.get('RUNNING', 0)} parked {parked} | thinking "
-            f"{p.phases.get('thinking', 0)} waiting {p.phases.get('waiting', 0)} | "
+    return _live_progress(
+        lambda p: f"gym {p.name}",
+        lambda p: (p.rollouts_done, p.rollouts_total),
+        lambda p: (
+            f"{p.stage} | actors {_parked(p)} | thinking {p.phases.get('thinking', 0)} | "
             f"failures {p.failures}"
-        )
+        ),
+        unit="rollouts done",
+        new_stage=lambda p: p.stage,
+    )
 
-    if not progress.is_terminal:
-        last = [0.0]
 
-        def plain(p: Any) -> None:
-            if time.monotonic() - last[0] >= 10:
-                last[0] = time.monotonic()
-                progress.print(
-                    f"{p.name}: {p.elapsed_s:.0f} s, steps {p.steps_done}/{p.steps_total}, "
-                    f"{status(p)}",
-                    highlight=False,
-                    soft_wrap=True,
-                )
-
-        yield plain
-        return
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[status]}"),
-        console=progress,
-    ) as bar:
-        tasks: dict[str, Any] = {}
-
-        def live(p: Any) -> None:
-            if p.name not in tasks:
-                tasks[p.name] = bar.add_task(p.name, total=p.steps_total, status="")
-            bar.update(tasks[p.name], completed=p.steps_done, status=status(p))
-
-        yield live
+def arm_progress() -> contextlib.AbstractContextManager[Callable[[Any], None]]:
+    """A callback for `run_arm(on_progress=...)` that shows the arm's progress on stderr."""
+    return _live_progress(
+        lambda p: p.name,
+        lambda p: (p.steps_done, p.steps_total),
+        lambda p: (
+            f"{_parked(p)} | thinking {p.phases.get('thinking', 0)} waiting "
+            f"{p.phases.get('waiting', 0)} | failures {p.failures}"
+        ),
+        unit="steps",
+    )

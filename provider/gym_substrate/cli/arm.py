@@ -7,10 +7,14 @@ from typing import Any
 import click
 
 from gym_substrate.cli._experiments import (
+    GymInputs,
     arm_options,
     arm_progress,
+    driver_option,
+    fail_on_leaks,
     gym_options,
     note,
+    output_options,
     report_files,
     run,
     target_options,
@@ -26,18 +30,11 @@ from gym_substrate.cli._output import Column, emit, emit_json, fail
     show_default=True,
     help="The provider's idle policy (lifecycle.idle_policy).",
 )
-@click.option(
-    "--driver",
-    type=click.Choice(["synthetic", "gym"]),
-    default="synthetic",
-    show_default=True,
-    help="synthetic: straight against the provider; gym: through real NeMo Gym.",
-)
+@driver_option
 @arm_options()
 @target_options
 @gym_options
-@click.option("--out", default=None, metavar="DIR", help="Output folder (default: timestamped).")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@output_options("Print the summary as JSON.")
 @click.pass_context
 def arm(
     ctx: click.Context,
@@ -76,14 +73,14 @@ def arm(
     from gym_substrate.experiments._artifacts import make_out_dir
     from gym_substrate.experiments._backend import local_or_config
 
+    gym = GymInputs(gym_env, gym_python, gym_task, replay_rollouts)
     if driver == "gym":
         _gym_arm(
-            ctx, policy, rollouts, think, idle_after_s, seed, config_file, runtime, workers,
-            gym_env, gym_python, gym_task, replay_rollouts, out, as_json,
+            ctx, policy, rollouts, think, idle_after_s, seed, config_file, runtime, workers, gym,
+            out, as_json,
         )  # fmt: skip
         return
-    if any(v is not None for v in (gym_python, gym_task, replay_rollouts)):
-        raise fail("--gym-python, --gym-task and --replay-rollouts need --driver gym")
+    gym.refuse_without_driver()
     try:
         config = ArmConfig(
             policy,
@@ -121,38 +118,7 @@ def arm(
             f"{summary['think_s']} s, workload {summary['workload']}",
         )
     report_files(folder, written["plots_note"], as_json=as_json)
-    if summary["leaked_actors"]:
-        raise fail(
-            f"{summary['leaked_actors']} actor(s) were left behind (deleted after the report): "
-            + ", ".join(summary["leaked_actor_ids"])
-        )
-
-
-# Terminus sleeps up to a command's `duration` between its own calls within one turn; parking
-# inside those gaps would park on every call, not while the model thinks.
-GYM_IDLE_AFTER_S = 1.0
-GYM_FIGURES = [
-    ("reward_mean", "reward mean"),
-    ("rewards", "rewards"),
-    ("servers_ready_s", "Gym's servers ready, s"),
-    ("turns_per_rollout", "model turns per rollout"),
-]
-
-
-def gym_figure_rows(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The synthetic arm's rows, step meaning agent turn, plus the Gym-only figures."""
-    from gym_substrate.experiments._compare import figure_rows
-
-    rows = figure_rows(summaries)
-    for row in rows:
-        row["figure"] = row["figure"].replace("step", "turn").replace("steps", "turns")
-    for key, label in GYM_FIGURES:
-        row = {"figure": label, "key": key}
-        for s in summaries:
-            value = s.get(key)
-            row[s["arm"]] = " ".join(f"{v:g}" for v in value) if isinstance(value, list) else value
-        rows.append(row)
-    return rows
+    fail_on_leaks(summary["leaked_actors"], summary["leaked_actor_ids"])
 
 
 def _gym_arm(
@@ -165,53 +131,48 @@ def _gym_arm(
     config_file: str | None,
     runtime: str,
     workers: int,
-    gym_env: str,
-    gym_python: str | None,
-    gym_task: str | None,
-    replay_rollouts: str | None,
+    gym: GymInputs,
     out: str | None,
     as_json: bool,
 ) -> None:
     from gym_substrate.cli._experiments import (
+        gym_idle_after_s,
         gym_progress,
-        synthetic_only,
+        gym_rows,
+        stderr_note,
         terminate_as_interrupt,
     )
     from gym_substrate.experiments import ExperimentError
     from gym_substrate.experiments._arm import write_arm
     from gym_substrate.experiments._artifacts import make_out_dir
     from gym_substrate.experiments._backend import local_or_config
+    from gym_substrate.experiments._compare import figure_rows
     from gym_substrate.experiments._gym import GymArmConfig, resolve_gym_env, run_gym_arm
 
-    synthetic_only(ctx, ("steps", "rounds", "workload", "duration_s"))
-    if ctx.get_parameter_source("idle_after_s") == click.core.ParameterSource.DEFAULT:
-        idle_after_s = GYM_IDLE_AFTER_S
+    idle_after_s = gym_idle_after_s(ctx, idle_after_s)
     try:
         config = GymArmConfig.create(
             policy,
             rollouts,
             think,
-            task=gym_task,
-            recording=replay_rollouts,
+            task=gym.task,
+            recording=gym.recording,
             idle_after_s=idle_after_s,
             seed=seed,
         )
-        env = resolve_gym_env(gym_env, gym_python)
+        env = resolve_gym_env(gym.env, gym.python)
         folder = make_out_dir(out, f"arm-gym-{policy}")
     except ExperimentError as exc:
         raise fail(str(exc)) from exc
 
     terminate_as_interrupt()
 
-    def say(text: str) -> None:
-        note(text, as_json=True)  # stderr: the table (or JSON) stays alone on stdout
-
     async def main() -> dict[str, Any]:
         async with local_or_config(config_file, runtime, workers) as target:
-            say(f"target: {target.where} ({target.runtime_reason})")
+            stderr_note(f"target: {target.where} ({target.runtime_reason})")
             with gym_progress() as on_progress:
                 result = await run_gym_arm(
-                    config, target, env, folder, on_progress=on_progress, on_note=say
+                    config, target, env, folder, on_progress=on_progress, on_note=stderr_note
                 )
             return write_arm(result, folder)
 
@@ -221,14 +182,10 @@ def _gym_arm(
         emit_json(written)
     else:
         emit(
-            gym_figure_rows([summary]),
+            gym_rows(figure_rows([summary]), [summary]),
             [Column("figure"), Column(summary["arm"], justify="right")],
             title=f"arm {summary['arm']} through NeMo Gym: {rollouts} rollouts of "
             f"{summary['task']} ({summary['agent']}), think {summary['think_s']} s",
         )
     report_files(folder, written["plots_note"], as_json=as_json)
-    if summary["leaked_actors"]:
-        raise fail(
-            f"{summary['leaked_actors']} actor(s) were left behind (deleted after the report): "
-            + ", ".join(summary["leaked_actor_ids"])
-        )
+    fail_on_leaks(summary["leaked_actors"], summary["leaked_actor_ids"])

@@ -7,10 +7,14 @@ from typing import Any
 import click
 
 from gym_substrate.cli._experiments import (
+    GymInputs,
     arm_options,
     arm_progress,
+    driver_option,
+    fail_on_leaks,
     gym_options,
     note,
+    output_options,
     report_files,
     run,
     target_options,
@@ -19,13 +23,7 @@ from gym_substrate.cli._output import Column, emit, emit_json, fail
 
 
 @click.command("compare")
-@click.option(
-    "--driver",
-    type=click.Choice(["synthetic", "gym"]),
-    default="synthetic",
-    show_default=True,
-    help="synthetic: straight against the provider; gym: through real NeMo Gym.",
-)
+@driver_option
 @arm_options(rollouts=8, steps=5)
 @click.option(
     "--never-rollouts",
@@ -36,8 +34,7 @@ from gym_substrate.cli._output import Column, emit, emit_json, fail
 @click.option("--suspend", "with_suspend", is_flag=True, help="Also run the suspend arm.")
 @target_options
 @gym_options
-@click.option("--out", default=None, metavar="DIR", help="Output folder (default: timestamped).")
-@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+@output_options("Print the comparison as JSON.")
 @click.pass_context
 def compare(
     ctx: click.Context,
@@ -74,14 +71,14 @@ def compare(
     from gym_substrate.experiments._backend import local_or_config
     from gym_substrate.experiments._compare import compare_rows, run_compare, write_compare
 
+    gym = GymInputs(gym_env, gym_python, gym_task, replay_rollouts)
     if driver == "gym":
         _gym_compare(
             ctx, rollouts, think, idle_after_s, seed, never_rollouts, with_suspend, config_file,
-            runtime, workers, gym_env, gym_python, gym_task, replay_rollouts, out, as_json,
+            runtime, workers, gym, out, as_json,
         )  # fmt: skip
         return
-    if any(v is not None for v in (gym_python, gym_task, replay_rollouts)):
-        raise fail("--gym-python, --gym-task and --replay-rollouts need --driver gym")
+    gym.refuse_without_driver()
     try:
         load = load_workload(workload)
 
@@ -128,9 +125,7 @@ def compare(
             f"{steps} steps, think {think} s, workload {load.name}",
         )
     report_files(folder, data["plots_note"], as_json=as_json)
-    leaked = sum(a["leaked_actors"] for a in data["arms"])
-    if leaked:
-        raise fail(f"{leaked} actor(s) were left behind (deleted after the report)")
+    fail_on_leaks(sum(a["leaked_actors"] for a in data["arms"]))
 
 
 def _gym_compare(
@@ -144,29 +139,25 @@ def _gym_compare(
     config_file: str | None,
     runtime: str,
     workers: int,
-    gym_env: str,
-    gym_python: str | None,
-    gym_task: str | None,
-    replay_rollouts: str | None,
+    gym: GymInputs,
     out: str | None,
     as_json: bool,
 ) -> None:
     """The same comparison through Gym: one Gym run per arm, one after the other."""
     from gym_substrate.cli._experiments import (
+        gym_idle_after_s,
         gym_progress,
-        synthetic_only,
+        gym_rows,
+        stderr_note,
         terminate_as_interrupt,
     )
-    from gym_substrate.cli.arm import GYM_FIGURES, GYM_IDLE_AFTER_S
     from gym_substrate.experiments import ExperimentError
     from gym_substrate.experiments._artifacts import make_out_dir
     from gym_substrate.experiments._backend import local_or_config
     from gym_substrate.experiments._compare import compare_rows, write_compare
     from gym_substrate.experiments._gym import GymArmConfig, resolve_gym_env, run_gym_arm
 
-    synthetic_only(ctx, ("steps", "rounds", "workload", "duration_s"))
-    if ctx.get_parameter_source("idle_after_s") == click.core.ParameterSource.DEFAULT:
-        idle_after_s = GYM_IDLE_AFTER_S
+    idle_after_s = gym_idle_after_s(ctx, idle_after_s)
     try:
 
         def arm(policy: str, n: int) -> GymArmConfig:
@@ -174,8 +165,8 @@ def _gym_compare(
                 policy,
                 n,
                 think,
-                task=gym_task,
-                recording=replay_rollouts,
+                task=gym.task,
+                recording=gym.recording,
                 idle_after_s=idle_after_s,
                 seed=seed,
             )
@@ -184,26 +175,23 @@ def _gym_compare(
         configs.append(arm("pause", rollouts))
         if with_suspend:
             configs.append(arm("suspend", rollouts))
-        env = resolve_gym_env(gym_env, gym_python)
+        env = resolve_gym_env(gym.env, gym.python)
         folder = make_out_dir(out, "compare-gym")
     except ExperimentError as exc:
         raise fail(str(exc)) from exc
 
     terminate_as_interrupt()
 
-    def say(text: str) -> None:
-        note(text, as_json=True)
-
     async def main() -> dict[str, Any]:
         async with local_or_config(config_file, runtime, workers) as target:
-            say(f"target: {target.where} ({target.runtime_reason})")
+            stderr_note(f"target: {target.where} ({target.runtime_reason})")
             results = []
             with gym_progress() as on_progress:
                 for cfg in configs:
                     results.append(
                         await run_gym_arm(
                             cfg, target, env, folder / cfg.name, on_progress=on_progress,
-                            on_note=say,
+                            on_note=stderr_note,
                         )
                     )  # fmt: skip
             return write_compare(results, folder)
@@ -213,17 +201,7 @@ def _gym_compare(
     if as_json:
         emit_json(data)
     else:
-        rows = compare_rows(arms)
-        for row in rows:
-            row["figure"] = row["figure"].replace("step", "turn")
-        for key, label in GYM_FIGURES:
-            extra: dict[str, Any] = {"figure": label, "key": key}
-            for a in arms:
-                value = a.get(key)
-                extra[a["arm"]] = (
-                    " ".join(f"{v:g}" for v in value) if isinstance(value, list) else value
-                )
-            rows.append(extra)
+        rows = gym_rows(compare_rows(arms), arms)
         columns = [Column("figure")]
         columns += [Column(a["arm"], justify="right") for a in arms]
         columns += [Column(f"{a['arm']}/never", justify="right") for a in arms[1:]]
@@ -234,6 +212,4 @@ def _gym_compare(
             f"{rollouts} rollouts of {arms[0]['task']}, think {think} s",
         )
     report_files(folder, data["plots_note"], as_json=as_json)
-    leaked = sum(a["leaked_actors"] for a in arms)
-    if leaked:
-        raise fail(f"{leaked} actor(s) were left behind (deleted after the report)")
+    fail_on_leaks(sum(a["leaked_actors"] for a in arms))

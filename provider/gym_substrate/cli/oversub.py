@@ -6,7 +6,15 @@ from typing import Any
 
 import click
 
-from gym_substrate.cli._experiments import arm_progress, note, report_files, run, target_options
+from gym_substrate.cli._experiments import (
+    arm_progress,
+    fail_on_leaks,
+    note,
+    output_options,
+    report_files,
+    run,
+    target_options,
+)
 from gym_substrate.cli._output import Column, emit, emit_json, fail
 
 
@@ -48,8 +56,7 @@ def _sandboxes(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option("--duration-s", type=float, default=None, help="Start no new step after this.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @target_options
-@click.option("--out", default=None, metavar="DIR", help="Output folder (default: timestamped).")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@output_options("Print the summary as JSON.")
 def oversub(
     sandboxes: str,
     policy: str,
@@ -137,5 +144,4 @@ def oversub(
             as_json=False,
         )
     report_files(folder, written["plots_note"], as_json=as_json)
-    if s["leaked_actors"]:
-        raise fail(f"{s['leaked_actors']} actor(s) were left behind (deleted after the report)")
+    fail_on_leaks(s["leaked_actors"])

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from gym_substrate.cli._experiments import note, report_files, run, target_options
+from gym_substrate.cli._experiments import note, output_options, report_files, run, target_options
 from gym_substrate.cli._output import Column, emit, emit_json, fail, progress
 
 
@@ -22,11 +22,7 @@ def _numbers(kind: type[float] | type[int], label: str) -> Callable[..., Any]:
     return parse
 
 
-def _out_option(func: Any) -> Any:
-    func = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")(func)
-    return click.option(
-        "--out", default=None, metavar="DIR", help="Output folder (default: timestamped)."
-    )(func)
+_out_option = output_options("Print the result as JSON.")
 
 
 def _probe(
