@@ -249,3 +249,30 @@ def test_rootfs_cli_show_and_remove(tmp_path: Path) -> None:
 def test_an_unknown_default_rootfs_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"^unknown default rootfs 'alpine': use one of debian"):
         LocalBackend(tmp_path, default_rootfs="alpine")
+
+
+async def test_process_runtime_without_bubblewrap_refuses_the_debian_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without bwrap the process runtime cannot give a sandbox another `/`: `up` says so and
+    names the opt-in, instead of running the agent on the host."""
+    from gym_substrate.local import backend as backend_module
+    from gym_substrate.local.errors import BackendError
+
+    monkeypatch.setattr(backend_module, "bwrap_problem", lambda: "bwrap is not installed")
+    backend = LocalBackend(tmp_path / "state", runtime="process", workers=1)
+    try:
+        with pytest.raises(BackendError, match="needs bubblewrap") as info:
+            await backend.start()
+    finally:
+        await backend.stop()
+    assert "--rootfs host" in str(info.value)
+
+
+def test_rootfs_cli_build_reports_a_bad_mirror(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        local, ["rootfs", "build", "--dir", str(tmp_path), "--mirror", "ftp://x"]
+    )
+    assert result.exit_code == 1
+    assert "mirror 'ftp://x' is not an http://" in result.output
+    assert list(tmp_path.iterdir()) == []
