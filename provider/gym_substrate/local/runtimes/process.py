@@ -6,7 +6,9 @@ state and other actors' folders hidden), its own working folder and its own /tmp
 per-actor folder bound at /tmp), a private /dev/shm, its own pid, uts and ipc namespaces, only
 the capabilities to switch users, signal its jobs and bind port 80, and no_new_privs. It keeps
 the host's network namespace and this user's uid. Without bwrap it isolates nothing, and
-`warning()` says so loudly.
+`warning()` says so loudly. A template with a root filesystem of its own (the default
+template's Debian, `rootfs.py`) gets that tree read-only as `/` instead of the host's, its
+working folder at /root and its binds (the static agent); that needs bwrap.
 
 Addresses (`loopback.py`): each worker slot has an address of its own in 127.0.0.0/8 and the
 agent listens on port 80 there, so ``ateom_pod_ip`` is a bare IP as on a real cluster. Binding
