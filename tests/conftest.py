@@ -32,6 +32,21 @@ def _docker_problem() -> str | None:
     return None
 
 
+# Built root filesystems live in one fixed folder shared by every test session and checkout on
+# the machine (as .ci/gym-env's chroot): the Debian rootfs is debootstrapped once per machine,
+# never per test or per tmp state folder. Backends and `local up` subprocesses inherit this.
+ROOTFS_CACHE = "/var/cache/gym-substrate/rootfs"
+os.environ.setdefault("GYM_SUBSTRATE_ROOTFS_DIR", ROOTFS_CACHE)
+
+
+def _rootfs_problem() -> str | None:
+    if os.geteuid() != 0:
+        return "building the Debian sandbox rootfs needs root (debootstrap)"
+    if shutil.which("debootstrap") is None:
+        return "debootstrap is not installed (apt install debootstrap; .ci/install-deps does)"
+    return None
+
+
 def _cluster_problem() -> str | None:
     if not os.environ.get("GYM_SUBSTRATE_STACK_CONFIG"):
         return "no live Substrate cluster (set GYM_SUBSTRATE_STACK_CONFIG to a providerConfig file)"
@@ -41,6 +56,7 @@ def _cluster_problem() -> str | None:
 _CHECKS = {
     "runsc": (_runsc_problem, True),
     "docker": (_docker_problem, True),
+    "rootfs": (_rootfs_problem, True),
     "cluster": (_cluster_problem, False),
 }
 

@@ -68,7 +68,7 @@ def test_bench_env_against_a_configured_stack(
 ) -> None:
     from gym_substrate.envs._backend import running_local_backend
 
-    with running_local_backend(runtime="process", workers=2) as backend:
+    with running_local_backend(runtime="process", workers=2, default_rootfs="host") as backend:
         connection = backend.connection()
         monkeypatch.setenv("ENVTEST_SUBSTRATE_API", connection["api"])
         config = tmp_path / "sandbox.yaml"

@@ -17,13 +17,13 @@ from gym_substrate.envs._backend import BackgroundBackend, running_local_backend
 # overlaps the backends other areas' tests start later in the same session.
 @pytest.fixture(scope="module")
 def process_backend() -> Iterator[BackgroundBackend]:
-    with running_local_backend(runtime="process", workers=6) as backend:
+    with running_local_backend(runtime="process", workers=6, default_rootfs="host") as backend:
         yield backend
 
 
 @pytest.fixture
 def gvisor_backend() -> Iterator[BackgroundBackend]:
-    with running_local_backend(runtime="gvisor", workers=2) as backend:
+    with running_local_backend(runtime="gvisor", workers=2, default_rootfs="host") as backend:
         yield backend
 
 

@@ -39,7 +39,10 @@ async def backend(
     tmp_path: Path, runtime_name: str, backend_options: dict[str, Any]
 ) -> AsyncIterator[LocalBackend]:
     state = tmp_path / "state"
-    async with LocalBackend(state, runtime=runtime_name, **backend_options) as started:
+    # the suites that use this fixture keep the host's rootfs explicitly (templates naming
+    # sys.executable, uploads of host paths); test_rootfs.py covers the Debian default
+    options = {"default_rootfs": "host", **backend_options}
+    async with LocalBackend(state, runtime=runtime_name, **options) as started:
         yield started
     assert await state_leftovers(state) == []
 

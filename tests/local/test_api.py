@@ -372,10 +372,13 @@ async def test_metrics_use_substrate_names(stub: Any, backend: LocalBackend, htt
 
 async def test_one_backend_per_state_folder(backend: LocalBackend) -> None:
     with pytest.raises(BackendError, match="already uses"):
-        async with LocalBackend(backend.state_dir, runtime="process"):
+        async with LocalBackend(backend.state_dir, runtime="process", default_rootfs="host"):
             pass
     busy = LocalBackend(
-        backend.state_dir.parent / "other", runtime="process", api_port=backend.api_port
+        backend.state_dir.parent / "other",
+        runtime="process",
+        default_rootfs="host",
+        api_port=backend.api_port,
     )
     with pytest.raises(BackendError, match="pick another --api-port"):
         await busy.start()

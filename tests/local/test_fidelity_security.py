@@ -57,21 +57,25 @@ def _channel(backend: LocalBackend, *, name: str | None = NAME) -> grpc.aio.Chan
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def jwt_backend(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalBackend]:
     state = tmp_path_factory.mktemp("jwt") / "state"
-    async with LocalBackend(state, runtime="process", workers=1, tls=True, auth="jwt") as backend:
+    async with LocalBackend(
+        state, runtime="process", default_rootfs="host", workers=1, tls=True, auth="jwt"
+    ) as backend:
         yield backend
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def mtls_backend(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalBackend]:
     state = tmp_path_factory.mktemp("mtls") / "state"
-    async with LocalBackend(state, runtime="process", workers=1, tls=True) as backend:
+    async with LocalBackend(
+        state, runtime="process", default_rootfs="host", workers=1, tls=True
+    ) as backend:
         yield backend
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def plain_backend(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalBackend]:
     state = tmp_path_factory.mktemp("plain") / "state"
-    async with LocalBackend(state, runtime="process", workers=1) as backend:
+    async with LocalBackend(state, runtime="process", default_rootfs="host", workers=1) as backend:
         yield backend
 
 
@@ -576,7 +580,7 @@ async def test_tls_without_the_extra_fails_with_what_to_install(
         monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.delitem(sys.modules, "gym_substrate.local.credentials")
     monkeypatch.delattr(gym_substrate.local, "credentials")
-    backend = LocalBackend(tmp_path / "state", runtime="process", tls=True)
+    backend = LocalBackend(tmp_path / "state", runtime="process", default_rootfs="host", tls=True)
     try:
         with pytest.raises(BackendError, match=r"install gym-substrate\[local-tls\]"):
             await backend.start()

@@ -256,7 +256,11 @@ async def make_stack(
     from gym_substrate.local import LocalBackend
 
     async with LocalBackend(
-        tmp / "state", runtime=runtime, workers=workers, workflow_timeout_s=workflow_timeout_s
+        tmp / "state",
+        runtime=runtime,
+        workers=workers,
+        workflow_timeout_s=workflow_timeout_s,
+        default_rootfs="host",
     ) as backend:
         gproxy = GrpcFaultProxy(backend.api_address)
         hproxy = HttpFaultProxy(backend.router_url)

@@ -20,10 +20,11 @@ import click
 import yaml
 from rich.console import Console
 
-from gym_substrate.cli._output import Column, console, emit_json, fail, table
+from gym_substrate.cli._output import Column, console, emit, emit_json, fail, table
 from gym_substrate.local import daemon, statedir
+from gym_substrate.local import rootfs as rootfs_mod
 from gym_substrate.local.auth import AUTH_MODES
-from gym_substrate.local.backend import LocalBackend
+from gym_substrate.local.backend import DEFAULT_ROOTFS_CHOICES, LocalBackend
 from gym_substrate.local.client_config import (
     API_SERVER_NAME,
     provider_config,
@@ -46,6 +47,25 @@ DEFAULT_ROUTER_PORT = 47080
 DEFAULT_ADMIN_PORT = 47090
 
 err = Console(stderr=True)
+
+
+def _rootfs_option(func: Any) -> Any:
+    return click.option(
+        "--rootfs",
+        type=click.Choice(DEFAULT_ROOTFS_CHOICES),
+        default="debian",
+        show_default=True,
+        help="What the default template `local/sandbox` runs on: a minimal Debian of its own "
+        "(built on first use, `local rootfs build`) or, as an explicit opt-in, the host's `/`.",
+    )(func)
+
+
+def _prepare_rootfs() -> None:
+    try:
+        rootfs_mod.ensure_rootfs()
+        rootfs_mod.agent_binary()
+    except rootfs_mod.RootfsError as exc:
+        raise fail(str(exc)) from exc
 
 
 def _state_dir_option(func: Any) -> Any:
@@ -174,6 +194,7 @@ def local() -> None:
     help="ateapi's --auth-mode: mtls checks no caller; jwt wants a bearer token on every call "
     "(<state-dir>/auth/token; needs --tls).",
 )
+@_rootfs_option
 @click.option("--daemon", is_flag=True, help="Run in the background; return once it answers.")
 @click.option("--json", "as_json", is_flag=True, help="Print the addresses as JSON.")
 def up(
@@ -187,6 +208,7 @@ def up(
     kill_on_stop: bool,
     tls: bool,
     auth: str,
+    rootfs: str,
     daemon: bool,
     as_json: bool,
 ) -> None:
@@ -218,8 +240,11 @@ def up(
         "kill_on_stop": kill_on_stop,
         "tls": tls,
         "auth": auth,
+        "rootfs": rootfs,
     }
     if daemon:
+        if rootfs == "debian":  # a first build takes minutes: here, with progress, not detached
+            _prepare_rootfs()
         _up_detached(folder, options, as_json)
         return
     logging.basicConfig(
@@ -246,6 +271,7 @@ async def _foreground(folder: Path, options: dict[str, Any], as_json: bool) -> N
         router_timeout_s=options["router_timeout"],
         tls=options["tls"],
         auth=options["auth"],
+        default_rootfs=options["rootfs"],
     )
     backend.standalone = True
     backend.suspend_on_stop = not options["kill_on_stop"]
@@ -441,14 +467,21 @@ def templates_add(file: Path, state_dir: Path | None) -> None:
 @local.command()
 @click.option("--runtime", type=click.Choice(RUNTIME_NAMES), default="auto", show_default=True)
 @click.option("--sandboxes", type=click.IntRange(1, 16), default=3, show_default=True)
-def demo(runtime: str, sandboxes: int) -> None:
+@_rootfs_option
+def demo(runtime: str, sandboxes: int, rootfs: str) -> None:
     """Start a throwaway backend and walk sandboxes through their whole lifecycle."""
     from gym_substrate.local.tour import run_demo
 
-    logging.basicConfig(level=logging.ERROR)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     try:
         asyncio.run(
-            run_demo(console, runtime=runtime, sandboxes=sandboxes, workers=max(4, sandboxes))
+            run_demo(
+                console,
+                runtime=runtime,
+                sandboxes=sandboxes,
+                workers=max(4, sandboxes),
+                default_rootfs=rootfs,
+            )
         )
     except (BackendError, RuntimeFailure) as exc:
         raise fail(str(exc)) from exc
@@ -473,12 +506,131 @@ def demo(runtime: str, sandboxes: int) -> None:
     show_default=True,
     help="Exec requests timed through the router and directly.",
 )
+@_rootfs_option
 @click.option("--json", "as_json", is_flag=True, help="Also print the figures as JSON.")
-def bench(runtime: str, iterations: int, execs: int, as_json: bool) -> None:
+def bench(runtime: str, iterations: int, execs: int, rootfs: str, as_json: bool) -> None:
     """Time the actor lifecycle and the router on this machine (p50/p90, memory per actor)."""
     from gym_substrate.local.tour import run_bench
 
     logging.basicConfig(level=logging.ERROR)
-    result = asyncio.run(run_bench(console, runtime=runtime, iterations=iterations, execs=execs))
+    try:
+        result = asyncio.run(
+            run_bench(
+                console,
+                runtime=runtime,
+                iterations=iterations,
+                execs=execs,
+                default_rootfs=rootfs,
+            )
+        )
+    except (BackendError, RuntimeFailure) as exc:
+        raise fail(str(exc)) from exc
     if as_json:
         emit_json(result)
+
+
+# ---------------------------------------------------------------------- local rootfs ...
+@local.group("rootfs")
+def rootfs_group() -> None:
+    """The default template's own root filesystem (a minimal Debian, built once per machine)."""
+
+
+def _rootfs_dir_option(func: Any) -> Any:
+    return click.option(
+        "--dir",
+        "base",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help=f"Where built root filesystems are kept (default ${rootfs_mod.ROOTFS_DIR_ENV} or "
+        "rootfs/ in the default state folder).",
+    )(func)
+
+
+def _rootfs_row(built: rootfs_mod.BuiltRootfs) -> dict[str, Any]:
+    info = built.info
+    return {
+        "rootfs": built.key,
+        "path": str(built.path),
+        "suite": info.get("suite", ""),
+        "mirror": info.get("mirror", ""),
+        "packages": " ".join(info.get("packages", [])),
+        "size_mb": round(int(info.get("size_bytes", 0)) / 1e6),
+        "build_s": info.get("build_seconds"),
+        "built_at": info.get("built_at", ""),
+    }
+
+
+_ROOTFS_COLUMNS = [
+    Column("rootfs"),
+    Column("path"),
+    Column("suite"),
+    Column("size_mb", "size MB", justify="right"),
+    Column("build_s", "build s", justify="right"),
+    Column("built_at", "built"),
+    Column("mirror"),
+]
+
+
+@rootfs_group.command("build")
+@_rootfs_dir_option
+@click.option(
+    "--mirror",
+    default=None,
+    help=f"Debian archive to debootstrap from (default ${rootfs_mod.MIRROR_ENV} or the one "
+    "/etc/apt/sources.list* names).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def rootfs_build(base: Path | None, mirror: str | None, as_json: bool) -> None:
+    """Build the rootfs and the agent copy it uses (nothing to do when already built)."""
+    try:
+        built = rootfs_mod.build_rootfs(base, mirror=mirror)
+        agent = rootfs_mod.agent_binary(base)
+    except rootfs_mod.RootfsError as exc:
+        raise fail(str(exc)) from exc
+    row = {**_rootfs_row(built), "agent": str(agent)}
+    emit(
+        [row],
+        [*_ROOTFS_COLUMNS, Column("agent")],
+        title="sandbox root filesystem",
+        as_json=as_json,
+        json_data=row,
+    )
+
+
+@rootfs_group.command("show")
+@_rootfs_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+def rootfs_show(base: Path | None, as_json: bool) -> None:
+    """Show the built rootfs, if any (exit 1 when none is built)."""
+    built = rootfs_mod.find_rootfs(base)
+    folder = base or rootfs_mod.default_rootfs_dir()
+    if as_json:
+        row = _rootfs_row(built) if built else {}
+        emit_json({"built": built is not None, "dir": str(folder), **row})
+    elif built is not None:
+        emit([_rootfs_row(built)], _ROOTFS_COLUMNS, title="sandbox root filesystem")
+    else:
+        console.print(
+            f"no rootfs built in {folder}; `gym-substrate local rootfs build` makes one "
+            "(the backend also builds it on first use)"
+        )
+    if built is None:
+        sys.exit(1)
+
+
+@rootfs_group.command("remove")
+@_rootfs_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Print what was removed as JSON.")
+def rootfs_remove(base: Path | None, as_json: bool) -> None:
+    """Remove every built rootfs and agent copy (the next backend start builds it again)."""
+    try:
+        removed = rootfs_mod.remove_rootfs(base)
+    except (rootfs_mod.RootfsError, OSError) as exc:
+        raise fail(str(exc)) from exc
+    emit(
+        [{"removed": path} for path in removed],
+        ["removed"],
+        title=f"removed ({len(removed)})",
+        as_json=as_json,
+        json_data={"removed": removed},
+    )

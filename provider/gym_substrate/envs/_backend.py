@@ -46,7 +46,10 @@ class BackgroundBackend:
 
 @contextlib.contextmanager
 def running_local_backend(
-    runtime: str = "process", workers: int = 4, state_dir: Path | None = None
+    runtime: str = "process",
+    workers: int = 4,
+    state_dir: Path | None = None,
+    default_rootfs: str = "debian",
 ) -> Iterator[BackgroundBackend]:
     """Start `LocalBackend(state_dir, runtime=..., workers=...)`; stop it and its folder on exit."""
     from gym_substrate.local import LocalBackend
@@ -56,7 +59,7 @@ def running_local_backend(
         Path(tempfile.mkdtemp(prefix="gym-substrate-envs-")) if state_dir is None else state_dir
     )
     loop = LoopThread(name="gym-substrate-local-backend")
-    backend = LocalBackend(folder, runtime=runtime, workers=workers)
+    backend = LocalBackend(folder, runtime=runtime, workers=workers, default_rootfs=default_rootfs)
     try:
         loop.run(backend.__aenter__())
         try:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import grpc
 from aiohttp import web
 
-from gym_substrate.local import statedir
+from gym_substrate.local import rootfs, statedir
 from gym_substrate.local.admin import AdminServer, json_error, read_limited
 from gym_substrate.local.apiserver import create_api_server
 from gym_substrate.local.auth import AUTH_MODES, TokenVerifier
@@ -37,7 +37,8 @@ from gym_substrate.local.lifecycle import ControlPlane
 from gym_substrate.local.metrics import Metrics
 from gym_substrate.local.router import Router
 from gym_substrate.local.runtimes import RUNTIME_NAMES, create_runtime, select_runtime
-from gym_substrate.local.runtimes.base import RuntimeConfig, SandboxRuntime
+from gym_substrate.local.runtimes.base import Rootfs, RuntimeConfig, SandboxRuntime, TemplateSpec
+from gym_substrate.local.runtimes.process import bwrap_problem
 from gym_substrate.local.session_identity import SessionIdentity
 from gym_substrate.local.store import Store
 from gym_substrate.local.templates import TemplateError, default_template, parse_template_yaml
@@ -46,7 +47,16 @@ from gym_substrate.local.workflows import WORKFLOW_DEADLINE_S
 if TYPE_CHECKING:
     from gym_substrate.local.credentials import TokenIssuer
 
-__all__ = ["ADMIN_BODY_LIMIT", "MAX_MESSAGE_BYTES", "LocalBackend", "local_provider_kwargs"]
+__all__ = [
+    "ADMIN_BODY_LIMIT",
+    "DEFAULT_ROOTFS_CHOICES",
+    "MAX_MESSAGE_BYTES",
+    "LocalBackend",
+    "local_provider_kwargs",
+]
+
+# what the default template runs on: its own Debian (built on first use) or the host's `/`
+DEFAULT_ROOTFS_CHOICES = ("debian", "host")
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +121,14 @@ class LocalBackend:
         suspend_on_stop: bool = False,
         tls: bool = False,
         auth: str = "mtls",
+        default_rootfs: str = "debian",
+        rootfs_dir: Path | None = None,
     ) -> None:
+        if default_rootfs not in DEFAULT_ROOTFS_CHOICES:
+            raise ValueError(
+                f"unknown default rootfs {default_rootfs!r}: use one of "
+                f"{', '.join(DEFAULT_ROOTFS_CHOICES)}"
+            )
         if runtime not in RUNTIME_NAMES:
             raise ValueError(f"unknown runtime {runtime!r}: use one of {', '.join(RUNTIME_NAMES)}")
         if workers < 1 or workers > 250:
@@ -142,6 +159,9 @@ class LocalBackend:
         self.suspend_on_stop = suspend_on_stop
         self.tls = bool(tls)
         self.auth = auth
+        # "debian": the default template runs in the built rootfs (rootfs.py); "host": on `/`
+        self.default_rootfs = default_rootfs
+        self.rootfs_dir = rootfs_dir
         # with tls: the CA clients pin (`tls/ca.crt`); with jwt: the token file they send
         self.ca_file: Path | None = None
         self.token_file: Path | None = None
@@ -218,6 +238,8 @@ class LocalBackend:
             )
         name, reason = select_runtime(self.requested_runtime)
         self.runtime_name, self.runtime_reason = name, reason
+        # before any sandbox or listener: a first start builds it (minutes, progress on stderr)
+        template = await asyncio.to_thread(self._default_template, name)
         store = Store(self.state_dir / "state.db")
         self._store = store
         instance = store.get_meta("instance") or statedir.instance_name(self.state_dir)
@@ -254,7 +276,7 @@ class LocalBackend:
             metrics=self.metrics,
             workflow_timeout_s=self.workflow_timeout_s,
         )
-        await self.plane.start([default_template(self.state_dir / "snapshots" / "store")])
+        await self.plane.start([template])
 
         server = create_api_server(
             self.plane,
@@ -324,6 +346,28 @@ class LocalBackend:
             "token_file": str(self.token_file or ""),
         }
         statedir.write_backend_info(self.state_dir, info)
+
+    def _default_template(self, runtime: str) -> TemplateSpec:
+        """`local/sandbox` on the built Debian rootfs (built on first use), or on the host's."""
+        store = self.state_dir / "snapshots" / "store"
+        if self.default_rootfs == "host":
+            return default_template(store)
+        if runtime == "process":
+            problem = bwrap_problem()
+            if problem is not None:
+                raise BackendError(
+                    f"the default template's own root filesystem needs bubblewrap under the "
+                    f"process runtime, and {problem}; install it, or opt in to the host's root "
+                    "filesystem with `--rootfs host` (LocalBackend(default_rootfs='host'))"
+                )
+        try:
+            built = rootfs.ensure_rootfs(self.rootfs_dir)
+            agent = rootfs.agent_binary(self.rootfs_dir)
+        except rootfs.RootfsError as exc:
+            raise BackendError(str(exc)) from exc
+        return default_template(
+            store, Rootfs("directory", built.path, ((agent, rootfs.AGENT_PATH),))
+        )
 
     async def stop(self) -> None:
         await self._teardown(stop_sandboxes=True)

@@ -54,6 +54,7 @@ def spawn(
     kill_on_stop: bool,
     tls: bool = False,
     auth: str = "mtls",
+    rootfs: str = "debian",
 ) -> subprocess.Popen[bytes]:
     """Start `local up` for ``folder`` detached, logging to `<folder>/backend.log`."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -62,7 +63,7 @@ def spawn(
         "--workers", str(workers), "--runtime", runtime, "--state-dir", str(folder),
         "--api-port", str(api_port), "--router-port", str(router_port),
         "--admin-port", str(admin_port), "--router-timeout", str(router_timeout),
-        "--auth", auth,
+        "--auth", auth, "--rootfs", rootfs,
     ] + (["--kill-on-stop"] if kill_on_stop else []) + (["--tls"] if tls else [])  # fmt: skip
     with open(folder / "backend.log", "ab") as log_file:
         return subprocess.Popen(

@@ -10,6 +10,7 @@ Every error names the YAML path and the fix.
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 from collections.abc import Mapping
@@ -34,7 +35,10 @@ __all__ = [
     "parse_template_yaml",
     "template_from_json",
     "template_to_json",
+    "warn_host_rootfs",
 ]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_TEMPLATE_NAMESPACE = "local"
 DEFAULT_TEMPLATE_NAME = "sandbox"
@@ -291,6 +295,8 @@ def parse_template(document: Any, *, base_dir: Path | None = None) -> TemplateSp
     if "rootfs" not in spec:
         raise _fail("spec.rootfs", "is missing", "add `rootfs: host` or `rootfs: {directory: /x}`")
     rootfs = _rootfs(spec["rootfs"], "spec.rootfs", base_dir)
+    if rootfs.kind == "host":
+        warn_host_rootfs(f"{namespace}/{name}")
     return TemplateSpec(
         namespace=namespace,
         name=name,
@@ -346,17 +352,48 @@ def parse_template_yaml(
         raise TemplateError(f"{source}: {exc}") from exc
 
 
-def default_template(snapshot_location: Path) -> TemplateSpec:
-    """`local/sandbox`: the sandbox agent on port 80, run by this very Python environment."""
+def default_template(snapshot_location: Path, rootfs: Rootfs | None = None) -> TemplateSpec:
+    """`local/sandbox`: the sandbox agent on port 80.
+
+    With a ``directory`` rootfs (the backend's default, `rootfs.py`) it is the static agent
+    bound into the tree; with ``None`` or ``host`` it is this very Python environment on the
+    host's `/` (the explicit opt-in, which warns once per process).
+    """
+    if rootfs is None or rootfs.kind == "host":
+        warn_host_rootfs(f"{DEFAULT_TEMPLATE_NAMESPACE}/{DEFAULT_TEMPLATE_NAME}")
+        command: tuple[str, ...] = (sys.executable, "-m", "sandbox_agent")
+        rootfs = Rootfs("host")
+    else:
+        agent = next((dst for _src, dst in rootfs.binds if dst.endswith("/sandbox-agent")), None)
+        if agent is None:
+            raise ValueError("a directory rootfs for the default template must bind the agent")
+        command = (agent,)
     return TemplateSpec(
         namespace=DEFAULT_TEMPLATE_NAMESPACE,
         name=DEFAULT_TEMPLATE_NAME,
-        command=(sys.executable, "-m", "sandbox_agent", "--host", "0.0.0.0", "--port", "80"),
+        command=(*command, "--host", "0.0.0.0", "--port", "80"),
         env=(),
         readyz_path="/readyz",
         readyz_port=80,
         snapshot_location=snapshot_location,
-        rootfs=Rootfs("host"),
+        rootfs=rootfs,
+    )
+
+
+_warned_host: set[str] = set()
+
+
+def warn_host_rootfs(template: str) -> None:
+    """Say once per process (for the first template that asks) what `rootfs: host` exposes."""
+    if _warned_host:
+        return
+    _warned_host.add(template)
+    log.warning(
+        "template %s uses `rootfs: host`: its sandboxes see this machine's root filesystem "
+        "read-only (/usr, /etc, /opt, /root but for ~/.ssh, ~/.aws, ~/.kube, ~/.docker and "
+        "gcloud; /home, /tmp and /run are hidden), and a login shell sources the host's "
+        "/etc/profile and /etc/profile.d; drop the line to get the default Debian rootfs",
+        template,
     )
 
 
@@ -369,7 +406,11 @@ def template_to_json(template: TemplateSpec) -> dict[str, Any]:
         "readyz_path": template.readyz_path,
         "readyz_port": template.readyz_port,
         "snapshot_location": str(template.snapshot_location),
-        "rootfs": {"kind": template.rootfs.kind, "path": str(template.rootfs.path or "")},
+        "rootfs": {
+            "kind": template.rootfs.kind,
+            "path": str(template.rootfs.path or ""),
+            "binds": [[str(src), dst] for src, dst in template.rootfs.binds],
+        },
     }
 
 
@@ -383,7 +424,11 @@ def template_from_json(data: Mapping[str, Any]) -> TemplateSpec:
         readyz_path=data["readyz_path"],
         readyz_port=int(data["readyz_port"]),
         snapshot_location=Path(data["snapshot_location"]),
-        rootfs=Rootfs(rootfs["kind"], Path(rootfs["path"]) if rootfs["path"] else None),
+        rootfs=Rootfs(
+            rootfs["kind"],
+            Path(rootfs["path"]) if rootfs["path"] else None,
+            tuple((Path(src), str(dst)) for src, dst in rootfs.get("binds", ())),
+        ),
     )
 
 

@@ -158,7 +158,12 @@ def print_step(console: Console, step: str, result: str, ms: float) -> None:
 
 
 async def run_demo(
-    console: Console, *, runtime: str = "auto", workers: int = 4, sandboxes: int = 3
+    console: Console,
+    *,
+    runtime: str = "auto",
+    workers: int = 4,
+    sandboxes: int = 3,
+    default_rootfs: str = "debian",
 ) -> list[tuple[str, str, float]]:
     """Walk a few sandboxes through the whole lifecycle; returns (step, result, ms) rows."""
     rows: list[tuple[str, str, float]] = []
@@ -170,7 +175,9 @@ async def run_demo(
     with tempfile.TemporaryDirectory(prefix="gym-substrate-demo-") as tmp:
         console.print(f"[bold]Starting a local Agent Substrate[/] (state in {tmp}) ...")
         backend, ms = await _timed(
-            LocalBackend(Path(tmp), runtime=runtime, workers=workers).__aenter__()
+            LocalBackend(
+                Path(tmp), runtime=runtime, workers=workers, default_rootfs=default_rootfs
+            ).__aenter__()
         )
         try:
             console.print(f"  runtime: [bold]{backend.runtime_name}[/] ({backend.runtime_reason})")
@@ -286,6 +293,7 @@ async def run_bench(
     iterations: int = 10,
     workers: int = 4,
     execs: int = 200,
+    default_rootfs: str = "debian",
 ) -> dict[str, Any]:
     series = {
         name: Series(name)
@@ -302,7 +310,9 @@ async def run_bench(
     }
     memory: list[int] = []
     with tempfile.TemporaryDirectory(prefix="gym-substrate-bench-") as tmp:
-        async with LocalBackend(Path(tmp), runtime=runtime, workers=workers) as backend:
+        async with LocalBackend(
+            Path(tmp), runtime=runtime, workers=workers, default_rootfs=default_rootfs
+        ) as backend:
             console.print(f"runtime: [bold]{backend.runtime_name}[/] ({backend.runtime_reason})")
             session = await Session.open(backend, atespace="bench")
             try:

@@ -112,12 +112,16 @@ class Rootfs:
     """Where a sandbox's root filesystem comes from.
 
     ``host``: the host's ``/`` read-only under an in-memory overlay (gVisor
-    ``--overlay2=root:memory``). ``directory``: ``path`` (absolute, existing) under the same
-    overlay. The process runtime runs on the host either way and ignores this.
+    ``--overlay2=root:memory``), the process runtime's bubblewrap binding it read-only.
+    ``directory``: ``path`` (absolute, existing) as ``/``, the same way; the process runtime
+    can give that only under bubblewrap. ``binds``: (host file, path inside) pairs bound
+    read-only into the sandbox, e.g. the static agent (``rootfs.AGENT_PATH``); the path inside
+    must exist in the tree.
     """
 
     kind: Literal["host", "directory"]
     path: Path | None = None
+    binds: tuple[tuple[Path, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -144,7 +148,10 @@ class TemplateSpec:
                 "command": list(self.command),
                 "env": [list(pair) for pair in self.env],
                 "readyz": [self.readyz_path, self.readyz_port],
-                "rootfs": [self.rootfs.kind, str(self.rootfs.path or "")],
+                "rootfs": [self.rootfs.kind, str(self.rootfs.path or "")]
+                + (
+                    [[str(src), dst] for src, dst in self.rootfs.binds] if self.rootfs.binds else []
+                ),
             },
             sort_keys=True,
         )

@@ -6,7 +6,9 @@ state and other actors' folders hidden), its own working folder and its own /tmp
 per-actor folder bound at /tmp), a private /dev/shm, its own pid, uts and ipc namespaces, only
 the capabilities to switch users, signal its jobs and bind port 80, and no_new_privs. It keeps
 the host's network namespace and this user's uid. Without bwrap it isolates nothing, and
-`warning()` says so loudly.
+`warning()` says so loudly. A template with a root filesystem of its own (the default
+template's Debian, `rootfs.py`) gets that tree read-only as `/` instead of the host's, its
+working folder at /root and its binds (the static agent); that needs bwrap.
 
 Addresses (`loopback.py`): each worker slot has an address of its own in 127.0.0.0/8 and the
 agent listens on port 80 there, so ``ateom_pod_ip`` is a bare IP as on a real cluster. Binding
@@ -47,6 +49,7 @@ from gym_substrate.local.runtimes import loopback
 from gym_substrate.local.runtimes.base import (
     ActorSpec,
     CheckpointResult,
+    Rootfs,
     RuntimeConfig,
     RuntimeFailure,
     Slot,
@@ -57,7 +60,14 @@ from gym_substrate.local.runtimes.base import (
     pss_bytes,
 )
 
-__all__ = ["ProcessRuntime", "bwrap_problem", "rewrite_argv", "sandboxed_argv"]
+__all__ = [
+    "ROOTFS_WORKDIR",
+    "ProcessRuntime",
+    "bwrap_problem",
+    "rewrite_argv",
+    "rootfs_argv",
+    "sandboxed_argv",
+]
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +123,7 @@ def bwrap_problem() -> str | None:
 # private /dev/shm, own pid/uts/ipc namespaces, and of the capabilities only those the agent
 # needs to run a command as another user and signal it (bwrap also sets no_new_privs). Each
 # actor's /tmp is its own folder (sandboxed_argv).
-_BWRAP_FIXED = (
-    "--ro-bind", "/", "/",
+_BWRAP_NAMESPACES = (
     "--dev", "/dev",
     "--tmpfs", "/dev/shm",
     "--proc", "/proc",
@@ -122,6 +131,9 @@ _BWRAP_FIXED = (
     "--cap-drop", "ALL",
     "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_KILL",
 )  # fmt: skip
+_BWRAP_FIXED = ("--ro-bind", "/", "/", *_BWRAP_NAMESPACES)
+# inside a rootfs of its own the actor's working folder is bound here (and HOME points at it)
+ROOTFS_WORKDIR = "/root"
 
 
 # host folders an actor has no business reading (as the gVisor runtime hides them), each behind
@@ -141,6 +153,43 @@ def _shown_under_tmp(program: Path) -> list[Path]:
     tmp = Path("/tmp")
     shown = {path.resolve() for path in wanted if path.exists()}
     return sorted(path for path in shown if path.is_relative_to(tmp) and path != tmp)
+
+
+def rootfs_argv(
+    argv: list[str],
+    rootfs: Rootfs,
+    workdir: Path,
+    tmpdir: Path,
+    hostname: str,
+    *,
+    bind_low_ports: bool = False,
+) -> list[str]:
+    """``argv`` under bwrap with ``rootfs.path`` as ``/`` (read-only) instead of the host's:
+    ``rootfs.binds`` read-only, the host's resolv.conf (the network is the host's),
+    ``workdir`` at ROOTFS_WORKDIR and ``tmpdir`` at /tmp writable. Every bind target must
+    exist in the tree, or bwrap would create it there (the builder makes them)."""
+    assert rootfs.path is not None
+    bwrap = shutil.which("bwrap") or "bwrap"
+    binds: list[str] = []
+    for source, inside in rootfs.binds:
+        binds += ["--ro-bind", str(source), inside]
+    resolv = Path(os.path.realpath("/etc/resolv.conf"))
+    if resolv.is_file() and (rootfs.path / "etc/resolv.conf").exists():
+        binds += ["--ro-bind", str(resolv), "/etc/resolv.conf"]
+    caps = ["--cap-add", "CAP_NET_BIND_SERVICE"] if bind_low_ports else []
+    return [
+        bwrap,
+        "--ro-bind", str(rootfs.path), "/",
+        *_BWRAP_NAMESPACES,
+        *caps,
+        *binds,
+        "--bind", str(tmpdir), "/tmp",
+        "--bind", str(workdir), ROOTFS_WORKDIR,
+        "--chdir", ROOTFS_WORKDIR,
+        "--hostname", hostname,
+        "--",
+        *argv,
+    ]  # fmt: skip
 
 
 def sandboxed_argv(
@@ -593,9 +642,21 @@ class ProcessRuntime:
         address = self._address(ip, port)
         tmpdir = self._tmpdir(actor)
         handle = f"{self.config.instance}-{secrets.token_hex(5)}"
+        rootfs = actor.template.rootfs
+        if rootfs.kind == "directory" and self.bwrap_problem is not None:
+            raise RuntimeFailure(
+                f"template {actor.template.key} has a root filesystem of its own, which the "
+                f"process runtime gives only under bubblewrap, and {self.bwrap_problem}; "
+                "install bubblewrap, or opt in to the host's with `rootfs: host`"
+            )
+        own_root = rootfs.kind == "directory"
         env = {
-            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
-            "HOME": str(workdir),
+            "PATH": (
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+                if own_root
+                else os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+            ),
+            "HOME": ROOTFS_WORKDIR if own_root else str(workdir),
             "LANG": "C.UTF-8",
         }
         if self.bwrap_problem is not None:  # no private /tmp: point what honours TMPDIR there
@@ -612,14 +673,19 @@ class ProcessRuntime:
         )
         log_path = workdir.parent / "agent.log"
         argv = rewrite_argv(actor.template.command, ip, port)
-        if self.bwrap_problem is None:
+        low_ports = port < 1024 and os.geteuid() == 0
+        if own_root:
+            argv = rootfs_argv(
+                argv, rootfs, workdir, tmpdir, actor.actor_id, bind_low_ports=low_ports
+            )
+        elif self.bwrap_problem is None:
             argv = sandboxed_argv(
                 argv,
                 workdir,
                 tmpdir,
                 self._hidden(),
                 actor.actor_id,
-                bind_low_ports=port < 1024 and os.geteuid() == 0,
+                bind_low_ports=low_ports,
             )
         try:
             proc = _popen(argv, workdir, env, log_path)

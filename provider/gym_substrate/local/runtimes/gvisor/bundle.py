@@ -132,6 +132,7 @@ def write_bundle(
     etc_dir: Path,
     mask_dirs: Sequence[str] = (),
     mask_files: Sequence[str] = (),
+    binds: Sequence[tuple[str, str]] = (),
 ) -> Path:
     """Write ``bundle_dir/config.json``; returns the bundle directory."""
     resolv, hosts, empty = write_etc_files(etc_dir)
@@ -157,6 +158,15 @@ def write_bundle(
     for mask in mask_files:
         mounts.append(
             {"destination": mask, "type": "bind", "source": str(empty), "options": ["rbind", "ro"]}
+        )
+    for source, destination in binds:  # e.g. the static agent into a rootfs of its own
+        mounts.append(
+            {
+                "destination": destination,
+                "type": "bind",
+                "source": source,
+                "options": ["rbind", "ro"],
+            }
         )
     mounts += [
         {

@@ -246,6 +246,12 @@ class GvisorRuntime:
                 f"template {template.key}: rootfs directory {path} does not exist; "
                 "create it or use rootfs: host"
             )
+        for source, _inside in template.rootfs.binds:
+            if not source.is_file():
+                raise RuntimeFailure(
+                    f"template {template.key}: {source}, bound into its rootfs, is gone; "
+                    "restart the backend to rebuild it"
+                )
         return path
 
     def _prepare_dir(self, actor: ActorSpec, slot: int, cid: str) -> _Sandbox:
@@ -264,6 +270,7 @@ class GvisorRuntime:
             etc_dir=self.etc_dir,
             mask_dirs=mask_dirs,
             mask_files=mask_files,
+            binds=[(str(src), inside) for src, inside in actor.template.rootfs.binds],
         )
         (directory / "meta.json").write_text(
             json.dumps({"slot": slot, "actor": actor.key, "template": actor.template.key})
