@@ -149,7 +149,12 @@ class Pulumi:
         }
 
     def run(
-        self, *args: str, check: bool = True, timeout: float = 900, step: str | None = None
+        self,
+        *args: str,
+        check: bool = True,
+        timeout: float = 900,
+        step: str | None = None,
+        stdin: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
         start = time.monotonic()
         result = subprocess.run(
@@ -160,6 +165,7 @@ class Pulumi:
             text=True,
             timeout=timeout,
             check=False,
+            input=stdin,
         )
         if step:
             self.timings[step] = round(time.monotonic() - start, 1)

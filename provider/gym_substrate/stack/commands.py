@@ -410,7 +410,12 @@ class CopyToHost(dyn.Resource, module="gymsubstrate", name="CopyToHost"):
     """`source` (a local file or folder) copied into the host's folder `remote_dir`, as
     `<remote_dir>/<source's name>`; `triggers` re-copy it."""
 
-    remote_path: pulumi.Output[str]
+    # Outputs are attributes under their state names (`remotePath`); `remote_path` reads it.
+    remotePath: pulumi.Output[str]
+
+    @property
+    def remote_path(self) -> pulumi.Output[str]:
+        return self.remotePath
 
     def __init__(
         self,
