@@ -3,9 +3,8 @@
 They stand in for pulumi-command's `remote.Command` and `remote.CopyToRemote` (real:
 pulumi-command provider/pkg/provider/remote/command.go, copytoremote.go): the step runs in the
 remote user's shell, its exit status, stdout and stderr come back, and a copy lands in the
-remote folder under the source's name. Unlike pulumi-command (which accepts any key unless one
-is configured), host key checking is always on: a given key is required, and an unset one is
-learned at the first create and required from then on.
+remote folder under the source's name. Host key checking is always on here: a given key is
+required, and an unset one is learned at the first create and required from then on.
 """
 
 from __future__ import annotations

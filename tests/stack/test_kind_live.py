@@ -9,7 +9,8 @@ script). Faked (tests/stack/kind_fakes/, each call recorded): kind (answered by 
 docker, ko, `go run ./cmd/kubectl-ate`, the clone's network fetch, aws, and the static agent
 build (PyInstaller from PyPI). What Substrate's controllers would do to the install, the test
 cluster's `--controllers` loop stands in for (real: cmd/atecontroller/internal/controllers/
-workerpool_controller.go and actortemplate_controller.go, cmd/podcertcontroller).
+workerpool_controller.go and actortemplate_controller.go,
+cmd/podcertcontroller/internal/signercontroller/signercontroller.go).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Shell scripts the components run through pulumi-command, as plain strings.
+"""Shell scripts the components run as Command steps (stack/commands.py), as plain strings.
 
 Why shell and not Kubernetes resources for these steps: kind, docker, ko and Substrate's
 `kubectl ate admin` are command-line tools, and the same script must run on this machine (kind
