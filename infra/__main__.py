@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pulumi
 from pulumi.runtime import config as runtime_config
-from pulumi_command import remote
 
 from gym_substrate.stack import objects
+from gym_substrate.stack.commands import Connection
 from gym_substrate.stack.components import (
     Access,
     ActorTemplates,
@@ -118,11 +118,12 @@ else:
     runner = Runner(cwd=str(REPO_ROOT))
     host: BorrowedHost | None = None
     if cfg.host is not None:
-        connection = remote.ConnectionArgs(
+        connection = Connection(
             host=cfg.host.address,
             user=cfg.host.user,
             port=cfg.host.port,
             private_key=pulumi.Config(PROJECT).require_secret("sshPrivateKey"),
+            host_key=cfg.host.host_key,
         )
         host = BorrowedHost("host", HostArgs.from_config(cfg, connection))
         runner = host.runner

@@ -127,6 +127,8 @@ class Pulumi:
     project: Path
     home: Path
     timings: dict[str, float] = field(default_factory=dict)
+    # What a test adds to (or overrides in) the environment, e.g. fakes first on PATH.
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def env(self) -> dict[str, str]:
@@ -143,10 +145,16 @@ class Pulumi:
             "PULUMI_SKIP_UPDATE_CHECK": "1",
             "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
             "PULUMI_CONFIG_PASSPHRASE": "gym-substrate-live-test",
+            **self.extra_env,
         }
 
     def run(
-        self, *args: str, check: bool = True, timeout: float = 900, step: str | None = None
+        self,
+        *args: str,
+        check: bool = True,
+        timeout: float = 900,
+        step: str | None = None,
+        stdin: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
         start = time.monotonic()
         result = subprocess.run(
@@ -157,6 +165,7 @@ class Pulumi:
             text=True,
             timeout=timeout,
             check=False,
+            input=stdin,
         )
         if step:
             self.timings[step] = round(time.monotonic() - start, 1)
@@ -185,6 +194,10 @@ def pulumi_project(base: Path, bin_dir: Path, stack: str) -> Pulumi:
     shutil.copy(REPO / "Pulumi.yaml", project)
     shutil.copy(REPO / "infra" / "__main__.py", project / "infra")
     shutil.copy(REPO / "infra" / "stacks" / f"Pulumi.{stack}.yaml", project / "infra" / "stacks")
+    # The dynamic provider's launcher (sdk v3.79.0's pulumi-resource-pulumi-python) resolves
+    # Pulumi.yaml's `virtualenv: .venv` against its working directory, infra/, where the engine
+    # starts it, and the engine's value overrides any from the environment.
+    (project / "infra" / ".venv").symlink_to(sys.prefix)
     (base / "state").mkdir()
     cli = Pulumi(bin_dir, project, base / "pulumi-home")
     cli.run("login", f"file://{base / 'state'}")

@@ -29,6 +29,9 @@ DERIVED = "localhost:5001/gym-substrate/python@sha256:" + "c" * 64
 PINNED = "python@sha256:" + "d" * 64
 CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\n"
 KUBECONFIG = "apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n"
+# Our dynamic provider's step resource (gym_substrate.stack.commands) and its file copy.
+COMMAND = "pulumi-python:dynamic/gymsubstrate:Command"
+COPY = "pulumi-python:dynamic/gymsubstrate:CopyToHost"
 SSH_KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nfake\n-----END OPENSSH PRIVATE KEY-----\n"
 
 
@@ -68,6 +71,10 @@ class StackRun:
 
     def of_type(self, typ: str) -> list[Registration]:
         return [r for r in self.registrations if r.typ == typ]
+
+    def commands(self, *, remote: bool) -> list[Registration]:
+        """The step resources that run here (remote=False) or over SSH (remote=True)."""
+        return [r for r in self.of_type(COMMAND) if bool(r.inputs.get("connection")) == remote]
 
     def urn(self, name: str) -> str:
         return self.by_name(name).urn
@@ -121,7 +128,7 @@ def run_stack(
     class Mocks(pm.Mocks):
         def new_resource(self, args: pm.MockResourceArgs) -> tuple[str, dict[str, Any]]:
             outputs = dict(args.inputs)
-            if args.typ.startswith("command:"):
+            if args.typ == COMMAND:
                 outputs["stdout"] = printed.get(args.name, _stdout(args.name, args.inputs))
             return f"{args.name}-id", outputs
 

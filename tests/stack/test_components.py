@@ -19,6 +19,7 @@ from stack_harness import (
     AGENT,
     ATEOM,
     CA_PEM,
+    COPY,
     DERIVED,
     KUBECONFIG,
     SECRET_SIG,
@@ -92,9 +93,8 @@ def test_components_and_children(stack: str) -> None:
         "Observability",
     }
     assert components == expected | ({"BorrowedHost"} if host else set())
-    kind = "remote" if host else "local"
-    commands = {r.name for r in run.of_type(f"command:{kind}:Command")}
-    assert not run.of_type(f"command:{'local' if host else 'remote'}:Command")
+    commands = {r.name for r in run.commands(remote=host)}
+    assert not run.commands(remote=not host)
     assert {
         "kind-create",
         "kubeconfig",
@@ -178,7 +178,7 @@ def test_host_destroy_commands(stack: str) -> None:
     _depends(run, "wipe", "prep-root", "install-tools", "sshd-priority")
     # Every cluster step depends on the wipe step, so destroy deletes them first, then wipes,
     # then reverts the host: the host is left as found.
-    for reg in run.of_type("command:remote:Command"):
+    for reg in run.commands(remote=True):
         if reg.name not in {"prep-root", "install-tools", "sshd-priority", "wipe"}:
             assert run.urn("wipe") in reg.dependencies, reg.name
     for name in ("prep-root", "wipe", "kind-create", "install"):
@@ -208,12 +208,12 @@ def test_secrets_stay_secret(stack: str) -> None:
     assert secret_occurrences(provider, "kind: Config") == 1
     assert plain_occurrences(provider, "kind: Config") == 0
     if stack.startswith("host"):
-        remote = run.of_type("command:remote:Command") + run.of_type("command:remote:CopyToRemote")
+        remote = run.commands(remote=True) + run.of_type(COPY)
         assert remote
         for reg in remote:
             assert secret_occurrences(reg.raw, "OPENSSH PRIVATE KEY") == 1, reg.name
             assert plain_occurrences(reg.raw, "OPENSSH PRIVATE KEY") == 0, reg.name
-            connection = reg.raw["connection"]["value"]
+            connection = reg.raw["connection"]
             assert (connection["user"], connection["host"]) == ("ubuntu", "192.0.2.10")
 
 
@@ -245,7 +245,7 @@ def test_outputs_and_provider_config(stack: str) -> None:
     assert exported["router"] == "http://127.0.0.1:30080"
     if stack.startswith("host"):
         copy = run.by_name("agent-source")
-        assert copy.inputs["remotePath"] == "/var/tmp/gym-substrate-substrate-gvisor/src".replace(
+        assert copy.inputs["remoteDir"] == "/var/tmp/gym-substrate-substrate-gvisor/src".replace(
             "gvisor", stack.split("-")[1]
         )
         _depends(run, "agent-source", "agent-source-dir")

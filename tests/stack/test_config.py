@@ -110,6 +110,22 @@ def test_host_needs_address_and_ssh_key() -> None:
     assert _error(raw, secrets).startswith("gym-substrate:host.address: is required")
 
 
+def test_host_key_is_a_known_hosts_key_or_absent() -> None:
+    """host.hostKey pins the SSH host key; a known_hosts line keeps only the type and key."""
+    raw, secrets = _raw("host-gvisor")
+    assert StackConfig.from_mapping(raw, secrets=secrets).host.host_key is None  # type: ignore[union-attr]
+    blob = "AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
+    raw["host"]["hostKey"] = f"[10.0.0.2]:2222 ssh-ed25519 {blob}"
+    cfg = StackConfig.from_mapping(raw, secrets=secrets)
+    assert cfg.host is not None
+    assert cfg.host.host_key == f"ssh-ed25519 {blob}"
+    raw["host"]["hostKey"] = "not a key"
+    assert _error(raw, secrets).startswith(
+        "gym-substrate:host.hostKey: 'not a key' is not an SSH host key. Fix: paste the host's "
+        "line from `ssh-keyscan"
+    )
+
+
 @pytest.mark.parametrize(
     ("section", "key", "value", "needle"),
     [

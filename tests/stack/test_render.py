@@ -102,7 +102,7 @@ def test_render_needs_exactly_one_stack_source(tmp_path: Path) -> None:
 # raise ImportError.
 _WITHOUT_PULUMI = """
 import sys
-for name in ("pulumi", "pulumi_kubernetes", "pulumi_command"):
+for name in ("pulumi", "pulumi_kubernetes", "paramiko"):
     sys.modules[name] = None
 try:
     import gym_substrate.stack.components

@@ -390,6 +390,8 @@ def test_delete_is_best_effort_and_removes_crds_and_valkey_pvcs(fakes: Fakes) ->
     calls = fakes.calls("kubectl")
     assert any("delete crd workerpools.ate.dev actortemplates.ate.dev" in c for c in calls)
     assert any("delete pvc" in c for c in calls)
+    # Found left behind by the live run (tests/stack/test_kind_live.py): the trust bundles.
+    assert any("delete clustertrustbundle podidentity.podcert.ate.dev" in c for c in calls)
     fakes.handler("kubectl", "exit 1\n")  # cluster already gone
     fakes.run(scripts.substrate_delete_script(cfg))
 

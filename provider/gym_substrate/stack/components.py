@@ -30,9 +30,9 @@ from typing import Any, ClassVar
 
 import pulumi
 import pulumi_kubernetes as k8s
-from pulumi_command import remote
 
 from gym_substrate.stack import host, objects, scripts
+from gym_substrate.stack.commands import Connection, CopyToHost
 from gym_substrate.stack.config import StackConfig, WorkloadConfig
 from gym_substrate.stack.runner import Runner
 
@@ -86,7 +86,7 @@ def _custom(
 class HostArgs:
     """What BorrowedHost runs over `connection`: three steps up, two at destroy."""
 
-    connection: remote.ConnectionArgs
+    connection: Connection
     prep_root: str  # records the host once; prints where the record is
     revert_root: str  # prep-root's delete: puts back what the record holds
     install_tools: str
@@ -94,7 +94,7 @@ class HostArgs:
     wipe: str  # the wipe step's delete: cluster, registry and what Docker gained since the record
 
     @classmethod
-    def from_config(cls, cfg: StackConfig, connection: remote.ConnectionArgs) -> HostArgs:
+    def from_config(cls, cfg: StackConfig, connection: Connection) -> HostArgs:
         return cls(
             connection=connection,
             prep_root=host.prep_root_script(cfg),
@@ -526,18 +526,18 @@ class AgentImage(pulumi.ComponentResource):
                 parent=self,
                 depends_on=[args.cluster],
             )
-            sources: dict[str, pulumi.Archive | pulumi.Asset] = {
+            sources = {
                 # Into an existing directory: the local `agent/` lands in it as `<dir>/agent`.
-                "agent-source": pulumi.FileArchive(str(args.repo_root / "agent")),
+                "agent-source": args.repo_root / "agent",
                 # build-static.sh reads aiohttp's pinned version from the lock file.
-                "agent-lockfile": pulumi.FileAsset(str(args.repo_root / "uv.lock")),
+                "agent-lockfile": args.repo_root / "uv.lock",
             }
             for step, source in sources.items():
-                copy = remote.CopyToRemote(
+                copy = CopyToHost(
                     step,
                     connection=args.runner.connection,
-                    source=source,
-                    remote_path=args.build_dir,
+                    source=str(source),
+                    remote_dir=args.build_dir,
                     triggers=[args.source_hash],
                     opts=pulumi.ResourceOptions(parent=self, depends_on=[target]),
                 )

@@ -61,7 +61,30 @@ _PINNED = re.compile(r"^[a-z0-9][^\s@]*@sha256:[0-9a-f]{64}$")
 _ADDRESS = re.compile(r"^([A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|Ki|Mi|Gi|Ti|k|M|G|T)?$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_HOST_KEY = re.compile(
+    r"^(ssh-[a-z0-9-]+|ecdsa-sha2-nistp(256|384|521)|sk-[a-z0-9@.-]+) [A-Za-z0-9+/]+={0,2}$"
+)
 _VERSION = re.compile(r"^v?[0-9]+\.[0-9]+\.[0-9]+([-+.][0-9A-Za-z.-]+)?$")
+
+
+def _host_key(section: _Section) -> str | None:
+    value = section.opt_string("hostKey")
+    if value is None:
+        return None
+    # A known_hosts line may start with the host name(s): keep the key type and blob only.
+    words = value.split()
+    if len(words) >= 3 and not _HOST_KEY.match(" ".join(words[:2])):
+        words = words[1:]
+    key = " ".join(words[:2])
+    if not _HOST_KEY.match(key):
+        raise _fail(
+            section.sub("hostKey"),
+            f"{value[:60]!r} is not an SSH host key",
+            "paste the host's line from `ssh-keyscan -t ed25519 <host>` "
+            "(`ssh-ed25519 AAAA...`), or remove the key to record the one the host shows at "
+            "the first `pulumi up`",
+        )
+    return key
 
 
 def _key(path: str) -> str:
@@ -255,6 +278,9 @@ class HostConfig:
     port: int = 22
     api_port: int = 6443
     sshd_cpu_weight: int = 10000
+    # The host's SSH key as in known_hosts ("ssh-ed25519 AAAA..."); None: the key the host shows
+    # at the first `up` is recorded in the state and required from then on.
+    host_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -443,6 +469,7 @@ class StackConfig:
                 port=h.integer("port", 22, 1, 65535),
                 api_port=h.integer("apiPort", 6443, 1024, 65535),
                 sshd_cpu_weight=h.integer("sshdCpuWeight", 10000, 1, 10000),
+                host_key=_host_key(h),
             )
             h.done()
             if "sshPrivateKey" not in secrets:

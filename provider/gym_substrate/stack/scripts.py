@@ -1,4 +1,4 @@
-"""Shell scripts the components run through pulumi-command, as plain strings.
+"""Shell scripts the components run as Command steps (stack/commands.py), as plain strings.
 
 Why shell and not Kubernetes resources for these steps: kind, docker, ko and Substrate's
 `kubectl ate admin` are command-line tools, and the same script must run on this machine (kind
@@ -451,7 +451,9 @@ def token_value_script(cfg: StackConfig) -> str:
 
 def substrate_delete_script(cfg: StackConfig) -> str:
     """Reverse of the install (reference §3.13): overlay, CRDs and the Valkey PVCs the overlay
-    does not own. Best effort: a missing cluster is not an error."""
+    does not own, plus what the install applied outside the overlay (the CRD folder's ClusterRole,
+    the SandboxConfig admission policy) and the trust bundles the pod-certificate controller
+    published. Best effort: a missing cluster is not an error."""
     p = Paths(cfg)
     r = p.rendered
     return (
@@ -467,6 +469,14 @@ def substrate_delete_script(cfg: StackConfig) -> str:
         "$(kubectl -n ate-system get pvc -o name 2>/dev/null | grep valkey-cluster || true)\n"
         "kubectl delete crd workerpools.ate.dev actortemplates.ate.dev sandboxconfigs.ate.dev "
         "--ignore-not-found --timeout=120s\n"
+        f'if [ -d "{p.src}/manifests/ate-install" ]; then\n'
+        f'  kubectl delete -f "{p.src}/manifests/ate-install/sandboxconfig-validation.yaml" '
+        "--ignore-not-found --timeout=60s\n"
+        f'  kubectl delete -f "{p.src}/manifests/ate-install/generated" '
+        "--ignore-not-found --timeout=120s\n"
+        "fi\n"
+        "kubectl delete clustertrustbundle podidentity.podcert.ate.dev:identity:primary-bundle "
+        "servicedns.podcert.ate.dev:identity:primary-bundle --ignore-not-found --timeout=60s\n"
         "kubectl delete namespace ate-system podcertificate-controller-system "
         "--ignore-not-found --timeout=180s\n"
         "exit 0\n"
