@@ -319,6 +319,7 @@ class Router:
         self.timeout_s = timeout_s
         self._expected_ms = str(max(1, round(timeout_s * 1000)))
         self._resumes: dict[str, asyncio.Task[ActorRecord]] = {}
+        self._abandoned: set[asyncio.Task[ActorRecord]] = set()
         self._pools: dict[str, aiohttp.ClientSession] = {}
         self._runner: web.ServerRunner | None = None
         self.port = 0
@@ -366,6 +367,8 @@ class Router:
     async def close(self) -> None:
         for task in self._resumes.values():
             task.cancel()
+        if self._abandoned:
+            await asyncio.gather(*self._abandoned, return_exceptions=True)
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -472,13 +475,7 @@ class Router:
         delay = _BACKOFF_FIRST_S
         for attempt in range(_RESUME_TRIES):
             try:
-                async with asyncio.timeout_at(deadline):
-                    return await self.plane.resume_actor(atespace, actor_id)
-            except TimeoutError:
-                # the gRPC call's deadline: the control plane's workflow runs on regardless
-                raise ApiError(
-                    grpc.StatusCode.DEADLINE_EXCEEDED, "context deadline exceeded"
-                ) from None
+                return await self._resume_call(atespace, actor_id, deadline)
             except ApiError as exc:
                 if exc.code != grpc.StatusCode.ABORTED or attempt == _RESUME_TRIES - 1:
                     raise
@@ -489,6 +486,34 @@ class Router:
                 break
             await asyncio.sleep(pause)
         raise ApiError(grpc.StatusCode.UNKNOWN, "timed out waiting for the condition")
+
+    async def _resume_call(self, atespace: str, actor_id: str, deadline: float) -> ActorRecord:
+        """One ResumeActor under the resumer's deadline, failing the moment it passes.
+
+        As a gRPC client's deadline does: the caller gets DEADLINE_EXCEEDED at once while the
+        cancelled workflow unwinds on its own (a gVisor sandbox it was starting takes about 2 s
+        to destroy, holding the actor's lock until then).
+        """
+        call = asyncio.ensure_future(self.plane.resume_actor(atespace, actor_id))
+        try:
+            await asyncio.wait(
+                {call}, timeout=max(0.0, deadline - asyncio.get_running_loop().time())
+            )
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+        if call.done():
+            return call.result()
+        call.cancel()
+        self._abandoned.add(call)
+
+        def settled(done: asyncio.Task[ActorRecord]) -> None:
+            self._abandoned.discard(done)
+            if not done.cancelled():
+                done.exception()  # retrieved: nobody waits for it any more
+
+        call.add_done_callback(settled)
+        raise ApiError(grpc.StatusCode.DEADLINE_EXCEEDED, "context deadline exceeded")
 
     def _upstream_headers(self, request: web.BaseRequest, authority: str) -> CIMultiDict[str]:
         """The request headers as Envoy forwards them to the actor."""
