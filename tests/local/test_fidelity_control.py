@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import re
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -36,6 +38,8 @@ from gym_substrate._grpc import ControlClient
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
 from gym_substrate.local import LocalBackend
+from gym_substrate.local.runtimes.gvisor import GvisorRuntime
+from gym_substrate.local.runtimes.process import SANDBOX_ENV
 from gym_substrate.local.workflows import WORKFLOW_DEADLINE_S
 
 S = pb.Actor.Status
@@ -196,25 +200,65 @@ async def test_resume_of_a_running_actor_takes_the_lock(stub: Any, backend: Loca
     await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("hot")))
 
 
+async def _kill_workload(backend: LocalBackend, handle: str) -> None:
+    """SIGKILL what runs the actor behind the control plane's back: under gVisor the sandbox
+    process (runsc-sandbox), under the process runtime every process of the sandbox."""
+    runtime = backend.runtime
+    if isinstance(runtime, GvisorRuntime):
+        pids = runtime.runsc.pids(handle)
+        assert pids is not None, handle
+        victims = [pids[0]]
+    else:
+        victims = await asyncio.to_thread(_marked_processes, f"{SANDBOX_ENV}={handle}")
+    assert victims
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+
+
+def _marked_processes(marker: str) -> list[int]:
+    """Processes whose environment holds ``marker`` (how the process runtime tags a sandbox)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                environ = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if marker.encode() in environ:
+                found.append(int(entry.name))
+    return found
+
+
 async def test_a_dead_workload_stays_running_and_the_router_answers_503(
     stub: Any, backend: LocalBackend, http: Any
 ) -> None:
     """Real: nothing watches a workload; when it dies the actor stays RUNNING at its dead
     address and requests get 503 "upstream connect error" until the worker pod is deleted
-    (syncer.go). No new boot, no silent state loss: the user sees it."""
+    (syncer.go). No new boot, no silent state loss: the user sees it. (This backend's way back
+    is SuspendActor, which fails, as a checkpoint of nothing does, and frees the worker.)"""
     await make_actor(stub, "dead")
     running = (await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("dead")))).actor
     assert backend.plane is not None
-    assert backend.runtime is not None
     record = backend.plane.lookup("t", "dead")
     assert record is not None
-    await backend.runtime.stop(record.handle)
-    for _ in range(3):
+    await _kill_workload(backend, record.handle)
+
+    async def call() -> tuple[int, str, float]:
+        started = time.monotonic()
         async with http.post(
             f"{backend.router_url}/v1/exec?wait=8", json={"command": "true"}, headers=host("dead")
         ) as response:
-            assert response.status == 503
-            assert (await response.text()).startswith("upstream connect error")
+            return response.status, await response.text(), time.monotonic() - started
+
+    # A process-runtime address refuses at once. A dead gVisor sandbox's address answers
+    # nothing (its netstack held it), so Envoy's default 5 s connect timeout ends the wait.
+    gvisor = isinstance(backend.runtime, GvisorRuntime)
+    reason = "connection timeout" if gvisor else "connection failure"
+    expected = "upstream connect error or disconnect/reset before headers. reset reason: " + reason
+    for _ in range(2):  # the first calls, then again once the death has been seen
+        for status, text, took in await asyncio.gather(call(), call(), call()):
+            assert (status, text) == (503, expected)
+            assert 4.5 <= took < 8 if gvisor else took < 2, took
     still = await _get(stub, "dead")
     assert (still.status, still.version, still.ateom_pod_ip) == (
         S.STATUS_RUNNING,
@@ -223,8 +267,12 @@ async def test_a_dead_workload_stays_running_and_the_router_answers_503(
     )
     resumed = (await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("dead")))).actor
     assert resumed.version == running.version  # RUNNING: nothing to resume
-    await status_code(stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("dead"))))
+    suspend = await _error(stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("dead"))))
+    assert suspend.code() == C.INTERNAL
     assert (await _get(stub, "dead")).status == S.STATUS_SUSPENDED
+    again = (await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("dead")))).actor
+    assert again.status == S.STATUS_RUNNING
+    await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("dead")))
 
 
 # ---------------------------------------------------------------------------- §2 codes
