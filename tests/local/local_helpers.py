@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import sys
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -9,26 +12,59 @@ import pytest
 
 from gym_substrate._names import actor_host
 from gym_substrate.ateapi import ateapi_pb2 as pb
+from gym_substrate.local import LocalBackend
 
 # runtimes a lifecycle test runs against; gVisor needs runsc and root (the `runsc` marker)
 RUNTIMES = ["process", pytest.param("gvisor", marks=pytest.mark.runsc)]
+_LATE = Path(__file__).with_name("late_agent.py")
+
+
+def late_workload(seconds: float) -> tuple[str, ...]:
+    """A template command ready ``seconds`` after each start or restore (late_agent.py: why)."""
+    return (
+        sys.executable,
+        str(_LATE),
+        "--delay",
+        str(seconds),
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "80",
+    )
 
 
 def ref(name: str, atespace: str = "t") -> pb.ActorRef:
     return pb.ActorRef(atespace=atespace, name=name)
 
 
-async def make_actor(stub: Any, name: str, atespace: str = "t") -> pb.Actor:
+async def make_actor(
+    stub: Any, name: str, atespace: str = "t", template: str = "sandbox"
+) -> pb.Actor:
     code = await status_code(stub.CreateAtespace(pb.CreateAtespaceRequest(name=atespace)))
     assert code in (grpc.StatusCode.OK, grpc.StatusCode.ALREADY_EXISTS)
     response = await stub.CreateActor(
         pb.CreateActorRequest(
             actor_ref=ref(name, atespace),
             actor_template_namespace="local",
-            actor_template_name="sandbox",
+            actor_template_name=template,
         )
     )
     return response.actor
+
+
+async def register_template(backend: LocalBackend, name: str, command: tuple[str, ...]) -> None:
+    """Register local/<name>: the default template with ``command`` as its workload."""
+    assert backend.plane is not None
+    default = backend.plane.templates["local/sandbox"]
+    await backend.plane.add_template(dataclasses.replace(default, name=name, command=command))
+
+
+async def workload_actor(
+    stub: Any, backend: LocalBackend, name: str, command: tuple[str, ...], atespace: str = "t"
+) -> pb.Actor:
+    """Create <atespace>/<name> from its own template, local/for-<name>, running ``command``."""
+    await register_template(backend, f"for-{name}", command)
+    return await make_actor(stub, name, atespace, template=f"for-{name}")
 
 
 def host(name: str, atespace: str = "t") -> dict[str, str]:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
+import os
 import re
-import sys
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -22,46 +22,49 @@ from typing import Any
 
 import grpc
 import pytest
-from local_helpers import host, make_actor, ref, status_code
+from local_helpers import (
+    RUNTIMES,
+    host,
+    late_workload,
+    make_actor,
+    ref,
+    register_template,
+    status_code,
+    workload_actor,
+)
 
 from gym_substrate._config import ConnectionConfig
 from gym_substrate._grpc import ControlClient
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
 from gym_substrate.local import LocalBackend
+from gym_substrate.local.runtimes.gvisor import GvisorRuntime
+from gym_substrate.local.runtimes.process import SANDBOX_ENV
 from gym_substrate.local.workflows import WORKFLOW_DEADLINE_S
 
 S = pb.Actor.Status
 C = grpc.StatusCode
 
-# the agent's --host/--port stay in argv, where the process runtime points them at the worker's
-# own address (a shell string would keep them out of its reach)
-_AGENT = 'exec "$0" "$@"'
-_AGENT_ARGV = (sys.executable, "-m", "sandbox_agent", "--host", "0.0.0.0", "--port", "80")
 _LABEL_RULE = (
     "must start and end with a lower case alphanumeric character, and consist only of lower "
     "case alphanumeric characters or '-'"
 )
 
 
-async def _template(backend: LocalBackend, name: str, script: str) -> None:
-    """Register local/<name>: the default template with its command replaced by ``script``."""
-    assert backend.plane is not None
-    default = backend.plane.templates["local/sandbox"]
-    await backend.plane.add_template(
-        dataclasses.replace(default, name=name, command=("/bin/sh", "-c", script, *_AGENT_ARGV))
-    )
+@pytest.fixture(params=RUNTIMES)
+def runtime_name(request: pytest.FixtureRequest) -> str:
+    """Every backend test here runs on both local runtimes."""
+    name: str = request.param
+    return name
 
 
-async def _create(stub: Any, name: str, template: str, atespace: str = "t") -> None:
-    await stub.CreateAtespace(pb.CreateAtespaceRequest(name=atespace))
-    await stub.CreateActor(
-        pb.CreateActorRequest(
-            actor_ref=ref(name, atespace),
-            actor_template_namespace="local",
-            actor_template_name=template,
-        )
-    )
+EXITS = ("/bin/sh", "-c", "exit 1")  # a workload that dies before it is ever ready
+
+
+async def _resuming(stub: Any, name: str) -> tuple[asyncio.Future[Any], pb.Actor]:
+    """Start a ResumeActor of t/<name> and return it once the actor shows RESUMING."""
+    resume = asyncio.ensure_future(stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref(name))))
+    return resume, await _wait_status(stub, name, S.STATUS_RESUMING)
 
 
 async def _error(call: Any) -> grpc.aio.AioRpcError:
@@ -101,11 +104,9 @@ async def test_failed_resume_holds_resuming_and_its_worker_until_the_deadline(
     DEADLINE_EXCEEDED "context deadline exceeded". Meanwhile the actor is RESUMING on its worker,
     DeleteActor is FAILED_PRECONDITION naming that status and another ResumeActor ABORTED; after
     the deadline it is still RESUMING on that worker (workflow_resume.go rolls nothing back)."""
-    await _template(backend, "exits", "exit 1")
-    await _create(stub, "never", "exits")
+    await workload_actor(stub, backend, "never", EXITS)
     started = time.monotonic()
-    resume = asyncio.ensure_future(stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("never"))))
-    during = await _wait_status(stub, "never", S.STATUS_RESUMING)
+    resume, during = await _resuming(stub, "never")
     assert during.ateom_pod_name
     await asyncio.sleep(2.0)  # the workload has long exited; the resume still holds on
     assert not resume.done()
@@ -137,8 +138,7 @@ async def test_failed_resume_holds_resuming_and_its_worker_until_the_deadline(
 async def test_a_start_slower_than_28_s_fails(stub: Any, backend: LocalBackend) -> None:
     """Real: the restore runs under the 28 s workflow deadline (workflow.go), so a workload
     that needs 40 s to answer readyz never becomes RUNNING (this backend allowed 60 s)."""
-    await _template(backend, "slow40", f"sleep 40; {_AGENT}")
-    await _create(stub, "late", "slow40")
+    await workload_actor(stub, backend, "late", late_workload(40))
     started = time.monotonic()
     error = await _error(stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("late"))))
     assert error.code() == C.DEADLINE_EXCEEDED
@@ -154,8 +154,7 @@ async def test_a_client_deadline_cancels_the_resume_part_way(
     """Real: the workflow runs under the request's context (workflow.go), so a client deadline
     stops it where it is: the actor stays RESUMING on its worker, nothing finishes the resume
     in the background, and the next ResumeActor carries on, reusing that worker."""
-    await _template(backend, "slow3", f"sleep 3; {_AGENT}")
-    await _create(stub, "cut", "slow3")
+    await workload_actor(stub, backend, "cut", late_workload(3))
     error = await _error(stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("cut")), timeout=1))
     assert error.code() == C.DEADLINE_EXCEEDED
     await asyncio.sleep(4)  # longer than the boot would have taken
@@ -201,25 +200,65 @@ async def test_resume_of_a_running_actor_takes_the_lock(stub: Any, backend: Loca
     await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("hot")))
 
 
+async def _kill_workload(backend: LocalBackend, handle: str) -> None:
+    """SIGKILL what runs the actor behind the control plane's back: under gVisor the sandbox
+    process (runsc-sandbox), under the process runtime every process of the sandbox."""
+    runtime = backend.runtime
+    if isinstance(runtime, GvisorRuntime):
+        pids = runtime.runsc.pids(handle)
+        assert pids is not None, handle
+        victims = [pids[0]]
+    else:
+        victims = await asyncio.to_thread(_marked_processes, f"{SANDBOX_ENV}={handle}")
+    assert victims
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+
+
+def _marked_processes(marker: str) -> list[int]:
+    """Processes whose environment holds ``marker`` (how the process runtime tags a sandbox)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                environ = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if marker.encode() in environ:
+                found.append(int(entry.name))
+    return found
+
+
 async def test_a_dead_workload_stays_running_and_the_router_answers_503(
     stub: Any, backend: LocalBackend, http: Any
 ) -> None:
     """Real: nothing watches a workload; when it dies the actor stays RUNNING at its dead
     address and requests get 503 "upstream connect error" until the worker pod is deleted
-    (syncer.go). No new boot, no silent state loss: the user sees it."""
+    (syncer.go). No new boot, no silent state loss: the user sees it. (This backend's way back
+    is SuspendActor, which fails, as a checkpoint of nothing does, and frees the worker.)"""
     await make_actor(stub, "dead")
     running = (await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("dead")))).actor
     assert backend.plane is not None
-    assert backend.runtime is not None
     record = backend.plane.lookup("t", "dead")
     assert record is not None
-    await backend.runtime.stop(record.handle)
-    for _ in range(3):
+    await _kill_workload(backend, record.handle)
+
+    async def call() -> tuple[int, str, float]:
+        started = time.monotonic()
         async with http.post(
             f"{backend.router_url}/v1/exec?wait=8", json={"command": "true"}, headers=host("dead")
         ) as response:
-            assert response.status == 503
-            assert (await response.text()).startswith("upstream connect error")
+            return response.status, await response.text(), time.monotonic() - started
+
+    # A process-runtime address refuses at once. A dead gVisor sandbox's address answers
+    # nothing (its netstack held it), so Envoy's default 5 s connect timeout ends the wait.
+    gvisor = isinstance(backend.runtime, GvisorRuntime)
+    reason = "connection timeout" if gvisor else "connection failure"
+    expected = "upstream connect error or disconnect/reset before headers. reset reason: " + reason
+    for _ in range(2):  # the first calls, then again once the death has been seen
+        for status, text, took in await asyncio.gather(call(), call(), call()):
+            assert (status, text) == (503, expected)
+            assert 4.5 <= took < 8 if gvisor else took < 2, took
     still = await _get(stub, "dead")
     assert (still.status, still.version, still.ateom_pod_ip) == (
         S.STATUS_RUNNING,
@@ -228,8 +267,12 @@ async def test_a_dead_workload_stays_running_and_the_router_answers_503(
     )
     resumed = (await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("dead")))).actor
     assert resumed.version == running.version  # RUNNING: nothing to resume
-    await status_code(stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("dead"))))
+    suspend = await _error(stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("dead"))))
+    assert suspend.code() == C.INTERNAL
     assert (await _get(stub, "dead")).status == S.STATUS_SUSPENDED
+    again = (await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("dead")))).actor
+    assert again.status == S.STATUS_RUNNING
+    await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("dead")))
 
 
 # ---------------------------------------------------------------------------- §2 codes
@@ -311,11 +354,9 @@ async def test_delete_while_an_operation_is_in_flight_answers_by_state(
     """Real: DeleteActor takes no lock (delete_actor.go): during a resume it is
     FAILED_PRECONDITION by the RESUMING status, never ABORTED, and a SUSPENDED actor whose id is
     locked by a workflow in another atespace is deleted (OK)."""
-    await _template(backend, "slow2", f"sleep 2; {_AGENT}")
-    await _create(stub, "busy", "slow2")
+    await workload_actor(stub, backend, "busy", late_workload(2))
     await make_actor(stub, "busy", atespace="other")
-    resume = asyncio.ensure_future(stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("busy"))))
-    await _wait_status(stub, "busy", S.STATUS_RESUMING)
+    resume, _ = await _resuming(stub, "busy")
     error = await _error(stub.DeleteActor(pb.DeleteActorRequest(actor_ref=ref("busy"))))
     assert (error.code(), error.details()) == (
         C.FAILED_PRECONDITION,
@@ -535,11 +576,9 @@ async def test_messages_are_the_real_ones(stub: Any, backend: LocalBackend) -> N
 async def test_the_lock_is_the_actor_id_across_atespaces(stub: Any, backend: LocalBackend) -> None:
     """Real: the workflow lock is `lock:actor:<id>`, without the atespace (workflow.go), so a
     resume of t/x makes ResumeActor of u/x ABORTED while it runs."""
-    await _template(backend, "slow2", f"sleep 2; {_AGENT}")
-    await _create(stub, "x", "slow2")
+    await workload_actor(stub, backend, "x", late_workload(2))
     await make_actor(stub, "x", atespace="u")
-    resume = asyncio.ensure_future(stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("x"))))
-    await _wait_status(stub, "x", S.STATUS_RESUMING)
+    resume, _ = await _resuming(stub, "x")
     error = await _error(stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("x", "u"))))
     assert (error.code(), error.details()) == (
         C.ABORTED,
@@ -561,7 +600,7 @@ async def test_golden_actors_are_listed(stub: Any, backend: LocalBackend) -> Non
     UUID, in the reserved `ate-golden` atespace (internal/resources/actor.go, cmd/atecontroller/
     internal/controllers/actortemplate_controller.go); a listing of every atespace shows it,
     ListAtespaces shows `ate-golden`, and creating that atespace is ALREADY_EXISTS."""
-    await _template(backend, "second", _AGENT)
+    await register_template(backend, "second", late_workload(0))
     atespaces = [a.name for a in (await stub.ListAtespaces(pb.ListAtespacesRequest())).atespaces]
     assert "ate-golden" in atespaces
     error = await _error(stub.CreateAtespace(pb.CreateAtespaceRequest(name="ate-golden")))

@@ -107,21 +107,25 @@ async def test_close_of_an_actor_left_resuming_deletes_it(stack: Stack) -> None:
     await p.aclose()
 
 
-async def test_a_dead_workload_is_a_sandbox_error_and_status_says_so(stack: Stack) -> None:
+@pytest.mark.parametrize("runtime", ["process", pytest.param("gvisor", marks=pytest.mark.runsc)])
+async def test_a_dead_workload_is_a_sandbox_error_and_status_says_so(
+    tmp_path: Path, runtime: str
+) -> None:
     """Real: a dead workload leaves its actor RUNNING and the router answers 503 (syncer.go);
     exec() returns 125 with error_type "sandbox" without waiting out its timeout, and status()
-    reports ERROR, not RUNNING."""
-    p = stack.provider()
-    handle = await p.create(SandboxSpec())
-    assert await p.status(handle) == SandboxStatus.RUNNING
-    record = stack.backend.plane.lookup(handle.raw.atespace, handle.sandbox_id)
-    await stack.backend.runtime.stop(record.handle)
-    started = time.monotonic()
-    result = await p.exec(handle, "echo hi", timeout_s=60)
-    assert (result.return_code, result.error_type) == (125, "sandbox")
-    assert "workload" in (result.stderr or "")
-    assert time.monotonic() - started < 20
-    assert await p.status(handle) == SandboxStatus.ERROR
-    await p.close(handle)  # SuspendActor fails, the actor is SUSPENDED again, then deleted
-    assert await stack.actors() == []
-    await p.aclose()
+    reports ERROR, not RUNNING. Under gVisor each 503 takes Envoy's 5 s connect timeout."""
+    async with make_stack(tmp_path, runtime=runtime, workflow_timeout_s=6.0) as stack:
+        p = stack.provider()
+        handle = await p.create(SandboxSpec())
+        assert await p.status(handle) == SandboxStatus.RUNNING
+        record = stack.backend.plane.lookup(handle.raw.atespace, handle.sandbox_id)
+        await stack.backend.runtime.stop(record.handle)
+        started = time.monotonic()
+        result = await p.exec(handle, "echo hi", timeout_s=60)
+        assert (result.return_code, result.error_type) == (125, "sandbox")
+        assert "workload" in (result.stderr or "")
+        assert time.monotonic() - started < 20
+        assert await p.status(handle) == SandboxStatus.ERROR
+        await p.close(handle)  # SuspendActor fails, the actor is SUSPENDED again, then deleted
+        assert await stack.actors() == []
+        await p.aclose()

@@ -679,9 +679,11 @@ class ControlPlane:
                 key,
                 exc,
             )
-            # ended by the deadline (or by the caller going away)
-            await asyncio.get_running_loop().create_future()
-            raise AssertionError("unreachable") from exc
+            # ended by the deadline (or by the caller going away). Slept out here rather than
+            # left to the deadline's cancellation alone: one swallowed on the way (a subprocess
+            # ending just then) would otherwise hold the actor's lock for ever.
+            await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+            raise ApiError(grpc.StatusCode.DEADLINE_EXCEEDED, "context deadline exceeded") from exc
         # FinalizeRunning
         record = self._write(
             record,

@@ -97,7 +97,8 @@ _BACKOFF_FIRST_S = 0.2
 _BACKOFF_FACTOR = 1.5
 _BACKOFF_JITTER = 0.2
 _CHUNK = 256 * 1024
-_CONNECT_TIMEOUT_S = 2.0
+# Envoy's default connect_timeout: the dynamic forward proxy cluster to actors sets none (xds.go)
+_CONNECT_TIMEOUT_S = 5.0
 _SMALL_BODY = 64 * 1024
 _ACTOR_PORT = 80  # atenet only ever forwards to port 80 of the actor
 # a request head (request line + headers) must be complete this long after its first byte
@@ -109,9 +110,8 @@ _TIMEOUT_408 = (
     b"Content-Length: %d\r\n\r\n%s"
 )
 _ENVOY = "envoy"
-_CONNECT_FAILURE = (
-    "upstream connect error or disconnect/reset before headers. reset reason: connection failure"
-)
+_CONNECT_ERROR = "upstream connect error or disconnect/reset before headers. reset reason: "
+_CONNECT_FAILURE = _CONNECT_ERROR + "connection failure"  # refused, reset
 
 
 class _HeadDeadline(RequestHandler):
@@ -309,6 +309,10 @@ _OTHER_ERROR = (500, 'error resuming actor "{id}"', "error")
 class _UpstreamDown(Exception):
     """The agent could not be reached and the request can be replayed (no body consumed)."""
 
+    def __init__(self, message: str, reason: str = "connection failure") -> None:
+        super().__init__(message)
+        self.reason = reason  # Envoy's reset reason, e.g. "connection timeout"
+
 
 class Router:
     def __init__(self, plane: ControlPlane, metrics: Metrics, *, timeout_s: float = 10.0) -> None:
@@ -319,6 +323,7 @@ class Router:
         self.timeout_s = timeout_s
         self._expected_ms = str(max(1, round(timeout_s * 1000)))
         self._resumes: dict[str, asyncio.Task[ActorRecord]] = {}
+        self._abandoned: set[asyncio.Task[ActorRecord]] = set()
         self._pools: dict[str, aiohttp.ClientSession] = {}
         self._runner: web.ServerRunner | None = None
         self.port = 0
@@ -333,6 +338,7 @@ class Router:
                 ),
                 auto_decompress=False,
                 # an agent answers SYNs in microseconds; a silent address means a dead sandbox
+                # (a gVisor one: its netstack held the address), answered as Envoy does
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=_CONNECT_TIMEOUT_S),
                 skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
                 cookie_jar=aiohttp.DummyCookieJar(),  # a proxy passes cookies, never keeps them
@@ -366,6 +372,8 @@ class Router:
     async def close(self) -> None:
         for task in self._resumes.values():
             task.cancel()
+        if self._abandoned:
+            await asyncio.gather(*self._abandoned, return_exceptions=True)
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -405,7 +413,7 @@ class Router:
                 log.info("upstream %s for %s is down: %s", authority, record.key, down)
                 if attempt == 0 and await self.plane.sandbox_gone(record.key, record.handle):
                     continue
-                return _text(503, _CONNECT_FAILURE)
+                return _text(503, _CONNECT_ERROR + down.reason)
         raise AssertionError("unreachable")
 
     async def _route(self, host: str) -> tuple[ActorRecord, str] | web.StreamResponse:
@@ -472,13 +480,7 @@ class Router:
         delay = _BACKOFF_FIRST_S
         for attempt in range(_RESUME_TRIES):
             try:
-                async with asyncio.timeout_at(deadline):
-                    return await self.plane.resume_actor(atespace, actor_id)
-            except TimeoutError:
-                # the gRPC call's deadline: the control plane's workflow runs on regardless
-                raise ApiError(
-                    grpc.StatusCode.DEADLINE_EXCEEDED, "context deadline exceeded"
-                ) from None
+                return await self._resume_call(atespace, actor_id, deadline)
             except ApiError as exc:
                 if exc.code != grpc.StatusCode.ABORTED or attempt == _RESUME_TRIES - 1:
                     raise
@@ -489,6 +491,34 @@ class Router:
                 break
             await asyncio.sleep(pause)
         raise ApiError(grpc.StatusCode.UNKNOWN, "timed out waiting for the condition")
+
+    async def _resume_call(self, atespace: str, actor_id: str, deadline: float) -> ActorRecord:
+        """One ResumeActor under the resumer's deadline, failing the moment it passes.
+
+        As a gRPC client's deadline does: the caller gets DEADLINE_EXCEEDED at once while the
+        cancelled workflow unwinds on its own (a gVisor sandbox it was starting takes about 2 s
+        to destroy, holding the actor's lock until then).
+        """
+        call = asyncio.ensure_future(self.plane.resume_actor(atespace, actor_id))
+        try:
+            await asyncio.wait(
+                {call}, timeout=max(0.0, deadline - asyncio.get_running_loop().time())
+            )
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+        if call.done():
+            return call.result()
+        call.cancel()
+        self._abandoned.add(call)
+
+        def settled(done: asyncio.Task[ActorRecord]) -> None:
+            self._abandoned.discard(done)
+            if not done.cancelled():
+                done.exception()  # retrieved: nobody waits for it any more
+
+        call.add_done_callback(settled)
+        raise ApiError(grpc.StatusCode.DEADLINE_EXCEEDED, "context deadline exceeded")
 
     def _upstream_headers(self, request: web.BaseRequest, authority: str) -> CIMultiDict[str]:
         """The request headers as Envoy forwards them to the actor."""
@@ -544,7 +574,9 @@ class Router:
                         )
                         upstream = await upstream_cm.__aenter__()
                     except aiohttp.ConnectionTimeoutError as exc:
-                        raise _UpstreamDown(f"connect to {authority} timed out") from exc
+                        raise _UpstreamDown(
+                            f"connect to {authority} timed out", "connection timeout"
+                        ) from exc
                     except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
                         # a pooled keep-alive connection died with its sandbox; retry once on a
                         # fresh one when no body bytes were consumed

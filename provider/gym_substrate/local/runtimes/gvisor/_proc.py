@@ -81,13 +81,17 @@ async def run_command(
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
         )
+    # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the result when the command
+    # ends just as the caller is cancelled, swallowing the cancellation (a client deadline, the
+    # workflow deadline), and the operation would run on as if nobody had asked it to stop.
     try:
-        if log_path is not None:
-            await asyncio.wait_for(proc.wait(), timeout_s)
-            out_b, err_b = b"", b""
-        else:
-            data = input_text.encode() if input_text is not None else None
-            out_b, err_b = await asyncio.wait_for(proc.communicate(data), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            if log_path is not None:
+                await proc.wait()
+                out_b, err_b = b"", b""
+            else:
+                data = input_text.encode() if input_text is not None else None
+                out_b, err_b = await proc.communicate(data)
     except (TimeoutError, asyncio.CancelledError) as exc:
         _kill_group(proc)
         with contextlib.suppress(Exception):

@@ -57,15 +57,18 @@ _CHECKPOINT_TIMEOUT_S = 60.0
 
 async def http_status(host_ip: str, port: int, path: str, *, timeout_s: float) -> int | None:
     """Status code of ``GET path`` (one short-lived connection), or None if nothing answered."""
+    # asyncio.timeout, not wait_for, which can swallow a cancellation (see _proc.run_command)
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host_ip, port), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            reader, writer = await asyncio.open_connection(host_ip, port)
     except (OSError, TimeoutError):
         return None
     try:
         writer.write(
             f"GET {path} HTTP/1.1\r\nHost: {host_ip}\r\nConnection: close\r\n\r\n".encode()
         )
-        line = await asyncio.wait_for(reader.readline(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            line = await reader.readline()
         parts = line.split()
         if len(parts) >= 2 and parts[1].isdigit():
             return int(parts[1])
@@ -116,7 +119,8 @@ async def wait_pid_exit(pid: int, *, timeout_s: float) -> bool:
 
     loop.add_reader(fd, on_exit)
     try:
-        await asyncio.wait_for(exited, timeout_s)
+        async with asyncio.timeout(timeout_s):
+            await exited
         return True
     except TimeoutError:
         return False
