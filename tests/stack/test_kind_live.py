@@ -3,13 +3,17 @@ a node image, Docker or a registry.
 
 Real here: the engine, the Python language host (running our dynamic `Command` provider, which
 runs every step's bash script for real), the Kubernetes provider, kubectl, the API server from
-`.ci/test-cluster` and Substrate's own install manifests at the pinned commit (cloned from the
-local mirror, rendered by the real `kubectl kustomize`, applied and awaited by the real install
-script). Faked (tests/stack/kind_fakes/, each call recorded): kind (answered by a test cluster),
-docker, ko, `go run ./cmd/kubectl-ate`, the clone's network fetch, aws, and the static agent
-build (PyInstaller from PyPI). What Substrate's controllers would do to the install, the test
-cluster's `--controllers` loop stands in for (real: cmd/atecontroller/internal/controllers/
-workerpool_controller.go and actortemplate_controller.go,
+`.ci/test-cluster` and the install manifests, rendered by the real `kubectl kustomize`, applied
+and awaited by the real install script. Those are Substrate's own at the pinned commit when its
+mirror is here (/work/.mirror/agent-substrate+substrate/repo or $GS_SUBSTRATE_MIRROR); without
+it, the clone fake builds a stand-in tree (Substrate's CRDs from ../shared/substrate-crds and our
+own kustomization in kind_fakes/substrate-standin/ of every object the install script awaits and
+the uninstall deletes), so the test runs on a machine without the mirror too. Each run prints
+which one it used. Faked (tests/stack/kind_fakes/, each call recorded): kind (answered by a
+test cluster), docker, ko, `go run ./cmd/kubectl-ate`, the clone's network fetch, aws, and the
+static agent build (PyInstaller from PyPI). What Substrate's controllers would do to the
+install, the test cluster's `--controllers` loop stands in for (real:
+cmd/atecontroller/internal/controllers/workerpool_controller.go and actortemplate_controller.go,
 cmd/podcertcontroller/internal/signercontroller/signercontroller.go).
 """
 
@@ -24,8 +28,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ci_policy import missing
 from live_harness import Pulumi, pulumi_project, toolchain
-from stack_harness import REPO
+from stack_harness import CRD_DIR, REPO
+
+from gym_substrate.stack.config import SUBSTRATE_COMMIT
 
 pytestmark = [pytest.mark.pulumi_cli, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -50,11 +57,25 @@ def bin_dir() -> Path:
     return toolchain()
 
 
-def _mirror() -> Path:
+def _substrate_source() -> tuple[str, dict[str, str]]:
+    """Which Substrate tree the clone fake provides, and its environment: the mirror's real
+    manifests when the mirror is here (the better test), else the stand-in tree, which needs
+    only the CRDs beside the checkout. Neither: a failure on CI, a skip elsewhere."""
     mirror = Path(os.environ.get("GS_SUBSTRATE_MIRROR", MIRROR))
-    if not (mirror / "HEAD").is_file():
-        pytest.skip(f"no Substrate mirror at {mirror} (set GS_SUBSTRATE_MIRROR to a clone)")
-    return mirror
+    if (mirror / "HEAD").is_file():
+        return f"Substrate's manifests from the mirror {mirror}", {
+            "GS_SUBSTRATE_MIRROR": str(mirror)
+        }
+    if not (CRD_DIR / "ate.dev_workerpools.yaml").is_file():
+        missing(
+            f"no Substrate mirror at {mirror} (GS_SUBSTRATE_MIRROR) and no CRDs at {CRD_DIR} "
+            "(../shared/substrate-crds) for the stand-in tree"
+        )
+    return f"the stand-in tree (no mirror at {mirror}; CRDs from {CRD_DIR})", {
+        "GS_SUBSTRATE_MIRROR": str(mirror),
+        "GS_SUBSTRATE_CRDS": str(CRD_DIR),
+        "GS_SUBSTRATE_COMMIT": SUBSTRATE_COMMIT,
+    }
 
 
 def _calls(log: Path) -> list[str]:
@@ -79,7 +100,9 @@ def _stop_leftover_clusters(state: Path) -> None:
         )
 
 
-def _project(tmp_path: Path, bin_dir: Path, stack: str) -> tuple[Pulumi, Path, Path]:
+def _project(
+    tmp_path: Path, bin_dir: Path, stack: str, source: dict[str, str]
+) -> tuple[Pulumi, Path, Path]:
     cli = pulumi_project(tmp_path, bin_dir, stack)
     # The agent image step builds from agent/ and uv.lock beside Pulumi.yaml.
     shutil.copytree(REPO / "agent", cli.project / "agent", ignore=shutil.ignore_patterns("build"))
@@ -104,7 +127,7 @@ def _project(tmp_path: Path, bin_dir: Path, stack: str) -> tuple[Pulumi, Path, P
         "FAKE_LOG": str(log),
         "FAKE_STATE": str(state),
         "GS_TEST_CLUSTER": str(REPO / ".ci" / "test-cluster"),
-        "GS_SUBSTRATE_MIRROR": str(_mirror()),
+        **source,
     }
     return cli, log, state
 
@@ -119,7 +142,9 @@ def test_kind_stack_goes_up_and_is_destroyed_under_the_real_engine(
     destroy uninstalls, deletes the cluster and removes the registry it created."""
     runtime = stack.split("-")[1]
     name = f"substrate-{runtime}"
-    cli, log, state = _project(tmp_path, bin_dir, stack)
+    which, source = _substrate_source()
+    print(f"install manifests: {which}")
+    cli, log, state = _project(tmp_path, bin_dir, stack, source)
     try:
         steps = cli.steps(cli.run("preview", "--json", step="preview").stdout)
         creates = {n for op, n in steps if op == "create"}
@@ -185,6 +210,9 @@ def test_kind_stack_goes_up_and_is_destroyed_under_the_real_engine(
         assert get("sandboxconfig", config)["metadata"]["name"] == config  # type: ignore[index]
         api = get("-n", "ate-system", "deployment", "ate-api-server-deployment")
         assert api["status"]["availableReplicas"] == 1  # type: ignore[index]
+        # The overlay went through `ko resolve` before it was applied.
+        api_image = api["spec"]["template"]["spec"]["containers"][0]["image"]  # type: ignore[index]
+        assert api_image.startswith("localhost:5001/ateapi@sha256:"), api_image
 
         cli.run("destroy", "--yes", step="destroy")
         assert cli.run("stack", "export").stdout.count('"urn"') == 0
