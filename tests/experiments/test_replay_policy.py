@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -15,6 +16,7 @@ from typing import Any
 import openai
 import pytest
 from aiohttp import web
+from ci_policy import missing
 from openai import AsyncOpenAI
 
 from gym_substrate.experiments import ExperimentError, ThinkSpec
@@ -26,10 +28,28 @@ from .helpers import invoke
 DATA = Path(__file__).parent / "data"
 GYM = DATA / "gym_rollouts.jsonl"
 SCRIPT = DATA / "script.jsonl"
-GYM_EXAMPLE = Path(
-    "/var/cache/gym-substrate/gym-chroot/current/opt/gym/lib/python3.13/site-packages/"
-    "resources_servers/wordle/data/example_rollouts.jsonl"
+REPO = Path(__file__).resolve().parents[2]
+# Gym's own example rollouts, inside the NeMo Gym environment that `.ci/gym-env` builds
+GYM_EXAMPLE_IN_CHROOT = (
+    "opt/gym/lib/python3.13/site-packages/resources_servers/wordle/data/example_rollouts.jsonl"
 )
+
+
+def _gym_example() -> Path:
+    """The example file, building the NeMo Gym environment first if this machine has none
+    (on CI a build that cannot be done fails the test, as every gym test does)."""
+    build = subprocess.run(
+        ["bash", str(REPO / ".ci" / "gym-env"), "build"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if build.returncode != 0 or not build.stdout.strip():
+        missing(f"the NeMo Gym environment could not be built:\n{build.stderr[-2000:]}")
+    example = Path(build.stdout.strip().splitlines()[-1]) / GYM_EXAMPLE_IN_CHROOT
+    assert example.is_file(), f"NeMo Gym 0.7.0 no longer ships {example}"
+    return example
+
 
 Serve = Callable[..., Any]
 
@@ -191,12 +211,13 @@ async def test_recorded_think_time_without_latencies_needs_a_fallback(tmp_path: 
     create_app(load_rollouts(no_latency), ThinkSpec.parse("recorded:1.5"))
 
 
-@pytest.mark.skipif(not GYM_EXAMPLE.is_file(), reason="the NeMo Gym 0.7.0 environment is absent")
+@pytest.mark.gym
 async def test_real_nemo_gym_example_rollouts_replay(serve: Serve) -> None:
-    client, _, _ = await serve(GYM_EXAMPLE)
-    with GYM_EXAMPLE.open() as fh:  # noqa: ASYNC230 - a few KB, once
+    example = await asyncio.to_thread(_gym_example)
+    client, _, _ = await serve(example)
+    with example.open() as fh:  # noqa: ASYNC230 - a few KB, once
         row = json.loads(fh.readline())
-    turns = len(load_rollouts(GYM_EXAMPLE).rollouts[0].turns)
+    turns = len(load_rollouts(example).rollouts[0].turns)
     played, _ = await _play(client, list(row["responses_create_params"]["input"]), turns)
     recorded = [i for i in row["response"]["output"] if i["type"] == "function_call"]
     replayed = [i for r in played for i in r.output if i.type == "function_call"]
