@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import functools
 import hashlib
 import ipaddress
@@ -29,6 +28,8 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from gym_substrate.local.runtimes._leases import lease_lock
 
 __all__ = [
     "AGENT_PORT",
@@ -100,17 +101,6 @@ def _block(k: int) -> ipaddress.IPv4Network:
     return ipaddress.IPv4Network((_FIRST + (k << (32 - _PREFIX)), _PREFIX))
 
 
-@contextlib.contextmanager
-def _locked(lease_dir: Path) -> Iterator[None]:
-    lease_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
-    fd = os.open(lease_dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
 def _read(path: Path) -> dict[str, str] | None:
     try:
         data = json.loads(path.read_text())
@@ -166,7 +156,7 @@ def find_lease(lease_dir: Path, instance: str, runtime_dir: Path) -> Path | None
 
 def lease_block(lease_dir: Path, instance: str, runtime_dir: Path) -> LoopbackLease:
     """Lease a block for ``instance``, reusing the one it already holds."""
-    with _locked(lease_dir):
+    with lease_lock(lease_dir):
         own = find_lease(lease_dir, instance, runtime_dir)
         if own is not None:
             with contextlib.suppress(ValueError):
@@ -193,7 +183,7 @@ def release_block(lease_dir: Path, instance: str, runtime_dir: Path) -> str | No
     """Drop the instance's lease; returns what was removed. Idempotent."""
     if not lease_dir.is_dir():
         return None
-    with _locked(lease_dir):
+    with lease_lock(lease_dir):
         own = find_lease(lease_dir, instance, runtime_dir)
         if own is None:
             return None

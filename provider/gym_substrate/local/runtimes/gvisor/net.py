@@ -21,7 +21,6 @@ to connections the host opened (the router, readiness probes) pass.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import ipaddress
 import json
 import logging
@@ -33,6 +32,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from gym_substrate.local.runtimes._leases import lease_lock
 from gym_substrate.local.runtimes.gvisor._proc import run_command
 
 __all__ = [
@@ -105,17 +105,6 @@ def _ip(*args: str, check: bool = True, input_text: str | None = None) -> str:
     if check and proc.returncode != 0:
         raise NetError(f"`ip {' '.join(args)}` failed: {proc.stderr.strip() or proc.stdout}")
     return proc.stdout
-
-
-@contextlib.contextmanager
-def _pool_lock(lease_dir: Path) -> Iterator[None]:
-    lease_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
-    fd = os.open(lease_dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing drops the flock
 
 
 def _read_lease(path: Path) -> dict[str, object] | None:
@@ -244,7 +233,7 @@ def setup_slot_net(
     """Lease a subnet for ``(instance, slot)`` (reusing its own lease) and build its network."""
     netns = netns_name(instance, slot)
     host_if_name(instance, slot)  # validates the length before anything is created
-    with _pool_lock(lease_dir):
+    with lease_lock(lease_dir):
         own = _find_own_lease(lease_dir, instance, slot)
         if own is not None:
             path, subnet = own
@@ -298,7 +287,7 @@ def _teardown(netns: str, host_if: str) -> None:
 
 def release_slot_net(instance: str, slot: int, *, lease_dir: Path = LEASE_DIR) -> None:
     """Delete the slot's veth, netns and lease; idempotent."""
-    with _pool_lock(lease_dir):
+    with lease_lock(lease_dir):
         _teardown(netns_name(instance, slot), host_if_name(instance, slot))
         own = _find_own_lease(lease_dir, instance, slot)
         if own is not None:
@@ -327,7 +316,7 @@ def remove_net_of_instance(instance: str, *, lease_dir: Path = LEASE_DIR) -> lis
     removed: list[str] = []
     ns_re = re.compile(rf"{re.escape(instance)}-w(\d+)")
     if_re = re.compile(rf"{re.escape(instance)}h(\d+)")
-    with _pool_lock(lease_dir):
+    with lease_lock(lease_dir):
         for path in sorted(Path("/sys/class/net").iterdir()):
             if if_re.fullmatch(path.name):
                 _ip("link", "del", path.name, check=False)
