@@ -35,7 +35,8 @@ def _docker_problem() -> str | None:
 # Built root filesystems live in one fixed folder shared by every test session and checkout on
 # the machine (as .ci/gym-env's chroot): the Debian rootfs is debootstrapped once per machine,
 # never per test or per tmp state folder. Backends and `local up` subprocesses inherit this.
-ROOTFS_CACHE = "/var/cache/gym-substrate/rootfs"
+CACHE_ROOT = os.environ.get("GYM_SUBSTRATE_CACHE") or "/var/cache/gym-substrate"
+ROOTFS_CACHE = os.path.join(CACHE_ROOT, "rootfs")
 os.environ.setdefault("GYM_SUBSTRATE_ROOTFS_DIR", ROOTFS_CACHE)
 
 

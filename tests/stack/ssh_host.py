@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from ci_policy import missing
 
-CACHE = Path("/var/cache/gym-substrate/sshd")
+CACHE = Path(os.environ.get("GYM_SUBSTRATE_CACHE") or "/var/cache/gym-substrate") / "sshd"
 PACKAGES = ("openssh-server", "openssh-sftp-server", "libwrap0")
 
 
