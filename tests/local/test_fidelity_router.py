@@ -174,6 +174,46 @@ async def test_every_request_calls_resume_actor_and_backs_off_on_aborted(
     await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("held")))
 
 
+_CONTROL = pb.DESCRIPTOR.services_by_name["Control"].full_name
+
+
+def _resume_rpcs(backend: LocalBackend, code: str) -> float:
+    """How many ResumeActor calls the API server has answered with ``code``."""
+    value = backend.metrics.registry.get_sample_value(
+        "rpc_server_call_duration_seconds_count",
+        {"rpc_method": f"{_CONTROL}/ResumeActor", "rpc_response_status_code": code},
+    )
+    return value or 0.0
+
+
+async def test_each_routed_request_is_one_resume_actor_rpc_on_the_api_server(
+    stub: Any, backend: LocalBackend, http: aiohttp.ClientSession
+) -> None:
+    """real: ext_proc's resumer calls ateapi's ResumeActor over gRPC for every request
+    (cmd/atenet/internal/router/extproc.go, resumer.go), so the API server counts one
+    ResumeActor per routed request, RUNNING actor or not (ateapi's own server metrics, read
+    here as `rpc_server_call_duration_seconds`), and a request the router refuses before
+    routing (an unrouted Host) costs none."""
+    await make_actor(stub, "counted")
+    url = f"{backend.router_url}/readyz"
+    before = _resume_rpcs(backend, "OK")
+    status, body, _, _ = await _get(http, url, host("counted"))  # resumes it: SUSPENDED
+    assert status == 200, body
+    for _ in range(4):  # RUNNING: the same call each time
+        status, body, _, _ = await _get(http, url, host("counted"))
+        assert status == 200, body
+    assert _resume_rpcs(backend, "OK") - before == 5
+    unrouted = {"Host": "127.0.0.1"}
+    status, _, _, _ = await _get(http, url, unrouted)
+    assert status == 404
+    assert _resume_rpcs(backend, "OK") - before == 5
+    refused = _resume_rpcs(backend, "NOT_FOUND")
+    missing = await _get(http, url, host("no-such-actor"))
+    assert missing[0] == 404
+    assert _resume_rpcs(backend, "NOT_FOUND") - refused == 1  # asked; the API said NOT_FOUND
+    await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("counted")))
+
+
 async def test_unrouted_host_is_404_and_admin_endpoints_have_their_own_port(
     stub: Any, backend: LocalBackend, http: aiohttp.ClientSession
 ) -> None:

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
 import pytest
 import pytest_asyncio
@@ -30,6 +31,7 @@ from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from local_helpers import status_code
 
+from gym_substrate._names import actor_host
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
 from gym_substrate.cli.local import local
@@ -276,6 +278,54 @@ async def test_jwt_mode_refuses_every_bad_token_with_the_real_message(
             )
             == C.OK
         )
+    await channel.close()
+
+
+@module_loop
+async def test_the_router_resumes_over_grpc_as_a_client_with_the_token(
+    jwt_backend: LocalBackend,
+) -> None:
+    """real: atenet's resumer is an ateapi client like any other (cmd/atenet/internal/router/
+    resumer.go): in jwt mode each ResumeActor carries its service account token, read from the
+    projected token file (internal/ateapiauth/client.go), and an UNAUTHENTICATED answer becomes
+    401 `actor "<id>" authentication required` (cmd/atenet/internal/router/errors.go). So a
+    routed request works with a good token file and is refused, naming no actor detail, with a
+    bad one; the file is re-read on every request."""
+    assert jwt_backend.token_file is not None
+    good = _token(jwt_backend)
+    channel = _channel(jwt_backend)
+    stub = pb_grpc.ControlStub(channel)
+    code = await status_code(
+        stub.CreateAtespace(pb.CreateAtespaceRequest(name="t"), metadata=_bearer(good))
+    )
+    assert code in (C.OK, C.ALREADY_EXISTS)
+    await stub.CreateActor(
+        pb.CreateActorRequest(
+            actor_ref=pb.ActorRef(atespace="t", name="routed"),
+            actor_template_namespace="local",
+            actor_template_name="sandbox",
+        ),
+        metadata=_bearer(good),
+    )
+    url = f"{jwt_backend.router_url}/readyz"
+    headers = {"Host": actor_host("routed", "t")}
+    async with aiohttp.ClientSession() as http:
+        async with http.get(url, headers=headers) as response:
+            assert response.status == 200, await response.text()
+        try:
+            jwt_backend.token_file.write_text("not-a-jwt\n")
+            async with http.get(url, headers=headers) as response:
+                assert (response.status, await response.text()) == (
+                    401,
+                    'actor "routed" authentication required',
+                )
+        finally:
+            jwt_backend.token_file.write_text(good + "\n")
+        async with http.get(url, headers=headers) as response:
+            assert response.status == 200, await response.text()
+    routed = pb.ActorRef(atespace="t", name="routed")
+    await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=routed), metadata=_bearer(good))
+    await stub.DeleteActor(pb.DeleteActorRequest(actor_ref=routed), metadata=_bearer(good))
     await channel.close()
 
 

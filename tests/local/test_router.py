@@ -276,24 +276,34 @@ async def test_request_during_an_explicit_resume_waits_for_it(
 async def test_resume_still_aborted_after_retries_is_500_like_atenet(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """atenet retries ABORTED, then maps it like any other error: 500 (reference §4.3)."""
-    import grpc
+    """atenet retries ABORTED, then maps it like any other error: 500 (reference §4.3).
 
+    Over real gRPC, to an API server whose every ResumeActor is ABORTED, as the router's
+    resumer calls ateapi (real: cmd/atenet/internal/router/resumer.go).
+    """
+    from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
     from gym_substrate.local import router as router_mod
-    from gym_substrate.local.errors import ApiError
     from gym_substrate.local.metrics import Metrics
+    from gym_substrate.local.resume_client import ResumeClient
 
-    class AlwaysBusy:
-        sandbox_listeners: list[Any] = []
+    class AlwaysBusy(pb_grpc.ControlServicer):  # type: ignore[misc]
         calls = 0
 
-        async def resume_actor(self, atespace: str, actor_id: str) -> None:
+        async def ResumeActor(self, request: Any, context: Any) -> None:  # noqa: N802
             AlwaysBusy.calls += 1
-            raise ApiError(grpc.StatusCode.ABORTED, "another operation is in progress")
+            await context.abort(grpc.StatusCode.ABORTED, "another operation is in progress")
+
+    server = grpc.aio.server()
+    pb_grpc.add_ControlServicer_to_server(AlwaysBusy(), server)
+    api_port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+
+    class NoActors:
+        sandbox_listeners: list[Any] = []
 
     monkeypatch.setattr(router_mod, "_BACKOFF_FIRST_S", 0.01)  # atenet's: 200 ms
-    plane: Any = AlwaysBusy()
-    router = router_mod.Router(plane, Metrics())
+    plane: Any = NoActors()
+    router = router_mod.Router(plane, ResumeClient(f"127.0.0.1:{api_port}"), Metrics())
     port = await router.start("127.0.0.1", 0)
     try:
         async with (
@@ -306,4 +316,5 @@ async def test_resume_still_aborted_after_retries_is_500_like_atenet(
             )
     finally:
         await router.close()
+        await server.stop(None)
     assert AlwaysBusy.calls == 7  # atenet's resumer tries 7 times (resumer.go)

@@ -35,6 +35,7 @@ from gym_substrate.local.client_config import provider_config
 from gym_substrate.local.errors import ApiError, BackendError
 from gym_substrate.local.lifecycle import ControlPlane
 from gym_substrate.local.metrics import Metrics
+from gym_substrate.local.resume_client import ResumeClient
 from gym_substrate.local.router import Router
 from gym_substrate.local.runtimes import RUNTIME_NAMES, create_runtime, select_runtime
 from gym_substrate.local.runtimes.base import Rootfs, RuntimeConfig, SandboxRuntime, TemplateSpec
@@ -306,7 +307,12 @@ class LocalBackend:
         if trim is not None:
             self._trimmer = asyncio.get_running_loop().create_task(_trim_heap_forever(trim))
 
-        self._router = Router(self.plane, self.metrics, timeout_s=self.router_timeout_s)
+        # the router reaches the plane the way atenet reaches ateapi: over gRPC, with the
+        # CA and, in jwt mode, the token a client would use
+        resumer = ResumeClient(
+            f"127.0.0.1:{port}", ca_file=self.ca_file, token_file=self.token_file
+        )
+        self._router = Router(self.plane, resumer, self.metrics, timeout_s=self.router_timeout_s)
         try:
             self.router_port = await self._router.start("127.0.0.1", self._router_port)
         except OSError as exc:

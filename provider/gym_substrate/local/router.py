@@ -6,11 +6,12 @@ the way they do:
 - `Host: <actor>.<atespace>.actors.resources.substrate.ate.dev[:port]` picks the actor, matched
   case-sensitively; any other Host (127.0.0.1 and localhost included) is `404 invalid host`.
   The backend's own endpoints live on the admin listener (`admin.py`), not here.
-- Every request calls ResumeActor on the control plane, RUNNING actor or not, as ext_proc does:
-  concurrent requests for one actor share one call, which runs detached with a 15 s budget and
-  retries ABORTED with atenet's backoff (7 tries from 200 ms, x1.5, +0-20 % jitter). The request
-  waits for it at most `EXTPROC_TIMEOUT_S` (Envoy's ext_proc timeout): past that it gets
-  Envoy's bare `504` with an empty body while the resume carries on for the next request.
+- Every request calls ResumeActor over gRPC on the backend's own API server (`resume_client`),
+  RUNNING actor or not, as ext_proc does, and dials the address in the answer. Concurrent
+  requests for one actor share one call, which runs detached with a 15 s budget and retries
+  ABORTED with atenet's backoff (7 tries from 200 ms, x1.5, +0-20 % jitter). The request waits
+  for it at most `EXTPROC_TIMEOUT_S` (Envoy's ext_proc timeout): past that it gets Envoy's bare
+  `504` with an empty body while the resume carries on for the next request.
   Resume errors map to atenet's statuses and bodies.
 - The actor gets the request as Envoy forwards it: `Host: <ip>:<port>` (the actor's address,
   port 80 when the record has none), `x-request-id` (kept, or a new UUID), `x-forwarded-proto`,
@@ -53,9 +54,11 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from gym_substrate._names import ACTOR_DOMAIN, is_dns_label
+from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.local.errors import ApiError
 from gym_substrate.local.lifecycle import ControlPlane
 from gym_substrate.local.metrics import Metrics
+from gym_substrate.local.resume_client import ResumeClient
 from gym_substrate.local.store import ActorRecord
 
 __all__ = [
@@ -315,22 +318,26 @@ class _UpstreamDown(Exception):
 
 
 class Router:
-    def __init__(self, plane: ControlPlane, metrics: Metrics, *, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, plane: ControlPlane, api: ResumeClient, metrics: Metrics, *, timeout_s: float = 10.0
+    ) -> None:
         if timeout_s <= 0:
             raise ValueError("router timeout must be > 0 seconds")
         self.plane = plane
+        self.api = api  # ResumeActor goes through the API server, as atenet's does
         self.metrics = metrics
         self.timeout_s = timeout_s
         self._expected_ms = str(max(1, round(timeout_s * 1000)))
         self._resumes: dict[str, asyncio.Task[ActorRecord]] = {}
-        self._abandoned: set[asyncio.Task[ActorRecord]] = set()
         self._pools: dict[str, aiohttp.ClientSession] = {}
         self._runner: web.ServerRunner | None = None
         self.port = 0
 
     def _pool(self, record: ActorRecord) -> aiohttp.ClientSession:
         """Keep-alive connections into one sandbox, dropped when it is checkpointed or stopped."""
-        session = self._pools.get(record.handle)
+        # a record rebuilt from a stale answer has no handle: its address keys the pool
+        key = record.handle or record.address
+        session = self._pools.get(key)
         if session is None or session.closed:
             session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(
@@ -343,7 +350,7 @@ class Router:
                 skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
                 cookie_jar=aiohttp.DummyCookieJar(),  # a proxy passes cookies, never keeps them
             )
-            self._pools[record.handle] = session
+            self._pools[key] = session
         return session
 
     async def release(self, handle: str) -> None:
@@ -370,10 +377,11 @@ class Router:
         return self.port
 
     async def close(self) -> None:
-        for task in self._resumes.values():
+        resumes = list(self._resumes.values())
+        for task in resumes:
             task.cancel()
-        if self._abandoned:
-            await asyncio.gather(*self._abandoned, return_exceptions=True)
+        await asyncio.gather(*resumes, return_exceptions=True)
+        await self.api.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -493,32 +501,36 @@ class Router:
         raise ApiError(grpc.StatusCode.UNKNOWN, "timed out waiting for the condition")
 
     async def _resume_call(self, atespace: str, actor_id: str, deadline: float) -> ActorRecord:
-        """One ResumeActor under the resumer's deadline, failing the moment it passes.
+        """One ResumeActor over gRPC under the resumer's deadline.
 
-        As a gRPC client's deadline does: the caller gets DEADLINE_EXCEEDED at once while the
-        cancelled workflow unwinds on its own (a gVisor sandbox it was starting takes about 2 s
-        to destroy, holding the actor's lock until then).
+        As atenet's: when the deadline passes the caller gets DEADLINE_EXCEEDED at once, and
+        the API server stops the workflow where it is (a gVisor sandbox it was starting takes
+        about 2 s to destroy, holding the actor's lock until then).
         """
-        call = asyncio.ensure_future(self.plane.resume_actor(atespace, actor_id))
-        try:
-            await asyncio.wait(
-                {call}, timeout=max(0.0, deadline - asyncio.get_running_loop().time())
-            )
-        except asyncio.CancelledError:
-            call.cancel()
-            raise
-        if call.done():
-            return call.result()
-        call.cancel()
-        self._abandoned.add(call)
+        remaining = deadline - asyncio.get_running_loop().time()
+        if remaining <= 0:
+            raise ApiError(grpc.StatusCode.DEADLINE_EXCEEDED, "context deadline exceeded")
+        actor = await self.api.resume(atespace, actor_id, remaining)
+        return self._routed(atespace, actor_id, actor)
 
-        def settled(done: asyncio.Task[ActorRecord]) -> None:
-            self._abandoned.discard(done)
-            if not done.cancelled():
-                done.exception()  # retrieved: nobody waits for it any more
+    def _routed(self, atespace: str, actor_id: str, actor: pb.Actor) -> ActorRecord:
+        """The record to proxy with: the answer's address, as the real router dials it.
 
-        call.add_done_callback(settled)
-        raise ApiError(grpc.StatusCode.DEADLINE_EXCEEDED, "context deadline exceeded")
+        The plane's record adds the sandbox handle (the pool's key and what `sandbox_gone`
+        checks) while it still names that address; if the actor moved since the answer, the
+        request goes where the answer said and meets what a stale address meets on a cluster.
+        """
+        record = self.plane.lookup(atespace, actor_id)
+        if record is not None and record.address == actor.ateom_pod_ip:
+            return record
+        return ActorRecord(
+            atespace=atespace,
+            actor_id=actor_id,
+            template_namespace=actor.actor_template_namespace,
+            template_name=actor.actor_template_name,
+            status=pb.Actor.Status.Name(actor.status),
+            address=actor.ateom_pod_ip,
+        )
 
     def _upstream_headers(self, request: web.BaseRequest, authority: str) -> CIMultiDict[str]:
         """The request headers as Envoy forwards them to the actor."""
