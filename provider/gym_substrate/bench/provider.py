@@ -3,7 +3,10 @@
 The baseline is measured in the same run: the same command is posted to the same agent through
 the same router with a bare aiohttp session (one keep-alive connection), so "added" is exactly
 the provider's own overhead (job bookkeeping, semaphore, idle tracking, result mapping), with
-no network or agent variance. Lifecycle and transfer figures are absolute.
+no network or agent variance. The router hop is measured the same way: `GET /readyz` through
+the router (its per-request ResumeActor round trip to the API server included, as atenet's)
+against the same request sent straight to the agent's address. Lifecycle and transfer figures
+are absolute.
 """
 
 from __future__ import annotations
@@ -89,6 +92,8 @@ async def run_bench(*, runtime: str, execs: int, cycles: int, transfer_mib: int)
                         via_provider.append(t1 - t0)
                         direct.append(t3 - t2)
 
+                via_router, to_agent = await _router_hop(session, backend, actor, execs)
+
             pause_s: list[float] = []
             resume_s: list[float] = []
             for _ in range(cycles):
@@ -125,6 +130,10 @@ async def run_bench(*, runtime: str, execs: int, cycles: int, transfer_mib: int)
             "exec_p50_ms_direct": p50_d * 1e3,
             "exec_p90_ms_direct": _pct(direct, 0.9) * 1e3,
             "exec_added_ms_p50": (p50_p - p50_d) * 1e3,
+            "readyz_p50_ms_router": statistics.median(via_router) * 1e3,
+            "readyz_p50_ms_agent": statistics.median(to_agent) * 1e3,
+            "router_added_ms_p50": (statistics.median(via_router) - statistics.median(to_agent))
+            * 1e3,
             "create_to_ready_p50_s": statistics.median(create_s),
             "pause_p50_s": statistics.median(pause_s),
             "resume_p50_s": statistics.median(resume_s),
@@ -136,6 +145,41 @@ async def run_bench(*, runtime: str, execs: int, cycles: int, transfer_mib: int)
         }
     )
     return out
+
+
+async def _router_hop(
+    session: Any, backend: Any, actor: Any, count: int
+) -> tuple[list[float], list[float]]:
+    """`GET /readyz` through the router and straight to the agent, interleaved, warm."""
+    from gym_substrate.local.router import parse_host, upstream_authority
+
+    parsed = parse_host(actor.host)
+    if isinstance(parsed, str):
+        raise BenchError(f"the actor's host {actor.host!r} is not routable: {parsed}")
+    actor_id, atespace = parsed
+    record = backend.plane.lookup(atespace, actor_id)
+    authority = upstream_authority(record.address) if record is not None else None
+    if authority is None:
+        raise BenchError(f"actor {actor_id} has no address to measure the router against")
+    routed, straight = backend.router_url + "/readyz", f"http://{authority}/readyz"
+    via_router: list[float] = []
+    to_agent: list[float] = []
+    for i in range(count + 20):
+        t0 = time.perf_counter()
+        async with session.get(routed, headers={"Host": actor.host}) as resp:
+            await resp.read()
+            ok = resp.status == 200
+        t1 = time.perf_counter()
+        async with session.get(straight) as resp:
+            await resp.read()
+            ok = ok and resp.status == 200
+        t2 = time.perf_counter()
+        if not ok:
+            raise BenchError("GET /readyz failed through the router or at the agent")
+        if i >= 20:
+            via_router.append(t1 - t0)
+            to_agent.append(t2 - t1)
+    return via_router, to_agent
 
 
 def rows(f: dict[str, Any]) -> list[dict[str, str]]:
@@ -156,6 +200,12 @@ def rows(f: dict[str, Any]) -> list[dict[str, str]]:
             "measure": "added by the provider (p50)",
             "value": f"{added:.3f} ms",
             "baseline": "target <= 1 ms " + ("met" if added <= 1.0 else "MISSED"),
+        },
+        {
+            "measure": "router hop, GET /readyz (p50)",
+            "value": f"{f['router_added_ms_p50']:.3f} ms",
+            "baseline": f"agent {f['readyz_p50_ms_agent']:.3f} ms, routed "
+            f"{f['readyz_p50_ms_router']:.3f} ms",
         },
         {"measure": "create to ready (p50)", "value": f"{f['create_to_ready_p50_s'] * 1e3:.1f} ms"},
         {"measure": "pause (p50)", "value": f"{f['pause_p50_s'] * 1e3:.1f} ms"},
