@@ -23,7 +23,6 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 GYM_ENV = REPO / ".ci" / "gym-env"
 INSIDE = Path(__file__).resolve().parent / "inside"
-TASKS = Path(__file__).resolve().parent / "tasks"
 HERE = Path(__file__).resolve().parent
 # Where tests/gym appears inside the chroot (bind mount).
 T = "/t"

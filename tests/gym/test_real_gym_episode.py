@@ -11,11 +11,12 @@ offline and is only printed), the agent reattaches by id alone (`AsyncSandbox.co
 ...})`), starts tmux and types what the policy says, `verify` uploads the task's tests to /tests,
 runs them and downloads /logs/verifier/reward.txt, then both sides stop the sandbox.
 
-The task is our own (tests/gym/tasks/hello): the stock Terminal-Bench 2.1 tasks need their Docker
-images and task folders (benchmarks/terminal_bench_2_1/..., fetched by `gym eval prepare`), which
-are not available offline and would not run on the local backend's template anyway. It checks that
-the agent's shell sees EXECD_API_GRACE_SHUTDOWN, which terminal_bench_2_1's stock sandbox_config
-sets at create time: reward 1.0 needs the env to survive the agent's reattach by id.
+The task is our own, the one `arm --driver gym` ships (experiments/data/gym/hello): the stock
+Terminal-Bench 2.1 tasks need their Docker images and task folders
+(benchmarks/terminal_bench_2_1/..., fetched by `gym eval prepare`), which are not available
+offline and would not run on the local backend's template anyway. It checks that the agent's
+shell sees EXECD_API_GRACE_SHUTDOWN, which terminal_bench_2_1's stock sandbox_config sets at
+create time: reward 1.0 needs the env to survive the agent's reattach by id.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ import yaml
 from gym_helpers import (
     NOTES,
     REPO,
-    TASKS,
     TIMINGS,
     Backend,
     leak_guard,
@@ -42,12 +42,16 @@ from gym_helpers import (
 )
 from policy_scripts import HELLO_MARKER
 
+from gym_substrate.experiments._gym import default_task, load_task
+
 pytestmark = [pytest.mark.gym, pytest.mark.runsc, pytest.mark.timeout(900)]
 
 SITE = "/opt/gym/lib/python3.13/site-packages"
 AGENT = "terminus_2_sandboxed_agent"
 RESOURCES = "terminal_bench_2_1_resources_server"
-TASK = json.loads((TASKS / "hello" / "task.json").read_text())
+# the folder as the run's chroot sees it (bound below): Gym's verifier uploads its tests/
+INSIDE_TASK = "/hello-task"
+TASK = {**load_task(default_task()), "task_folder": INSIDE_TASK}
 # Servers `gym env start` launches, as <type>/<implementation> (their venvs are /opt/gym).
 SERVER_DIRS = [
     "resources_servers/terminal_bench_2_1",
@@ -181,7 +185,12 @@ def test_terminus_episode_on_terminal_bench(
         # litellm (imported by Harbor) otherwise fetches its model cost map from GitHub.
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
     }
-    binds = [(work, "/w"), (REPO / "configs", "/cfg"), (chroot_tmp, "/tmp")]
+    binds = [
+        (work, "/w"),
+        (REPO / "configs", "/cfg"),
+        (chroot_tmp, "/tmp"),
+        (default_task(), INSIDE_TASK),
+    ]
     config_args = [arg for path in CONFIGS for arg in ("--config", path)]
     start_log = work / "env-start.log"
     timings: dict[str, float] = {}
