@@ -23,10 +23,13 @@ from gym_substrate.cli._output import console, fail, progress
 __all__ = [
     "GymInputs",
     "arm_options",
+    "compare_columns",
     "driver_option",
     "fail_on_leaks",
+    "gym_arms",
     "gym_idle_after_s",
     "gym_rows",
+    "run_gym_arms",
     "output_options",
     "stderr_note",
     "arm_progress",
@@ -179,6 +182,89 @@ def gym_rows(rows: list[dict[str, Any]], summaries: list[dict[str, Any]]) -> lis
             )
         rows.append(extra)
     return rows
+
+
+def gym_arms(
+    ctx: click.Context,
+    gym: GymInputs,
+    arms: list[tuple[str, int]],
+    *,
+    think: Any,
+    idle_after_s: float,
+    seed: int,
+    out: str | None,
+    folder_prefix: str,
+) -> tuple[list[Any], Any, Path]:
+    """Every input of a Gym-driven command checked before anything starts: one GymArmConfig
+    per (policy, rollouts), the Gym environment, the output folder."""
+    from gym_substrate.experiments import ExperimentError
+    from gym_substrate.experiments._artifacts import make_out_dir
+    from gym_substrate.experiments._gym import GymArmConfig, resolve_gym_env
+
+    idle_after_s = gym_idle_after_s(ctx, idle_after_s)
+    try:
+        configs = [
+            GymArmConfig.create(
+                policy,
+                rollouts,
+                think,
+                task=gym.task,
+                recording=gym.recording,
+                idle_after_s=idle_after_s,
+                seed=seed,
+            )
+            for policy, rollouts in arms
+        ]
+        env = resolve_gym_env(gym.env, gym.python)
+        folder = make_out_dir(out, folder_prefix)
+    except ExperimentError as exc:
+        raise fail(str(exc)) from exc
+    return configs, env, folder
+
+
+def run_gym_arms(
+    configs: list[Any],
+    env: Any,
+    folder_of: Callable[[Any], Path],
+    write: Callable[[list[Any]], dict[str, Any]],
+    *,
+    config_file: str | None,
+    runtime: str,
+    workers: int,
+) -> dict[str, Any]:
+    """Run the arms through Gym one after the other on one target, then write their files.
+
+    SIGTERM ends the run as Ctrl-C does, so Gym's servers are stopped either way."""
+    from gym_substrate.experiments._backend import local_or_config
+    from gym_substrate.experiments._gym import run_gym_arm
+
+    terminate_as_interrupt()
+
+    async def main() -> dict[str, Any]:
+        async with local_or_config(config_file, runtime, workers) as target:
+            stderr_note(f"target: {target.where} ({target.runtime_reason})")
+            results = []
+            with gym_progress() as on_progress:
+                for cfg in configs:
+                    results.append(
+                        await run_gym_arm(
+                            cfg, target, env, folder_of(cfg), on_progress=on_progress,
+                            on_note=stderr_note,
+                        )
+                    )  # fmt: skip
+            return write(results)
+
+    return run(main())
+
+
+def compare_columns(arms: list[dict[str, Any]]) -> list[Any]:
+    """A comparison table's columns: the figure, each arm, each parking arm against never."""
+    from gym_substrate.cli._output import Column
+
+    columns = [Column("figure")]
+    columns += [Column(a["arm"], justify="right") for a in arms]
+    columns += [Column(f"{a['arm']}/never", justify="right") for a in arms[1:]]
+    return columns
 
 
 def stderr_note(text: str) -> None:

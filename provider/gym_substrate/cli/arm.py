@@ -12,11 +12,14 @@ from gym_substrate.cli._experiments import (
     arm_progress,
     driver_option,
     fail_on_leaks,
+    gym_arms,
     gym_options,
+    gym_rows,
     note,
     output_options,
     report_files,
     run,
+    run_gym_arms,
     target_options,
 )
 from gym_substrate.cli._output import Column, emit, emit_json, fail
@@ -135,48 +138,28 @@ def _gym_arm(
     out: str | None,
     as_json: bool,
 ) -> None:
-    from gym_substrate.cli._experiments import (
-        gym_idle_after_s,
-        gym_progress,
-        gym_rows,
-        stderr_note,
-        terminate_as_interrupt,
-    )
-    from gym_substrate.experiments import ExperimentError
     from gym_substrate.experiments._arm import write_arm
-    from gym_substrate.experiments._artifacts import make_out_dir
-    from gym_substrate.experiments._backend import local_or_config
     from gym_substrate.experiments._compare import figure_rows
-    from gym_substrate.experiments._gym import GymArmConfig, resolve_gym_env, run_gym_arm
 
-    idle_after_s = gym_idle_after_s(ctx, idle_after_s)
-    try:
-        config = GymArmConfig.create(
-            policy,
-            rollouts,
-            think,
-            task=gym.task,
-            recording=gym.recording,
-            idle_after_s=idle_after_s,
-            seed=seed,
-        )
-        env = resolve_gym_env(gym.env, gym.python)
-        folder = make_out_dir(out, f"arm-gym-{policy}")
-    except ExperimentError as exc:
-        raise fail(str(exc)) from exc
-
-    terminate_as_interrupt()
-
-    async def main() -> dict[str, Any]:
-        async with local_or_config(config_file, runtime, workers) as target:
-            stderr_note(f"target: {target.where} ({target.runtime_reason})")
-            with gym_progress() as on_progress:
-                result = await run_gym_arm(
-                    config, target, env, folder, on_progress=on_progress, on_note=stderr_note
-                )
-            return write_arm(result, folder)
-
-    written = run(main())
+    configs, env, folder = gym_arms(
+        ctx,
+        gym,
+        [(policy, rollouts)],
+        think=think,
+        idle_after_s=idle_after_s,
+        seed=seed,
+        out=out,
+        folder_prefix=f"arm-gym-{policy}",
+    )
+    written = run_gym_arms(
+        configs,
+        env,
+        lambda _: folder,
+        lambda results: write_arm(results[0], folder),
+        config_file=config_file,
+        runtime=runtime,
+        workers=workers,
+    )
     summary = written["summary"]
     if as_json:
         emit_json(written)

@@ -10,16 +10,20 @@ from gym_substrate.cli._experiments import (
     GymInputs,
     arm_options,
     arm_progress,
+    compare_columns,
     driver_option,
     fail_on_leaks,
+    gym_arms,
     gym_options,
+    gym_rows,
     note,
     output_options,
     report_files,
     run,
+    run_gym_arms,
     target_options,
 )
-from gym_substrate.cli._output import Column, emit, emit_json, fail
+from gym_substrate.cli._output import emit, emit_json, fail
 
 
 @click.command("compare")
@@ -115,12 +119,9 @@ def compare(
         emit_json(data)
     else:
         arms = data["arms"]
-        columns = [Column("figure")]
-        columns += [Column(a["arm"], justify="right") for a in arms]
-        columns += [Column(f"{a['arm']}/never", justify="right") for a in arms[1:]]
         emit(
             compare_rows(arms),
-            columns,
+            compare_columns(arms),
             title=f"compare: never at {configs[0].rollouts} vs parking at {rollouts} rollouts, "
             f"{steps} steps, think {think} s, workload {load.name}",
         )
@@ -144,70 +145,38 @@ def _gym_compare(
     as_json: bool,
 ) -> None:
     """The same comparison through Gym: one Gym run per arm, one after the other."""
-    from gym_substrate.cli._experiments import (
-        gym_idle_after_s,
-        gym_progress,
-        gym_rows,
-        stderr_note,
-        terminate_as_interrupt,
-    )
-    from gym_substrate.experiments import ExperimentError
-    from gym_substrate.experiments._artifacts import make_out_dir
-    from gym_substrate.experiments._backend import local_or_config
     from gym_substrate.experiments._compare import compare_rows, write_compare
-    from gym_substrate.experiments._gym import GymArmConfig, resolve_gym_env, run_gym_arm
 
-    idle_after_s = gym_idle_after_s(ctx, idle_after_s)
-    try:
-
-        def arm(policy: str, n: int) -> GymArmConfig:
-            return GymArmConfig.create(
-                policy,
-                n,
-                think,
-                task=gym.task,
-                recording=gym.recording,
-                idle_after_s=idle_after_s,
-                seed=seed,
-            )
-
-        configs = [arm("never", workers if never_rollouts is None else never_rollouts)]
-        configs.append(arm("pause", rollouts))
-        if with_suspend:
-            configs.append(arm("suspend", rollouts))
-        env = resolve_gym_env(gym.env, gym.python)
-        folder = make_out_dir(out, "compare-gym")
-    except ExperimentError as exc:
-        raise fail(str(exc)) from exc
-
-    terminate_as_interrupt()
-
-    async def main() -> dict[str, Any]:
-        async with local_or_config(config_file, runtime, workers) as target:
-            stderr_note(f"target: {target.where} ({target.runtime_reason})")
-            results = []
-            with gym_progress() as on_progress:
-                for cfg in configs:
-                    results.append(
-                        await run_gym_arm(
-                            cfg, target, env, folder / cfg.name, on_progress=on_progress,
-                            on_note=stderr_note,
-                        )
-                    )  # fmt: skip
-            return write_compare(results, folder)
-
-    data = run(main())
+    policies = [("never", workers if never_rollouts is None else never_rollouts)]
+    policies.append(("pause", rollouts))
+    if with_suspend:
+        policies.append(("suspend", rollouts))
+    configs, env, folder = gym_arms(
+        ctx,
+        gym,
+        policies,
+        think=think,
+        idle_after_s=idle_after_s,
+        seed=seed,
+        out=out,
+        folder_prefix="compare-gym",
+    )
+    data = run_gym_arms(
+        configs,
+        env,
+        lambda cfg: folder / cfg.name,
+        lambda results: write_compare(results, folder),
+        config_file=config_file,
+        runtime=runtime,
+        workers=workers,
+    )
     arms = data["arms"]
     if as_json:
         emit_json(data)
     else:
-        rows = gym_rows(compare_rows(arms), arms)
-        columns = [Column("figure")]
-        columns += [Column(a["arm"], justify="right") for a in arms]
-        columns += [Column(f"{a['arm']}/never", justify="right") for a in arms[1:]]
         emit(
-            rows,
-            columns,
+            gym_rows(compare_rows(arms), arms),
+            compare_columns(arms),
             title=f"compare through NeMo Gym: never at {configs[0].rollouts} vs parking at "
             f"{rollouts} rollouts of {arms[0]['task']}, think {think} s",
         )
