@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 from ci_policy import ON_CI as _ON_CI
@@ -77,3 +79,46 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         if _ON_CI and required_on_ci:
             pytest.fail(f"CI must provide {marker}: {problem}", pytrace=False)
         pytest.skip(problem)
+
+
+# The Go-built toolchain (Pulumi, its Kubernetes provider, a control plane) takes about half an
+# hour to build on a cold 2-core machine, and the tests that need it run late in the session.
+# Starting `.ci/build-tools` when the session starts lets it use the CPU the earlier tests leave
+# idle (they mostly wait on real limits and on sandboxes); it runs niced, and the live tests then
+# find the tools built, or wait on build-tools' own lock for what is left. When everything is
+# cached it is done in about a second.
+_TOOLCHAIN_BUILD: subprocess.Popen[bytes] | None = None
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    global _TOOLCHAIN_BUILD
+    if not any(item.get_closest_marker("pulumi_cli") for item in session.items):
+        return
+    log_file = Path(CACHE_ROOT) / "build-tools.log"
+    try:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        log = log_file.open("wb")
+    except OSError:
+        return  # the live tests build what they need themselves, and say so if they cannot
+    script = Path(__file__).resolve().parent.parent / ".ci" / "build-tools"
+    with log:
+        _TOOLCHAIN_BUILD = subprocess.Popen(
+            ["nice", "-n", "19", "bash", str(script)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A session that ends first (a failure with -x, Ctrl-C) leaves no build running."""
+    build = _TOOLCHAIN_BUILD
+    if build is None or build.poll() is not None:
+        return
+    os.killpg(build.pid, signal.SIGTERM)
+    try:
+        build.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(build.pid, signal.SIGKILL)
+        build.wait()

@@ -149,6 +149,7 @@ pulumi.export("copied", copy.remote_path)
 
 
 @pytest.mark.pulumi_cli
+@pytest.mark.timeout(2400)  # the first user of the toolchain: on a cold machine it waits for it
 def test_remote_steps_under_the_real_engine_keep_the_key_secret(
     host: SshHost, tmp_path: Path
 ) -> None:

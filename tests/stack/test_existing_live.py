@@ -25,7 +25,7 @@ from stack_harness import REPO
 from gym_substrate.stack import objects
 from gym_substrate.stack.config import load_stack_file, stack_file
 
-pytestmark = [pytest.mark.pulumi_cli, pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.pulumi_cli, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 STACK = "existing"
 IMAGE = "python:3.12-slim"  # the shipped stack file's workload: the providerConfig key

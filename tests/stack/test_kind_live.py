@@ -34,7 +34,7 @@ from stack_harness import CRD_DIR, REPO
 
 from gym_substrate.stack.config import SUBSTRATE_COMMIT
 
-pytestmark = [pytest.mark.pulumi_cli, pytest.mark.slow, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.pulumi_cli, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 FAKES = Path(__file__).parent / "kind_fakes"
 MIRROR = Path("/work/.mirror/agent-substrate+substrate/repo")
