@@ -130,3 +130,21 @@ def test_offline_install_tools_reads_the_staged_copy_and_downloads_nothing() -> 
     calls = [line for line in script.splitlines() if "apt-get" in line]
     assert len(calls) == 2
     assert all("Dir::Etc::SourceList" in c for c in calls), calls
+
+
+def test_tools_bundle_refuses_a_non_host_stack_and_bad_local_binaries(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from gym_substrate.cli import main
+
+    out = str(tmp_path / "out")
+    run = CliRunner().invoke
+    kind = run(main, ["infra", "tools-bundle", "--stack", "kind-gvisor", "--out", out])
+    assert kind.exit_code == 1
+    assert "not a host stack" in kind.output
+    bad = run(main, ["infra", "tools-bundle", "--out", out, "--local", "docker=/bin/sh"])
+    assert bad.exit_code == 2
+    assert "give NAME=PATH with NAME one of kind, kubectl, ko, go" in bad.output
+    absent = run(main, ["infra", "tools-bundle", "--out", out, "--local", "kind=/absent"])
+    assert "/absent does not exist" in absent.output
+    assert not (tmp_path / "out").exists()
