@@ -88,10 +88,12 @@ def cached_root() -> Path:
         )
     # Up to date like a real host, from this machine's Debian sources (with -updates and
     # -security): the tool folder is made here, so its packages are never newer than the host's.
-    sources = Path("/etc/apt/sources.list.d/debian.sources")
-    if sources.is_file():
-        shutil.copy(sources, tmp / "etc/apt/sources.list.d/debian.sources")
+    deb822 = Path("/etc/apt/sources.list.d/debian.sources")
+    if deb822.is_file():
+        shutil.copy(deb822, tmp / "etc/apt/sources.list.d/debian.sources")
         (tmp / "etc/apt/sources.list").unlink()
+    elif Path("/etc/apt/sources.list").is_file():
+        shutil.copy("/etc/apt/sources.list", tmp / "etc/apt/sources.list")
     setup = (
         "export DEBIAN_FRONTEND=noninteractive && apt-get update -qq && apt-get upgrade -y -qq && "
         f"useradd -m -s /bin/bash {USER} && "

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 from live_harness import pulumi_project, toolchain
-from netns_host import CACHE, NetnsHost, netns_host
+from netns_host import CACHE, VERSION, NetnsHost, netns_host
 
 pytestmark = [pytest.mark.pulumi_cli, pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -67,8 +67,9 @@ def test_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsHost]:
 
 
 def _tools_bundle(stack_file: Path, bin_dir: Path) -> Path:
-    """The offline tool folder, made by our own CLI once per machine (temp folder + rename)."""
-    out = CACHE / "tools-bundle-1"
+    """The offline tool folder, made by our own CLI once per machine (temp folder + rename), with
+    the test host's root: both from this machine's apt view at the time, so the same versions."""
+    out = CACHE / f"tools-bundle-{VERSION}"
     if (out / "bundle.json").is_file():
         return out
     tmp = CACHE / f".tools-bundle.{os.getpid()}"
