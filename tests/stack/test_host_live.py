@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 from live_harness import pulumi_project, toolchain
-from netns_host import CACHE, VERSION, NetnsHost, netns_host
+from netns_host import CACHE, NETNS, VERSION, NetnsHost, netns_host
 
 pytestmark = [pytest.mark.pulumi_cli, pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -172,8 +172,16 @@ def test_the_host_stack_prepares_the_test_host_and_destroy_reverts_it_byte_for_b
     cli.config("host.address", test_host.address)
     cli.config("host.user", test_host.user)
     cli.config("host.hostKey", test_host.host_key)
-    cli.config("tools.offlineDir", str(bundle))
     cli.run("config", "set", "--secret", "sshPrivateKey", stdin=test_host.private_key)
+    # A folder that is not a tool folder stops `preview` before any step, naming the fix.
+    empty = tmp_path / "not-a-bundle"
+    empty.mkdir()
+    cli.config("tools.offlineDir", str(empty))
+    refused = cli.run("preview", check=False)
+    assert refused.returncode != 0
+    assert f"{empty / 'bundle.json'} is missing" in refused.stdout + refused.stderr
+    assert "gym-substrate infra tools-bundle --stack-file" in refused.stdout + refused.stderr
+    cli.config("tools.offlineDir", str(bundle))
     root = test_host.root
     watched = ("fs.inotify.max_user_watches", "fs.inotify.max_user_instances", "vm.max_map_count")
     before_sysctl = {k: _sysctl(k) for k in watched}
@@ -208,7 +216,13 @@ def test_the_host_stack_prepares_the_test_host_and_destroy_reverts_it_byte_for_b
         record = root / "home/gym/.gym-substrate/substrate-gvisor/host-state"
         assert (record / "complete").is_file()
         assert "fs.inotify.max_user_watches=" in (record / "sysctls").read_text()
-        # Offline: apt used only the staged folder and left no list or source behind.
+        # Offline: the host has no route beyond its /30, and apt used only the staged folder and
+        # left no list or source behind.
+        routes = subprocess.run(
+            ["ip", "-n", NETNS, "route", "show", "default"], capture_output=True, text=True
+        )
+        assert routes.returncode == 0, routes.stderr
+        assert routes.stdout == ""
         apt_files = {k: v for k, v in installed.items() if k.startswith("file /etc/apt/")}
         assert apt_files == {k: v for k, v in before.items() if k.startswith("file /etc/apt/")}
         assert not list((root / "var/lib/apt/lists").glob("*gym-substrate*"))
