@@ -586,6 +586,25 @@ def test_revert_root_undoes_accounts_upgrades_and_its_own_folders(
     assert not (fakes.root / "home" / ".gym-substrate").exists()
 
 
+def test_revert_root_removes_the_caches_the_steps_left_in_home_only(fakes: Fakes) -> None:
+    """kubectl, Go, ko and pip write caches into the SSH user's home; revert removes those that
+    were not there at the record, read-only Go modules included, and keeps the user's own."""
+    cfg = stack_config("host-gvisor")
+    home = fakes.root / "home"
+    (home / ".cache" / "mine").mkdir(parents=True)
+    fakes.run(host.prep_root_script(cfg))
+    mod = home / "go" / "pkg" / "mod" / "example.com@v1"
+    mod.mkdir(parents=True)
+    (mod / "go.mod").write_text("module example.com\n")
+    for d in (mod, mod.parent):
+        d.chmod(0o555)
+    (home / ".cache" / "go-build").mkdir()
+    (home / ".kube" / "cache").mkdir(parents=True)
+    fakes.run(host.revert_root_script(cfg))
+    assert sorted(p.name for p in home.iterdir()) == [".cache"]
+    assert [p.name for p in (home / ".cache").iterdir()] == ["mine"]
+
+
 def test_wipe_removes_only_what_was_not_there_before(fakes: Fakes) -> None:
     cfg = stack_config("host-gvisor")
     state = fakes.root / "home" / ".gym-substrate" / "substrate-gvisor" / "host-state"

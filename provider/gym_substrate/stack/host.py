@@ -65,6 +65,10 @@ OFFLINE_APT = (
 _BACKUPS = ("/etc/passwd-", "/etc/group-", "/etc/shadow-", "/etc/gshadow-")
 _BINARIES = ("/usr/local/bin/kind", "/usr/local/bin/kubectl", "/usr/local/bin/ko", "/usr/local/go")
 _SERVICES = ("docker", "containerd", "ssh", "sshd")
+# What the cluster steps leave in the SSH user's home by default: kubectl's discovery cache, Go's
+# module and build caches (`ko build`, `go run`), pip's (the static agent build), Docker's CLI
+# config. Those that did not exist are removed at revert (Go's module cache is read-only: sudo).
+_HOME_PATHS = (".kube", "go", ".docker", ".cache", ".cache/go-build", ".cache/pip", ".cache/ko")
 
 
 def prep_root_script(cfg: StackConfig) -> str:
@@ -106,6 +110,9 @@ def prep_root_script(cfg: StackConfig) -> str:
         f"for b in {' '.join(_BINARIES)}; do\n"
         '  if [ -e "$ROOT$b" ]; then echo "$b"; fi\n'
         'done | sudo tee "$STATE/binaries.present" >/dev/null\n'
+        f"for h in {' '.join(_HOME_PATHS)}; do\n"
+        '  if [ -e "$HOME/$h" ]; then echo "$h"; fi\n'
+        'done | sudo tee "$STATE/home.present" >/dev/null\n'
         f"for s in {' '.join(_SERVICES)}; do\n"
         '  e=$(systemctl is-enabled "$s" 2>/dev/null) || true\n'
         '  a=$(systemctl is-active "$s" 2>/dev/null) || true\n'
@@ -249,7 +256,8 @@ def revert_root_script(cfg: StackConfig) -> str:
     """Destroy step 2: put back what prep-root recorded, then remove the record.
 
     Restored: recorded files get their old content, files that did not exist are removed;
-    binaries under /usr/local that were not there are removed; packages installed since the
+    binaries under /usr/local that were not there are removed, and so are the caches the steps
+    leave in the user's home (`_HOME_PATHS`) that were not there; packages installed since the
     record are purged and upgraded ones go back to their recorded version (when apt still has
     it); recorded sysctls get their old values; services return to their recorded
     enabled/active state; users added to the docker group are removed from it, and users and
@@ -273,6 +281,11 @@ def revert_root_script(cfg: StackConfig) -> str:
         '  grep -qx "$b" "$STATE/binaries.present" || sudo rm -rf "$ROOT$b"\n'
         "done\n"
         'grep -qx /usr/local/go "$STATE/binaries.present" || sudo rm -f "$ROOT/usr/local/bin/go"\n'
+        'if [ -f "$STATE/home.present" ]; then\n'
+        f"  for h in {' '.join(_HOME_PATHS)}; do\n"
+        '    grep -qx "$h" "$STATE/home.present" || sudo rm -rf "${HOME:?}/$h"\n'
+        "  done\n"
+        "fi\n"
         "NEW=$(dpkg-query -W -f='${Package}\\n' | sort | comm -13 \"$STATE/packages\" -)\n"
         'if [ -n "$NEW" ]; then\n'
         "  sudo env DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq $NEW\n"
