@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -34,6 +35,7 @@ PACKAGES = ("openssh-server", "sudo", "systemd", "procps")
 NETNS = "gs-testhost"
 VETH = "gs-th0"  # this side; the namespace side is gs-th1
 HOST_IP, NS_IP = "10.213.77.1", "10.213.77.2"
+DROP, DROP_IP = "gs-thsink", "10.213.78.1"  # the namespace's default route: a sink
 USER = "gym"
 MARK = "gs-test-host-merged"  # the overlay's mount point name: found and removed when stale
 
@@ -152,12 +154,30 @@ def _network() -> None:
         ("ip", "-n", NETNS, "addr", "add", f"{NS_IP}/30", "dev", "gs-th1"),
         ("ip", "-n", NETNS, "link", "set", "gs-th1", "up"),
         ("ip", "-n", NETNS, "link", "set", "lo", "up"),
+        # A default route into a veth pair inside the namespace, a sink (the namespace does not
+        # forward): programs that look for one (kube-apiserver picks its advertise address so)
+        # find it, and nothing leaves.
+        ("ip", "-n", NETNS, "link", "add", DROP, "type", "veth", "peer", "name", f"{DROP}-p"),
+        ("ip", "-n", NETNS, "addr", "add", f"{DROP_IP}/32", "dev", DROP),
+        ("ip", "-n", NETNS, "link", "set", f"{DROP}-p", "up"),
+        ("ip", "-n", NETNS, "link", "set", DROP, "up"),
+        ("ip", "-n", NETNS, "route", "add", "default", "dev", DROP),
     ):
         _run(*argv)
 
 
-def netns_host(base: Path) -> Iterator[NetnsHost]:
-    """Start the test host on an overlay of the cached root under `base`; tear it all down."""
+def netns_host(
+    base: Path,
+    *,
+    binds: tuple[Path, ...] = (),
+    env: dict[str, str] | None = None,
+    owned: tuple[Path, ...] = (),
+) -> Iterator[NetnsHost]:
+    """Start the test host on an overlay of the cached root under `base`; tear it all down.
+
+    `binds`: folders of this machine shown at the same path inside the host (the fakes, the
+    toolchain); `owned`: those of them the host's user writes to; `env`: what every SSH session
+    gets (sshd's SetEnv), PATH included."""
     lower = cached_root()
     _stale_cleanup()
     upper, work, merged = base / "upper", base / "work", base / MARK
@@ -175,7 +195,7 @@ def netns_host(base: Path) -> Iterator[NetnsHost]:
         ssh_dir.mkdir(mode=0o700)
         (ssh_dir / "authorized_keys").write_text((keys / "id.pub").read_text())
         uid = int(_run("chroot", str(merged), "id", "-u", USER).stdout)
-        for p in (ssh_dir, ssh_dir / "authorized_keys"):
+        for p in (ssh_dir, ssh_dir / "authorized_keys", *owned):
             os.chown(p, uid, uid)
         # Every real host has one (netbase's postinst writes one where there is none, and no
         # purge removes it); it also lets sudo resolve the host name.
@@ -186,14 +206,15 @@ def netns_host(base: Path) -> Iterator[NetnsHost]:
         offline = merged / "etc/sudoers.d/systemd-offline"
         offline.write_text('Defaults env_keep += "SYSTEMD_OFFLINE"\n')
         offline.chmod(0o440)
+        sessions = {"SYSTEMD_OFFLINE": "1", **(env or {})}
         # Private mounts for the chroot, gone with the namespace: /proc (systemctl, dpkg),
         # /dev, a fresh /run with sshd's privilege-separation folder.
         script = (
             f"set -e; R={merged}; mount -t proc proc $R/proc; mount --rbind /dev $R/dev; "
-            "mount -t tmpfs tmpfs $R/run; mkdir -m 755 $R/run/sshd; "
-            "hostname localhost; "
-            f"exec chroot $R /usr/sbin/sshd -D -e -o ListenAddress={NS_IP} "
-            "-o SetEnv=SYSTEMD_OFFLINE=1"
+            + "".join(f"mkdir -p $R{b}; mount --bind {b} $R{b}; " for b in binds)
+            + "mount -t tmpfs tmpfs $R/run; mkdir -m 755 $R/run/sshd; hostname localhost; "
+            f"exec chroot $R /usr/sbin/sshd -D -e -o ListenAddress={NS_IP} -o "
+            + shlex.quote("SetEnv=" + " ".join(f"{k}={v}" for k, v in sessions.items()))
         )
         log = (base / "sshd.log").open("w")
         proc = subprocess.Popen(

@@ -1,16 +1,21 @@
-"""The host stack's BorrowedHost under the real Pulumi engine, over real SSH, against a test host
-of our own (tests/stack/netns_host.py: debootstrap'd Debian bookworm, Debian's sshd on a
-network namespace's address), installing from an offline tool folder, and reverted byte for
-byte by `pulumi destroy`.
+"""The host stack under the real Pulumi engine, over real SSH, against a test host of our own
+(tests/stack/netns_host.py: debootstrap'd Debian bookworm, Debian's sshd on a network
+namespace's address), installing from an offline tool folder, running the kind stack's steps on
+the host, and reverted byte for byte by `pulumi destroy`.
 
 Real: the engine, the language host, our dynamic Command and CopyToHost providers over SSH with
 host key checking, sudo, dpkg and apt (installing 160-odd .debs from the staged folder, with no
-route to any mirror), systemctl on unit files, sysctl, usermod/gpasswd, and every byte
-prep-root records and revert-root restores. Stand-ins (tests/stack/host_standins/): the kind, ko
-and Go binaries in the tool folder, since a real kind needs Docker and a node image on the host
-and the real Go toolchain is 70 MB of nothing these steps run; kubectl is the real one.
-What systemd would do when started is absent: the test host runs no systemd, so systemctl works
-on unit files and ignores start, stop, restart and show (SYSTEMD_OFFLINE, as in a chroot).
+way out of the namespace), systemctl on unit files, sysctl, usermod/gpasswd/groupdel, every
+byte prep-root records and revert-root restores, and, for the cluster part, what the kind live
+test runs for real (every step's script, kubectl, the Kubernetes provider on this machine
+reaching the host's API address, the install manifests applied and awaited on a test cluster).
+Fakes: on the host's PATH, the kind stack's recording fakes (tests/stack/kind_fakes/: kind as a
+.ci/test-cluster, docker, ko, go, the clone, with the stand-in Substrate tree) behind
+tests/stack/host_fakes/, which adds what kind's port mapping gives a real host (the API on the
+host's address) and kind's inline kubeconfig; in the tool folder, stand-ins for kind, ko and Go
+(tests/stack/host_standins/; kubectl is real). What systemd would do when started is absent: the
+test host runs no systemd, so systemctl works on unit files and ignores start, stop, restart and
+show (SYSTEMD_OFFLINE, as in a chroot).
 """
 
 from __future__ import annotations
@@ -25,45 +30,83 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
+from ci_policy import missing
 from live_harness import pulumi_project, toolchain
-from netns_host import CACHE, NETNS, VERSION, NetnsHost, netns_host
+from netns_host import CACHE, DROP, NETNS, NS_IP, VERSION, NetnsHost, netns_host
+from stack_harness import CRD_DIR, REPO
+
+from gym_substrate.stack.config import SUBSTRATE_COMMIT
 
 pytestmark = [pytest.mark.pulumi_cli, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 STACK = "host-gvisor"
 STANDINS = Path(__file__).parent / "host_standins"
+HOST_FAKES = Path(__file__).parent / "host_fakes"
+KIND_FAKES = Path(__file__).parent / "kind_fakes"
+# The static agent build (PyInstaller from PyPI, minutes): a stand-in, as in test_kind_live.
+BUILD_STATIC = """#!/usr/bin/env bash
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+mkdir -p build/sandbox-agent
+printf '#!/bin/sh\\necho stand-in agent\\n' > build/sandbox-agent/sandbox-agent
+chmod +x build/sandbox-agent/sandbox-agent
+echo build/sandbox-agent/sandbox-agent
+"""
 RECORDED = ("/etc", "/usr/local", "/home", "/root")
 SYSCTL_DIRS = ("etc/sysctl.d", "usr/lib/sysctl.d", "lib/sysctl.d", "run/sysctl.d")
 
 
-# infra/__main__.py up to and including BorrowedHost: the same config parser and the same
-# `borrowed_host` (offline folder check, connection, component); the kind cluster and what runs
-# on it are left out (their steps need a kind that runs on the test host: see docs/infra.md).
-HOST_PROGRAM = """
-import pulumi
-from pulumi.runtime import config as runtime_config
+@dataclass
+class Fakes:
+    """The kind stack's fakes as the test host sees them: their state and call log."""
 
-from gym_substrate.stack.components import borrowed_host
-from gym_substrate.stack.config import PROJECT, ConfigError, StackConfig, parse_config_values
+    state: Path
+    log: Path
 
-raw, secrets = parse_config_values(
-    {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
-)
-try:
-    cfg = StackConfig.from_mapping(raw, secrets=secrets)
-    host = borrowed_host(cfg, pulumi.Config(PROJECT).require_secret("sshPrivateKey"))
-except ConfigError as exc:
-    raise pulumi.RunError(str(exc)) from None
-pulumi.export("stateDir", host.state_dir)
-"""
+    def calls(self) -> list[str]:
+        return self.log.read_text().splitlines() if self.log.exists() else []
 
 
 @pytest.fixture(scope="module")
-def test_host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetnsHost]:
-    yield from netns_host(tmp_path_factory.mktemp("test-host"))
+def fakes(tmp_path_factory: pytest.TempPathFactory) -> Fakes:
+    state = tmp_path_factory.mktemp("fake-state")
+    return Fakes(state, state / "calls.log")
+
+
+@pytest.fixture(scope="module")
+def test_host(tmp_path_factory: pytest.TempPathFactory, fakes: Fakes) -> Iterator[NetnsHost]:
+    bin_dir = toolchain()
+    tools = Path(os.path.realpath(bin_dir)).parents[1]
+    env = {
+        "PATH": f"{HOST_FAKES}:{KIND_FAKES}:/usr/local/bin:/usr/bin:/bin",
+        "FAKE_LOG": str(fakes.log),
+        "FAKE_STATE": str(fakes.state),
+        "GS_TEST_CLUSTER": str(REPO / ".ci" / "test-cluster"),
+        "GS_TEST_CLUSTER_BIN": str(bin_dir),  # the host has no Go to build them with
+        "GS_KIND_FAKES": str(KIND_FAKES),
+        "GS_API_LISTEN": f"{NS_IP}:6443",  # host.apiPort
+        # The stand-in Substrate tree: the test host's user could not read the mirror's files.
+        "GS_SUBSTRATE_MIRROR": "/nonexistent-mirror",
+        "GS_SUBSTRATE_CRDS": str(CRD_DIR),
+        "GS_SUBSTRATE_COMMIT": SUBSTRATE_COMMIT,
+    }
+    if not (CRD_DIR / "ate.dev_workerpools.yaml").is_file():
+        missing(f"no Substrate CRDs at {CRD_DIR} (../shared/substrate-crds) for the stand-in tree")
+    base = tmp_path_factory.mktemp("test-host")
+    gen = netns_host(base, binds=(REPO, tools, CRD_DIR, fakes.state), env=env, owned=(fakes.state,))
+    try:
+        yield from gen
+    finally:
+        for cluster in (fakes.state / "kind").glob("*/cluster"):
+            subprocess.run(
+                [str(REPO / ".ci" / "test-cluster"), "down", "--dir", str(cluster)],
+                capture_output=True, timeout=300, check=False,
+            )  # fmt: skip
 
 
 def _tools_bundle(stack_file: Path, bin_dir: Path) -> Path:
@@ -84,6 +127,13 @@ def _tools_bundle(stack_file: Path, bin_dir: Path) -> Path:
     assert made.returncode == 0, made.stdout + made.stderr
     tmp.rename(out)
     return out
+
+
+def _first(calls: list[str], prefix: str) -> int:
+    for i, call in enumerate(calls):
+        if call.startswith(prefix):
+            return i
+    raise AssertionError(f"no call starting {prefix!r}:\n" + "\n".join(calls))
 
 
 def _walk(root: Path, top: str) -> Iterator[tuple[str, str]]:
@@ -155,18 +205,25 @@ def _sysctl_keys(root: Path) -> set[str]:
     return keys
 
 
-def test_the_host_stack_prepares_the_test_host_and_destroy_reverts_it_byte_for_byte(
-    test_host: NetnsHost, tmp_path: Path
+def test_the_host_stack_goes_up_on_the_test_host_and_destroy_reverts_it_byte_for_byte(
+    test_host: NetnsHost, fakes: Fakes, tmp_path: Path
 ) -> None:
     """prep-root records the host, the offline tool folder is copied over SFTP and install-tools
-    installs from it alone (the host has no route to a mirror), sshd-priority writes its drop-in;
-    `pulumi destroy` runs wipe then revert-root, and the host's packages, users, groups, unit
-    links, sshd config and every file under /etc, /usr/local, /home and /root are as before.
-    (Our own design: the Borrowed-host guide in docs/infra.md; no Substrate code is involved.)"""
+    installs from it alone (nothing leaves the host's namespace), sshd-priority writes its
+    drop-in; the kind cluster, Substrate's install and the templates then go up over SSH and this
+    machine reaches the cluster at the host's address; `pulumi destroy` uninstalls, deletes the
+    cluster, runs wipe then revert-root, and the host's packages, users, groups, unit links, sshd
+    config and every file under /etc, /usr/local, /home and /root are as before. (Our own design:
+    the Borrowed-host guide in docs/infra.md; the install order is the kind live test's, from
+    Substrate's manifests/ate-install and hack/ scripts.)"""
     start = time.monotonic()
     bin_dir = toolchain()
     cli = pulumi_project(tmp_path, bin_dir, STACK)
-    (cli.project / "infra" / "__main__.py").write_text(HOST_PROGRAM)
+    # The agent image step copies agent/ and uv.lock beside Pulumi.yaml to the host.
+    shutil.copytree(REPO / "agent", cli.project / "agent", ignore=shutil.ignore_patterns("build"))
+    shutil.copytree(REPO / "agent" / "build", cli.project / "agent" / "build")
+    (cli.project / "agent" / "build" / "build-static.sh").write_text(BUILD_STATIC)
+    shutil.copy(REPO / "uv.lock", cli.project)
     stack_file = cli.project / "infra" / "stacks" / f"Pulumi.{STACK}.yaml"
     bundle = _tools_bundle(stack_file, bin_dir)
     cli.config("host.address", test_host.address)
@@ -191,10 +248,10 @@ def test_the_host_stack_prepares_the_test_host_and_destroy_reverts_it_byte_for_b
     try:
         preview = cli.run("preview", "--json", step="preview").stdout
         steps = [s["urn"].rsplit("::", 1)[-1] for s in json.loads(preview)["steps"]]
-        assert steps == [
-            "gym-substrate-host-gvisor", "host", "prep-root", "tools-dir", "tools-bundle",
-            "install-tools", "sshd-priority", "wipe",
-        ], steps  # fmt: skip
+        host_steps = ["prep-root", "tools-dir", "tools-bundle", "install-tools", "sshd-priority"]
+        assert [n for n in steps if n in host_steps] == host_steps, steps
+        assert {"wipe", "kind-create", "install", "agent-image", "ready-python"} <= set(steps)
+        assert fakes.calls() == [], "preview ran a step"
         up = cli.run("up", "--yes", "--skip-preview", step="up")
         print(up.stdout)
         restore |= _sysctl_keys(root)
@@ -219,16 +276,41 @@ def test_the_host_stack_prepares_the_test_host_and_destroy_reverts_it_byte_for_b
         # Offline: the host has no route beyond its /30, and apt used only the staged folder and
         # left no list or source behind.
         routes = subprocess.run(
-            ["ip", "-n", NETNS, "route", "show", "default"], capture_output=True, text=True
+            ["ip", "-n", NETNS, "route", "get", "151.101.2.132"], capture_output=True, text=True
         )
         assert routes.returncode == 0, routes.stderr
-        assert routes.stdout == ""
+        assert f" dev {DROP} " in routes.stdout, routes.stdout
         apt_files = {k: v for k, v in installed.items() if k.startswith("file /etc/apt/")}
         assert apt_files == {k: v for k, v in before.items() if k.startswith("file /etc/apt/")}
         assert not list((root / "var/lib/apt/lists").glob("*gym-substrate*"))
 
+        # The cluster part ran on the host, in its documented order, and this machine got a
+        # providerConfig for it.
+        calls = fakes.calls()
+        order = [
+            "kind create cluster --name substrate-gvisor",
+            "git clone --filter=blob:none https://github.com/agent-substrate/substrate.git",
+            "ko resolve -f -",
+            "kubectl apply --server-side --force-conflicts -f manifests/ate-install/generated",
+            "kubectl -n sandboxes rollout status deployment/sandbox-pool-deployment",
+            "kubectl -n sandboxes wait --for=condition=Ready actortemplate/python-",
+        ]
+        at = [_first(calls, prefix) for prefix in order]
+        assert at == sorted(at), list(zip(order, at, strict=True))
+        outputs = json.loads(cli.run("stack", "output", "--json", "--show-secrets").stdout)
+        kubeconfig = yaml.safe_load(outputs["kubeconfig"])
+        assert kubeconfig["clusters"][0]["cluster"]["server"] == f"https://{NS_IP}:6443"
+        block = yaml.safe_load(outputs["providerConfig"])["sandbox"]["substrate"]
+        ref = outputs["templates"]["python:3.12-slim"]
+        assert block["create"] == {"template": ref, "image_templates": {"python:3.12-slim": ref}}
+        assert outputs["sshTunnel"].endswith(f"gym@{NS_IP}")
+
         destroy = cli.run("destroy", "--yes", step="destroy")
         print(destroy.stdout)
+        calls = fakes.calls()
+        assert _first(calls, "kubectl delete crd workerpools.ate.dev") < _first(
+            calls, "kind delete cluster --name substrate-gvisor"
+        )
         assert cli.run("stack", "export").stdout.count('"urn"') == 0
         after = host_state(root)
         assert {k: _sysctl(k) for k in watched} == before_sysctl
