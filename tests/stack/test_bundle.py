@@ -26,6 +26,8 @@ def _host_raw(**tools: Any) -> dict[str, Any]:
 
 
 def test_offline_dir_is_an_absolute_or_home_path() -> None:
+    """The folder is this machine's: `~` is expanded here; a relative path, or one apt's source
+    line or the scripts could not quote, is refused naming the key."""
     cfg = StackConfig.from_mapping(
         _host_raw(offlineDir="~/tools"), secrets=frozenset({"sshPrivateKey"})
     )
@@ -69,6 +71,8 @@ def _complete(tmp: Path, cfg: StackConfig) -> Path:
 
 
 def test_a_folder_missing_what_install_tools_needs_is_refused_naming_it(tmp_path: Path) -> None:
+    """Every gap at once (packages of another runtime, a binary, the Go tree, a version other
+    than the stack's), then how to make the folder."""
     cfg = stack_config("host-microvm")
     folder = _complete(tmp_path, cfg)
     args = {"packages": host.packages(cfg), "tools": cfg.tools.versions()}
@@ -120,6 +124,7 @@ def test_the_flat_index_is_one_apt_resolves_from(tmp_path: Path) -> None:
 
 
 def test_offline_install_tools_reads_the_staged_copy_and_downloads_nothing() -> None:
+    """What an air-gapped host relies on: no URL but the staged folder, no `go install`."""
     raw = _host_raw(offlineDir="/srv/gs-tools")
     cfg = StackConfig.from_mapping(raw, secrets=frozenset({"sshPrivateKey"}))
     script = host.install_tools_script(cfg)
@@ -133,6 +138,7 @@ def test_offline_install_tools_reads_the_staged_copy_and_downloads_nothing() -> 
 
 
 def test_tools_bundle_refuses_a_non_host_stack_and_bad_local_binaries(tmp_path: Path) -> None:
+    """Usage errors stop before anything is downloaded or written."""
     from click.testing import CliRunner
 
     from gym_substrate.cli import main

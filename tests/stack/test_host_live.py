@@ -214,8 +214,8 @@ def test_the_host_stack_goes_up_on_the_test_host_and_destroy_reverts_it_byte_for
     machine reaches the cluster at the host's address; `pulumi destroy` uninstalls, deletes the
     cluster, runs wipe then revert-root, and the host's packages, users, groups, unit links, sshd
     config and every file under /etc, /usr/local, /home and /root are as before. (Our own design:
-    the Borrowed-host guide in docs/infra.md; the install order is the kind live test's, from
-    Substrate's manifests/ate-install and hack/ scripts.)"""
+    the Borrowed-host guide in docs/infra.md; the install order checked is the one
+    test_kind_live.py checks, real: manifests/ate-install/kind and its generated overlay.)"""
     start = time.monotonic()
     bin_dir = toolchain()
     cli = pulumi_project(tmp_path, bin_dir, STACK)
