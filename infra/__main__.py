@@ -13,7 +13,6 @@ import pulumi
 from pulumi.runtime import config as runtime_config
 
 from gym_substrate.stack import objects
-from gym_substrate.stack.commands import Connection
 from gym_substrate.stack.components import (
     Access,
     ActorTemplates,
@@ -23,7 +22,6 @@ from gym_substrate.stack.components import (
     ClusterArgs,
     ExistingArgs,
     ExistingCluster,
-    HostArgs,
     InstallArgs,
     KindCluster,
     ObjectsArgs,
@@ -35,6 +33,7 @@ from gym_substrate.stack.components import (
     TemplatesArgs,
     WorkerPool,
     WorkloadTemplate,
+    borrowed_host,
 )
 from gym_substrate.stack.config import (
     PROJECT,
@@ -118,14 +117,10 @@ else:
     runner = Runner(cwd=str(REPO_ROOT))
     host: BorrowedHost | None = None
     if cfg.host is not None:
-        connection = Connection(
-            host=cfg.host.address,
-            user=cfg.host.user,
-            port=cfg.host.port,
-            private_key=pulumi.Config(PROJECT).require_secret("sshPrivateKey"),
-            host_key=cfg.host.host_key,
-        )
-        host = BorrowedHost("host", HostArgs.from_config(cfg, connection))
+        try:
+            host = borrowed_host(cfg, pulumi.Config(PROJECT).require_secret("sshPrivateKey"))
+        except ConfigError as exc:
+            raise pulumi.RunError(str(exc)) from None
         runner = host.runner
 
     cluster = KindCluster("cluster", ClusterArgs.from_config(cfg, runner))

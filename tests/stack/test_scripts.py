@@ -36,6 +36,8 @@ TOOLS = (
     "getent",
     "apt-get",
     "gpasswd",
+    "userdel",
+    "groupdel",
     "curl",
     "aws",
     "dpkg",
@@ -545,6 +547,62 @@ def test_prep_root_then_revert_root_leaves_the_host_as_found(fakes: Fakes, tmp_p
     assert not Path(state).exists()
     # Nothing recorded any more: a second revert is a no-op.
     fakes.run(host.revert_root_script(cfg), env=env)
+
+
+def test_revert_root_undoes_accounts_upgrades_and_its_own_folders(
+    fakes: Fakes, tmp_path: Path
+) -> None:
+    """What a package's purge leaves (docker.io's `docker` group), dependencies install-tools
+    upgraded, the account files' backups, and the workdir prep-root made: all put back."""
+    cfg = stack_config("host-gvisor")
+    root = tmp_path / "hostroot"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc" / "passwd").write_text("root:x:0:0::/root:/bin/bash\n")
+    (root / "etc" / "group").write_text("root:x:0:\n")
+    (root / "etc" / "group-").write_text("the backup before\n")
+    versions = tmp_path / "versions"
+    versions.write_text("bash 5.2\nlibssl3 3.0.20\n")
+    fakes.handler(
+        "dpkg-query",
+        f'case "$*" in *Version*) cat "{versions}";; *) cut -d" " -f1 "{versions}";; esac\n',
+    )
+    env = {"GYM_SUBSTRATE_HOST_ROOT": str(root)}
+    fakes.run(host.prep_root_script(cfg), env=env)
+    workdir = fakes.root / "home" / ".gym-substrate" / "substrate-gvisor"
+    assert workdir.is_dir()
+    # What install-tools did: a new group and system user, an upgrade, rewritten backups.
+    (root / "etc" / "group").write_text("root:x:0:\ndocker:x:999:\n")
+    (root / "etc" / "passwd").write_text("root:x:0:0::/root:/bin/bash\nsvc:x:998:999::/:/x\n")
+    (root / "etc" / "group-").write_text("rewritten by groupadd\n")
+    versions.write_text("bash 5.2\nlibssl3 3.0.22\n")
+    fakes.log.write_text("")
+    fakes.run(host.revert_root_script(cfg), env=env)
+    calls = fakes.calls()
+    assert f"userdel --prefix {root} svc" in calls
+    assert f"groupdel --prefix {root} docker" in calls
+    assert "apt-get install -y -qq --allow-downgrades libssl3=3.0.20" in calls
+    assert not [c for c in calls if "bash=" in c]
+    assert (root / "etc" / "group-").read_text() == "the backup before\n"
+    assert not (fakes.root / "home" / ".gym-substrate").exists()
+
+
+def test_revert_root_removes_the_caches_the_steps_left_in_home_only(fakes: Fakes) -> None:
+    """kubectl, Go, ko and pip write caches into the SSH user's home; revert removes those that
+    were not there at the record, read-only Go modules included, and keeps the user's own."""
+    cfg = stack_config("host-gvisor")
+    home = fakes.root / "home"
+    (home / ".cache" / "mine").mkdir(parents=True)
+    fakes.run(host.prep_root_script(cfg))
+    mod = home / "go" / "pkg" / "mod" / "example.com@v1"
+    mod.mkdir(parents=True)
+    (mod / "go.mod").write_text("module example.com\n")
+    for d in (mod, mod.parent):
+        d.chmod(0o555)
+    (home / ".cache" / "go-build").mkdir()
+    (home / ".kube" / "cache").mkdir(parents=True)
+    fakes.run(host.revert_root_script(cfg))
+    assert sorted(p.name for p in home.iterdir()) == [".cache"]
+    assert [p.name for p in (home / ".cache").iterdir()] == ["mine"]
 
 
 def test_wipe_removes_only_what_was_not_there_before(fakes: Fakes) -> None:

@@ -87,6 +87,10 @@ class LazyGroup(click.Group):
             "gym_substrate.cli.probe:probe",
             "Probes for a new host or sandbox class: memory, footprint, burst, cancelled-pause.",
         ),
+        "infra": (
+            "gym_substrate.cli.infra:infra",
+            "Helpers for the Pulumi stacks: the offline tool folder for borrowed hosts.",
+        ),
         "render": (
             "gym_substrate.cli.render:render",
             "Write the Kubernetes objects a Pulumi stack would apply.",

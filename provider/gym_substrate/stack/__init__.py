@@ -9,6 +9,7 @@ mocks):
 - `scripts`: the shell steps the components run, as plain strings, and how their results are
   read back;
 - `host`: the borrowed host's steps: record it, prepare it, put it back;
+- `bundle`: the offline tool folder install-tools installs from on an air-gapped host;
 - `render`: writes a stack's objects and scripts to a folder.
 
 Pulumi (imported only by the Pulumi program in `infra/__main__.py`, never by this package):

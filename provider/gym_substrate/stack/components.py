@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import pulumi
 import pulumi_kubernetes as k8s
 
-from gym_substrate.stack import host, objects, scripts
+from gym_substrate.stack import bundle, host, objects, scripts
 from gym_substrate.stack.commands import Connection, CopyToHost
 from gym_substrate.stack.config import StackConfig, WorkloadConfig
 from gym_substrate.stack.runner import Runner
@@ -58,6 +58,7 @@ __all__ = [
     "TemplatesArgs",
     "WorkerPool",
     "WorkloadTemplate",
+    "borrowed_host",
 ]
 
 _PKG = "gymsubstrate:index"
@@ -92,10 +93,19 @@ class HostArgs:
     install_tools: str
     sshd_priority: str
     wipe: str  # the wipe step's delete: cluster, registry and what Docker gained since the record
+    # Offline installs: the local tool folder, the host folder it is copied into (install-tools
+    # reads it there), and what re-copies it (its manifest's hash).
+    tools_dir: str | None = None
+    tools_remote_dir: str = ""
+    tools_hash: str = ""
 
     @classmethod
     def from_config(cls, cfg: StackConfig, connection: Connection) -> HostArgs:
+        offline = cfg.tools.offline_dir
         return cls(
+            tools_dir=offline,
+            tools_remote_dir=host.offline_remote_dir(cfg),
+            tools_hash=bundle.manifest_hash(Path(offline)) if offline else "",
             connection=connection,
             prep_root=host.prep_root_script(cfg),
             revert_root=host.revert_root_script(cfg),
@@ -118,8 +128,26 @@ class BorrowedHost(pulumi.ComponentResource):
         self.prep_root = steps.run(
             "prep-root", args.prep_root, parent=self, delete=args.revert_root
         )
+        before_tools: list[pulumi.Resource] = [self.prep_root]
+        if args.tools_dir is not None:
+            target = steps.run(
+                "tools-dir",
+                f"mkdir -p {args.tools_remote_dir}",
+                parent=self,
+                depends_on=[self.prep_root],
+            )
+            before_tools.append(
+                CopyToHost(
+                    "tools-bundle",
+                    connection=args.connection,
+                    source=args.tools_dir,
+                    remote_dir=args.tools_remote_dir,
+                    triggers=[args.tools_hash],
+                    opts=pulumi.ResourceOptions(parent=self, depends_on=[target]),
+                )
+            )
         self.install_tools = steps.run(
-            "install-tools", args.install_tools, parent=self, depends_on=[self.prep_root]
+            "install-tools", args.install_tools, parent=self, depends_on=before_tools
         )
         self.sshd_priority = steps.run(
             "sshd-priority", args.sshd_priority, parent=self, depends_on=[self.install_tools]
@@ -134,6 +162,24 @@ class BorrowedHost(pulumi.ComponentResource):
         self.runner = Runner(connection=args.connection, after=(self.wipe,))
         self.state_dir = self.prep_root.stdout
         self.register_outputs({"stateDir": self.state_dir})
+
+
+def borrowed_host(cfg: StackConfig, private_key: pulumi.Input[str]) -> BorrowedHost:
+    """The host stack's BorrowedHost `host`, once an offline tool folder, if one is set, holds
+    what install-tools needs (a ConfigError naming what is missing otherwise)."""
+    assert cfg.host is not None
+    if cfg.tools.offline_dir is not None:
+        bundle.check_bundle(
+            Path(cfg.tools.offline_dir), packages=host.packages(cfg), tools=cfg.tools.versions()
+        )
+    connection = Connection(
+        host=cfg.host.address,
+        user=cfg.host.user,
+        port=cfg.host.port,
+        private_key=private_key,
+        host_key=cfg.host.host_key,
+    )
+    return BorrowedHost("host", HostArgs.from_config(cfg, connection))
 
 
 @dataclass(frozen=True)

@@ -300,6 +300,12 @@ class ToolVersions:
     kubectl: str = "v1.36.0"
     go: str = "1.26.3"
     ko: str = "v0.18.1"
+    # A local folder from `gym-substrate infra tools-bundle`: install-tools installs from its
+    # copy on the host and downloads nothing. None: apt and the release downloads.
+    offline_dir: str | None = None
+
+    def versions(self) -> dict[str, str]:
+        return {"kind": self.kind, "kubectl": self.kubectl, "go": self.go, "ko": self.ko}
 
 
 @dataclass(frozen=True)
@@ -485,6 +491,7 @@ class StackConfig:
                 kubectl=_version(t, "kubectl", "v1.36.0"),
                 go=_version(t, "go", "1.26.3"),
                 ko=_version(t, "ko", "v0.18.1"),
+                offline_dir=_offline_dir(t),
             )
             t.done()
         elif top.get("host") is not None:
@@ -840,6 +847,21 @@ def _workdir(section: _Section) -> str:
             "use e.g. `~/.gym-substrate` or `/var/lib/gym-substrate`",
         )
     return value
+
+
+def _offline_dir(section: _Section) -> str | None:
+    value = section.opt_string("offlineDir")
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if not path.is_absolute() or any(c in value for c in "\"'$`\\ \n") or path.name in {"", "."}:
+        raise _fail(
+            section.sub("offlineDir"),
+            f"{value!r} is not an absolute or ~/ path of a folder without quotes, spaces or `$`",
+            "point it at the folder `gym-substrate infra tools-bundle --out <dir>` filled, "
+            "e.g. `~/gym-substrate-tools`",
+        )
+    return str(path)
 
 
 def _version(section: _Section, key: str, default: str) -> str:
