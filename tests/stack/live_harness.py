@@ -28,6 +28,18 @@ from stack_harness import CRD_DIR, REPO
 TOOLS = ("pulumi", "kubernetes", "kubectl", "etcd", "kwok", "kube")
 KUBERNETES_PLUGIN = "4.25.0"  # pinned in pyproject.toml (pulumi-kubernetes==) and tools.env
 CONTEXT = "kwok-gym-substrate"  # the context .ci/test-cluster writes
+# For the stacks' live runs, the static agent build (PyInstaller and staticx from PyPI, minutes)
+# is a stand-in that prints the path of a small executable, as the real script's last stdout
+# line does.
+BUILD_STATIC = """#!/usr/bin/env bash
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+mkdir -p build/sandbox-agent
+printf '#!/bin/sh\\necho stand-in agent\\n' > build/sandbox-agent/sandbox-agent
+chmod +x build/sandbox-agent/sandbox-agent
+echo "build-static (stand-in): done" >&2
+echo build/sandbox-agent/sandbox-agent
+"""
 
 
 def toolchain() -> Path:

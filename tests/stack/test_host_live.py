@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 import yaml
 from ci_policy import missing
-from live_harness import pulumi_project, toolchain
+from live_harness import BUILD_STATIC, pulumi_project, toolchain
 from netns_host import CACHE, DROP, NETNS, NS_IP, VERSION, NetnsHost, netns_host
 from stack_harness import CRD_DIR, REPO
 
@@ -48,15 +48,6 @@ STACK = "host-gvisor"
 STANDINS = Path(__file__).parent / "host_standins"
 HOST_FAKES = Path(__file__).parent / "host_fakes"
 KIND_FAKES = Path(__file__).parent / "kind_fakes"
-# The static agent build (PyInstaller from PyPI, minutes): a stand-in, as in test_kind_live.
-BUILD_STATIC = """#!/usr/bin/env bash
-set -euo pipefail
-cd "$(dirname "$0")/../.."
-mkdir -p build/sandbox-agent
-printf '#!/bin/sh\\necho stand-in agent\\n' > build/sandbox-agent/sandbox-agent
-chmod +x build/sandbox-agent/sandbox-agent
-echo build/sandbox-agent/sandbox-agent
-"""
 RECORDED = ("/etc", "/usr/local", "/home", "/root")
 SYSCTL_DIRS = ("etc/sysctl.d", "usr/lib/sysctl.d", "lib/sysctl.d", "run/sysctl.d")
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 from ci_policy import missing
-from live_harness import Pulumi, pulumi_project, toolchain
+from live_harness import BUILD_STATIC, Pulumi, pulumi_project, toolchain
 from stack_harness import CRD_DIR, REPO
 
 from gym_substrate.stack.config import SUBSTRATE_COMMIT
@@ -39,17 +39,6 @@ pytestmark = [pytest.mark.pulumi_cli, pytest.mark.slow, pytest.mark.timeout(2400
 FAKES = Path(__file__).parent / "kind_fakes"
 MIRROR = Path("/work/.mirror/agent-substrate+substrate/repo")
 IMAGE = "python:3.12-slim"
-# The static agent build (PyInstaller and staticx from PyPI, minutes): a stand-in that prints
-# the path of a small executable, as the real script's last stdout line does.
-BUILD_STATIC = """#!/usr/bin/env bash
-set -euo pipefail
-cd "$(dirname "$0")/../.."
-mkdir -p build/sandbox-agent
-printf '#!/bin/sh\\necho stand-in agent\\n' > build/sandbox-agent/sandbox-agent
-chmod +x build/sandbox-agent/sandbox-agent
-echo "build-static (stand-in): done" >&2
-echo build/sandbox-agent/sandbox-agent
-"""
 
 
 @pytest.fixture(scope="module")
