@@ -19,15 +19,14 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 from ci_policy import missing
+from ssh_host import wait_for_sshd
 
 CACHE = Path(os.environ.get("GYM_SUBSTRATE_CACHE") or "/var/cache/gym-substrate") / "test-host"
 VERSION = "2"  # bump when PACKAGES or the build steps change: a new cache folder is built
@@ -223,15 +222,7 @@ def netns_host(
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True,
         )  # fmt: skip
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection((NS_IP, 22), timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"test host sshd did not start:\n{(base / 'sshd.log').read_text()}")
-                time.sleep(0.2)
+        wait_for_sshd(NS_IP, 22, proc, base / "sshd.log", what="test host sshd")
         host_key = " ".join((merged / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()[:2])
         yield NetnsHost(NS_IP, 22, USER, (keys / "id").read_text(), host_key, merged)
     finally:

@@ -50,6 +50,22 @@ def _sshd_root() -> Path:
     return root
 
 
+def wait_for_sshd(
+    address: str, port: int, proc: subprocess.Popen[bytes], log: Path, *, what: str = "sshd"
+) -> None:
+    """Until ``address:port`` accepts connections; a failure quoting ``log`` if ``proc`` exits
+    first or 20 s pass."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            socket.create_connection((address, port), timeout=1).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"{what} did not start:\n{log.read_text()}")
+            time.sleep(0.1)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -91,15 +107,7 @@ def ssh_host(base: Path) -> Iterator[SshHost]:
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"sshd did not start:\n{(base / 'sshd.log').read_text()}")
-                time.sleep(0.1)
+        wait_for_sshd("127.0.0.1", port, proc, base / "sshd.log")
         host_key = " ".join((base / "host.pub").read_text().split()[:2])
         work = base / "remote"
         work.mkdir()
