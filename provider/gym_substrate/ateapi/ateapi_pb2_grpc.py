@@ -37,17 +37,17 @@ class ControlStub:
         self.GetActor = channel.unary_unary(
                 '/ateapi.Control/GetActor',
                 request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.GetActorRequest.SerializeToString,
-                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.GetActorResponse.FromString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.Actor.FromString,
                 _registered_method=True)
         self.CreateActor = channel.unary_unary(
                 '/ateapi.Control/CreateActor',
                 request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.CreateActorRequest.SerializeToString,
-                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.CreateActorResponse.FromString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.Actor.FromString,
                 _registered_method=True)
         self.UpdateActor = channel.unary_unary(
                 '/ateapi.Control/UpdateActor',
                 request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.UpdateActorRequest.SerializeToString,
-                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.UpdateActorResponse.FromString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.Actor.FromString,
                 _registered_method=True)
         self.SuspendActor = channel.unary_unary(
                 '/ateapi.Control/SuspendActor',
@@ -64,15 +64,105 @@ class ControlStub:
                 request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.ResumeActorRequest.SerializeToString,
                 response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.ResumeActorResponse.FromString,
                 _registered_method=True)
+        self.RevertActor = channel.unary_unary(
+                '/ateapi.Control/RevertActor',
+                request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.RevertActorRequest.SerializeToString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.RevertActorResponse.FromString,
+                _registered_method=True)
         self.DeleteActor = channel.unary_unary(
                 '/ateapi.Control/DeleteActor',
                 request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.DeleteActorRequest.SerializeToString,
-                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.DeleteActorResponse.FromString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.Actor.FromString,
+                _registered_method=True)
+        self.GetActorEgressPolicy = channel.unary_unary(
+                '/ateapi.Control/GetActorEgressPolicy',
+                request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.GetActorEgressPolicyRequest.SerializeToString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.EgressPolicy.FromString,
+                _registered_method=True)
+        self.CreateActorEgressPolicy = channel.unary_unary(
+                '/ateapi.Control/CreateActorEgressPolicy',
+                request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.CreateActorEgressPolicyRequest.SerializeToString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.EgressPolicy.FromString,
+                _registered_method=True)
+        self.UpdateActorEgressPolicy = channel.unary_unary(
+                '/ateapi.Control/UpdateActorEgressPolicy',
+                request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.UpdateActorEgressPolicyRequest.SerializeToString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.EgressPolicy.FromString,
+                _registered_method=True)
+        self.DeleteActorEgressPolicy = channel.unary_unary(
+                '/ateapi.Control/DeleteActorEgressPolicy',
+                request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.DeleteActorEgressPolicyRequest.SerializeToString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.EgressPolicy.FromString,
+                _registered_method=True)
+        self.MintActorJWT = channel.unary_unary(
+                '/ateapi.Control/MintActorJWT',
+                request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.MintActorJWTRequest.SerializeToString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.MintActorJWTResponse.FromString,
+                _registered_method=True)
+        self.MintActorCertificate = channel.unary_unary(
+                '/ateapi.Control/MintActorCertificate',
+                request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.MintActorCertificateRequest.SerializeToString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.MintActorCertificateResponse.FromString,
+                _registered_method=True)
+        self.CreateTag = channel.unary_unary(
+                '/ateapi.Control/CreateTag',
+                request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.CreateTagRequest.SerializeToString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.Tag.FromString,
+                _registered_method=True)
+        self.GetTag = channel.unary_unary(
+                '/ateapi.Control/GetTag',
+                request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.GetTagRequest.SerializeToString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.Tag.FromString,
+                _registered_method=True)
+        self.ListTags = channel.unary_unary(
+                '/ateapi.Control/ListTags',
+                request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.ListTagsRequest.SerializeToString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.ListTagsResponse.FromString,
+                _registered_method=True)
+        self.UpdateTag = channel.unary_unary(
+                '/ateapi.Control/UpdateTag',
+                request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.UpdateTagRequest.SerializeToString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.Tag.FromString,
+                _registered_method=True)
+        self.DeleteTag = channel.unary_unary(
+                '/ateapi.Control/DeleteTag',
+                request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.DeleteTagRequest.SerializeToString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.Tag.FromString,
                 _registered_method=True)
         self.ListWorkers = channel.unary_unary(
                 '/ateapi.Control/ListWorkers',
                 request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.ListWorkersRequest.SerializeToString,
                 response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.ListWorkersResponse.FromString,
+                _registered_method=True)
+        self.GetWorker = channel.unary_unary(
+                '/ateapi.Control/GetWorker',
+                request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.GetWorkerRequest.SerializeToString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.Worker.FromString,
+                _registered_method=True)
+        self.CreateWorker = channel.unary_unary(
+                '/ateapi.Control/CreateWorker',
+                request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.CreateWorkerRequest.SerializeToString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.Worker.FromString,
+                _registered_method=True)
+        self.UpdateWorker = channel.unary_unary(
+                '/ateapi.Control/UpdateWorker',
+                request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.UpdateWorkerRequest.SerializeToString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.Worker.FromString,
+                _registered_method=True)
+        self.DeleteWorker = channel.unary_unary(
+                '/ateapi.Control/DeleteWorker',
+                request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.DeleteWorkerRequest.SerializeToString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.Worker.FromString,
+                _registered_method=True)
+        self.DrainWorker = channel.unary_unary(
+                '/ateapi.Control/DrainWorker',
+                request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.DrainWorkerRequest.SerializeToString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.Worker.FromString,
+                _registered_method=True)
+        self.ListWorkerActorAssignments = channel.unary_unary(
+                '/ateapi.Control/ListWorkerActorAssignments',
+                request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.ListWorkerActorAssignmentsRequest.SerializeToString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.ListWorkerActorAssignmentsResponse.FromString,
                 _registered_method=True)
         self.ListActors = channel.unary_unary(
                 '/ateapi.Control/ListActors',
@@ -82,12 +172,12 @@ class ControlStub:
         self.CreateAtespace = channel.unary_unary(
                 '/ateapi.Control/CreateAtespace',
                 request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.CreateAtespaceRequest.SerializeToString,
-                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.CreateAtespaceResponse.FromString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.Atespace.FromString,
                 _registered_method=True)
         self.GetAtespace = channel.unary_unary(
                 '/ateapi.Control/GetAtespace',
                 request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.GetAtespaceRequest.SerializeToString,
-                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.GetAtespaceResponse.FromString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.Atespace.FromString,
                 _registered_method=True)
         self.ListAtespaces = channel.unary_unary(
                 '/ateapi.Control/ListAtespaces',
@@ -97,12 +187,62 @@ class ControlStub:
         self.DeleteAtespace = channel.unary_unary(
                 '/ateapi.Control/DeleteAtespace',
                 request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.DeleteAtespaceRequest.SerializeToString,
-                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.DeleteAtespaceResponse.FromString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.Atespace.FromString,
                 _registered_method=True)
-        self.DebugClear = channel.unary_unary(
-                '/ateapi.Control/DebugClear',
-                request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.DebugClearRequest.SerializeToString,
-                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.DebugClearResponse.FromString,
+        self.CreateActorTemplate = channel.unary_unary(
+                '/ateapi.Control/CreateActorTemplate',
+                request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.CreateActorTemplateRequest.SerializeToString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.ActorTemplate.FromString,
+                _registered_method=True)
+        self.GetActorTemplate = channel.unary_unary(
+                '/ateapi.Control/GetActorTemplate',
+                request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.GetActorTemplateRequest.SerializeToString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.ActorTemplate.FromString,
+                _registered_method=True)
+        self.ListActorTemplates = channel.unary_unary(
+                '/ateapi.Control/ListActorTemplates',
+                request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.ListActorTemplatesRequest.SerializeToString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.ListActorTemplatesResponse.FromString,
+                _registered_method=True)
+        self.DeleteActorTemplate = channel.unary_unary(
+                '/ateapi.Control/DeleteActorTemplate',
+                request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.DeleteActorTemplateRequest.SerializeToString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.ActorTemplate.FromString,
+                _registered_method=True)
+        self.GetGlobalAccessPolicy = channel.unary_unary(
+                '/ateapi.Control/GetGlobalAccessPolicy',
+                request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.GetGlobalAccessPolicyRequest.SerializeToString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.AccessPolicy.FromString,
+                _registered_method=True)
+        self.CreateGlobalAccessPolicy = channel.unary_unary(
+                '/ateapi.Control/CreateGlobalAccessPolicy',
+                request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.CreateGlobalAccessPolicyRequest.SerializeToString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.AccessPolicy.FromString,
+                _registered_method=True)
+        self.UpdateGlobalAccessPolicy = channel.unary_unary(
+                '/ateapi.Control/UpdateGlobalAccessPolicy',
+                request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.UpdateGlobalAccessPolicyRequest.SerializeToString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.AccessPolicy.FromString,
+                _registered_method=True)
+        self.GetAtespaceAccessPolicy = channel.unary_unary(
+                '/ateapi.Control/GetAtespaceAccessPolicy',
+                request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.GetAtespaceAccessPolicyRequest.SerializeToString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.AccessPolicy.FromString,
+                _registered_method=True)
+        self.CreateAtespaceAccessPolicy = channel.unary_unary(
+                '/ateapi.Control/CreateAtespaceAccessPolicy',
+                request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.CreateAtespaceAccessPolicyRequest.SerializeToString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.AccessPolicy.FromString,
+                _registered_method=True)
+        self.UpdateAtespaceAccessPolicy = channel.unary_unary(
+                '/ateapi.Control/UpdateAtespaceAccessPolicy',
+                request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.UpdateAtespaceAccessPolicyRequest.SerializeToString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.AccessPolicy.FromString,
+                _registered_method=True)
+        self.DeleteAtespaceAccessPolicy = channel.unary_unary(
+                '/ateapi.Control/DeleteAtespaceAccessPolicy',
+                request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.DeleteAtespaceAccessPolicyRequest.SerializeToString,
+                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.AccessPolicy.FromString,
                 _registered_method=True)
 
 
@@ -110,48 +250,170 @@ class ControlServicer:
     """Missing associated documentation comment in .proto file."""
 
     def GetActor(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Actors.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def CreateActor(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """A new actor starts SUSPENDED on its template's golden tag (or its source_tag).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def UpdateActor(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Only worker_selector may change; metadata.uid and metadata.version are preconditions.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def SuspendActor(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """RUNNING (checkpointed) or PAUSED (its node-local snapshot uploaded) -> SUSPENDED.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def PauseActor(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """RUNNING -> PAUSED, the snapshot kept on the node.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ResumeActor(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """-> RUNNING once the wakeup probe answers; `resumed` is false if it already ran.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevertActor(self, request, context):
+        """RUNNING, PAUSED or CRASHED -> SUSPENDED at the last durable snapshot.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def DeleteActor(self, request, context):
+        """SUSPENDED or CRASHED only, unless any_state.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetActorEgressPolicy(self, request, context):
+        """Egress policy, nested under an actor (named "default").
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateActorEgressPolicy(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def UpdateActorEgressPolicy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteActorEgressPolicy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MintActorJWT(self, request, context):
+        """Actor identity for the egress gateway.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MintActorCertificate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateTag(self, request, context):
+        """Tags: a named copy of a SUSPENDED actor's durable snapshot, to create actors from.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTag(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTags(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateTag(self, request, context):
+        """Changes the scope only; the snapshot a tag points at never changes.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteTag(self, request, context):
+        """Deletes the tag's snapshot too: actors created from it that never suspended are stranded.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListWorkers(self, request, context):
+        """Workers (global-scoped; names are server-assigned and opaque).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetWorker(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateWorker(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateWorker(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteWorker(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DrainWorker(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListWorkerActorAssignments(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -164,7 +426,8 @@ class ControlServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CreateAtespace(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Atespaces (global-scoped: the identity is metadata.name).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -182,12 +445,77 @@ class ControlServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DeleteAtespace(self, request, context):
+        """Only an empty atespace (no actors, no tags).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateActorTemplate(self, request, context):
+        """Actor templates: immutable once created (there is no update); each gets a golden tag in the
+        reserved `ate-golden` atespace, reported in status.golden_snapshot_status.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetActorTemplate(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def DebugClear(self, request, context):
+    def ListActorTemplates(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteActorTemplate(self, request, context):
+        """Also deletes the template's golden actor and golden tag.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetGlobalAccessPolicy(self, request, context):
+        """Access policies (the deployment-wide singleton, and one per atespace).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateGlobalAccessPolicy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateGlobalAccessPolicy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetAtespaceAccessPolicy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateAtespaceAccessPolicy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdateAtespaceAccessPolicy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteAtespaceAccessPolicy(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -199,17 +527,17 @@ def add_ControlServicer_to_server(servicer, server):
             'GetActor': grpc.unary_unary_rpc_method_handler(
                     servicer.GetActor,
                     request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.GetActorRequest.FromString,
-                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.GetActorResponse.SerializeToString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.Actor.SerializeToString,
             ),
             'CreateActor': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateActor,
                     request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.CreateActorRequest.FromString,
-                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.CreateActorResponse.SerializeToString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.Actor.SerializeToString,
             ),
             'UpdateActor': grpc.unary_unary_rpc_method_handler(
                     servicer.UpdateActor,
                     request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.UpdateActorRequest.FromString,
-                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.UpdateActorResponse.SerializeToString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.Actor.SerializeToString,
             ),
             'SuspendActor': grpc.unary_unary_rpc_method_handler(
                     servicer.SuspendActor,
@@ -226,15 +554,105 @@ def add_ControlServicer_to_server(servicer, server):
                     request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.ResumeActorRequest.FromString,
                     response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.ResumeActorResponse.SerializeToString,
             ),
+            'RevertActor': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevertActor,
+                    request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.RevertActorRequest.FromString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.RevertActorResponse.SerializeToString,
+            ),
             'DeleteActor': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteActor,
                     request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.DeleteActorRequest.FromString,
-                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.DeleteActorResponse.SerializeToString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.Actor.SerializeToString,
+            ),
+            'GetActorEgressPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetActorEgressPolicy,
+                    request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.GetActorEgressPolicyRequest.FromString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.EgressPolicy.SerializeToString,
+            ),
+            'CreateActorEgressPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateActorEgressPolicy,
+                    request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.CreateActorEgressPolicyRequest.FromString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.EgressPolicy.SerializeToString,
+            ),
+            'UpdateActorEgressPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateActorEgressPolicy,
+                    request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.UpdateActorEgressPolicyRequest.FromString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.EgressPolicy.SerializeToString,
+            ),
+            'DeleteActorEgressPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteActorEgressPolicy,
+                    request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.DeleteActorEgressPolicyRequest.FromString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.EgressPolicy.SerializeToString,
+            ),
+            'MintActorJWT': grpc.unary_unary_rpc_method_handler(
+                    servicer.MintActorJWT,
+                    request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.MintActorJWTRequest.FromString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.MintActorJWTResponse.SerializeToString,
+            ),
+            'MintActorCertificate': grpc.unary_unary_rpc_method_handler(
+                    servicer.MintActorCertificate,
+                    request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.MintActorCertificateRequest.FromString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.MintActorCertificateResponse.SerializeToString,
+            ),
+            'CreateTag': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateTag,
+                    request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.CreateTagRequest.FromString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.Tag.SerializeToString,
+            ),
+            'GetTag': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTag,
+                    request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.GetTagRequest.FromString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.Tag.SerializeToString,
+            ),
+            'ListTags': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTags,
+                    request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.ListTagsRequest.FromString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.ListTagsResponse.SerializeToString,
+            ),
+            'UpdateTag': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateTag,
+                    request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.UpdateTagRequest.FromString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.Tag.SerializeToString,
+            ),
+            'DeleteTag': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteTag,
+                    request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.DeleteTagRequest.FromString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.Tag.SerializeToString,
             ),
             'ListWorkers': grpc.unary_unary_rpc_method_handler(
                     servicer.ListWorkers,
                     request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.ListWorkersRequest.FromString,
                     response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.ListWorkersResponse.SerializeToString,
+            ),
+            'GetWorker': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetWorker,
+                    request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.GetWorkerRequest.FromString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.Worker.SerializeToString,
+            ),
+            'CreateWorker': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateWorker,
+                    request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.CreateWorkerRequest.FromString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.Worker.SerializeToString,
+            ),
+            'UpdateWorker': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateWorker,
+                    request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.UpdateWorkerRequest.FromString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.Worker.SerializeToString,
+            ),
+            'DeleteWorker': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteWorker,
+                    request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.DeleteWorkerRequest.FromString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.Worker.SerializeToString,
+            ),
+            'DrainWorker': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainWorker,
+                    request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.DrainWorkerRequest.FromString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.Worker.SerializeToString,
+            ),
+            'ListWorkerActorAssignments': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWorkerActorAssignments,
+                    request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.ListWorkerActorAssignmentsRequest.FromString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.ListWorkerActorAssignmentsResponse.SerializeToString,
             ),
             'ListActors': grpc.unary_unary_rpc_method_handler(
                     servicer.ListActors,
@@ -244,12 +662,12 @@ def add_ControlServicer_to_server(servicer, server):
             'CreateAtespace': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateAtespace,
                     request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.CreateAtespaceRequest.FromString,
-                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.CreateAtespaceResponse.SerializeToString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.Atespace.SerializeToString,
             ),
             'GetAtespace': grpc.unary_unary_rpc_method_handler(
                     servicer.GetAtespace,
                     request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.GetAtespaceRequest.FromString,
-                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.GetAtespaceResponse.SerializeToString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.Atespace.SerializeToString,
             ),
             'ListAtespaces': grpc.unary_unary_rpc_method_handler(
                     servicer.ListAtespaces,
@@ -259,12 +677,62 @@ def add_ControlServicer_to_server(servicer, server):
             'DeleteAtespace': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteAtespace,
                     request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.DeleteAtespaceRequest.FromString,
-                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.DeleteAtespaceResponse.SerializeToString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.Atespace.SerializeToString,
             ),
-            'DebugClear': grpc.unary_unary_rpc_method_handler(
-                    servicer.DebugClear,
-                    request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.DebugClearRequest.FromString,
-                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.DebugClearResponse.SerializeToString,
+            'CreateActorTemplate': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateActorTemplate,
+                    request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.CreateActorTemplateRequest.FromString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.ActorTemplate.SerializeToString,
+            ),
+            'GetActorTemplate': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetActorTemplate,
+                    request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.GetActorTemplateRequest.FromString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.ActorTemplate.SerializeToString,
+            ),
+            'ListActorTemplates': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListActorTemplates,
+                    request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.ListActorTemplatesRequest.FromString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.ListActorTemplatesResponse.SerializeToString,
+            ),
+            'DeleteActorTemplate': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteActorTemplate,
+                    request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.DeleteActorTemplateRequest.FromString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.ActorTemplate.SerializeToString,
+            ),
+            'GetGlobalAccessPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetGlobalAccessPolicy,
+                    request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.GetGlobalAccessPolicyRequest.FromString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.AccessPolicy.SerializeToString,
+            ),
+            'CreateGlobalAccessPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateGlobalAccessPolicy,
+                    request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.CreateGlobalAccessPolicyRequest.FromString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.AccessPolicy.SerializeToString,
+            ),
+            'UpdateGlobalAccessPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateGlobalAccessPolicy,
+                    request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.UpdateGlobalAccessPolicyRequest.FromString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.AccessPolicy.SerializeToString,
+            ),
+            'GetAtespaceAccessPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAtespaceAccessPolicy,
+                    request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.GetAtespaceAccessPolicyRequest.FromString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.AccessPolicy.SerializeToString,
+            ),
+            'CreateAtespaceAccessPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateAtespaceAccessPolicy,
+                    request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.CreateAtespaceAccessPolicyRequest.FromString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.AccessPolicy.SerializeToString,
+            ),
+            'UpdateAtespaceAccessPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdateAtespaceAccessPolicy,
+                    request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.UpdateAtespaceAccessPolicyRequest.FromString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.AccessPolicy.SerializeToString,
+            ),
+            'DeleteAtespaceAccessPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteAtespaceAccessPolicy,
+                    request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.DeleteAtespaceAccessPolicyRequest.FromString,
+                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.AccessPolicy.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -293,7 +761,7 @@ class Control:
             target,
             '/ateapi.Control/GetActor',
             gym__substrate_dot_ateapi_dot_ateapi__pb2.GetActorRequest.SerializeToString,
-            gym__substrate_dot_ateapi_dot_ateapi__pb2.GetActorResponse.FromString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.Actor.FromString,
             options,
             channel_credentials,
             insecure,
@@ -320,7 +788,7 @@ class Control:
             target,
             '/ateapi.Control/CreateActor',
             gym__substrate_dot_ateapi_dot_ateapi__pb2.CreateActorRequest.SerializeToString,
-            gym__substrate_dot_ateapi_dot_ateapi__pb2.CreateActorResponse.FromString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.Actor.FromString,
             options,
             channel_credentials,
             insecure,
@@ -347,7 +815,7 @@ class Control:
             target,
             '/ateapi.Control/UpdateActor',
             gym__substrate_dot_ateapi_dot_ateapi__pb2.UpdateActorRequest.SerializeToString,
-            gym__substrate_dot_ateapi_dot_ateapi__pb2.UpdateActorResponse.FromString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.Actor.FromString,
             options,
             channel_credentials,
             insecure,
@@ -440,6 +908,33 @@ class Control:
             _registered_method=True)
 
     @staticmethod
+    def RevertActor(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ateapi.Control/RevertActor',
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.RevertActorRequest.SerializeToString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.RevertActorResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def DeleteActor(request,
             target,
             options=(),
@@ -455,7 +950,304 @@ class Control:
             target,
             '/ateapi.Control/DeleteActor',
             gym__substrate_dot_ateapi_dot_ateapi__pb2.DeleteActorRequest.SerializeToString,
-            gym__substrate_dot_ateapi_dot_ateapi__pb2.DeleteActorResponse.FromString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.Actor.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetActorEgressPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ateapi.Control/GetActorEgressPolicy',
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.GetActorEgressPolicyRequest.SerializeToString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.EgressPolicy.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateActorEgressPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ateapi.Control/CreateActorEgressPolicy',
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.CreateActorEgressPolicyRequest.SerializeToString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.EgressPolicy.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateActorEgressPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ateapi.Control/UpdateActorEgressPolicy',
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.UpdateActorEgressPolicyRequest.SerializeToString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.EgressPolicy.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteActorEgressPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ateapi.Control/DeleteActorEgressPolicy',
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.DeleteActorEgressPolicyRequest.SerializeToString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.EgressPolicy.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MintActorJWT(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ateapi.Control/MintActorJWT',
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.MintActorJWTRequest.SerializeToString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.MintActorJWTResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MintActorCertificate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ateapi.Control/MintActorCertificate',
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.MintActorCertificateRequest.SerializeToString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.MintActorCertificateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateTag(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ateapi.Control/CreateTag',
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.CreateTagRequest.SerializeToString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.Tag.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTag(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ateapi.Control/GetTag',
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.GetTagRequest.SerializeToString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.Tag.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTags(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ateapi.Control/ListTags',
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.ListTagsRequest.SerializeToString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.ListTagsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateTag(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ateapi.Control/UpdateTag',
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.UpdateTagRequest.SerializeToString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.Tag.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteTag(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ateapi.Control/DeleteTag',
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.DeleteTagRequest.SerializeToString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.Tag.FromString,
             options,
             channel_credentials,
             insecure,
@@ -483,6 +1275,168 @@ class Control:
             '/ateapi.Control/ListWorkers',
             gym__substrate_dot_ateapi_dot_ateapi__pb2.ListWorkersRequest.SerializeToString,
             gym__substrate_dot_ateapi_dot_ateapi__pb2.ListWorkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetWorker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ateapi.Control/GetWorker',
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.GetWorkerRequest.SerializeToString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.Worker.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateWorker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ateapi.Control/CreateWorker',
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.CreateWorkerRequest.SerializeToString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.Worker.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateWorker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ateapi.Control/UpdateWorker',
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.UpdateWorkerRequest.SerializeToString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.Worker.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteWorker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ateapi.Control/DeleteWorker',
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.DeleteWorkerRequest.SerializeToString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.Worker.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainWorker(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ateapi.Control/DrainWorker',
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.DrainWorkerRequest.SerializeToString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.Worker.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListWorkerActorAssignments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ateapi.Control/ListWorkerActorAssignments',
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.ListWorkerActorAssignmentsRequest.SerializeToString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.ListWorkerActorAssignmentsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -536,7 +1490,7 @@ class Control:
             target,
             '/ateapi.Control/CreateAtespace',
             gym__substrate_dot_ateapi_dot_ateapi__pb2.CreateAtespaceRequest.SerializeToString,
-            gym__substrate_dot_ateapi_dot_ateapi__pb2.CreateAtespaceResponse.FromString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.Atespace.FromString,
             options,
             channel_credentials,
             insecure,
@@ -563,7 +1517,7 @@ class Control:
             target,
             '/ateapi.Control/GetAtespace',
             gym__substrate_dot_ateapi_dot_ateapi__pb2.GetAtespaceRequest.SerializeToString,
-            gym__substrate_dot_ateapi_dot_ateapi__pb2.GetAtespaceResponse.FromString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.Atespace.FromString,
             options,
             channel_credentials,
             insecure,
@@ -617,7 +1571,7 @@ class Control:
             target,
             '/ateapi.Control/DeleteAtespace',
             gym__substrate_dot_ateapi_dot_ateapi__pb2.DeleteAtespaceRequest.SerializeToString,
-            gym__substrate_dot_ateapi_dot_ateapi__pb2.DeleteAtespaceResponse.FromString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.Atespace.FromString,
             options,
             channel_credentials,
             insecure,
@@ -629,7 +1583,7 @@ class Control:
             _registered_method=True)
 
     @staticmethod
-    def DebugClear(request,
+    def CreateActorTemplate(request,
             target,
             options=(),
             channel_credentials=None,
@@ -642,9 +1596,9 @@ class Control:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/ateapi.Control/DebugClear',
-            gym__substrate_dot_ateapi_dot_ateapi__pb2.DebugClearRequest.SerializeToString,
-            gym__substrate_dot_ateapi_dot_ateapi__pb2.DebugClearResponse.FromString,
+            '/ateapi.Control/CreateActorTemplate',
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.CreateActorTemplateRequest.SerializeToString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.ActorTemplate.FromString,
             options,
             channel_credentials,
             insecure,
@@ -655,69 +1609,8 @@ class Control:
             metadata,
             _registered_method=True)
 
-
-class SessionIdentityStub:
-    """Missing associated documentation comment in .proto file."""
-
-    def __init__(self, channel):
-        """Constructor.
-
-        Args:
-            channel: A grpc.Channel.
-        """
-        self.MintJWT = channel.unary_unary(
-                '/ateapi.SessionIdentity/MintJWT',
-                request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.MintJWTRequest.SerializeToString,
-                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.MintJWTResponse.FromString,
-                _registered_method=True)
-        self.MintCert = channel.unary_unary(
-                '/ateapi.SessionIdentity/MintCert',
-                request_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.MintCertRequest.SerializeToString,
-                response_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.MintCertResponse.FromString,
-                _registered_method=True)
-
-
-class SessionIdentityServicer:
-    """Missing associated documentation comment in .proto file."""
-
-    def MintJWT(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def MintCert(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-
-def add_SessionIdentityServicer_to_server(servicer, server):
-    rpc_method_handlers = {
-            'MintJWT': grpc.unary_unary_rpc_method_handler(
-                    servicer.MintJWT,
-                    request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.MintJWTRequest.FromString,
-                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.MintJWTResponse.SerializeToString,
-            ),
-            'MintCert': grpc.unary_unary_rpc_method_handler(
-                    servicer.MintCert,
-                    request_deserializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.MintCertRequest.FromString,
-                    response_serializer=gym__substrate_dot_ateapi_dot_ateapi__pb2.MintCertResponse.SerializeToString,
-            ),
-    }
-    generic_handler = grpc.method_handlers_generic_handler(
-            'ateapi.SessionIdentity', rpc_method_handlers)
-    server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('ateapi.SessionIdentity', rpc_method_handlers)
-
-
- # This class is part of an EXPERIMENTAL API.
-class SessionIdentity:
-    """Missing associated documentation comment in .proto file."""
-
     @staticmethod
-    def MintJWT(request,
+    def GetActorTemplate(request,
             target,
             options=(),
             channel_credentials=None,
@@ -730,9 +1623,9 @@ class SessionIdentity:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/ateapi.SessionIdentity/MintJWT',
-            gym__substrate_dot_ateapi_dot_ateapi__pb2.MintJWTRequest.SerializeToString,
-            gym__substrate_dot_ateapi_dot_ateapi__pb2.MintJWTResponse.FromString,
+            '/ateapi.Control/GetActorTemplate',
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.GetActorTemplateRequest.SerializeToString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.ActorTemplate.FromString,
             options,
             channel_credentials,
             insecure,
@@ -744,7 +1637,7 @@ class SessionIdentity:
             _registered_method=True)
 
     @staticmethod
-    def MintCert(request,
+    def ListActorTemplates(request,
             target,
             options=(),
             channel_credentials=None,
@@ -757,9 +1650,225 @@ class SessionIdentity:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/ateapi.SessionIdentity/MintCert',
-            gym__substrate_dot_ateapi_dot_ateapi__pb2.MintCertRequest.SerializeToString,
-            gym__substrate_dot_ateapi_dot_ateapi__pb2.MintCertResponse.FromString,
+            '/ateapi.Control/ListActorTemplates',
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.ListActorTemplatesRequest.SerializeToString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.ListActorTemplatesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteActorTemplate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ateapi.Control/DeleteActorTemplate',
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.DeleteActorTemplateRequest.SerializeToString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.ActorTemplate.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetGlobalAccessPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ateapi.Control/GetGlobalAccessPolicy',
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.GetGlobalAccessPolicyRequest.SerializeToString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.AccessPolicy.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateGlobalAccessPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ateapi.Control/CreateGlobalAccessPolicy',
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.CreateGlobalAccessPolicyRequest.SerializeToString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.AccessPolicy.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateGlobalAccessPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ateapi.Control/UpdateGlobalAccessPolicy',
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.UpdateGlobalAccessPolicyRequest.SerializeToString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.AccessPolicy.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAtespaceAccessPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ateapi.Control/GetAtespaceAccessPolicy',
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.GetAtespaceAccessPolicyRequest.SerializeToString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.AccessPolicy.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateAtespaceAccessPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ateapi.Control/CreateAtespaceAccessPolicy',
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.CreateAtespaceAccessPolicyRequest.SerializeToString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.AccessPolicy.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdateAtespaceAccessPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ateapi.Control/UpdateAtespaceAccessPolicy',
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.UpdateAtespaceAccessPolicyRequest.SerializeToString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.AccessPolicy.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteAtespaceAccessPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ateapi.Control/DeleteAtespaceAccessPolicy',
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.DeleteAtespaceAccessPolicyRequest.SerializeToString,
+            gym__substrate_dot_ateapi_dot_ateapi__pb2.AccessPolicy.FromString,
             options,
             channel_credentials,
             insecure,
