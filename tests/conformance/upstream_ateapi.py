@@ -100,7 +100,7 @@ class ControlClient:
         self._upstream = upstream
         self._service = upstream.pool.FindServiceByName(f"{PACKAGE}.Control")
 
-    async def call(self, method: str, request: Message, timeout: float = 120.0) -> Any:
+    async def call(self, method: str, request: Message, deadline_s: float = 120.0) -> Any:
         descriptor = self._service.FindMethodByName(method)
         if descriptor is None:
             raise LookupError(f"upstream Control has no RPC {method}")
@@ -113,10 +113,10 @@ class ControlClient:
             request_serializer=request_cls.SerializeToString,
             response_deserializer=response_cls.FromString,
         )
-        return await stub(request, timeout=timeout)
+        return await stub(request, timeout=deadline_s)
 
-    async def call_raw(self, method: str, payload: bytes, timeout: float = 30.0) -> bytes:
+    async def call_raw(self, method: str, payload: bytes, deadline_s: float = 30.0) -> bytes:
         """Send ``payload`` as the request bytes of ``method`` unchanged; the answer's bytes."""
         stub = self._channel.unary_unary(f"/{self._service.full_name}/{method}")
-        answer: bytes = await stub(payload, timeout=timeout)
+        answer: bytes = await stub(payload, timeout=deadline_s)
         return answer
