@@ -77,8 +77,9 @@ class Upstream:
         )
         return found
 
-    def new(self, name: str, **fields: Any) -> Message:
-        return self.cls(name)(**fields)
+    def new(self, message: str, /, **fields: Any) -> Message:
+        """A new ``ateapi.<message>`` with ``fields`` set (a field may be called ``name``)."""
+        return self.cls(message)(**fields)
 
     def enum(self, enum_name: str, value_name: str) -> int:
         """The number of ``value_name`` in ``ateapi.<enum_name>``."""
