@@ -264,7 +264,8 @@ class ControlServicer:
         raise NotImplementedError('Method not implemented!')
 
     def UpdateActor(self, request, context):
-        """Only worker_selector may change; metadata.uid and metadata.version are preconditions.
+        """Replaces the actor's spec (worker_selector; actor_template only while SUSPENDED);
+        metadata.uid and metadata.version are preconditions.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
