@@ -3,12 +3,12 @@
 This module is the contract only (``SandboxRuntime`` and the values it trades); it imports no
 runtime, and the runtimes import it. ``runtimes/__init__.py`` picks and builds one.
 
-The control plane (``lifecycle.py``) owns every decision Substrate's ateapi makes: which slot an
-actor gets, which snapshot it resumes from (its latest, else the template's golden one unless
-``boot``, else a cold boot), where a snapshot is written, and what the SQLite record says. A
-runtime only does what atelet + ateom do on a node: boot, checkpoint, restore, kill. Keeping that
-split means the ``process`` and ``gvisor`` runtimes cannot disagree about lifecycle semantics,
-and a runtime is testable against a fake control plane and vice versa.
+The control plane (``local/control/``) owns every decision Substrate's ateapi makes: which slot
+an actor gets, which snapshot it resumes from, where a snapshot is written, and what the SQLite
+record says. A runtime only does what atelet + ateom do on a node: boot, checkpoint, restore,
+upload a paused checkpoint, kill. Keeping that split means the ``process`` and ``gvisor``
+runtimes cannot disagree about lifecycle semantics, and a runtime is testable against a fake
+control plane and vice versa.
 
 Contract every runtime honours:
 
@@ -16,13 +16,15 @@ Directories
     * ``RuntimeConfig.runtime_dir`` belongs to the runtime alone (runsc ``--root``, bundles, logs,
       per-actor working folders). Nothing else writes there.
     * Snapshot directories (``dest`` arguments) are chosen by the control plane: pause snapshots
-      under ``<state_dir>/snapshots/local/``, suspend snapshots under the template's
-      ``snapshotsConfig.location`` as ``<location>/<actor_id>/<RFC3339>-<rand>/``, golden ones as
-      ``<location>/ate-golden-<template name>/<RFC3339>-<rand>/``. The directory does not exist
-      when the call starts (its parent does); the runtime creates it and fills it. On failure the
+      under ``<state_dir>/snapshots/local/``, suspend snapshots under the template's storage
+      location as ``<location>/atespaces/<atespace>/actors/<uid>/<RFC3339>-<rand>/``, tags'
+      copies as ``<location>/atespaces/<atespace>/tags/<uid>/``. The directory does not exist when
+      the call starts (its parent does); the runtime creates it and fills it. On failure the
       control plane removes it, so a runtime need not clean a half-written ``dest``. The control
-      plane deletes snapshot directories (``DeleteActor``, superseded snapshots); a runtime never
-      does.
+      plane deletes snapshot directories; a runtime never does (``upload`` may consume the
+      local snapshot it is given).
+    * A durable snapshot (EXTERNAL, and a TAG copy of one) is self-contained: the control plane
+      copies it into a tag and restores it into another actor of the same template.
 
 Identity and addresses
     * ``handle`` is an opaque string the runtime invents (a runsc container id, ``pid:starttime``);
@@ -30,35 +32,32 @@ Identity and addresses
       ``adopt``/``is_alive``, also after a control-plane restart. Handles and every host-wide name
       a runtime creates (netns, veth, container ids, cgroups) start with ``RuntimeConfig.instance``
       so two backends on one machine never collide and ``cleanup()`` finds exactly its own.
-    * ``address`` is where the actor's agent answers HTTP; it becomes the actor's
-      ``ateom_pod_ip`` and the router's upstream. As on a real cluster it is a bare IPv4
-      address with the agent on port 80 (the real router dials ``<ip>:80``,
-      cmd/atenet/internal/router/extproc.go); only a process runtime that may not bind port 80
-      records ``ip:port``. The IP is the slot's ``worker_ip`` (a pod's IP, which
-      workflow_resume.go copies onto the actor at RESUMING).
+    * ``address`` is where the actor's agent answers HTTP, the router's upstream: a bare IPv4
+      address with the agent on port 80, or ``ip:port`` for a process runtime that may not bind
+      port 80. The IP is the slot's ``worker_ip``.
     * The agent must be able to learn its actor id at request time: gVisor bind-mounts
       ``/run/ate/actor-id`` (rebuilt on every start/restore, as atelet does); the process runtime
       sets ``SANDBOX_AGENT_ACTOR_ID``.
 
 Slots
-    * ``RuntimeConfig.workers`` slots are numbered 0..workers-1 and fixed for the instance's life.
+    * ``RuntimeConfig.workers`` slots are numbered 0..workers-1 and fixed for the instance's life
+      (the control plane groups them into workers of several actors each).
 
 Calls
-    * ``start`` returns only once the template's readyz answers 200 on ``address`` (or raises
-      ``RuntimeFailure`` after ``timeout_s``, having killed what it started).
+    * ``start`` returns only once the template's wakeup probe answers 200 on ``address`` (or at
+      once when it has none), or raises ``RuntimeFailure`` after ``timeout_s``, having killed
+      what it started.
     * ``checkpoint`` always ends with the sandbox no longer running and holding no slot resources;
       on failure it raises ``RuntimeFailure`` (and the sandbox counts as lost: gVisor kills a
       sandbox whose checkpoint failed).
     * Idempotent: ``stop`` (an unknown or already-dead handle is fine), ``sweep``, ``cleanup``,
-      ``forget_actor``, ``open``, ``close``. ``prepare_template`` may be called at every ``up``.
+      ``forget_actor``, ``open``, ``close``.
     * Every method may block for seconds; runtimes run blocking work off the event loop.
 """
 
 from __future__ import annotations
 
 import enum
-import hashlib
-import json
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,36 +125,25 @@ class Rootfs:
 
 @dataclass(frozen=True)
 class TemplateSpec:
-    """An ActorTemplate as the runtime needs it (containers[0] only; validated by templates.py)."""
+    """What the runtime runs for an ActorTemplate (its one container, resolved to this machine).
 
-    namespace: str
+    ``readyz_path`` None means the template has no wakeup probe: a start returns once the
+    process runs, as ResumeActor returns once the container has started upstream.
+    """
+
+    atespace: str
     name: str
     command: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
-    readyz_path: str
+    readyz_path: str | None
     readyz_port: int
     snapshot_location: Path
     rootfs: Rootfs
+    probe_timeout_s: float = 30.0
 
     @property
     def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-    def digest(self) -> str:
-        """Stable hash of everything that shapes a snapshot; a golden snapshot is keyed by it."""
-        body = json.dumps(
-            {
-                "command": list(self.command),
-                "env": [list(pair) for pair in self.env],
-                "readyz": [self.readyz_path, self.readyz_port],
-                "rootfs": [self.rootfs.kind, str(self.rootfs.path or "")]
-                + (
-                    [[str(src), dst] for src, dst in self.rootfs.binds] if self.rootfs.binds else []
-                ),
-            },
-            sort_keys=True,
-        )
-        return hashlib.sha256(body.encode()).hexdigest()[:16]
+        return f"{self.atespace}/{self.name}"
 
 
 @dataclass(frozen=True)
@@ -182,8 +170,8 @@ class Slot:
 
 class SnapshotKind(enum.Enum):
     LOCAL = "local"  # PauseActor: node-local disk
-    EXTERNAL = "external"  # SuspendActor: the template's snapshot store
-    GOLDEN = "golden"  # the template's golden snapshot (in the snapshot store)
+    EXTERNAL = "external"  # SuspendActor: the actor's own, in the template's snapshot store
+    TAG = "tag"  # a tag's copy (a golden tag's too): restorable into any actor of the template
 
 
 @dataclass(frozen=True)
@@ -247,16 +235,6 @@ class SandboxRuntime(Protocol):
         """Release what ``open`` holds without touching running sandboxes (they get adopted)."""
         ...
 
-    async def prepare_template(
-        self, template: TemplateSpec, slot: Slot, dest: Path
-    ) -> CheckpointResult | None:
-        """Boot the template once on ``slot``, wait for readyz, checkpoint into ``dest``.
-
-        Returns the golden snapshot, or None when the runtime has no golden snapshots (process).
-        The slot is free again when this returns.
-        """
-        ...
-
     async def start(
         self,
         actor: ActorSpec,
@@ -275,6 +253,13 @@ class SandboxRuntime(Protocol):
 
         The sandbox is stopped afterwards and its slot resources are free.
         """
+        ...
+
+    async def upload(
+        self, actor: ActorSpec, local: SnapshotRef, retained_handle: str, dest: Path
+    ) -> CheckpointResult:
+        """SuspendActor of a PAUSED actor: make its node-local snapshot (and the sandbox a LOCAL
+        checkpoint left, if any) a durable one in ``dest``; ``local`` may be consumed."""
         ...
 
     async def stop(self, handle: str) -> None:

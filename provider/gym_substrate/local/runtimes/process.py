@@ -56,7 +56,6 @@ from gym_substrate.local.runtimes.base import (
     SnapshotKind,
     SnapshotRef,
     StartedSandbox,
-    TemplateSpec,
     pss_bytes,
 )
 
@@ -346,8 +345,10 @@ def _popen(
 
 
 def _write_new(path: Path, body: bytes) -> None:
-    path.parent.mkdir(parents=True)
-    path.write_bytes(body)
+    """A snapshot's manifest; its folder may exist already (files saved first)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "xb") as fh:
+        fh.write(body)
 
 
 class _PortTaken(RuntimeFailure):
@@ -527,11 +528,19 @@ class ProcessRuntime:
     async def _ready(
         self,
         address: str,
-        path: str,
+        path: str | None,
         deadline: float,
         proc: subprocess.Popen[bytes] | None,
         log_path: Path,
     ) -> None:
+        """Until the wakeup probe ``path`` answers 200; with no probe, once the process runs."""
+        if path is None:
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeFailure(
+                    f"the actor's command exited with status {proc.returncode} at start; last "
+                    f"output:\n{_tail(log_path)}"
+                )
+            return
         url = _url(address, path)
         while True:
             if proc is not None and proc.poll() is not None:
@@ -548,7 +557,7 @@ class ProcessRuntime:
             except (TimeoutError, aiohttp.ClientError, OSError):
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeFailure(f"readyz at {url} did not answer 200 in time")
+                raise RuntimeFailure(f"wakeup probe {url} never returned 200 in time")
             await asyncio.sleep(0.01)
 
     # ------------------------------------------------------------------ SandboxRuntime protocol
@@ -571,11 +580,6 @@ class ProcessRuntime:
             await self._session.close()
             self._session = None
 
-    async def prepare_template(
-        self, template: TemplateSpec, slot: Slot, dest: Path
-    ) -> CheckpointResult | None:
-        return None
-
     async def start(
         self,
         actor: ActorSpec,
@@ -589,6 +593,9 @@ class ProcessRuntime:
             resumed = await self._continue(actor, slot, source, deadline)
             if resumed is not None:
                 return resumed
+        else:
+            # a durable snapshot (or a tag's) holds the actor's files; a cold boot has none
+            await asyncio.to_thread(self._restore_files, actor, source)
         workdir = self._workdir(actor)
         workdir.mkdir(parents=True, exist_ok=True)
         tmpdir = self._tmpdir(actor)
@@ -629,6 +636,25 @@ class ProcessRuntime:
         self._write_entry(handle, {**entry, "slot": slot.index})
         await self._ready(address, actor.template.readyz_path, deadline, None, Path("/dev/null"))
         return StartedSandbox(handle=handle, address=address, memory_restored=True)
+
+    def _restore_files(self, actor: ActorSpec, source: SnapshotRef | None) -> None:
+        """Make the actor's working folder and /tmp exactly its snapshot's (empty for none)."""
+        for name, here in (("work", self._workdir(actor)), ("tmp", self._tmpdir(actor))):
+            shutil.rmtree(here, ignore_errors=True)
+            saved = source.path / name if source is not None else None
+            if saved is not None and saved.is_dir():
+                here.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copytree(saved, here, symlinks=True)
+
+    def _save_files(self, actor: ActorSpec, dest: Path) -> int:
+        """Copy the actor's working folder and /tmp into a snapshot; the bytes copied."""
+        dest.mkdir(parents=True, exist_ok=True)
+        total = 0
+        for name, here in (("work", self._workdir(actor)), ("tmp", self._tmpdir(actor))):
+            if here.is_dir():
+                shutil.copytree(here, dest / name, symlinks=True)
+                total += sum(f.stat().st_size for f in (dest / name).rglob("*") if f.is_file())
+        return total
 
     def _write_entry(self, handle: str, entry: dict[str, Any]) -> None:
         self.procs.mkdir(parents=True, exist_ok=True)
@@ -729,16 +755,34 @@ class ProcessRuntime:
             slot = entry.get("slot")
             self._write_entry(handle, {**entry, "slot": None})
             self._move_slot(None if slot is None else int(slot), None)
+            files: tuple[tuple[str, int], ...] = ()
         else:
             await self.stop(handle)
             retained = None
+            files = (("files", await asyncio.to_thread(self._save_files, actor, dest)),)
         body = json.dumps(manifest).encode()
         _write_new(dest / "manifest.json", body)
         return CheckpointResult(
             snapshot=SnapshotRef(kind, dest),
-            files=(("manifest", len(body)),),
+            files=(("manifest", len(body)), *files),
             memory_kept=kind is SnapshotKind.LOCAL,
             retained_handle=retained,
+        )
+
+    async def upload(
+        self, actor: ActorSpec, local: SnapshotRef, retained_handle: str, dest: Path
+    ) -> CheckpointResult:
+        """A paused (stopped) agent's files into a durable snapshot; the agent is stopped for
+        good, since the process runtime's durable snapshots hold files, not memory."""
+        if retained_handle:
+            await self.stop(retained_handle)
+        size = await asyncio.to_thread(self._save_files, actor, dest)
+        body = json.dumps({"runtime": "process", "workdir": str(self._workdir(actor))}).encode()
+        _write_new(dest / "manifest.json", body)
+        return CheckpointResult(
+            snapshot=SnapshotRef(SnapshotKind.EXTERNAL, dest),
+            files=(("manifest", len(body)), ("files", size)),
+            memory_kept=False,
         )
 
     async def stop(self, handle: str) -> None:

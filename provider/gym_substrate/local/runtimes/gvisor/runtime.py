@@ -44,14 +44,12 @@ from gym_substrate.local.runtimes.gvisor._proc import run_command
 from gym_substrate.local.runtimes.gvisor.bundle import masks_for, write_actor_id, write_bundle
 from gym_substrate.local.runtimes.gvisor.runsc import Runsc, RunscError
 
-__all__ = ["AGENT_PORT", "GOLDEN_ATESPACE", "GvisorRuntime", "http_status"]
+__all__ = ["AGENT_PORT", "GvisorRuntime", "http_status"]
 
 log = logging.getLogger(__name__)
 
 AGENT_PORT = 80  # Substrate's router only ever forwards to port 80 inside the actor
-GOLDEN_ATESPACE = "ate-golden"
 _COMPRESSIONS = ("none", "flate-best-speed")
-_GOLDEN_TIMEOUT_S = 90.0
 _CHECKPOINT_TIMEOUT_S = 60.0
 
 
@@ -89,6 +87,17 @@ def _image_files(dest: Path) -> tuple[tuple[str, int], ...]:
             if path.is_file()
         )
     )
+
+
+def _move_tree(source: Path, dest: Path) -> None:
+    """``source``'s files into the new folder ``dest`` (a rename where one file system holds
+    both); ``source`` is gone afterwards."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        source.rename(dest)
+    except OSError:
+        shutil.copytree(source, dest)
+        shutil.rmtree(source, ignore_errors=True)
 
 
 def _pid_running(pid: int, cid: str | None = None) -> bool:
@@ -337,6 +346,8 @@ class GvisorRuntime:
     async def _wait_ready(
         self, template: TemplateSpec, net_: net.SlotNet, cid: str, deadline: float
     ) -> None:
+        if template.readyz_path is None:  # no wakeup probe: started is ready
+            return
         delay = 0.005
         last_check = time.monotonic()
         while True:
@@ -348,8 +359,8 @@ class GvisorRuntime:
             now = time.monotonic()
             if now >= deadline:
                 raise RuntimeFailure(
-                    f"readyz {template.readyz_path} on port {template.readyz_port} did not "
-                    f"answer 200 in time (last: {status})" + self._console_tail(cid)
+                    f"wakeup probe {template.readyz_path} on port {template.readyz_port} never "
+                    f"returned 200 in time (last: {status})" + self._console_tail(cid)
                 )
             if now - last_check > 0.5:  # a crashed agent: stop waiting early
                 last_check = now
@@ -453,16 +464,16 @@ class GvisorRuntime:
         return sandbox
 
     # -- other calls ---------------------------------------------------------------------------
-    async def prepare_template(
-        self, template: TemplateSpec, slot: Slot, dest: Path
-    ) -> CheckpointResult | None:
-        golden = ActorSpec(GOLDEN_ATESPACE, f"golden-{template.name}", template)
-        started = await self.start(golden, slot, None, timeout_s=_GOLDEN_TIMEOUT_S)
-        try:
-            return await self.checkpoint(golden, started.handle, SnapshotKind.GOLDEN, dest)
-        except BaseException:
-            await asyncio.shield(self._discard(started.handle))
-            raise
+    async def upload(
+        self, actor: ActorSpec, local: SnapshotRef, retained_handle: str, dest: Path
+    ) -> CheckpointResult:
+        """A paused actor's node-local checkpoint becomes its durable one: the same image files
+        (moved when the folders share a file system, copied otherwise)."""
+        await asyncio.to_thread(_move_tree, local.path, dest)
+        files = await asyncio.to_thread(_image_files, dest)
+        return CheckpointResult(
+            snapshot=SnapshotRef(SnapshotKind.EXTERNAL, dest), files=files, memory_kept=True
+        )
 
     async def stop(self, handle: str) -> None:
         await self._discard(handle)
