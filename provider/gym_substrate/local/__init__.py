@@ -1,4 +1,4 @@
-"""Agent Substrate on one machine: ateapi control plane, Host-routing router, sandbox runtimes.
+"""Agent Substrate on one machine: the ateapi control plane, its router, sandbox runtimes.
 
 The public names are re-exported here and imported lazily, so `gym_substrate.local.runtimes.base`
 (the runtime seam) and `provider_config` stay importable without pulling in grpc and aiohttp:

@@ -1,9 +1,10 @@
 """The local API's gRPC server, put together as cmd/ateapi/main.go puts ateapi's together.
 
-real (cmd/ateapi/main.go): one server with the auth interceptor first on unary and streaming
-calls (`--auth-mode`, `auth.py`), then `reflection.Register` (v1 and v1alpha), `ateapi.Control`
-and `ateapi.SessionIdentity`; nothing else, so there is no `grpc.health.v1.Health` (readiness
-is HTTP `/readyz` on the metrics port, here the admin listener's). A method it does not serve is
+real (cmd/ateapi/main.go@18d1c266): one server with the auth interceptor first on unary and
+streaming calls (`--auth-mode`, `auth.py`), then `reflection.Register` (v1 and v1alpha) and
+`ateapi.Control` (upstream also serves atelet's `ateapi.WorkerService`, which nothing here
+calls); no `grpc.health.v1.Health` (readiness is HTTP `/readyz` on the metrics port, here the
+admin listener's). A method it does not serve is
 answered as grpc-go answers it (UNIMPLEMENTED `unknown service <s>` / `unknown method <m> for
 service <s>`, vendor/google.golang.org/grpc/server.go), before any interceptor, so even in jwt
 mode a call without a token learns only that the method does not exist.
@@ -19,9 +20,9 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.local.auth import BearerAuthInterceptor, TokenVerifier
-from gym_substrate.local.lifecycle import ControlPlane
+from gym_substrate.local.control.identity import Identity
+from gym_substrate.local.control.plane import ControlPlane
 from gym_substrate.local.servicer import add_ateapi_services
-from gym_substrate.local.session_identity import SessionIdentity
 
 __all__ = ["REFLECTION_SERVICES", "SERVED_SERVICES", "create_api_server", "served_methods"]
 
@@ -80,7 +81,7 @@ def create_api_server(
     plane: ControlPlane,
     *,
     verifier: TokenVerifier | None,
-    identity: SessionIdentity | None,
+    identity: Identity,
     options: Sequence[tuple[str, Any]] = (),
 ) -> grpc.aio.Server:
     """The server, not yet listening; ``verifier`` set means jwt mode (every call checked)."""

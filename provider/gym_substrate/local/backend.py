@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import json
 import logging
 import os
 import tempfile
@@ -27,23 +28,24 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import grpc
 from aiohttp import web
 
+from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.local import rootfs, statedir
 from gym_substrate.local.admin import AdminServer, json_error, read_limited
 from gym_substrate.local.apiserver import create_api_server
 from gym_substrate.local.auth import AUTH_MODES, TokenVerifier
 from gym_substrate.local.client_config import provider_config
-from gym_substrate.local.errors import ApiError, BackendError
-from gym_substrate.local.lifecycle import ControlPlane
+from gym_substrate.local.control.identity import Identity
+from gym_substrate.local.control.plane import ControlPlane
+from gym_substrate.local.control.store import StaleStateError, Store
+from gym_substrate.local.errors import BackendError
+from gym_substrate.local.images import ImageCatalogue, ImageError
 from gym_substrate.local.metrics import Metrics
 from gym_substrate.local.resume_client import ResumeClient
 from gym_substrate.local.router import Router
 from gym_substrate.local.runtimes import RUNTIME_NAMES, create_runtime, select_runtime
-from gym_substrate.local.runtimes.base import Rootfs, RuntimeConfig, SandboxRuntime, TemplateSpec
+from gym_substrate.local.runtimes.base import RuntimeConfig, SandboxRuntime
 from gym_substrate.local.runtimes.process import bwrap_problem
-from gym_substrate.local.session_identity import SessionIdentity
-from gym_substrate.local.store import Store
-from gym_substrate.local.templates import TemplateError, default_template, parse_template_yaml
-from gym_substrate.local.workflows import WORKFLOW_DEADLINE_S
+from gym_substrate.local.templates import default_template
 
 if TYPE_CHECKING:
     from gym_substrate.local.credentials import TokenIssuer
@@ -53,6 +55,7 @@ __all__ = [
     "DEFAULT_ROOTFS_CHOICES",
     "MAX_MESSAGE_BYTES",
     "LocalBackend",
+    "default_actors_per_worker",
     "local_provider_kwargs",
 ]
 
@@ -69,8 +72,23 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 # of them took RSS from 61 to ~240 MB, a plateau near 275 MB after 400; with the backend
 # embedded, malloc_trim(0) 30 s later brought it back to ~75 MB. So trim now and then.
 _TRIM_EVERY_S = 30.0
-# an ActorTemplate is a few KB; the admin endpoints share the router's event loop
-ADMIN_BODY_LIMIT = 1024 * 1024
+# an image registration is a few hundred bytes; the admin endpoints share the router's loop
+ADMIN_BODY_LIMIT = 64 * 1024
+# an actor's sandbox (gVisor, the default Debian image, the agent): PSS measured 100-131 MiB
+_ACTOR_MEMORY = 256 * 1024 * 1024
+_MAX_ACTORS = 64
+
+
+def default_actors_per_worker(workers: int) -> int:
+    """How many actors each of ``workers`` holds by default: two running actors per CPU
+    across the pool, within half the memory available now at 256 MiB an actor."""
+    cpus = os.cpu_count() or 1
+    try:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        available = 4 * 1024**3
+    total = min(2 * cpus, max(1, int(available * 0.5 // _ACTOR_MEMORY)), _MAX_ACTORS)
+    return max(1, total // workers)
 
 
 def _malloc_trim() -> Any:
@@ -90,9 +108,10 @@ async def _trim_heap_forever(trim: Any) -> None:
 class _Security(NamedTuple):
     credentials: grpc.ServerCredentials | None
     verifier: TokenVerifier | None
-    identity: SessionIdentity
     issuer: TokenIssuer | None
     next_refresh_s: float
+    sign_jwt: Any  # MintActorJWT's signer, or None without --tls
+    issue_certificate: Any  # MintActorCertificate's CA, or None without --tls
 
 
 async def _refresh_token_forever(issuer: TokenIssuer, first_s: float) -> None:
@@ -114,11 +133,11 @@ class LocalBackend:
         *,
         runtime: str = "auto",
         workers: int = 4,
+        actors_per_worker: int | None = None,
         api_port: int = 0,
         router_port: int = 0,
         admin_port: int = 0,
-        router_timeout_s: float = 10.0,
-        workflow_timeout_s: float = WORKFLOW_DEADLINE_S,
+        router_timeout_s: float = 300.0,
         suspend_on_stop: bool = False,
         tls: bool = False,
         auth: str = "mtls",
@@ -134,14 +153,19 @@ class LocalBackend:
             raise ValueError(f"unknown runtime {runtime!r}: use one of {', '.join(RUNTIME_NAMES)}")
         if workers < 1 or workers > 250:
             raise ValueError(f"workers must be between 1 and 250, got {workers}")
+        if actors_per_worker is None:
+            actors_per_worker = default_actors_per_worker(workers)
+        if not 1 <= actors_per_worker <= _MAX_ACTORS or workers * actors_per_worker > 250:
+            raise ValueError(
+                f"actors_per_worker must be 1..{_MAX_ACTORS} with at most 250 actors in all "
+                f"(workers x actors_per_worker), got {workers} x {actors_per_worker}"
+            )
         ports = (("api_port", api_port), ("router_port", router_port), ("admin_port", admin_port))
         for label, port in ports:
             if not 0 <= port <= 65535:
                 raise ValueError(f"{label} must be 0..65535, got {port}")
         if router_timeout_s <= 0:
             raise ValueError(f"router_timeout_s must be > 0, got {router_timeout_s}")
-        if workflow_timeout_s <= 0:
-            raise ValueError(f"workflow_timeout_s must be > 0, got {workflow_timeout_s}")
         if auth not in AUTH_MODES:
             raise ValueError(f"unknown auth mode {auth!r}: use one of {', '.join(AUTH_MODES)}")
         if auth == "jwt" and not tls:
@@ -152,11 +176,11 @@ class LocalBackend:
         self.state_dir = Path(state_dir).expanduser()
         self.requested_runtime = runtime
         self.workers = workers
+        self.actors_per_worker = actors_per_worker
         self._api_port = api_port
         self._router_port = router_port
         self._admin_port = admin_port
         self.router_timeout_s = router_timeout_s
-        self.workflow_timeout_s = workflow_timeout_s
         self.suspend_on_stop = suspend_on_stop
         self.tls = bool(tls)
         self.auth = auth
@@ -171,6 +195,7 @@ class LocalBackend:
         self.runtime: SandboxRuntime | None = None
         self.plane: ControlPlane | None = None
         self.metrics = Metrics()
+        self.images = ImageCatalogue(self.state_dir)
         self._store: Store | None = None
         self._server: grpc.aio.Server | None = None
         self._router: Router | None = None
@@ -241,7 +266,10 @@ class LocalBackend:
         self.runtime_name, self.runtime_reason = name, reason
         # before any sandbox or listener: a first start builds it (minutes, progress on stderr)
         template = await asyncio.to_thread(self._default_template, name)
-        store = Store(self.state_dir / "state.db")
+        try:
+            store = Store(self.state_dir / "state.db")
+        except StaleStateError as exc:
+            raise BackendError(str(exc)) from exc
         self._store = store
         instance = store.get_meta("instance") or statedir.instance_name(self.state_dir)
         store.set_meta("instance", instance)
@@ -249,7 +277,7 @@ class LocalBackend:
         if previous and previous != name:
             log.warning(
                 "this state folder last ran the %s runtime; cleaning up its sandboxes before "
-                "starting the %s runtime (running actors fall back to their last snapshot)",
+                "starting the %s runtime (its running actors will show CRASHED)",
                 previous,
                 name,
             )
@@ -260,10 +288,12 @@ class LocalBackend:
                 await old.cleanup()
                 await old.close()
         store.set_meta("runtime", name)
+        slots = self.workers * self.actors_per_worker
         store.set_meta("workers", str(self.workers))
-        statedir.register(instance, self.state_dir.resolve(), name, self.workers)
+        store.set_meta("actors_per_worker", str(self.actors_per_worker))
+        statedir.register(instance, self.state_dir.resolve(), name, slots)
         self._instance = instance
-        config = RuntimeConfig(self.state_dir / "runtime" / name, instance, self.workers)
+        config = RuntimeConfig(self.state_dir / "runtime" / name, instance, slots)
         self.runtime = create_runtime(name, config)
         warning = self.runtime.warning()
         if warning:
@@ -274,15 +304,22 @@ class LocalBackend:
             state_dir=self.state_dir,
             instance=instance,
             workers=self.workers,
+            actors_per_worker=self.actors_per_worker,
             metrics=self.metrics,
-            workflow_timeout_s=self.workflow_timeout_s,
+            images=self.images,
         )
         await self.plane.start([template])
 
+        identity = Identity(
+            self.plane,
+            issuer=f"https://api.ate-system.svc/{instance}",
+            sign_jwt=security.sign_jwt,
+            issue_certificate=security.issue_certificate,
+        )
         server = create_api_server(
             self.plane,
             verifier=security.verifier if self.auth == "jwt" else None,
-            identity=security.identity,
+            identity=identity,
             options=[
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -323,7 +360,8 @@ class LocalBackend:
         self._admin = AdminServer(
             self.metrics,
             {
-                ("POST", "/_local/templates"): self._add_template,
+                ("GET", "/_local/images"): self._list_images,
+                ("POST", "/_local/images"): self._add_image,
                 ("GET", "/_local/status"): self._status,
             },
         )
@@ -344,6 +382,7 @@ class LocalBackend:
             "runtime_warning": warning or "",
             "instance": instance,
             "workers": self.workers,
+            "actors_per_worker": self.actors_per_worker,
             "standalone": self.standalone,
             "started_at": time.time(),
             "tls": self.tls,
@@ -353,11 +392,15 @@ class LocalBackend:
         }
         statedir.write_backend_info(self.state_dir, info)
 
-    def _default_template(self, runtime: str) -> TemplateSpec:
-        """`local/sandbox` on the built Debian rootfs (built on first use), or on the host's."""
+    def _default_template(self, runtime: str) -> pb.ActorTemplate:
+        """`local/sandbox`: the agent on an image volume over the Debian image (built on first
+        use), or on the host's own `/`; the images join the catalogue."""
         store = self.state_dir / "snapshots" / "store"
+        store.mkdir(parents=True, exist_ok=True)
+        host = self.images.latest("local/host")
+        assert host is not None
         if self.default_rootfs == "host":
-            return default_template(store)
+            return default_template(store, host, None)
         if runtime == "process":
             problem = bwrap_problem()
             if problem is not None:
@@ -371,9 +414,8 @@ class LocalBackend:
             agent = rootfs.agent_binary(self.rootfs_dir)
         except rootfs.RootfsError as exc:
             raise BackendError(str(exc)) from exc
-        return default_template(
-            store, Rootfs("directory", built.path, ((agent, rootfs.AGENT_PATH),))
-        )
+        image = self.images.add_rootfs_build(built.path, built.path / rootfs.MARKER)
+        return default_template(store, image, self.images.add_agent(agent))
 
     async def stop(self) -> None:
         await self._teardown(stop_sandboxes=True)
@@ -420,84 +462,78 @@ class LocalBackend:
                 self._lock_fd = None
 
     def _security(self) -> _Security:
-        """With tls: the state folder's certificates, token issuer and session signer."""
+        """With tls: the state folder's certificates, token issuer and actor identity signers."""
         if not self.tls:
-            return _Security(None, None, SessionIdentity(), None, 0.0)
+            return _Security(None, None, None, 0.0, None, None)
         from gym_substrate.local import credentials as material  # needs the local-tls extra
 
         certificates = material.ServerCertificates(self.state_dir)
         issuer = material.TokenIssuer(self.state_dir)
         self.ca_file = certificates.ca_file
-        # the token file is kept in mtls mode too (SessionIdentity.MintJWT checks one there),
-        # but only jwt mode tells clients to send it on every call
+        # the token file is kept in mtls mode too, but only jwt mode tells clients to send it
         next_refresh_s = issuer.refresh_token_file()
         if self.auth == "jwt":
             self.token_file = issuer.token_file
-        verifier = issuer.verifier()
-        signer = material.SessionIdSigner(self.state_dir)
+        signer = material.ActorJwtSigner(self.state_dir)
         return _Security(
             certificates.server_credentials(),
-            verifier,
-            SessionIdentity(verifier, signer.sign),
+            issuer.verifier(),
             issuer,
             next_refresh_s,
+            signer.sign,
+            certificates.issue_actor_certificate,
         )
 
     # ------------------------------------------------------------------ admin endpoints
-    async def _add_template(self, request: web.BaseRequest) -> web.StreamResponse:
-        assert self.plane is not None
+    async def _list_images(self, request: web.BaseRequest) -> web.StreamResponse:
+        return web.json_response(
+            [
+                {"reference": i.reference, "kind": i.kind, "path": str(i.path or "")}
+                for i in self.images
+            ]
+        )
+
+    async def _add_image(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Register a root filesystem folder as `local/<name>@sha256:...` (`local images add`)."""
         body = await read_limited(request, ADMIN_BODY_LIMIT)
         if body is None:
-            return json_error(
-                413, "too_large", f"a template body is limited to {ADMIN_BODY_LIMIT} bytes"
-            )
-        source = request.query.get("source", "<request>")
+            return json_error(413, "too_large", f"the body is limited to {ADMIN_BODY_LIMIT} bytes")
         try:
-            text = body.decode()
-            # parsing a large document takes a while: keep it off the shared event loop
-            template = await asyncio.to_thread(parse_template_yaml, text, source=source)
-        except (UnicodeDecodeError, TemplateError) as exc:
+            data = json.loads(body)
+            if not isinstance(data, dict) or set(data) != {"name", "directory"}:
+                raise ValueError('send {"name": "<image name>", "directory": "<absolute folder>"}')
+            if not all(isinstance(v, str) for v in data.values()):
+                raise ValueError("name and directory must be strings")
+            directory = Path(data["directory"])
+            if not directory.is_absolute():
+                raise ValueError(f"directory {data['directory']!r} must be an absolute path")
+            image = await asyncio.to_thread(self.images.register_tree, data["name"], directory)
+        except (ValueError, ImageError) as exc:
             return json_error(400, "bad_request", str(exc))
-        try:
-            changed = await self.plane.add_template(template)
-        except ApiError as exc:
-            return json_error(409, "conflict", exc.message)
-        golden = self.plane.golden(template.key)
-        return web.json_response(
-            {
-                "template": template.key,
-                "changed": changed,
-                "golden_snapshot": golden.path if golden else None,
-            }
-        )
+        return web.json_response({"reference": image.reference, "path": str(image.path)})
 
     async def _status(self, request: web.BaseRequest) -> web.StreamResponse:
         return web.json_response(self.status())
 
     def status(self) -> dict[str, Any]:
-        """Workers, actors and templates as plain data (for `local status`)."""
+        """Workers, actors, templates and tags as plain data (for `local status`)."""
         plane = self.plane
         if plane is None:
             raise BackendError("the backend is not running")
-        workers = []
-        for worker, actor in plane.workers_list():
-            workers.append(
-                {
-                    "worker": plane.worker_pod(worker.slot),
-                    "version": worker.version,
-                    "actor": actor.key if actor else "",
-                    "address": actor.address if actor else "",
-                    "status": actor.status if actor else "FREE",
-                }
-            )
-        actors, token = plane.list_actors(0, "", "")
-        while token:
-            more, token = plane.list_actors(0, token, "")
-            actors += more
-        templates = [
-            statedir.template_row(template, plane.golden(key))
-            for key, template in sorted(plane.templates.items())
+        pool = plane.pool
+        workers = [
+            {
+                "worker": pool.pod_name(w),
+                "name": w.meta.name,
+                "state": w.state,
+                "capacity": w.capacity,
+                "allocated": pool.allocated(w),
+                "actors": sorted(pool.holders(w).values()),
+                "epoch": w.epoch,
+            }
+            for w in pool.all()
         ]
+        state = plane.state
         return {
             "runtime": self.runtime_name,
             "runtime_reason": self.runtime_reason,
@@ -508,14 +544,18 @@ class LocalBackend:
             "workers": workers,
             "actors": [
                 statedir.actor_row(
-                    a,
-                    address=a.address,
-                    worker=plane.worker_pod(a.slot) if a.slot is not None else "",
+                    a, worker=pool.pod_name(w) if (w := pool.by_name(a.worker)) else ""
                 )
-                for a in actors
+                for a in sorted(state.actors.values(), key=lambda r: r.key)
             ],
-            "templates": templates,
-            "atespaces": plane.list_atespaces(),
+            "templates": [
+                statedir.template_row(t)
+                for t in sorted(state.templates.values(), key=lambda r: r.meta.key)
+            ],  # noqa: E501
+            "tags": [
+                statedir.tag_row(t) for t in sorted(state.tags.values(), key=lambda r: r.meta.key)
+            ],  # noqa: E501
+            "atespaces": sorted(state.atespaces),
         }
 
 
@@ -531,7 +571,9 @@ async def local_provider_kwargs(
     """Start a local backend in a temporary state folder and point `base` (provider kwargs,
     e.g. a cluster's config) at it: its connection, its template, a private ledger."""
     with tempfile.TemporaryDirectory(prefix="gym-substrate-local-") as state:
-        backend = LocalBackend(Path(state), runtime=runtime, workers=workers, tls=tls, auth=auth)
+        backend = LocalBackend(
+            Path(state), runtime=runtime, workers=workers, actors_per_worker=1, tls=tls, auth=auth
+        )
         async with backend:
             block = backend.provider_config()
             kwargs = dict(base)

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from gym_substrate.local.templates import DEFAULT_TEMPLATE_NAME, DEFAULT_TEMPLATE_NAMESPACE
+from gym_substrate.local.templates import DEFAULT_TEMPLATE
 
 __all__ = [
     "API_SERVER_NAME",
@@ -24,7 +24,6 @@ __all__ = [
     "provider_config_yaml",
 ]
 
-DEFAULT_TEMPLATE = f"{DEFAULT_TEMPLATE_NAMESPACE}/{DEFAULT_TEMPLATE_NAME}"
 # the DNS SAN of ateapi's certificate (cmd/podcertcontroller's servicednssigner), and of ours
 API_SERVER_NAME = "api.ate-system.svc"
 

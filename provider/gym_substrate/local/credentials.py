@@ -15,8 +15,8 @@ paths run as they would against a cluster:
   SHA-256 of the public key, as Kubernetes derives it), and `auth/token`: a projected token of
   SA `ate-system/ate-client` for audience `api.ate-system.svc`, 1 h, rewritten at 80% of its
   life as the kubelet does (manifests/ate-install/jwt/patches.yaml).
-- `auth/session-id-jwt.key`: SessionIdentity's signer, ES256 with key id "1" (real: the
-  `session-id-jwt-pool` secret from `kubectl ate admin make-jwt-pool --key-id=1`).
+- `auth/actor-jwt.key`: MintActorJWT's signer, ES256 with key id "1"; the CA above also signs
+  MintActorCertificate's actor certificates.
 
 Keys and the token are 0600 in 0700 folders. What exists and is valid is kept; what is missing,
 broken, expired or not signed by the CA is made again (with a warning when it is the CA, which
@@ -70,10 +70,10 @@ __all__ = [
     "CA_LIFETIME",
     "SERVER_CERT_LIFETIME",
     "SERVER_CERT_REFRESH",
-    "SESSION_ID_KEY_ID",
+    "ACTOR_JWT_KEY_ID",
     "TOKEN_LIFETIME_S",
     "ServerCertificates",
-    "SessionIdSigner",
+    "ActorJwtSigner",
     "TokenIssuer",
 ]
 
@@ -85,7 +85,7 @@ SERVER_CERT_REFRESH = datetime.timedelta(minutes=30)
 SERVER_CERT_BACKDATE = datetime.timedelta(minutes=2)
 TOKEN_LIFETIME_S = 3600
 SERVICE_ACCOUNT = ("ate-system", "ate-client")
-SESSION_ID_KEY_ID = "1"
+ACTOR_JWT_KEY_ID = "1"
 
 _EMPTY_NAME = x509.Name([])
 
@@ -301,6 +301,32 @@ class ServerCertificates:
         _write(self.cert_file, cert_pem, 0o644)
         return (key_pem, cert_pem), not_after
 
+    def issue_actor_certificate(self, csr_der: bytes, uri: str, lifetime_s: int) -> list[bytes]:
+        """MintActorCertificate: the CSR's public key (nothing else of it) under a SPIFFE URI,
+        signed by the CA; DER, leaf first then the CA. ValueError for a CSR that does not parse."""
+        csr = x509.load_der_x509_csr(csr_der)
+        not_before = _now() - SERVER_CERT_BACKDATE
+        not_after = min(
+            not_before + datetime.timedelta(seconds=lifetime_s), self._ca.not_valid_after_utc
+        )
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(_EMPTY_NAME)
+            .issuer_name(self._ca.subject)
+            .public_key(csr.public_key())  # type: ignore[arg-type]
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(not_before)
+            .not_valid_after(not_after)
+            .add_extension(
+                x509.SubjectAlternativeName([x509.UniformResourceIdentifier(uri)]), critical=True
+            )
+            .add_extension(_key_usage(cert_sign=False), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(self._ca_key, None)
+        )
+        der = serialization.Encoding.DER
+        return [cert.public_bytes(der), self._ca.public_bytes(der)]
+
     @property
     def not_after(self) -> datetime.datetime:
         """When the certificate being served ends."""
@@ -429,11 +455,11 @@ class TokenIssuer:
         return 0.8 * TOKEN_LIFETIME_S
 
 
-class SessionIdSigner:
-    """SessionIdentity.MintJWT's signing authority: ES256 (P-256), key id "1"."""
+class ActorJwtSigner:
+    """MintActorJWT's signing authority: ES256 (P-256), key id "1"."""
 
     def __init__(self, state_dir: Path) -> None:
-        path = _folder(state_dir / "auth") / "session-id-jwt.key"
+        path = _folder(state_dir / "auth") / "actor-jwt.key"
         key = _load_key(path, ec.EllipticCurvePrivateKey)
         if key is None or not isinstance(key.curve, ec.SECP256R1):
             key = ec.generate_private_key(ec.SECP256R1())
@@ -444,10 +470,10 @@ class SessionIdSigner:
         return self._key.public_key()
 
     def sign(self, claims: Mapping[str, Any]) -> str:
-        """The compact JWT; header {"alg":"ES256","kid":"1"} as sessionidjwt.Sign writes it."""
+        """The compact JWT, header {"alg":"ES256","kid":"1"}."""
 
         def es256(data: bytes) -> bytes:
             r, s = decode_dss_signature(self._key.sign(data, ec.ECDSA(hashes.SHA256())))
             return r.to_bytes(32, "big") + s.to_bytes(32, "big")
 
-        return encode_jwt({"alg": "ES256", "kid": SESSION_ID_KEY_ID}, claims, es256)
+        return encode_jwt({"alg": "ES256", "kid": ACTOR_JWT_KEY_ID}, claims, es256)

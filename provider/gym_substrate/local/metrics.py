@@ -1,18 +1,21 @@
 """Prometheus metrics of the local backend, named as Substrate's after Prometheus export.
 
-Substrate exports OTel instruments (`rpc.server.call.duration`, `atenet.router.route.duration`,
-`atelet.snapshot.size`); a legacy-escaping Prometheus scrape shows them as
-`rpc_server_call_duration_seconds{rpc_method=...}` and so on (reference §6.2). Using those exact
-names and labels lets one Grafana dashboard serve a cluster and this backend. What Substrate
-lacks (actor and worker gauges, lifecycle durations) gets a `gym_substrate_local_` prefix.
-Each backend has its own registry, so several backends in one process (tests) never clash.
+Substrate exports OTel instruments (docs/metrics/registry/metrics.yaml@09c2ac9c:
+`rpc.server.call.duration`, `ate.actor.lifecycle.operation.duration`, `ate.actor.crashes`,
+`atenet.router.route.duration`, `atelet.snapshot.size`); a Prometheus scrape shows them with
+underscores and unit suffixes (`ate_actor_lifecycle_operation_duration_seconds{
+ate_actor_operation_name=...}`). Using those names and labels lets one Grafana dashboard serve
+a cluster and this backend. What Substrate has no metric for (actors by state, worker slots)
+gets a `gym_substrate_local_` prefix. Each backend has its own registry, so several backends in
+one process (tests) never clash.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -37,7 +40,7 @@ class _StateCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         actors = GaugeMetricFamily(
-            "gym_substrate_local_actors", "Actors by status.", labels=["status"]
+            "gym_substrate_local_actors", "Actors by state.", labels=["state"]
         )
         for status, count in sorted(self._actors().items()):
             actors.add_metric([status], count)
@@ -76,12 +79,38 @@ class Metrics:
             registry=self.registry,
         )
         self.operation_duration = Histogram(
-            "gym_substrate_local_operation_duration_seconds",
-            "Pause, suspend and resume durations inside the control plane.",
-            ["operation", "source"],
+            "ate_actor_lifecycle_operation_duration_seconds",
+            "Resume, pause and suspend durations (Substrate: ate.actor.lifecycle.operation."
+            "duration); a resume of a RUNNING actor is not one.",
+            [
+                "ate_actor_operation_name",
+                "ate_template_atespace",
+                "ate_template_name",
+                "ate_snapshot_kind",
+                "error_type",
+            ],
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.crashes = Counter(
+            "ate_actor_crashes",
+            "Actors moved into CRASHED (Substrate: ate.actor.crashes).",
+            ["ate_actor_operation_name", "ate_template_atespace", "ate_template_name"],
+            registry=self.registry,
+        )
+        # called with (operation, seconds) for each finished one: the experiments' operation log
+        self.operation_listeners: list[Callable[[str, float], None]] = []
+
+    def lifecycle(
+        self, operation: str, template: Any, kind: str, seconds: float, error: str = ""
+    ) -> None:
+        """One resume, pause or suspend of an actor of ``template`` (a TemplateRecord)."""
+        self.operation_duration.labels(
+            operation, template.meta.atespace, template.meta.name, kind, error
+        ).observe(seconds)
+        if not error:
+            for listener in self.operation_listeners:
+                listener(operation, seconds)
 
     def watch_state(
         self,

@@ -55,11 +55,11 @@ from yarl import URL
 
 from gym_substrate._names import ACTOR_DOMAIN, is_dns_label
 from gym_substrate.ateapi import ateapi_pb2 as pb
+from gym_substrate.local.control.plane import ControlPlane
+from gym_substrate.local.control.records import ActorRecord
 from gym_substrate.local.errors import ApiError
-from gym_substrate.local.lifecycle import ControlPlane
 from gym_substrate.local.metrics import Metrics
 from gym_substrate.local.resume_client import ResumeClient
-from gym_substrate.local.store import ActorRecord
 
 __all__ = [
     "EXTPROC_TIMEOUT_S",

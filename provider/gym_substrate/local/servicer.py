@@ -1,13 +1,15 @@
-"""The gRPC front door: ateapi's services served from one table over the proto's RPCs.
+"""The gRPC front door: `ateapi.Control` served from one table over the proto's RPCs.
 
-Each `ateapi.Control` RPC is one row of `CONTROL_RPCS`: the `ControlPlane` method it calls, how
-the request's fields become that method's arguments, and how the result becomes the response's
-fields. One handler serves every row: it times the call (`rpc_server_call_duration_seconds`,
-the `x-server-elapsed-us` trailer on every answer, errors included) and aborts with an
-`ApiError`'s code and message unchanged.
-The servicer decides nothing: validation, state and every error are the plane's; here requests
-become arguments and records become messages (`ProtobufViews`). Request and response classes
-come from the proto's service descriptor, so a table that misses an RPC fails at start-up.
+Each RPC is one row of `control_table`: the control-plane part that answers it and how its
+record becomes the response. One handler serves every row, as ateapi's interceptor chain does:
+it refuses unknown request fields first (`RejectUnknownFieldsUnaryInterceptor`), times the call
+(`rpc_server_call_duration_seconds`, the `x-server-elapsed-us` trailer on every answer, errors
+included) and aborts with an `ApiError`'s code and message unchanged; any other exception is
+INTERNAL `internal server error: ...`. Request and response classes come from the proto's
+service descriptor, so a table that misses an RPC fails at start-up.
+
+The policy RPCs answer UNIMPLEMENTED with the reason: the local backend does not enforce
+egress or access policies, and a stored policy that did nothing would mislead.
 """
 
 from __future__ import annotations
@@ -15,197 +17,150 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import socket
 import time
-from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
-from google.protobuf.descriptor import MethodDescriptor, ServiceDescriptor
+from google.protobuf.descriptor import MethodDescriptor
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
+from gym_substrate.local.control.identity import Identity
+from gym_substrate.local.control.plane import ControlPlane
+from gym_substrate.local.control.validation import reject_unknown_fields
+from gym_substrate.local.control.worker_rpcs import WorkerRpcs
 from gym_substrate.local.errors import ApiError
-from gym_substrate.local.lifecycle import ControlPlane
-from gym_substrate.local.runtimes.base import Slot
-from gym_substrate.local.session_identity import SessionIdentity
-from gym_substrate.local.slots import WORKER_NAMESPACE, WORKER_POOL
-from gym_substrate.local.store import ActorRecord, WorkerRecord
 
-__all__ = ["CONTROL_RPCS", "ProtobufViews", "Rpc", "add_ateapi_services"]
+__all__ = ["POLICY_RPCS", "add_ateapi_services", "control_table"]
 
 log = logging.getLogger(__name__)
 
+Handler = Callable[[Any], Any]
 
-class ProtobufViews:
-    """The ateapi messages for the plane's records (what the responses carry)."""
-
-    def __init__(self, plane: ControlPlane) -> None:
-        self.plane = plane
-        self.node_name = socket.gethostname()
-
-    def actor_pb(self, record: ActorRecord) -> pb.Actor:
-        actor = pb.Actor(
-            actor_id=record.actor_id,
-            version=record.version,
-            actor_template_namespace=record.template_namespace,
-            actor_template_name=record.template_name,
-            status=pb.Actor.Status.Value(record.status),  # type: ignore[arg-type]
-            in_progress_snapshot=record.in_progress_snapshot,
-            atespace=record.atespace,
-            worker_selector=pb.Selector(match_labels=record.worker_selector),
-        )
-        if record.slot is not None:
-            actor.ateom_pod_namespace = WORKER_NAMESPACE
-            actor.ateom_pod_name = self.plane.worker_pod(record.slot)
-            actor.ateom_pod_uid = record.pod_uid
-            actor.worker_pool_name = WORKER_POOL
-            actor.ateom_pod_ip = record.address
-        if record.snapshot_kind == "local":
-            actor.latest_snapshot_info.CopyFrom(
-                pb.SnapshotInfo(
-                    type=pb.SNAPSHOT_TYPE_LOCAL,
-                    local=pb.LocalSnapshotInfo(
-                        snapshot_prefix=record.snapshot_path,
-                        node_vms_with_local_snapshots=[self.node_name],
-                    ),
-                )
-            )
-        elif record.snapshot_kind == "external":
-            actor.latest_snapshot_info.CopyFrom(
-                pb.SnapshotInfo(
-                    type=pb.SNAPSHOT_TYPE_EXTERNAL,
-                    external=pb.ExternalSnapshotInfo(
-                        snapshot_uri_prefix=Path(record.snapshot_path).as_uri()
-                    ),
-                )
-            )
-        return actor
-
-    def worker_pb(self, worker: WorkerRecord, actor: ActorRecord | None) -> pb.Worker:
-        out = pb.Worker(
-            worker_namespace=WORKER_NAMESPACE,
-            worker_pool=WORKER_POOL,
-            worker_pod=self.plane.worker_pod(worker.slot),
-            version=worker.version,
-            worker_pod_uid=worker.uid,
-            node_name=self.node_name,
-            # every worker has its pod's IP, free or not (real: controlapi/syncer.go)
-            ip=self.plane.runtime.worker_ip(Slot(worker.slot)),
-        )
-        if actor is not None:
-            out.actor_namespace = actor.template_namespace
-            out.actor_template = actor.template_name
-            out.actor_id = actor.actor_id
-            out.actor_atespace = actor.atespace
-        return out
-
-
-# ------------------------------------------------------------------------------ the table
-def _no_args(request: Any) -> tuple[Any, ...]:
-    return ()
-
-
-def _nothing(views: ProtobufViews, result: Any) -> dict[str, Any]:
-    return {}
-
-
-def _ref(request: Any) -> tuple[str, str]:
-    return request.actor_ref.atespace, request.actor_ref.name
-
-
-def _name(request: Any) -> tuple[str]:
-    return (request.name,)
-
-
-def _selector(message: pb.Selector) -> dict[str, str]:
-    return dict(message.match_labels)
-
-
-def _actor(views: ProtobufViews, record: ActorRecord) -> dict[str, Any]:
-    return {"actor": views.actor_pb(record)}
-
-
-def _atespace(views: ProtobufViews, name: str) -> dict[str, Any]:
-    return {"atespace": pb.Atespace(name=name)}
-
-
-@dataclass(frozen=True)
-class Rpc:
-    """One RPC: ``ControlPlane.<method>(*args(request))``, then ``response(views, result)``.
-
-    ``response`` returns the response message's fields; the method may be sync or async.
-    """
-
-    method: str
-    args: Callable[[Any], tuple[Any, ...]] = _no_args
-    response: Callable[[ProtobufViews, Any], dict[str, Any]] = _nothing
-
-
-CONTROL_RPCS: Mapping[str, Rpc] = {
-    "GetActor": Rpc("get_actor", _ref, _actor),
-    "CreateActor": Rpc(
-        "create_actor",
-        lambda r: (
-            *_ref(r),
-            r.actor_template_namespace,
-            r.actor_template_name,
-            _selector(r.worker_selector),
-        ),
-        _actor,
-    ),
-    "UpdateActor": Rpc("update_actor", lambda r: (*_ref(r), _selector(r.worker_selector)), _actor),
-    "SuspendActor": Rpc("suspend_actor", _ref, _actor),
-    "PauseActor": Rpc("pause_actor", _ref, _actor),
-    "ResumeActor": Rpc("resume_actor", lambda r: (*_ref(r), r.boot), _actor),
-    "DeleteActor": Rpc("delete_actor", _ref),
-    "ListWorkers": Rpc(
-        "workers_list",
-        response=lambda views, pairs: {"workers": [views.worker_pb(w, a) for w, a in pairs]},
-    ),
-    "ListActors": Rpc(
-        "list_actors",
-        lambda r: (r.page_size, r.page_token, r.atespace),
-        lambda views, page: {
-            "actors": [views.actor_pb(record) for record in page[0]],
-            "next_page_token": page[1],
-        },
-    ),
-    "CreateAtespace": Rpc("create_atespace", _name, _atespace),
-    "GetAtespace": Rpc("get_atespace", _name, _atespace),
-    "ListAtespaces": Rpc(
-        "list_atespaces",
-        response=lambda views, names: {"atespaces": [pb.Atespace(name=n) for n in names]},
-    ),
-    "DeleteAtespace": Rpc("delete_atespace", _name),
-    "DebugClear": Rpc("debug_clear"),
+_EGRESS = (
+    "the local backend does not enforce egress policies: its sandboxes have no network "
+    "beyond their own loopback (docs/local.md, 'What the local backend does not do')"
+)
+_ACCESS = (
+    "the local backend does not enforce access policies: every caller that passes its auth "
+    "mode may do everything (docs/local.md, 'What the local backend does not do')"
+)
+POLICY_RPCS: Mapping[str, str] = {
+    **{f"{verb}ActorEgressPolicy": _EGRESS for verb in ("Get", "Create", "Update", "Delete")},
+    **{f"{verb}GlobalAccessPolicy": _ACCESS for verb in ("Get", "Create", "Update")},
+    **{f"{verb}AtespaceAccessPolicy": _ACCESS for verb in ("Get", "Create", "Update", "Delete")},
 }
 
 
-# ------------------------------------------------------------------------------ serving
-Behavior = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Any]
+def _unimplemented(reason: str) -> Handler:
+    def handler(request: Any) -> Any:
+        raise ApiError(grpc.StatusCode.UNIMPLEMENTED, reason)
+
+    return handler
 
 
-def _message_class(descriptor: Any) -> Any:
-    return getattr(pb, descriptor.name)
+def _then(call: Callable[[Any], Any], shape: Callable[[Any], Any]) -> Handler:
+    """``shape(await call(request))``, for a part that may be sync or async."""
+
+    async def handler(request: Any) -> Any:
+        result = call(request)
+        if inspect.isawaitable(result):
+            result = await result
+        return shape(result)
+
+    return handler
 
 
-def _method_handler(
-    method: MethodDescriptor, behavior: Behavior
-) -> grpc.RpcMethodHandler[Any, Any]:
-    return grpc.unary_unary_rpc_method_handler(
-        behavior,
-        request_deserializer=_message_class(method.input_type).FromString,
-        response_serializer=_message_class(method.output_type).SerializeToString,
+def control_table(plane: ControlPlane, identity: Identity) -> dict[str, Handler]:
+    """Every `ateapi.Control` RPC: request message in, response message out."""
+    v = plane.views
+    workers = WorkerRpcs(plane)
+
+    def actor_page(page: Any) -> pb.ListActorsResponse:
+        return pb.ListActorsResponse(actors=[v.actor(r) for r in page[0]], next_page_token=page[1])
+
+    table: dict[str, Handler] = {
+        "GetActor": _then(plane.actors.get, v.actor),
+        "CreateActor": _then(plane.actors.create, v.actor),
+        "UpdateActor": _then(plane.actors.update, v.actor),
+        "DeleteActor": _then(plane.actors.delete, v.actor),
+        "ListActors": _then(plane.actors.list, actor_page),
+        "ResumeActor": _then(
+            plane.resume.rpc,
+            lambda pair: pb.ResumeActorResponse(actor=v.actor(pair[0]), resumed=pair[1]),
+        ),
+        "SuspendActor": _then(
+            plane.parking.suspend, lambda r: pb.SuspendActorResponse(actor=v.actor(r))
+        ),
+        "PauseActor": _then(plane.parking.pause, lambda r: pb.PauseActorResponse(actor=v.actor(r))),
+        "RevertActor": _then(plane.revert.rpc, lambda r: pb.RevertActorResponse(actor=v.actor(r))),
+        "CreateTag": _then(plane.tags.create, v.tag),
+        "GetTag": _then(plane.tags.get, v.tag),
+        "UpdateTag": _then(plane.tags.update, v.tag),
+        "DeleteTag": _then(plane.tags.delete, v.tag),
+        "ListTags": _then(
+            plane.tags.list,
+            lambda page: pb.ListTagsResponse(
+                tags=[v.tag(r) for r in page[0]], next_page_token=page[1]
+            ),
+        ),
+        "CreateAtespace": _then(plane.atespaces.create, v.atespace),
+        "GetAtespace": _then(plane.atespaces.get, v.atespace),
+        "DeleteAtespace": _then(plane.atespaces.delete, v.atespace),
+        "ListAtespaces": _then(
+            plane.atespaces.list,
+            lambda page: pb.ListAtespacesResponse(
+                atespaces=[v.atespace(r) for r in page[0]], next_page_token=page[1]
+            ),
+        ),
+        "CreateActorTemplate": _then(plane.templates.create, v.template),
+        "GetActorTemplate": _then(plane.templates.get, v.template),
+        "DeleteActorTemplate": _then(plane.templates.delete, v.template),
+        "ListActorTemplates": _then(
+            plane.templates.list,
+            lambda page: pb.ListActorTemplatesResponse(
+                actor_templates=[v.template(r) for r in page[0]], next_page_token=page[1]
+            ),
+        ),
+        "ListWorkers": _then(
+            workers.list_workers,
+            lambda page: pb.ListWorkersResponse(
+                workers=[v.worker(w) for w in page[0]], next_page_token=page[1]
+            ),
+        ),
+        "GetWorker": _then(workers.get, v.worker),
+        "CreateWorker": _then(workers.create, v.worker),
+        "UpdateWorker": _then(workers.update, v.worker),
+        "DeleteWorker": _then(workers.delete, v.worker),
+        "DrainWorker": _then(workers.drain, v.worker),
+        "ListWorkerActorAssignments": _then(
+            workers.assignments,
+            lambda page: pb.ListWorkerActorAssignmentsResponse(
+                actor_assignments=[_assignment(actor, worker) for actor, worker in page[0]],
+                next_page_token=page[1],
+            ),
+        ),
+        "MintActorJWT": identity.mint_jwt,
+        "MintActorCertificate": identity.mint_certificate,
+    }
+    table.update({name: _unimplemented(reason) for name, reason in POLICY_RPCS.items()})
+    return table
+
+
+def _assignment(actor: Any, worker: Any) -> pb.ActorAssignment:
+    return pb.ActorAssignment(
+        metadata=pb.ResourceMetadata(name=actor.meta.uid),
+        actor=pb.ObjectRef(atespace=actor.atespace, name=actor.name),
+        actor_uid=actor.meta.uid,
+        worker_epoch=actor.worker_epoch,
     )
 
 
-def _control_behavior(
-    plane: ControlPlane, views: ProtobufViews, method: MethodDescriptor, rpc: Rpc
-) -> Behavior:
-    response_class = _message_class(method.output_type)
-    call = getattr(plane, rpc.method)
+# ------------------------------------------------------------------------------ serving
+Behavior = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
+
+
+def _behavior(plane: ControlPlane, method: MethodDescriptor, handler: Handler) -> Behavior:
     label = f"{method.containing_service.full_name}/{method.name}"
 
     async def behavior(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
@@ -217,10 +172,10 @@ def _control_behavior(
             return (("x-server-elapsed-us", str(int((time.perf_counter() - started) * 1e6))),)
 
         try:
-            result = call(*rpc.args(request))
+            reject_unknown_fields(request)
+            result = handler(request)
             if inspect.isawaitable(result):
                 result = await result
-            response = response_class(**rpc.response(views, result))
         except ApiError as exc:
             code = exc.code
             await context.abort(exc.code, exc.message, elapsed())
@@ -242,44 +197,31 @@ def _control_behavior(
                 time.perf_counter() - started
             )
         context.set_trailing_metadata(elapsed())
-        return response
+        return result
 
     return behavior
 
 
-def _register(
-    server: grpc.aio.Server,
-    service: ServiceDescriptor,
-    names: Collection[str],
-    behavior_for: Callable[[MethodDescriptor], Behavior],
-) -> None:
-    """Serve every RPC of ``service``; ``names`` (the table's rows) must be exactly its RPCs."""
+def add_ateapi_services(server: grpc.aio.Server, plane: ControlPlane, identity: Identity) -> None:
+    """Serve `ateapi.Control` from ``plane``; every RPC of the proto must be in the table."""
+    service = pb.DESCRIPTOR.services_by_name["Control"]
+    table = control_table(plane, identity)
     expected = set(service.methods_by_name)
-    if expected != set(names):
+    if expected != set(table):
         raise RuntimeError(
             f"{service.full_name}: the servicer table does not match the proto (missing "
-            f"{sorted(expected - set(names))}, unknown {sorted(set(names) - expected)})"
+            f"{sorted(expected - set(table))}, unknown {sorted(set(table) - expected)})"
         )
-    handlers = {m.name: _method_handler(m, behavior_for(m)) for m in service.methods}
+    handlers = {
+        m.name: grpc.unary_unary_rpc_method_handler(
+            _behavior(plane, m, table[m.name]),
+            request_deserializer=getattr(pb, m.input_type.name).FromString,
+            response_serializer=getattr(pb, m.output_type.name).SerializeToString,
+        )
+        for m in service.methods
+    }
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(service.full_name, handlers),)
     )
     # as the generated add_*Servicer_to_server do: lets grpc route these paths without a lookup
     server.add_registered_method_handlers(service.full_name, handlers)  # type: ignore[attr-defined]
-
-
-def add_ateapi_services(
-    server: grpc.aio.Server, plane: ControlPlane, identity: SessionIdentity | None = None
-) -> None:
-    """Serve ateapi.Control from ``plane`` and ateapi.SessionIdentity from ``identity`` (by
-    default one that trusts no issuer: `session_identity.py`)."""
-    services = pb.DESCRIPTOR.services_by_name
-    views = ProtobufViews(plane)
-    _register(
-        server,
-        services["Control"],
-        CONTROL_RPCS,
-        lambda method: _control_behavior(plane, views, method, CONTROL_RPCS[method.name]),
-    )
-    behaviors = (identity or SessionIdentity()).behaviors
-    _register(server, services["SessionIdentity"], behaviors, lambda method: behaviors[method.name])

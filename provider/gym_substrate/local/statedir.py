@@ -22,16 +22,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gym_substrate.local.control.records import (
+    ActorRecord,
+    AtespaceRecord,
+    TagRecord,
+    TemplateRecord,
+)
+from gym_substrate.local.control.store import StaleStateError, Store, read_meta
 from gym_substrate.local.errors import BackendError
 from gym_substrate.local.runtimes import create_runtime
-from gym_substrate.local.runtimes.base import (
-    RuntimeConfig,
-    RuntimeFailure,
-    SandboxRuntime,
-    TemplateSpec,
-)
-from gym_substrate.local.store import ActorRecord, GoldenRecord, Store
-from gym_substrate.local.template_registry import template_in_use_message
+from gym_substrate.local.runtimes.base import RuntimeConfig, RuntimeFailure, SandboxRuntime
 
 __all__ = [
     "REGISTRY_ENV",
@@ -49,8 +49,8 @@ __all__ = [
     "remove_backend_info",
     "runtime_for_state",
     "state_leftovers",
-    "store_template",
     "stored_status",
+    "tag_row",
     "template_row",
     "unregister",
     "write_backend_info",
@@ -164,19 +164,13 @@ def unregister(instance: str) -> None:
 # ---------------------------------------------------------------------- cleaning up after a crash
 def runtime_for_state(state_dir: Path) -> SandboxRuntime | None:
     """The runtime the state folder's backend last ran (to clean up after it), or None."""
-    store_path = state_dir / "state.db"
-    if not store_path.exists():
-        return None
-    store = Store(store_path)
-    try:
-        name = store.get_meta("runtime")
-        instance = store.get_meta("instance") or instance_name(state_dir)
-        workers = int(store.get_meta("workers") or "1")
-    finally:
-        store.close()
+    meta = read_meta(state_dir / "state.db")
+    name = meta.get("runtime")
     if not name:
         return None
-    config = RuntimeConfig(state_dir / "runtime" / name, instance, workers)
+    instance = meta.get("instance") or instance_name(state_dir)
+    slots = int(meta.get("workers") or "1") * int(meta.get("actors_per_worker") or "1")
+    config = RuntimeConfig(state_dir / "runtime" / name, instance, slots)
     return create_runtime(name, config)
 
 
@@ -240,39 +234,57 @@ async def cleanup_orphans() -> list[str]:
 
 
 # ---------------------------------------------------------------------- what a stopped one holds
-def actor_row(record: ActorRecord, *, address: str = "", worker: str = "") -> dict[str, Any]:
+def actor_row(record: ActorRecord, *, worker: str = "") -> dict[str, Any]:
     """One actor as `local status` shows it (running backend or stored state)."""
+    latest = record.latest()
+    stored = latest.storage[-1].path if latest is not None and latest.storage else ""
     return {
         "atespace": record.atespace,
-        "actor": record.actor_id,
-        "template": f"{record.template_namespace}/{record.template_name}",
-        "status": record.status,
-        "version": record.version,
-        "address": address,
+        "actor": record.name,
+        "template": record.template,
+        "state": record.state,
+        "version": record.meta.version,
+        "address": record.address,
         "worker": worker,
-        "snapshot": record.snapshot_path,
+        "snapshot": stored,
+        "crash": record.crash_message,
     }
 
 
-def template_row(template: TemplateSpec, golden: GoldenRecord | None) -> dict[str, Any]:
+def template_row(record: TemplateRecord) -> dict[str, Any]:
     """One template as `local status` shows it."""
     return {
-        "template": template.key,
-        "rootfs": template.rootfs.kind,
-        "snapshots": str(template.snapshot_location),
-        "golden_snapshot": golden.path if golden else "",
+        "template": record.meta.key,
+        "uid": record.meta.uid,
+        "golden_tag": record.golden_tag,
+        "golden_error": record.golden_error,
+    }
+
+
+def tag_row(record: TagRecord) -> dict[str, Any]:
+    snapshot = record.snapshot
+    stored = snapshot.storage[0] if snapshot is not None and snapshot.storage else None
+    return {
+        "tag": record.meta.key,
+        "scope": record.scope,
+        "source_actor": record.source_actor,
+        "status": stored.status if stored else "",
     }
 
 
 def stored_status(state_dir: Path) -> dict[str, Any] | None:
-    """What a stopped backend's state folder holds (actors, templates), or None if nothing."""
+    """What a stopped backend's state folder holds (actors, templates, tags), or None."""
     if not (state_dir / "state.db").exists():
         return None
-    store = Store(state_dir / "state.db")
     try:
-        actors = [actor_row(a) for a in store.actors()]
-        templates = [template_row(t, golden) for t, golden in store.templates()]
-        atespaces = store.atespaces()
+        store = Store(state_dir / "state.db")
+    except StaleStateError as exc:
+        raise BackendError(str(exc)) from exc
+    try:
+        actors = [actor_row(a) for a in store.load(ActorRecord)]
+        templates = [template_row(t) for t in store.load(TemplateRecord)]
+        tags = [tag_row(t) for t in store.load(TagRecord)]
+        atespaces = [a.meta.name for a in store.load(AtespaceRecord)]
         runtime = store.get_meta("runtime") or ""
     finally:
         store.close()
@@ -282,27 +294,6 @@ def stored_status(state_dir: Path) -> dict[str, Any] | None:
         "workers": [],
         "actors": actors,
         "templates": templates,
+        "tags": tags,
         "atespaces": atespaces,
     }
-
-
-def store_template(state_dir: Path, template: TemplateSpec) -> None:
-    """Register a template in a stopped backend's state (its golden snapshot comes at `up`).
-
-    A changed spec under a name stored actors use is refused (`BackendError`), as a running
-    backend refuses it.
-    """
-    store = Store(state_dir / "state.db")
-    try:
-        stored = {t.key: t for t, _ in store.templates()}.get(template.key)
-        if stored is not None and stored != template:
-            users = sum(
-                1
-                for record in store.actors()
-                if f"{record.template_namespace}/{record.template_name}" == template.key
-            )
-            if users:
-                raise BackendError(template_in_use_message(stored, template, users))
-        store.put_template(template)
-    finally:
-        store.close()

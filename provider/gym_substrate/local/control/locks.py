@@ -1,10 +1,10 @@
-"""The per-actor lock of ateapi's workflows, and their deadline.
+"""The leases of ateapi's workflows: one per resource, refused while held.
 
-Substrate runs ResumeActor, SuspendActor and PauseActor under a lock named after the actor id
-alone (`lock:actor:<id>`, so one id in two atespaces shares it) with a 30 s TTL, and under a
-deadline 2 s shorter than that TTL (workflow.go). A second operation on a held lock is refused
-with ABORTED "another operation is in progress for this actor"; DeleteActor, UpdateActor and the
-reads take no lock.
+Substrate runs Resume (off its fast path), Suspend, Pause, Revert, Delete and CreateTag under a
+lease named after the actor (`lease:actor:<atespace>:<name>`), and template deletes and golden
+builds under the template's (workflow.go `acquireLease`). A second operation on a held lease is
+refused with ABORTED "another operation is in progress for this <subject>"; Create, Update and
+the reads take none.
 
 A resume runs in its caller's task (`lock`): the RPC's cancellation (a client deadline) stops it
 part-way, as a real workflow stops when its request context ends. A checkpoint runs in a task of
@@ -25,19 +25,16 @@ import grpc
 
 from gym_substrate.local.errors import ApiError
 
-__all__ = ["WORKFLOW_DEADLINE_S", "Workflows"]
+__all__ = ["Workflows"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# workflow.go: lock TTL 30 s minus 2 s of padding
-WORKFLOW_DEADLINE_S = 28.0
-
 
 class Workflows:
     def __init__(self) -> None:
-        # actor id -> a future done when its lock is released
+        # lease key -> a future done when its lease is released
         self._held: dict[str, asyncio.Future[None]] = {}
         self._holders: dict[str, asyncio.Task[Any] | None] = {}
 
@@ -45,10 +42,10 @@ class Workflows:
         """True while an operation holds ``actor_id``'s lock (any actor's when None)."""
         return bool(self._held) if actor_id is None else actor_id in self._held
 
-    def _claim(self, actor_id: str, holder: asyncio.Task[Any] | None) -> None:
+    def _claim(self, actor_id: str, holder: asyncio.Task[Any] | None, subject: str) -> None:
         if actor_id in self._held:
             raise ApiError(
-                grpc.StatusCode.ABORTED, "another operation is in progress for this actor"
+                grpc.StatusCode.ABORTED, f"another operation is in progress for this {subject}"
             )
         self._held[actor_id] = asyncio.get_running_loop().create_future()
         self._holders[actor_id] = holder
@@ -60,21 +57,23 @@ class Workflows:
             released.set_result(None)
 
     @contextlib.asynccontextmanager
-    async def lock(self, actor_id: str) -> AsyncIterator[None]:
+    async def lock(self, actor_id: str, subject: str = "actor") -> AsyncIterator[None]:
         """Hold ``actor_id``'s lock while the caller's task runs the block (ABORTED if held)."""
-        self._claim(actor_id, asyncio.current_task())
+        self._claim(actor_id, asyncio.current_task(), subject)
         try:
             yield
         finally:
             self._release(actor_id)
 
-    def run_detached(self, actor_id: str, work: Callable[[], Awaitable[T]]) -> asyncio.Task[T]:
+    def run_detached(
+        self, actor_id: str, work: Callable[[], Awaitable[T]], subject: str = "actor"
+    ) -> asyncio.Task[T]:
         """Take ``actor_id``'s lock and run ``work`` in its own task, which releases the lock.
 
         The lock is claimed before the task is created, not when it first runs, so a second
         call in the same loop turn is refused here.
         """
-        self._claim(actor_id, None)
+        self._claim(actor_id, None, subject)
 
         async def run() -> T:
             return await work()

@@ -1,0 +1,292 @@
+"""PauseActor and SuspendActor (controlapi/workflow_pause.go, workflow_suspend.go).
+
+Pause: only a RUNNING actor (a PAUSED one is a success as it is); a new generation with a LOCAL
+snapshot kept on this machine. Suspend: a RUNNING actor is checkpointed into a new DURABLE
+generation under the template's storage location; a PAUSED one has its local snapshot uploaded
+into the same generation. Either way the actor's worker is freed, its local snapshots go, and
+older durable ones it owns are replaced (a borrowed tag's never touched). A checkpoint that
+fails crashes the actor, as atelet's failing Checkpoint does upstream. A checkpoint runs in a
+task of its own under the actor's lease: a caller that leaves does not stop it half-way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import grpc
+
+from gym_substrate.ateapi import ateapi_pb2 as pb
+from gym_substrate.local.control.records import (
+    GOLDEN_ATESPACE,
+    PAUSED,
+    PAUSING,
+    RUNNING,
+    SUSPENDED,
+    SUSPENDING,
+    ActorRecord,
+    Fidelity,
+    SnapshotRecord,
+    Storage,
+    TemplateRecord,
+)
+from gym_substrate.local.control.validation import validated_ref
+from gym_substrate.local.errors import ApiError
+from gym_substrate.local.runtimes.base import (
+    CheckpointResult,
+    RuntimeFailure,
+    SnapshotKind,
+    SnapshotRef,
+)
+from gym_substrate.local.snapshots import new_snapshot_dir, remove_snapshot
+
+if TYPE_CHECKING:
+    from gym_substrate.local.control.plane import ControlPlane
+
+__all__ = ["Parking"]
+
+log = logging.getLogger(__name__)
+
+
+def _completed(
+    snapshot: SnapshotRecord, durability: str, result: CheckpointResult
+) -> SnapshotRecord:
+    fidelity: Fidelity = "MEMORY" if result.memory_kept else "ROOTFS"
+    storage = tuple(
+        dataclasses.replace(s, status="COMPLETED", fidelity=fidelity)
+        if s.durability == durability
+        else s
+        for s in snapshot.storage
+    )
+    return dataclasses.replace(snapshot, storage=storage)
+
+
+class Parking:
+    def __init__(self, plane: ControlPlane) -> None:
+        self.plane = plane
+
+    # ---------------------------------------------------------------- RPCs
+    async def pause(self, request: pb.PauseActorRequest) -> ActorRecord:
+        key = validated_ref(request, "actor")
+        task = self.plane.locks.run_detached(key, lambda: self._pause(key))
+        return await asyncio.shield(task)
+
+    async def suspend(self, request: pb.SuspendActorRequest) -> ActorRecord:
+        return await self.suspend_key(validated_ref(request, "actor"))
+
+    async def suspend_key(self, key: str) -> ActorRecord:
+        task = self.plane.locks.run_detached(key, lambda: self._suspend(key))
+        return await asyncio.shield(task)
+
+    async def suspend_all(self, timeout_s: float) -> None:
+        """`local down --suspend`: every RUNNING actor, at once; what overruns is crashed."""
+        running = [r.key for r in self.plane.state.actors.values() if r.state == RUNNING]
+        if not running:
+            return
+        log.info("suspending %d running actors before stopping", len(running))
+        tasks = [asyncio.ensure_future(self.suspend_key(key)) for key in running]
+        done, pending = await asyncio.wait(tasks, timeout=timeout_s)
+        for task in pending:
+            task.cancel()
+        for task in done:
+            if task.exception() is not None:
+                log.warning("suspend at shutdown failed: %s", task.exception())
+        await self.plane.locks.drain()
+
+    # ---------------------------------------------------------------- workflows
+    async def _pause(self, key: str) -> ActorRecord:
+        plane = self.plane
+        record = plane.state.actor(key)
+        template = plane.template_of(record)
+        if record.state == PAUSED:
+            return record
+        if record.atespace == GOLDEN_ATESPACE:
+            raise ApiError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f'actors in atespace "{GOLDEN_ATESPACE}" are golden actors, which cannot be paused',
+            )
+        if record.state not in (RUNNING, PAUSING):
+            raise ApiError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"MarkPausing prerequisite not met for Actor: {key} (got: "
+                f"ACTOR_STATE_{record.state}, want ACTOR_STATE_RUNNING)",
+            )
+        dest = new_snapshot_dir(plane.state_dir / "snapshots" / "local", f"{record.name}-")
+        record = self._new_generation(record, template, "LOCAL", dest, PAUSING)
+        result = await self._checkpoint(record, template, "pause", SnapshotKind.LOCAL, dest)
+        return self._finish(record, template, "LOCAL", result, PAUSED)
+
+    async def _suspend(self, key: str) -> ActorRecord:
+        plane = self.plane
+        record = plane.state.actor(key)
+        template = plane.template_of(record)
+        if record.state == SUSPENDED:
+            return record
+        if record.state not in (RUNNING, PAUSED, SUSPENDING):
+            raise ApiError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"MarkSuspending prerequisite not met for Actor: {key} (got: "
+                f"ACTOR_STATE_{record.state}, want ACTOR_STATE_RUNNING or ACTOR_STATE_PAUSED)",
+            )
+        spec = plane.spec(record, template)
+        base = spec.template.snapshot_location / "atespaces" / record.atespace / "actors"
+        dest = new_snapshot_dir(base / record.meta.uid)
+        latest = record.latest()
+        local = latest.completed("LOCAL") if latest is not None else None
+        if record.state == PAUSED or (record.state == SUSPENDING and not record.handle):
+            if latest is None or local is None:
+                await plane.revert.crash(
+                    record, "suspend", "node holding the actor's local snapshot is unknown"
+                )
+                raise ApiError(
+                    grpc.StatusCode.UNKNOWN,
+                    "actor is CRASHED because it was in PAUSED state with no completed local "
+                    "snapshot",
+                )
+            pending = Storage("DURABLE", "IN_PROGRESS", str(dest), local.fidelity)
+            upload = dataclasses.replace(latest, storage=(*latest.storage, pending))
+            snapshots = tuple(upload if s is latest else s for s in record.snapshots)
+            record = plane.state.save(record, state=SUSPENDING, snapshots=snapshots)
+            result = await self._upload(record, template, Path(local.path), dest)
+        else:
+            record = self._new_generation(record, template, "DURABLE", dest, SUSPENDING)
+            result = await self._checkpoint(
+                record, template, "suspend", SnapshotKind.EXTERNAL, dest
+            )
+        return self._finish(record, template, "DURABLE", result, SUSPENDED)
+
+    # ---------------------------------------------------------------- steps
+    def _new_generation(
+        self,
+        record: ActorRecord,
+        template: TemplateRecord,
+        durability: str,
+        dest: Path,
+        transit: str,
+    ) -> ActorRecord:
+        generation = record.last_generation + 1
+        snapshot = SnapshotRecord(
+            generation,
+            "ACTOR",
+            template.meta.uid,
+            (Storage(durability, "IN_PROGRESS", str(dest)),),  # type: ignore[arg-type]
+        )
+        return self.plane.state.save(
+            record,
+            state=transit,
+            last_generation=generation,
+            snapshots=(*record.snapshots, snapshot),
+        )
+
+    async def _checkpoint(
+        self,
+        record: ActorRecord,
+        template: TemplateRecord,
+        operation: str,
+        kind: SnapshotKind,
+        dest: Path,
+    ) -> CheckpointResult:
+        plane = self.plane
+        started = time.perf_counter()
+        await plane.release_connections(record.handle)
+        try:
+            spec = plane.spec(record, template)
+            result = await plane.runtime.checkpoint(spec, record.handle, kind, dest)
+        except (RuntimeFailure, OSError, ValueError) as exc:
+            await asyncio.to_thread(remove_snapshot, dest)
+            await plane.revert.crash(record, operation, f"atelet Checkpoint: {exc}")
+            plane.metrics.lifecycle(
+                operation, template, "", time.perf_counter() - started, "INTERNAL"
+            )
+            raise ApiError(
+                grpc.StatusCode.INTERNAL, f"actor {record.key} crashed: atelet Checkpoint: {exc}"
+            ) from exc
+        plane.metrics.lifecycle(operation, template, "", time.perf_counter() - started)
+        return result
+
+    async def _upload(
+        self, record: ActorRecord, template: TemplateRecord, local: Path, dest: Path
+    ) -> CheckpointResult:
+        plane = self.plane
+        started = time.perf_counter()
+        try:
+            spec = plane.spec(record, template)
+            result = await plane.runtime.upload(
+                spec, SnapshotRef(SnapshotKind.LOCAL, local), record.retained_handle, dest
+            )
+        except (RuntimeFailure, OSError, ValueError) as exc:
+            await asyncio.to_thread(remove_snapshot, dest)
+            await plane.revert.crash(record, "suspend", f"atelet UploadPausedCheckpoint: {exc}")
+            plane.metrics.lifecycle(
+                "suspend", template, "", time.perf_counter() - started, "INTERNAL"
+            )
+            raise ApiError(
+                grpc.StatusCode.INTERNAL,
+                f"actor {record.key} crashed: atelet UploadPausedCheckpoint: {exc}",
+            ) from exc
+        plane.metrics.lifecycle("suspend", template, "", time.perf_counter() - started)
+        return result
+
+    def _finish(
+        self,
+        record: ActorRecord,
+        template: TemplateRecord,
+        durability: str,
+        result: CheckpointResult,
+        target: str,
+    ) -> ActorRecord:
+        """Free the worker, keep the new generation, drop what it replaces."""
+        plane = self.plane
+        plane.pool.release(record.slot, record.key)
+        current = plane.state.actor(record.key)
+        newest = max(s.generation for s in current.snapshots)
+        kept: list[SnapshotRecord] = []
+        doomed: list[str] = []
+        retained = result.retained_handle or ""
+        for snapshot in current.snapshots:
+            newest_generation = snapshot.generation == newest
+            if newest_generation:
+                snapshot = _completed(snapshot, durability, result)
+            if durability == "DURABLE" and not newest_generation:
+                # the new durable generation replaces every older one (a tag's stays the tag's)
+                if snapshot.owner == "ACTOR":
+                    doomed += [s.path for s in snapshot.storage]
+                continue
+            if durability == "DURABLE" or not newest_generation:
+                # a suspend drops every local entry, a pause the older ones
+                doomed += [s.path for s in snapshot.storage if s.durability == "LOCAL"]
+                snapshot = dataclasses.replace(
+                    snapshot, storage=tuple(s for s in snapshot.storage if s.durability != "LOCAL")
+                )
+            if snapshot.storage:
+                kept.append(snapshot)
+        stale_retained = current.retained_handle if current.retained_handle != retained else ""
+        record = plane.state.save(
+            current,
+            state=target,
+            snapshots=tuple(kept),
+            worker="",
+            slot=None,
+            handle="",
+            address="",
+            retained_handle=retained,
+        )
+        for kind, size in result.files:
+            plane.metrics.snapshot_size.labels(
+                kind, template.meta.atespace, template.meta.name
+            ).observe(size)  # noqa: E501
+        task = asyncio.get_running_loop().create_task(self._clean(doomed, stale_retained))
+        plane.recovery.track(task)
+        return record
+
+    async def _clean(self, folders: list[str], retained: str) -> None:
+        if retained:
+            await self.plane.stop_sandbox(retained)
+        for folder in folders:
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(remove_snapshot, folder)

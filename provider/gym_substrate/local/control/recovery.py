@@ -1,0 +1,150 @@
+"""What a start finds, what a stop leaves, and the watch on running sandboxes.
+
+At start, a RUNNING actor whose sandbox still runs is adopted, as if its worker had kept
+running; one whose sandbox is gone is CRASHED (`ateom restarted while hosting the actor`) and
+its worker's epoch rises, as when a worker's ateom restarts upstream. Nothing falls back to an
+older snapshot silently: a crashed actor says so until it is reverted. A golden actor that was
+lost is removed instead, so its template's build starts over. At stop (`local down`) every
+sandbox goes, and the actors that ran in one are CRASHED (`worker pod went away while hosting
+the actor`) unless the backend suspends them first. While the backend runs, a watchdog crashes
+a RUNNING actor whose sandbox exited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING
+
+from gym_substrate.local.control.records import (
+    ACTIVE_STATES,
+    CRASHED,
+    GOLDEN_ATESPACE,
+    PAUSED,
+    RUNNING,
+    SUSPENDED,
+    ActorRecord,
+)
+from gym_substrate.local.control.revert import ATEOM_RESTARTED, WORKER_GONE
+from gym_substrate.local.runtimes.base import RuntimeFailure, Slot
+
+if TYPE_CHECKING:
+    from gym_substrate.local.control.plane import ControlPlane
+
+__all__ = ["WATCH_INTERVAL_S", "Recovery"]
+
+log = logging.getLogger(__name__)
+
+WATCH_INTERVAL_S = 2.0
+
+
+class Recovery:
+    def __init__(self, plane: ControlPlane, *, watch_interval_s: float = WATCH_INTERVAL_S) -> None:
+        self.plane = plane
+        self.watch_interval_s = watch_interval_s
+        self._tasks: set[asyncio.Task[object]] = set()
+        self._watchdog: asyncio.Task[None] | None = None
+
+    def track(self, task: asyncio.Task[object] | asyncio.Task[None]) -> None:
+        """Keep a background step alive until it ends (and wait for it at stop)."""
+        self._tasks.add(task)  # type: ignore[arg-type]
+        task.add_done_callback(self._tasks.discard)  # type: ignore[arg-type]
+
+    async def settle(self) -> None:
+        while self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=15)
+
+    # ---------------------------------------------------------------- start
+    async def recover(self) -> None:
+        plane = self.plane
+        keep: set[str] = set()
+        lost_workers: set[str] = set()
+        for record in list(plane.state.actors.values()):
+            if record.state in (SUSPENDED, CRASHED):
+                continue
+            if record.state == PAUSED:
+                if record.retained_handle:
+                    keep.add(record.retained_handle)
+                continue
+            if record.state == RUNNING and await self._adopt(record):
+                keep.add(record.handle)
+                continue
+            if record.atespace == GOLDEN_ATESPACE:
+                log.info("golden actor %s was lost; its template's build starts over", record.key)
+                await plane.actors.remove(record)
+                continue
+            if record.worker:
+                lost_workers.add(record.worker)
+            log.warning(
+                "actor %s was %s but its sandbox is gone: it is CRASHED (RevertActor takes it "
+                "back to its last durable snapshot)",
+                record.key,
+                record.state,
+            )
+            await plane.revert.crash_lost(record, ATEOM_RESTARTED)
+        for name in lost_workers:
+            worker = plane.pool.by_name(name)
+            if worker is not None:
+                plane.pool.record_restart(worker)
+        for line in await plane.runtime.sweep(keep):
+            log.warning("removed a sandbox no actor claims: %s", line)
+
+    async def _adopt(self, record: ActorRecord) -> bool:
+        plane = self.plane
+        template = plane.state.templates.get(record.template)
+        if not record.handle or record.slot is None or template is None:
+            return False
+        try:
+            spec = plane.spec(record, template)
+            adopted = await plane.runtime.adopt(
+                spec, Slot(record.slot), record.handle, record.address
+            )
+        except (RuntimeFailure, ValueError) as exc:
+            log.warning("adopting %s failed: %s", record.key, exc)
+            return False
+        if adopted is None or not plane.pool.adopt(record.slot, record.key):
+            return False
+        if adopted.address != record.address or adopted.handle != record.handle:
+            plane.state.save(record, handle=adopted.handle, address=adopted.address)
+        log.info("adopted running actor %s at %s", record.key, adopted.address)
+        return True
+
+    # ---------------------------------------------------------------- stop
+    async def stop_all(self) -> None:
+        """`local down`: stop every sandbox; what ran in one is CRASHED (its worker went)."""
+        plane = self.plane
+        await self.settle()
+        for record in list(plane.state.actors.values()):
+            if record.state in ACTIVE_STATES and (record.handle or record.worker):
+                await plane.revert.crash_lost(record, WORKER_GONE)
+            if record.retained_handle:
+                await plane.stop_sandbox(record.retained_handle)
+        await self.settle()
+
+    # ---------------------------------------------------------------- the watchdog
+    def start_watchdog(self) -> None:
+        if self._watchdog is None:
+            self._watchdog = asyncio.get_running_loop().create_task(self._watch())
+
+    async def stop_watchdog(self) -> None:
+        task, self._watchdog = self._watchdog, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _watch(self) -> None:
+        plane = self.plane
+        while True:
+            await asyncio.sleep(self.watch_interval_s)
+            for record in list(plane.state.actors.values()):
+                if record.state != RUNNING or not record.handle:
+                    continue
+                try:
+                    alive = await plane.runtime.is_alive(record.handle)
+                except Exception:  # noqa: BLE001 - a watch must not die of one sandbox
+                    log.debug("is_alive(%s) failed", record.handle, exc_info=True)
+                    continue
+                if not alive and not plane.locks.busy(record.key):
+                    await plane.revert.crash_dead_sandbox(record)
