@@ -130,12 +130,16 @@ class Revert:
         return crashed
 
     async def crash_dead_sandbox(self, record: ActorRecord) -> None:
-        """The sandbox of a RUNNING actor exited (seen by the router or the watchdog)."""
-        async with self.plane.locks.lock(record.key):
-            current = self.plane.state.actors.get(record.key)
-            if current is None or current.state != RUNNING or current.handle != record.handle:
-                return
-            await self.crash(current, "", "the actor's sandbox exited while it was running")
+        """The sandbox of a RUNNING actor exited (seen by the router or the watchdog). An
+        operation holding the actor's lease meanwhile finds the sandbox gone itself."""
+        try:
+            async with self.plane.locks.lock(record.key):
+                current = self.plane.state.actors.get(record.key)
+                if current is None or current.state != RUNNING or current.handle != record.handle:
+                    return
+                await self.crash(current, "", "the actor's sandbox exited while it was running")
+        except ApiError:
+            return
 
     async def crash_lost(self, record: ActorRecord, message: str) -> None:
         """An actor whose sandbox went with its worker; the operation it was in is named.
