@@ -110,9 +110,9 @@ class RouterPlane(Protocol):
     @property
     def sandbox_listeners(self) -> list[SandboxListener]: ...  # called with a stopped handle
 
-    def lookup(self, atespace: str, name: str) -> RouterRecord | None: ...
+    def lookup(self, atespace: str, name: str, /) -> RouterRecord | None: ...
 
-    async def sandbox_gone(self, key: str, handle: str) -> object: ...  # key "atespace/name"
+    async def sandbox_gone(self, key: str, handle: str, /) -> object: ...  # key "atespace/name"
 
 
 @dataclass(frozen=True)

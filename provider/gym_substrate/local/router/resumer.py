@@ -189,7 +189,7 @@ class ActorResumer:
         deadline = loop.time() + self.budget_s
         delays = backoff_delays(*self._backoff, self._rng)
         last_retryable: ApiError | None = None
-        outcome: pb.ResumeActorResponse | BaseException
+        outcome: pb.ResumeActorResponse | BaseException = ApiError(_C.UNKNOWN, "resume ended")
         try:
             while True:
                 if last_retryable is not None and loop.time() >= deadline:
