@@ -34,7 +34,7 @@ from router_fakes import (
     upstream_app,
 )
 
-from gym_substrate.local.router import Router, parse_target_actor
+from gym_substrate.local.router import Router, parse_target_actor, upstream_authority
 from gym_substrate.local.router.headers import connect_port
 
 
@@ -84,6 +84,20 @@ def test_connect_port_rule() -> None:
     }
     for authority, port in cases.items():
         assert connect_port(authority) == port, authority
+
+
+def test_the_sandbox_address_to_dial() -> None:
+    """Locally each actor's sandbox has its own address (docs/local.md, "Router" differences):
+    a bare IP serves every port as asked; a record of `ip:p` (a process-runtime agent without
+    root) serves the actor's port 80 on `p`; an address without an IP has nothing to dial."""
+    assert upstream_authority("10.213.0.5") == "10.213.0.5:80"
+    assert upstream_authority("10.213.0.5", 9090) == "10.213.0.5:9090"
+    assert upstream_authority("127.1.0.3:40123") == "127.1.0.3:40123"
+    assert upstream_authority("127.1.0.3:40123", 9090) == "127.1.0.3:9090"
+    assert upstream_authority("::1") == "[::1]:80"
+    assert upstream_authority("[::1]:8080", 443) == "[::1]:443"
+    for bad in ("", "sandbox.local", "10.0.0.300", "host:80"):
+        assert upstream_authority(bad) is None, bad
 
 
 async def test_missing_or_malformed_reference_is_404_before_any_resume() -> None:
