@@ -160,6 +160,11 @@ def _upgrade(request: web.BaseRequest) -> str | None:
 
 
 class Router:
+    """The router on one port. Keyword arguments are atenet's flags (defaults as upstream's):
+    the route, idle and connect timeouts, the parking lot's size (0 disables parking) and the
+    flight's budget and backoff; `extproc_timeout_s` is Envoy's wait for ext_proc (the budget +
+    5 s). Tests scale them down; the CLI exposes the lot and the budget."""
+
     def __init__(
         self,
         plane: RouterPlane,
