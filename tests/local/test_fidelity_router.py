@@ -1,44 +1,34 @@
-"""The router fails the way Substrate's router (Envoy + atenet's ext_proc) fails.
+"""The router on a real LocalBackend fails the way Substrate's router (Envoy + atenet) fails.
 
-One test per behaviour, each on both local runtimes (process and gVisor) with the real limits:
-Envoy's 5 s ext_proc timeout, the resumer's detached 15 s budget and its ABORTED backoff, the
-10 s route timeout counted from the end of the request body, Host matching, the headers Envoy
-adds, and refused upgrades. Each docstring says what the real one does and where
-(agent-substrate at 86e138f6).
+One test per behaviour, on both local runtimes (process and gVisor), with the real limits: the
+5 s parked-request budget, the budget + 5 s ext_proc timeout, routing by `ate-target-actor`,
+atunnel's headers and 502, the crash of an actor whose workload died. Each docstring says what
+the real one does and where (agent-substrate/substrate at 18d1c266, /work/notes/
+upstream-router.md). Written against the proto at 1ec1023 and the control plane's new API;
+they run once the integrator's `local/control/` lands (local_helpers is kept to `make_actor`,
+`workload_actor` and `late_workload`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
-import socket
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import grpc
 import pytest
-from local_helpers import (
-    RUNTIMES,
-    host,
-    late_workload,
-    make_actor,
-    ref,
-    status_code,
-    workload_actor,
-)
+from local_helpers import RUNTIMES, late_workload, make_actor, workload_actor
+from router_fakes import target
 
-from gym_substrate._names import actor_host
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.local import LocalBackend
 from gym_substrate.local.statedir import read_backend_info
 
-S = pb.Actor.Status
 _ECHO = Path(__file__).with_name("echo_agent.py")
+_CONTROL = pb.DESCRIPTOR.services_by_name["Control"].full_name
 
 
 @pytest.fixture(params=RUNTIMES)
@@ -46,6 +36,15 @@ def runtime_name(request: pytest.FixtureRequest) -> str:
     """Every test here runs on both local runtimes."""
     name: str = request.param
     return name
+
+
+def _ref(name: str) -> pb.ObjectRef:
+    return pb.ObjectRef(atespace="t", name=name)
+
+
+async def _state(stub: Any, name: str) -> int:
+    actor = (await stub.GetActor(pb.GetActorRequest(actor=_ref(name)))).actor
+    return int(actor.status.state)
 
 
 async def _get(
@@ -56,125 +55,6 @@ async def _get(
     async with http.get(url, headers=headers) as response:
         body = await response.read()
         return response.status, body, response.headers, time.monotonic() - started
-
-
-async def _status(stub: Any, name: str) -> int:
-    return int((await stub.GetActor(pb.GetActorRequest(actor_ref=ref(name)))).actor.status)
-
-
-@pytest.mark.slow
-async def test_auto_resume_over_5_s_is_envoys_empty_504_and_carries_on(
-    stub: Any, backend: LocalBackend, http: aiohttp.ClientSession
-) -> None:
-    """real: the resume runs inside Envoy's ext_proc call, whose timeout is 5 s
-    (cmd/atenet/internal/router/xds.go, ExternalProcessor timeout and message_timeout); past it
-    Envoy answers the client itself, 504 with an empty body, while the resume goes on detached
-    (cmd/atenet/internal/router/resumer.go, its own 15 s context), so a later request for the
-    actor joins it and is served."""
-    await workload_actor(stub, backend, "slow", late_workload(6))
-    url = f"{backend.router_url}/readyz"
-    started = time.monotonic()
-    status, body, headers, took = await _get(http, url, host("slow"))
-    assert (status, body) == (504, b"")
-    assert 4.5 <= took < 8, took
-    assert headers["Server"] == "envoy"
-    assert await _status(stub, "slow") == S.STATUS_RESUMING  # not given up
-    # later requests join the same resume until it is done (6 s after its start or restore)
-    while True:
-        status, body, _, _ = await _get(http, url, host("slow"))
-        if status == 200:
-            break
-        assert (status, body) == (504, b""), (status, body)
-        assert time.monotonic() - started < 40, "the resume did not carry on"
-    assert json.loads(body)["actor_id"] == "slow"
-    actor = (await stub.GetActor(pb.GetActorRequest(actor_ref=ref("slow")))).actor
-    assert actor.status == S.STATUS_RUNNING
-    await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("slow")))
-
-
-@pytest.mark.slow
-async def test_shared_resume_stops_waiting_after_15_s(
-    stub: Any, backend: LocalBackend, http: aiohttp.ClientSession
-) -> None:
-    """real: the resumer's one shared ResumeActor call has a 15 s context
-    (cmd/atenet/internal/router/resumer.go); a request still waiting when it runs out gets
-    DEADLINE_EXCEEDED mapped to `504 actor "<id>" request timed out`
-    (cmd/atenet/internal/router/errors.go). That context also cancels the workflow, so the actor
-    is left RESUMING for a gRPC ResumeActor to finish."""
-    await workload_actor(stub, backend, "slower", late_workload(17))
-    url = f"{backend.router_url}/readyz"
-    started = time.monotonic()
-    status, body, _, _ = await _get(http, url, host("slower"))  # starts the shared resume
-    assert (status, body) == (504, b"")
-    # join it late enough that its 15 s budget ends inside this request's own 5 s
-    await asyncio.sleep(max(0.0, 10.5 - (time.monotonic() - started)))
-    status, body, headers, _ = await _get(http, url, host("slower"))
-    assert (status, body) == (504, b'actor "slower" request timed out')
-    assert headers["Content-Type"].startswith("text/plain")
-    assert 14 <= time.monotonic() - started < 18
-    # The router's 15 s context cancels the workflow it runs under (ateapi's workflow.go runs
-    # under the request's context), so router traffic alone never finishes a resume over 15 s,
-    # here as on a cluster: a gRPC ResumeActor with a longer deadline does (the provider's path).
-    assert await _status(stub, "slower") == S.STATUS_RESUMING
-    # The cancelled workflow may still hold the actor's lock while it unwinds (under gVisor,
-    # destroying the half-started sandbox takes about 2 s): ABORTED meanwhile, as on a cluster.
-    for _ in range(100):
-        code = await status_code(
-            stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("slower")), timeout=60)
-        )
-        if code != grpc.StatusCode.ABORTED:
-            break
-        await asyncio.sleep(0.1)
-    assert code == grpc.StatusCode.OK
-    status, body, _, _ = await _get(http, url, host("slower"))
-    assert status == 200, body
-    assert json.loads(body)["actor_id"] == "slower"
-    await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("slower")))
-
-
-@pytest.mark.slow
-async def test_every_request_calls_resume_actor_and_backs_off_on_aborted(
-    stub: Any, backend: LocalBackend, http: aiohttp.ClientSession
-) -> None:
-    """real: ext_proc calls ResumeActor on every request, RUNNING actor or not
-    (cmd/atenet/internal/router/extproc.go), and ResumeActor takes the per-actor lock even then
-    (cmd/ateapi/internal/controlapi/workflow.go), so it is ABORTED while another operation holds
-    it. The resumer retries ABORTED 7 times, sleeping 200 ms x1.5 per try with up to 20 %
-    jitter (about 4.2-5 s in all), then gives up: 500 `error resuming actor "<id>"`
-    (cmd/atenet/internal/router/resumer.go, errors.go)."""
-    await make_actor(stub, "held")
-    await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("held")))
-    plane = backend.plane
-    assert plane is not None
-    url = f"{backend.router_url}/readyz"
-
-    async def hold_lock(seconds: float) -> None:
-        """Stand-in for another operation on the actor (another client's ResumeActor, say)."""
-        async with plane.workflows.lock("held"):  # keyed by actor id alone, as workflow.go
-            await asyncio.sleep(seconds)
-
-    status, _, _, took = await _get(http, url, host("held"))
-    assert status == 200
-    # held for 1 s: the RUNNING actor's request waits out the lock through retries
-    holder = asyncio.ensure_future(hold_lock(1.0))
-    await asyncio.sleep(0)
-    status, body, _, took = await _get(http, url, host("held"))
-    await holder
-    assert status == 200, body
-    assert 0.9 <= took < 3.0, took
-    # held throughout: 7 ABORTED tries, then 500
-    holder = asyncio.ensure_future(hold_lock(6.0))
-    await asyncio.sleep(0)
-    status, body, headers, took = await _get(http, url, host("held"))
-    assert (status, body) == (500, b'error resuming actor "held"')
-    assert 4.0 <= took < 5.5, took
-    assert headers["Server"] == "envoy"
-    await holder
-    assert await _status(stub, "held") == S.STATUS_RUNNING
-    await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("held")))
-
-
-_CONTROL = pb.DESCRIPTOR.services_by_name["Control"].full_name
 
 
 def _resume_rpcs(backend: LocalBackend, code: str) -> float:
@@ -189,173 +69,239 @@ def _resume_rpcs(backend: LocalBackend, code: str) -> float:
 async def test_each_routed_request_is_one_resume_actor_rpc_on_the_api_server(
     stub: Any, backend: LocalBackend, http: aiohttp.ClientSession
 ) -> None:
-    """real: ext_proc's resumer calls ateapi's ResumeActor over gRPC for every request
-    (cmd/atenet/internal/router/extproc.go, resumer.go), so the API server counts one
-    ResumeActor per routed request, RUNNING actor or not (ateapi's own server metrics, read
-    here as `rpc_server_call_duration_seconds`), and a request the router refuses before
-    routing (an unrouted Host) costs none."""
+    """real: the router calls ateapi's ResumeActor over gRPC for every request, RUNNING actor
+    or not (cmd/atenet/internal/router/ingress/resumer.go@18d1c266), so the API server counts
+    one per routed request; a request without a reference costs none (ingress.go@18d1c266),
+    and an unknown actor is asked once and answered `404 actor <ref> not found`
+    (ingress/errors.go@18d1c266)."""
     await make_actor(stub, "counted")
     url = f"{backend.router_url}/readyz"
     before = _resume_rpcs(backend, "OK")
-    status, body, _, _ = await _get(http, url, host("counted"))  # resumes it: SUSPENDED
-    assert status == 200, body
-    for _ in range(4):  # RUNNING: the same call each time
-        status, body, _, _ = await _get(http, url, host("counted"))
+    for _ in range(5):  # the first resumes the SUSPENDED actor, the others find it RUNNING
+        status, body, _, _ = await _get(http, url, target("t/counted"))
         assert status == 200, body
     assert _resume_rpcs(backend, "OK") - before == 5
-    unrouted = {"Host": "127.0.0.1"}
-    status, _, _, _ = await _get(http, url, unrouted)
-    assert status == 404
+    status, body, _, _ = await _get(http, url, {"Host": "127.0.0.1"})
+    assert (status, body) == (404, b"invalid actor reference")
     assert _resume_rpcs(backend, "OK") - before == 5
     refused = _resume_rpcs(backend, "NOT_FOUND")
-    missing = await _get(http, url, host("no-such-actor"))
-    assert missing[0] == 404
-    assert _resume_rpcs(backend, "NOT_FOUND") - refused == 1  # asked; the API said NOT_FOUND
-    await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("counted")))
+    status, body, _, _ = await _get(http, url, target("t/no-such-actor"))
+    assert (status, body) == (404, b"actor t/no-such-actor not found")
+    assert _resume_rpcs(backend, "NOT_FOUND") - refused == 1
+    await stub.SuspendActor(pb.SuspendActorRequest(actor=_ref("counted")))
 
 
-async def test_unrouted_host_is_404_and_admin_endpoints_have_their_own_port(
+async def test_a_suspended_actor_resumes_on_demand_and_sees_atunnels_headers(
     stub: Any, backend: LocalBackend, http: aiohttp.ClientSession
 ) -> None:
-    """real: ext_proc routes by the Host alone and answers 404 `invalid host "<h>": ...` for
-    one that names no actor (cmd/atenet/internal/router/extproc.go, extproc_in.go), a bare
-    127.0.0.1 or localhost included: the router port has no /readyz or /metrics of its own.
-    Names are matched case-sensitively (internal/resources/actor.go ParseActorDNSName)."""
-    await make_actor(stub, "a1")
-    router = backend.router_url
-    for bare in (f"127.0.0.1:{backend.router_port}", "localhost", "127.0.0.1"):
-        for path in ("/readyz", "/metrics", "/_local/status"):
-            status, body, headers, _ = await _get(http, router + path, {"Host": bare})
-            assert status == 404, (bare, path)
-            assert body.startswith(f'invalid host "{bare}": '.encode()), body
-            assert headers["Server"] == "envoy"
-    for wrong in (actor_host("A1", "t"), actor_host("a1", "t").upper()):
-        status, body, _, _ = await _get(http, router + "/readyz", {"Host": wrong})
-        assert status == 404
-        assert body.startswith(f'invalid host "{wrong}": '.encode())
-    assert await _status(stub, "a1") == S.STATUS_SUSPENDED  # nothing was resumed
-    # the backend's own endpoints: the admin listener, recorded in backend.json
-    info = read_backend_info(backend.state_dir)
-    assert info is not None
-    assert info["admin"] == backend.admin_url != backend.router_url
-    status, body, _, _ = await _get(http, backend.admin_url + "/readyz", {})
-    assert (status, json.loads(body)) == (200, {"status": "ok"})
-    status, body, _, _ = await _get(http, backend.admin_url + "/metrics", {})
-    assert status == 200
-    assert b"atenet_router_route_duration_seconds_count" in body
-    assert b'outcome="not_found"' in body  # the 404s above, counted as atenet counts them
-    status, body, _, _ = await _get(http, backend.admin_url + "/_local/status", {})
-    assert status == 200
-    assert json.loads(body)["admin"] == backend.admin_url
-
-
-async def test_headers_as_envoy_sends_them(
-    stub: Any, backend: LocalBackend, http: aiohttp.ClientSession
-) -> None:
-    """real: ext_proc rewrites :authority to `<ateom_pod_ip>:80` (extproc.go), so the actor
-    sees that as its Host; Envoy keeps a client's x-request-id or generates one, overwrites
-    x-forwarded-proto with the listener's scheme and adds x-envoy-expected-rq-timeout-ms from
-    the 10 s route timeout (xds.go: generate_request_id, no use_remote_address or trusted hops,
-    route timeout); on the way back it replaces `server` with `envoy` and adds
-    x-envoy-upstream-service-time (extproc_out.go leaves response headers to Envoy)."""
+    """real: the first request resumes a SUSPENDED actor (timed `triggered`, then `none`,
+    docs/metrics/registry/metrics.yaml@09c2ac9c); the actor gets the client's Host unchanged,
+    no `ate-target-actor`, and atunnel's X-Forwarded-For/-Host/-Proto (internal/atunnel/
+    ingress.go, read_file id 68666963451); Envoy's x-request-id and
+    x-envoy-expected-rq-timeout-ms of the 5 min route timeout (xds.go@18d1c266)."""
     echo = (sys.executable, str(_ECHO), "--host", "0.0.0.0", "--port", "80")
     await workload_actor(stub, backend, "echo", echo)
-    actor = (await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("echo")))).actor
-    ip, _, port = actor.ateom_pod_ip.rpartition(":")
-    expected_host = f"{ip}:{port}" if ip else f"{actor.ateom_pod_ip}:80"
-    url = f"{backend.router_url}/some/path?q=1"
-
-    async def seen(headers: dict[str, str]) -> tuple[dict[str, list[str]], Any]:
-        async with http.get(url, headers=headers) as response:
-            assert response.status == 200
-            echoed = await response.json()
-            got: dict[str, list[str]] = {}
-            for name, value in echoed["headers"]:
-                got.setdefault(name.lower(), []).append(value)
-            return got, response.headers
-
-    got, back = await seen({**host("echo"), "X-Forwarded-Proto": "https"})
-    assert got["host"] == [expected_host]
-    assert got["x-forwarded-proto"] == ["http"]  # the client's claim is overwritten
-    assert got["x-envoy-expected-rq-timeout-ms"] == ["10000"]
-    generated = got["x-request-id"]
-    assert len(generated) == 1
-    assert uuid.UUID(generated[0]).version == 4
-    assert back.getall("Server") == ["envoy"]
-    assert back["x-envoy-upstream-service-time"].isdigit()
-    got, _ = await seen({**host("echo"), "X-Request-ID": "my-call-7"})
-    assert got["x-request-id"] == ["my-call-7"]  # kept, so agent retries stay idempotent
-    await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("echo")))
-
-
-async def test_websocket_and_connect_are_403_before_any_resume(
-    stub: Any, backend: LocalBackend, http: aiohttp.ClientSession
-) -> None:
-    """real: Substrate's listener has no upgrade_configs (cmd/atenet/internal/router/xds.go),
-    so Envoy's connection manager refuses a WebSocket (any Upgrade) or CONNECT request with a
-    bodiless 403 before ext_proc runs: the actor is not resumed. An h2c upgrade offer is
-    dropped by Envoy's HTTP/1 codec and the request is served as plain HTTP/1.1."""
-    await make_actor(stub, "ws")
-    with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
-        await http.ws_connect(f"{backend.router_url}/ws", headers=host("ws"))
-    assert refused.value.status == 403
-
-    def raw(request: bytes) -> bytes:
-        with socket.create_connection(("127.0.0.1", backend.router_port), timeout=20) as sock:
-            sock.sendall(request)
-            data = b""
-            while chunk := sock.recv(65536):
-                data += chunk
-            return data
-
-    name = actor_host("ws", "t").encode()
-    for request in (
-        b"GET /x HTTP/1.1\r\nHost: " + name + b"\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n",
-        b"CONNECT " + name + b":80 HTTP/1.1\r\nHost: " + name + b":80\r\n\r\n",
-    ):
-        answer = await asyncio.to_thread(raw, request)
-        head, _, body = answer.partition(b"\r\n\r\n")
-        assert head.startswith(b"HTTP/1.1 403 "), answer
-        assert body == b""
-        assert b"\r\nServer: envoy" in head
-    assert await _status(stub, "ws") == S.STATUS_SUSPENDED
-    await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("ws")))
-    h2c = {**host("ws"), "Connection": "Upgrade, HTTP2-Settings", "Upgrade": "h2c"}
-    status, body, _, _ = await _get(http, f"{backend.router_url}/readyz", h2c)
+    assert await _state(stub, "echo") == pb.ACTOR_STATE_SUSPENDED
+    status, body, back, _ = await _get(
+        http, f"{backend.router_url}/p?q=1", target("t/echo", Host="app.example.com")
+    )
     assert status == 200, body
-    await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("ws")))
+    assert back.getall("Server") == ["envoy"]
+    seen = {name.lower(): value for name, value in json.loads(body)["headers"]}
+    assert seen["host"] == "app.example.com"
+    assert "ate-target-actor" not in seen
+    assert "x-ate-target-port" not in seen
+    assert (seen["x-forwarded-host"], seen["x-forwarded-proto"]) == ("app.example.com", "https")
+    assert seen["x-envoy-expected-rq-timeout-ms"] == "300000"
+    assert seen["x-request-id"]
+    assert await _state(stub, "echo") == pb.ACTOR_STATE_RUNNING
+    status, _, _, _ = await _get(http, f"{backend.router_url}/p", target("t/echo"))
+    assert status == 200
+    metrics = backend.metrics.render().decode()
+    assert 'ate_router_outcome="ok",ate_router_resume="triggered"' in metrics
+    assert 'ate_router_outcome="ok",ate_router_resume="none"' in metrics
+    await stub.SuspendActor(pb.SuspendActorRequest(actor=_ref("echo")))
 
 
 @pytest.mark.slow
-async def test_route_timeout_counts_from_the_end_of_the_request_body(
+@pytest.mark.parametrize("backend_options", [{"workers": 1}])
+async def test_no_free_worker_parks_the_request_until_one_frees(
     stub: Any, backend: LocalBackend, http: aiohttp.ClientSession
 ) -> None:
-    """real: Envoy's route timeout (10 s, cmd/atenet/internal/router/xds.go) spans from the end
-    of the downstream request, its body included, to the end of the response, so an upload
-    that takes 12 s is not cut; only an answer that is slow after it is."""
-    await make_actor(stub, "up")
-    await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("up")))
-    async with http.post(
-        f"{backend.router_url}/v1/exec?wait=8", json={"command": "pwd"}, headers=host("up")
-    ) as response:
-        folder = (await response.json())["stdout"].strip()
-    piece = bytes(range(256)) * 256
-    chunks = 12
+    """real: no capacity is RESOURCE_EXHAUSTED `no free workers available`; the router parks
+    the request and retries within the 5 s budget (ingress/parking.go@4558b166,
+    resumer.go@18d1c266): freed in time, the request is served; never freed, it is
+    `503 actor t/b unavailable: no free workers available` once the budget is spent."""
+    await make_actor(stub, "a")
+    await make_actor(stub, "b")
+    await stub.ResumeActor(pb.ResumeActorRequest(actor=_ref("a")))
+    url = f"{backend.router_url}/readyz"
+    status, body, _, took = await _get(http, url, target("t/b"))
+    assert (status, body) == (503, b"actor t/b unavailable: no free workers available")
+    assert took >= 5.0  # parked for the whole budget, retrying
+    parked = asyncio.ensure_future(_get(http, url, target("t/b")))
+    await asyncio.sleep(0.5)
+    await stub.SuspendActor(pb.SuspendActorRequest(actor=_ref("a")))  # frees the worker
+    status, body, _, _ = await parked
+    assert status == 200, body
+    waits = backend.metrics.registry.get_sample_value(
+        "atenet_router_parking_wait_duration_seconds_count", {"outcome": "served"}
+    )
+    assert waits == 1
+    await stub.SuspendActor(pb.SuspendActorRequest(actor=_ref("b")))
 
-    async def slow_body() -> Any:
-        for _ in range(chunks):
-            yield piece
-            await asyncio.sleep(1.0)
 
+@pytest.mark.slow
+async def test_a_dead_workload_is_502_then_its_crashed_actor_is_503_until_reverted(
+    stub: Any, backend: LocalBackend, http: aiohttp.ClientSession
+) -> None:
+    """real: a request that finds the workload dead gets atunnel's `502 bad gateway`
+    (internal/atunnel/ingress.go, read_file id 68666963451) and the actor is CRASHED; a
+    CRASHED actor's ResumeActor is FAILED_PRECONDITION (`ensureWorkerAssigned`,
+    controlapi/workflow_resume.go@18d1c266), which the router parks for the budget and then
+    answers `503 actor <ref> unavailable: <description>` (notes §2, derived); RevertActor
+    takes it back to SUSPENDED and the next request resumes it (docs/api-guide.md)."""
+    await make_actor(stub, "dies")
+    await stub.ResumeActor(pb.ResumeActorRequest(actor=_ref("dies")))
+    assert backend.plane is not None
+    assert backend.runtime is not None
+    record = backend.plane.lookup("t", "dies")
+    assert record is not None
+    await backend.runtime.stop(record.handle)  # the workload dies behind the plane's back
+    url = f"{backend.router_url}/readyz"
+    status, body, _, _ = await _get(http, url, target("t/dies"))
+    assert (status, body) == (502, b"bad gateway\n")
+    assert await _state(stub, "dies") == pb.ACTOR_STATE_CRASHED
+    status, body, _, took = await _get(http, url, target("t/dies"))
+    assert status == 503
+    assert body.startswith(b"actor t/dies unavailable: ")
+    assert took >= 5.0  # FAILED_PRECONDITION is parked and retried for the budget
+    await stub.RevertActor(pb.RevertActorRequest(actor=_ref("dies")))
+    status, body, _, _ = await _get(http, url, target("t/dies"))
+    assert status == 200, body
+    await stub.SuspendActor(pb.SuspendActorRequest(actor=_ref("dies")))
+
+
+@pytest.mark.slow
+async def test_a_resume_longer_than_the_budget_is_served_if_envoy_still_waits(
+    stub: Any, backend: LocalBackend, http: aiohttp.ClientSession
+) -> None:
+    """real: the budget bounds the retries, never an attempt in flight
+    (`context.WithoutCancel`, resumer.go@18d1c266), and Envoy waits for ext_proc up to the
+    budget + 5 s (dataplane.go@18d1c266): a workload ready 7 s after each start is served by
+    the request that woke it."""
+    await workload_actor(stub, backend, "late", late_workload(7))
+    status, body, _, took = await _get(http, f"{backend.router_url}/readyz", target("t/late"))
+    assert status == 200, body
+    assert took >= 5.0
+    await stub.SuspendActor(pb.SuspendActorRequest(actor=_ref("late")))
+
+
+@pytest.mark.slow
+async def test_a_resume_beyond_envoys_wait_is_a_bodiless_504_and_carries_on(
+    stub: Any, backend: LocalBackend, http: aiohttp.ClientSession
+) -> None:
+    """real: past the ext_proc message timeout (the budget + 5 s = 10 s,
+    dataplane.go@18d1c266) Envoy answers 504 with no body itself, while the flight, detached
+    from its callers, finishes the resume (resumer.go@18d1c266): a later request is served."""
+    await workload_actor(stub, backend, "later", late_workload(13))
+    url = f"{backend.router_url}/readyz"
     started = time.monotonic()
-    async with http.put(
-        f"{backend.router_url}/v1/files",
-        params={"path": f"{folder}/slow.bin"},
-        data=slow_body(),
-        headers=host("up"),
-    ) as response:
-        answer = await response.text()
-        assert response.status == 200, answer
-    assert time.monotonic() - started >= 11.5
-    assert json.loads(answer)["sha256"] == hashlib.sha256(piece * chunks).hexdigest()
-    await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("up")))
+    status, body, headers, took = await _get(http, url, target("t/later"))
+    assert (status, body, headers["Server"]) == (504, b"", "envoy")
+    assert took >= 10.0
+    while True:
+        status, body, _, _ = await _get(http, url, target("t/later"))
+        if status == 200:
+            break
+        assert (status, body) == (504, b""), (status, body)
+        assert time.monotonic() - started < 60, "the resume did not carry on"
+    assert await _state(stub, "later") == pb.ACTOR_STATE_RUNNING
+    await stub.SuspendActor(pb.SuspendActorRequest(actor=_ref("later")))
+
+
+async def test_connect_reaches_another_port_of_the_actor(stub: Any, backend: LocalBackend) -> None:
+    """real: CONNECT with `ate-target-actor` on the outer request reaches the port of its
+    authority (ingress/ingress.go@18d1c266, api-guide read_file id 71263312555), and each
+    request inside is routed on its own; a port nobody listens on is atunnel's 502."""
+    both = (
+        "/bin/sh",
+        "-c",
+        f'"{sys.executable}" "{_ECHO}" --host 0.0.0.0 --port 9090 & '
+        f'exec "{sys.executable}" "{_ECHO}" --host 0.0.0.0 --port 80',
+    )
+    await workload_actor(stub, backend, "ports", both)
+    await stub.ResumeActor(pb.ResumeActorRequest(actor=_ref("ports")))
+    reader, writer = await asyncio.open_connection("127.0.0.1", backend.router_port)
+    try:
+        writer.write(
+            b"CONNECT ports:9090 HTTP/1.1\r\nHost: ports:9090\r\nate-target-actor: t/ports\r\n\r\n"
+        )
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200 ")
+        writer.write(b"GET /on-9090 HTTP/1.1\r\nHost: inner\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 20)
+        assert head.startswith(b"HTTP/1.1 200 "), head
+    finally:
+        writer.close()
+    reader, writer = await asyncio.open_connection("127.0.0.1", backend.router_port)
+    try:
+        writer.write(
+            b"CONNECT ports:9999 HTTP/1.1\r\nHost: ports:9999\r\nate-target-actor: t/ports\r\n\r\n"
+        )
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"GET / HTTP/1.1\r\nHost: inner\r\n\r\n")
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 20)
+        assert head.startswith(b"HTTP/1.1 502 "), head
+    finally:
+        writer.close()
+    assert await _state(stub, "ports") == pb.ACTOR_STATE_RUNNING  # a closed port is no crash
+    await stub.SuspendActor(pb.SuspendActorRequest(actor=_ref("ports")))
+
+
+async def test_the_router_port_answers_actor_traffic_only(
+    stub: Any, backend: LocalBackend, http: aiohttp.ClientSession
+) -> None:
+    """real: the router has no /readyz or /metrics of its own on its data port: without a
+    reference every path is 404 `invalid actor reference` (ingress.go@18d1c266); the backend's
+    own endpoints are on the admin listener, and its metrics show the router's 404s as
+    `not_found` with the template `unknown` (extproc/metrics_test.go@2e3e300a)."""
+    router = backend.router_url
+    for bare in (f"127.0.0.1:{backend.router_port}", "localhost"):
+        for path in ("/readyz", "/metrics", "/_local/status"):
+            status, body, headers, _ = await _get(http, router + path, {"Host": bare})
+            assert (status, body) == (404, b"invalid actor reference"), (bare, path)
+            assert headers["Server"] == "envoy"
+    info = read_backend_info(backend.state_dir)
+    assert info is not None
+    assert info["admin"] == backend.admin_url != backend.router_url
+    status, body, _, _ = await _get(http, backend.admin_url + "/metrics", {})
+    assert status == 200
+    assert b'ate_router_outcome="not_found",ate_router_resume="unknown"' in body
+    assert b'ate_template_atespace="unknown"' in body
+
+
+async def test_agent_answers_pass_through(
+    stub: Any, backend: LocalBackend, http: aiohttp.ClientSession
+) -> None:
+    """The agent's statuses, headers and bodies reach the client as Envoy relays them (its
+    `server` replaced): an agent's own 400, HEAD's Content-Length, a Range answer, a quoted
+    path, bodies below and above the router's small-body path."""
+    await make_actor(stub, "hdr")
+    url, headers = backend.router_url, target("t/hdr")
+    async with http.get(f"{url}/v1/stat", params={"path": "relative"}, headers=headers) as r:
+        assert r.status == 400
+        assert (await r.json())["error"]["code"] == "bad_request"
+    async with http.post(f"{url}/v1/exec?wait=8", json={"command": "pwd"}, headers=headers) as r:
+        folder = (await r.json())["stdout"].strip()
+    path = f"{folder.rstrip('/')}/h é+%.bin"
+    for size in (10, 200_000):
+        async with http.put(
+            f"{url}/v1/files", params={"path": path}, data=b"z" * size, headers=headers
+        ) as r:
+            assert r.status == 200
+        async with http.head(f"{url}/v1/files", params={"path": path}, headers=headers) as r:
+            assert (r.status, r.headers["Content-Length"]) == (200, str(size))
+        ranged = {**headers, "Range": "bytes=2-5"}
+        async with http.get(f"{url}/v1/files", params={"path": path}, headers=ranged) as r:
+            assert (r.status, await r.read()) == (206, b"zzzz")
+    await stub.SuspendActor(pb.SuspendActorRequest(actor=_ref("hdr")))

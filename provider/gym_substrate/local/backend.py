@@ -138,6 +138,8 @@ class LocalBackend:
         router_port: int = 0,
         admin_port: int = 0,
         router_timeout_s: float = 300.0,
+        parked_request_max: int = 1024,
+        parked_request_budget_s: float = 5.0,
         suspend_on_stop: bool = False,
         tls: bool = False,
         auth: str = "mtls",
@@ -166,6 +168,10 @@ class LocalBackend:
                 raise ValueError(f"{label} must be 0..65535, got {port}")
         if router_timeout_s <= 0:
             raise ValueError(f"router_timeout_s must be > 0, got {router_timeout_s}")
+        if parked_request_max < 0:
+            raise ValueError(f"parked_request_max must be >= 0, got {parked_request_max}")
+        if parked_request_budget_s <= 0:
+            raise ValueError(f"parked_request_budget_s must be > 0, got {parked_request_budget_s}")
         if auth not in AUTH_MODES:
             raise ValueError(f"unknown auth mode {auth!r}: use one of {', '.join(AUTH_MODES)}")
         if auth == "jwt" and not tls:
@@ -181,6 +187,8 @@ class LocalBackend:
         self._router_port = router_port
         self._admin_port = admin_port
         self.router_timeout_s = router_timeout_s
+        self.parked_request_max = parked_request_max
+        self.parked_request_budget_s = parked_request_budget_s
         self.suspend_on_stop = suspend_on_stop
         self.tls = bool(tls)
         self.auth = auth
@@ -349,7 +357,14 @@ class LocalBackend:
         resumer = ResumeClient(
             f"127.0.0.1:{port}", ca_file=self.ca_file, token_file=self.token_file
         )
-        self._router = Router(self.plane, resumer, self.metrics, timeout_s=self.router_timeout_s)
+        self._router = Router(
+            self.plane,
+            resumer,
+            self.metrics,
+            route_timeout_s=self.router_timeout_s,
+            parked_request_max=self.parked_request_max,
+            parked_request_budget_s=self.parked_request_budget_s,
+        )
         try:
             self.router_port = await self._router.start("127.0.0.1", self._router_port)
         except OSError as exc:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -27,6 +27,14 @@ _LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
 _SNAPSHOT_BUCKETS = (1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10)
+# atenet's own boundaries (docs/metrics/registry/metrics.yaml@09c2ac9c)
+_ROUTE_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.25, 0.5, 1.0, 2.5, 5.0,
+    10.0, 15.0, 30.0,
+)  # fmt: skip
+_PARKING_WAIT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0, 45.0, 60.0,
+)  # fmt: skip
 
 
 class _StateCollector(Collector):
@@ -66,9 +74,33 @@ class Metrics:
         )
         self.route_duration = Histogram(
             "atenet_router_route_duration_seconds",
-            "Router time per request (Substrate: atenet.router.route.duration).",
-            ["actor_template_namespace", "actor_template_name", "outcome"],
-            buckets=_LATENCY_BUCKETS,
+            "Router time from a request to its worker endpoint (Substrate: "
+            "atenet.router.route.duration).",
+            [
+                "ate_template_atespace",
+                "ate_template_name",
+                "ate_router_outcome",
+                "ate_router_resume",
+            ],
+            buckets=_ROUTE_BUCKETS,
+            registry=self.registry,
+        )
+        self.parking_active = Gauge(
+            "atenet_router_parking_active",
+            "Requests parked in the router now (Substrate: atenet.router.parking.active).",
+            registry=self.registry,
+        )
+        self.parking_wait = Histogram(
+            "atenet_router_parking_wait_duration_seconds",
+            "Time a request spent parked (Substrate: atenet.router.parking.wait.duration).",
+            ["outcome"],
+            buckets=_PARKING_WAIT_BUCKETS,
+            registry=self.registry,
+        )
+        self.parking_rejected = Counter(
+            "atenet_router_parking_rejected",
+            "Requests shed because the parking lot was full (Substrate: "
+            "atenet.router.parking.rejected).",
             registry=self.registry,
         )
         self.snapshot_size = Histogram(

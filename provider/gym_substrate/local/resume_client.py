@@ -1,10 +1,10 @@
 """The router's ateapi client: ResumeActor over gRPC to this backend's own API server.
 
-atenet's ext_proc server calls ateapi's ResumeActor over the network for every request
-(extproc.go, resumer.go), so each routed request pays a gRPC round trip, meets the per-actor
-lock like any other client, is refused by jwt auth without a token, and is cancelled on the
-server when its deadline passes. Calling the control plane in-process would skip all four, and
-make local latency figures better than a cluster's.
+atenet's ingress handler calls ateapi's `Control/ResumeActor{actor: ObjectRef}` over the network
+for every request, also for a RUNNING actor (`cmd/atenet/internal/router/ingress/resumer.go`
+@18d1c266), so each routed request pays a gRPC round trip, meets the per-actor lease like any
+other client and is refused by jwt auth without a token. Calling the control plane in-process
+would skip all three, and make local latency figures better than a cluster's.
 """
 
 from __future__ import annotations
@@ -65,19 +65,20 @@ class ResumeClient:
             ) from exc
         return (("authorization", f"Bearer {token}"),)
 
-    async def resume(self, atespace: str, actor_id: str, timeout_s: float) -> pb.Actor:
-        """ResumeActor under a ``timeout_s`` deadline; a failure is the server's ApiError
-        (DEADLINE_EXCEEDED when the deadline passed first: the server then stops the workflow
-        where it is, as a cancelled request context stops ateapi's)."""
-        request = pb.ResumeActorRequest(actor_ref=pb.ActorRef(atespace=atespace, name=actor_id))
+    async def resume(self, atespace: str, name: str, timeout_s: float) -> pb.ResumeActorResponse:
+        """ResumeActor under a ``timeout_s`` deadline; a failure is the server's ApiError.
+
+        The answer carries the actor (its worker in ``status.worker_assignment``) and
+        ``resumed``, false when the actor was already RUNNING.
+        """
+        request = pb.ResumeActorRequest(actor=pb.ObjectRef(atespace=atespace, name=name))
         try:
-            response = await self._control().ResumeActor(
+            response: pb.ResumeActorResponse = await self._control().ResumeActor(
                 request, timeout=timeout_s, metadata=self._metadata()
             )
         except grpc.aio.AioRpcError as exc:
             raise ApiError(exc.code(), exc.details() or "") from exc
-        actor: pb.Actor = response.actor
-        return actor
+        return response
 
     async def close(self) -> None:
         if self._channel is not None:

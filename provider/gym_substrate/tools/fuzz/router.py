@@ -1,10 +1,11 @@
 """Raw and malformed HTTP against the router, read at the socket.
 
 An HTTP client library would refuse to send most of these, so each case is bytes on a fresh
-connection. Cases mix requests the router must route (to an actor that exists, so its agent
-answers) with broken request lines, headers and framing, and byte-level mutations of valid
-requests. The first status line of the answer is classified; a 500, or a connection that gives
-no answer within the read limit, is a finding. A connection the server closes without an answer
+connection. Cases mix requests the router must route (`ate-target-actor` naming an actor that
+exists, so its agent answers) with routing values it cannot use, broken request lines, headers
+and framing, upgrades, CONNECT tunnels, and byte-level mutations of valid requests. The first
+status line of the answer is classified; a 500, or a connection that gives no answer within the
+read limit, is a finding. A connection the server closes without an answer
 is counted as `closed` (what a server may do with bytes that are not HTTP).
 """
 
@@ -15,12 +16,13 @@ import socket
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from gym_substrate.local.router.headers import TARGET_ACTOR_HEADER, parse_target_actor
 from gym_substrate.tools.fuzz._tally import Tally
 
 __all__ = ["READ_LIMIT_S", "fuzz_router"]
 
-# Longer than any limit a request can legitimately wait for: the router's 10 s head and route
-# limits, the agent's 60 s body limit behind it.
+# Longer than any limit a request to a healthy agent can legitimately wait for: the router's
+# 10 s head deadline and 10 s ext_proc wait (parked budget + 5 s), the agent's 60 s body limit.
 READ_LIMIT_S = 75.0
 
 _METHODS = (b"GET", b"POST", b"PUT", b"DELETE", b"HEAD", b"OPTIONS", b"PATCH", b"get", b"BREW")
@@ -46,42 +48,54 @@ def _request(method: bytes, target: bytes, headers: Sequence[bytes], body: bytes
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
 
 
-def _cases(rng: random.Random, hosts: Sequence[str]) -> bytes:
+_HOSTS = (b"app.example", b"127.0.0.1", b"localhost", b"x.actors.resources.substrate.ate.dev")
+
+
+def _cases(rng: random.Random, targets: Sequence[str]) -> bytes:
     """One generated input."""
-    host = rng.choice(hosts).encode()
+    route = TARGET_ACTOR_HEADER.encode() + b": " + rng.choice(targets).encode()
+    host = b"Host: " + rng.choice(_HOSTS)
     close = b"Connection: close"
-    kind = rng.randrange(12)
+    kind = rng.randrange(13)
     if kind <= 2:  # routed traffic
         body = rng.choice((b"", b"{}", b'{"command": "true"}', rng.randbytes(64)))
-        return _request(rng.choice(_METHODS), rng.choice(_PATHS), [b"Host: " + host, close], body)
-    if kind == 3:  # Hosts the router cannot route
+        return _request(rng.choice(_METHODS), rng.choice(_PATHS), [host, route, close], body)
+    if kind == 3:  # routing values the router cannot use
         bad = rng.choice(
             (
-                b"nope.fz.actors.resources.substrate.ate.dev",
-                host.upper(),
-                b"\xff\xfe.fz.actors.resources.substrate.ate.dev",
+                b"fz/nope",
+                route.split(b": ", 1)[1].upper(),
+                b"fz",
+                b"fz/r0/x",
+                b"/r0",
                 b"",
-                b"127.0.0.1",
-                b"localhost",
-                b"a" * 5000,
-                host + b":99999",
-                b"[::1",
+                b"\xff\xfe/\xfa",
+                b"fz/" + b"a" * 5000,
+                b"fz/r0, fz/r1",
             )
         )
-        return _request(b"GET", b"/readyz", [b"Host: " + bad, close])
+        headers = [host, TARGET_ACTOR_HEADER.encode() + b": " + bad, close]
+        if rng.random() < 0.2:
+            headers = [host, route, route, close]  # a second copy
+        elif rng.random() < 0.2:
+            headers = [host, close]  # none at all
+        return _request(b"GET", b"/readyz", headers)
     if kind == 4:  # request lines
         return rng.choice(
             (
-                b"GET /readyz HTTP/9.9\r\nHost: " + host + b"\r\n\r\n",
+                b"GET /readyz HTTP/9.9\r\n" + host + b"\r\n" + route + b"\r\n\r\n",
                 b"GET /readyz\r\n\r\n",
                 b"GET\r\n\r\n",
                 b"\r\n\r\n",
-                b"GET " + b"/a" * 40_000 + b" HTTP/1.1\r\nHost: " + host + b"\r\n\r\n",
-                b"GET http://" + host + b"/readyz HTTP/1.1\r\nHost: x\r\n" + close + b"\r\n\r\n",
-                b"CONNECT " + host + b":80 HTTP/1.1\r\nHost: " + host + b"\r\n\r\n",
-                b"GET /readyz HTTP/1.0\r\n\r\n",
+                b"GET " + b"/a" * 40_000 + b" HTTP/1.1\r\n" + host + b"\r\n\r\n",
+                b"GET http://app.example/readyz HTTP/1.1\r\nHost: x\r\n"
+                + route
+                + b"\r\n"
+                + close
+                + b"\r\n\r\n",
+                b"GET /readyz HTTP/1.0\r\n" + route + b"\r\n\r\n",
                 b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
-                b"G\x00T / HTTP/1.1\r\nHost: " + host + b"\r\n\r\n",
+                b"G\x00T / HTTP/1.1\r\n" + host + b"\r\n\r\n",
             )
         )
     if kind == 5:  # headers
@@ -90,59 +104,71 @@ def _cases(rng: random.Random, hosts: Sequence[str]) -> bytes:
             b"/readyz",
             rng.choice(
                 (
-                    [b"Host: " + host, b"X-Big: " + b"a" * 100_000],
-                    [b"Host: " + host, *(b"X-%d: v" % i for i in range(500))],
-                    [b"Host: " + host, b"Host: other"],
-                    [b"Host: " + host, b"no-colon-here"],
-                    [b"Host: " + host, b"X-Fold: a", b" folded"],
-                    [b"Host: " + host, b"X-Nul: a\x00b"],
-                    [b"Host: " + host, b"\xff\xfe: v"],
-                    [b"Host : " + host],
+                    [host, route, b"X-Big: " + b"a" * 100_000],
+                    [host, route, *(b"X-%d: v" % i for i in range(500))],
+                    [host, b"Host: other", route],
+                    [host, route, b"no-colon-here"],
+                    [host, route, b"X-Fold: a", b" folded"],
+                    [host, route, b"X-Nul: a\x00b"],
+                    [host, route, b"\xff\xfe: v"],
+                    [host, route, b"X-Ate-Target-Port: 22", b"X-Forwarded-For: 6.6.6.6"],
+                    [b"Host : x", route],
                     [],
                 ),
             ),
         )
     if kind == 6:  # body framing
-        return rng.choice(
+        post = b"POST /v1/jobs HTTP/1.1\r\n" + host + b"\r\n" + route + b"\r\n"
+        return post + rng.choice(
             (
-                b"POST /v1/jobs HTTP/1.1\r\nHost: %s\r\nContent-Length: abc\r\n\r\n" % host,
-                b"POST /v1/jobs HTTP/1.1\r\nHost: %s\r\nContent-Length: -1\r\n\r\n" % host,
-                b"POST /v1/jobs HTTP/1.1\r\nHost: %s\r\nContent-Length: 2\r\n"
-                b"Content-Length: 3\r\n\r\nabc" % host,
-                b"POST /v1/jobs HTTP/1.1\r\nHost: %s\r\nContent-Length: 3\r\n"
-                b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n" % host,
-                b"POST /v1/jobs HTTP/1.1\r\nHost: %s\r\nTransfer-Encoding: chunked\r\n"
-                b"Connection: close\r\n\r\nzz\r\nab\r\n0\r\n\r\n" % host,
-                b"POST /v1/jobs HTTP/1.1\r\nHost: %s\r\nTransfer-Encoding: chunked\r\n"
-                b"Connection: close\r\n\r\n2;ext=\xff\r\n{}\r\n0\r\n\r\n" % host,
-                b"POST /v1/jobs HTTP/1.1\r\nHost: %s\r\nTransfer-Encoding: gzip, chunked\r\n"
-                b"Connection: close\r\n\r\n0\r\n\r\n" % host,
-                b"POST /v1/jobs HTTP/1.1\r\nHost: %s\r\nContent-Length: "
-                b"99999999999999999999999\r\n\r\n" % host,
+                b"Content-Length: abc\r\n\r\n",
+                b"Content-Length: -1\r\n\r\n",
+                b"Content-Length: 2\r\nContent-Length: 3\r\n\r\nabc",
+                b"Content-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+                b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\nzz\r\nab\r\n0\r\n\r\n",
+                b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n2;ext=\xff\r\n{}\r\n"
+                b"0\r\n\r\n",
+                b"Transfer-Encoding: gzip, chunked\r\nConnection: close\r\n\r\n0\r\n\r\n",
+                b"Content-Length: 99999999999999999999999\r\n\r\n",
             )
         )
     if kind == 7:  # upgrades and pipelining
+        upgrade = [host, route, b"Connection: Upgrade"]
         return rng.choice(
             (
                 _request(
                     b"GET",
                     b"/",
                     [
-                        b"Host: " + host,
-                        b"Connection: Upgrade",
+                        *upgrade,
                         b"Upgrade: websocket",
                         b"Sec-WebSocket-Version: 13",
                         b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
                     ],
                 ),
-                _request(b"GET", b"/", [b"Host: " + host, b"Upgrade: h2c", b"Connection: Upgrade"]),
-                _request(b"GET", b"/readyz", [b"Host: " + host]) * 3,
+                _request(b"GET", b"/", [*upgrade, b"Upgrade: h2c"]),
+                _request(b"GET", b"/", [*upgrade, b"Upgrade: tcp"]),
+                _request(b"GET", b"/readyz", [host, route]) * 3,
             )
         )
-    if kind == 8:  # bare LF line ends
-        return b"GET /readyz HTTP/1.1\nHost: " + host + b"\nConnection: close\n\n"
+    if kind == 8:  # CONNECT tunnels, with HTTP (or not) inside
+        authority = rng.choice((b"fz:80", b"fz:1", b"fz:65535", b"fz", b"fz:99999", b"[::1]:80"))
+        outer = b"CONNECT " + authority + b" HTTP/1.1\r\nHost: " + authority + b"\r\n"
+        if rng.random() < 0.8:
+            outer += route + b"\r\n"
+        inner = rng.choice(
+            (
+                b"GET /readyz HTTP/1.1\r\nHost: in\r\n" + close + b"\r\n\r\n",
+                b"CONNECT fz:80 HTTP/1.1\r\nHost: fz:80\r\n\r\n",
+                b"\x16\x03\x01\x00\xa5\x01\x00",
+                b"",
+            )
+        )
+        return outer + b"\r\n" + inner
+    if kind == 9:  # bare LF line ends
+        return b"GET /readyz HTTP/1.1\n" + host + b"\n" + route + b"\n" + close + b"\n\n"
     # byte mutations of a valid request's head (its blank line kept, so it stays complete)
-    head = bytearray(b"GET /readyz HTTP/1.1\r\nHost: " + host + b"\r\nAccept: */*\r\n" + close)
+    head = bytearray(b"GET /readyz HTTP/1.1\r\n" + host + b"\r\n" + route + b"\r\n" + close)
     for _ in range(rng.randint(1, 4)):
         op = rng.randrange(3)
         at = rng.randrange(len(head))
@@ -185,7 +211,7 @@ def _exchange(address: tuple[str, int], data: bytes) -> tuple[str, str]:
 
 def fuzz_router(
     address: tuple[str, int],
-    hosts: Sequence[str],
+    targets: Sequence[str],
     *,
     requests: int,
     seed: int,
@@ -194,14 +220,18 @@ def fuzz_router(
 ) -> Tally:
     """Send `requests` generated connections to the router at `address`.
 
-    `hosts` are Host values of actors that exist, so routed cases reach an agent.
+    `targets` are `atespace/name` references of actors that exist (the `ate-target-actor`
+    values), so routed cases reach an agent.
     """
     if requests < 1:
         raise ValueError(f"requests must be >= 1, got {requests}")
-    if not hosts:
-        raise ValueError("give at least one actor Host to route to")
+    if not targets:
+        raise ValueError("give at least one actor reference (atespace/name) to route to")
+    for ref in targets:
+        if parse_target_actor(ref) is None:
+            raise ValueError(f"{ref!r} is not an actor reference: want <atespace>/<name>")
     rng = random.Random(seed)
-    cases = [_cases(rng, hosts) for _ in range(requests)]
+    cases = [_cases(rng, targets) for _ in range(requests)]
     tally = Tally(server="router", seed=seed)
 
     def one(data: bytes) -> tuple[bytes, str, str]:
