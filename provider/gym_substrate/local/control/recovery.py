@@ -6,7 +6,7 @@ its worker's epoch rises, as when a worker's ateom restarts upstream. Nothing fa
 older snapshot silently: a crashed actor says so until it is reverted. A golden actor that was
 lost is removed instead, so its template's build starts over. At stop (`local down`) every
 sandbox goes, and the actors that ran in one are CRASHED (`worker pod went away while hosting
-the actor`) unless the backend suspends them first. While the backend runs, a watchdog crashes
+the actor`) unless the backend suspends them first; a golden actor mid-build is removed. While the backend runs, a watchdog crashes
 a RUNNING actor whose sandbox exited.
 """
 
@@ -116,6 +116,9 @@ class Recovery:
         plane = self.plane
         await self.settle()
         for record in list(plane.state.actors.values()):
+            if record.atespace == GOLDEN_ATESPACE and record.state != SUSPENDED:
+                await plane.actors.remove(record)  # its build starts over at the next start
+                continue
             if record.state in ACTIVE_STATES and (record.handle or record.worker):
                 await plane.revert.crash_lost(record, WORKER_GONE)
             if record.retained_handle:
