@@ -244,7 +244,8 @@ class Stack:
         )  # type: ignore[arg-type]
         channel = create_channel(conn)
         try:
-            return [a.actor_id for a in await ControlClient(channel, conn).list_actors(atespace)]
+            found = await ControlClient(channel, conn).list_actors(atespace)
+            return [a.metadata.name for a in found]
         finally:
             await channel.close()
 
