@@ -126,6 +126,7 @@ async def check_template(
     """
     if template in known:
         return
+    started = time.monotonic()
 
     async def look() -> None:
         found = await control.get_actor_template(template)
@@ -154,7 +155,8 @@ async def check_template(
         if isinstance(exc.cause, _GoldenPending):
             raise SubstrateCreateError(
                 f"ActorTemplate {template} ({source}) is not ready: its golden snapshot was "
-                f"still being built at the create deadline ({policy.deadline:g} s)"
+                f"still being built {time.monotonic() - started:.1f} s later, at the create "
+                "deadline (create.ready_timeout_s)"
             ) from exc
         raise
     except ControlPlaneError as exc:

@@ -112,8 +112,13 @@ async def test_a_golden_snapshot_still_building_is_waited_for() -> None:
 async def test_a_golden_snapshot_not_built_by_the_deadline_fails_create() -> None:
     control = FakeControl(templates={"team/slow": "building"})
     async with _provider(control, template="team/slow", ready_timeout_s=0.1) as p:
-        with pytest.raises(SubstrateCreateError, match="is not ready: its golden snapshot"):
+        with pytest.raises(SubstrateCreateError) as info:
             await p.create(SandboxSpec())
+    assert re.fullmatch(
+        r"ActorTemplate team/slow \(create\.template\) is not ready: its golden snapshot was "
+        r"still being built 0\.\d s later, at the create deadline \(create\.ready_timeout_s\)",
+        str(info.value),
+    )
     assert control.calls["CreateActor"] == 0
 
 
