@@ -140,11 +140,13 @@ async def check_template(
             raise _GoldenPending(f"ActorTemplate {template} has no golden snapshot yet")
 
     try:
-        await retry_target(
+        await wait_for_capacity(
             look,
-            lambda exc: is_transient_control(exc) or isinstance(exc, _GoldenPending),
             policy.with_deadline(max(0.001, deadline - time.monotonic())),
+            call="GetActorTemplate",
             what=f"GetActorTemplate {template}",
+            predicate=lambda exc: is_transient_control(exc) or isinstance(exc, _GoldenPending),
+            transient_s=policy.deadline,
         )
     except ActorNotFoundError as exc:
         raise SubstrateCreateError(
@@ -205,6 +207,7 @@ async def create_actor(
         policy.with_deadline(max(0.001, deadline - time.monotonic())),
         call="CreateActor",
         what=f"CreateActor {actor.actor_id}",
+        transient_s=policy.deadline,
     )
 
 

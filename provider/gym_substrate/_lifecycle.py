@@ -314,6 +314,7 @@ class ManagedActor:
             what=f"ResumeActor {actor.actor_id}",
             # FAILED_PRECONDITION that is not a crash: another transition is under way
             predicate=lambda exc: is_resumable(exc) or _is_code(exc, "FAILED_PRECONDITION"),
+            transient_s=self.services.retry.deadline,
         )
         resumed = answer.actor
         if actor_state(resumed) == "CRASHED":  # the wakeup probe gave up on the way up

@@ -138,14 +138,30 @@ async def wait_for_capacity(
     what: str,
     predicate: Callable[[BaseException], bool] = is_resumable,
     on_error: Callable[[BaseException], Awaitable[None] | None] | None = None,
+    transient_s: float | None = None,
 ) -> T:
     """`retry_target` for a call that may answer RESOURCE_EXHAUSTED, within `policy.deadline`.
 
     Each such answer is counted (`gym_substrate_capacity_waits_total{call}`) and so is the time
     from the first one to the end of the wait. Running out of time while the last answer was
     RESOURCE_EXHAUSTED is a `RetryError` that says there was no free capacity and what to do.
+    Transient codes are retried only for `transient_s` (`create.retry.deadline`) from the
+    start: a control plane that is down is reported then, not at the (longer) call deadline.
     """
     since: float | None = None
+    started = time.monotonic()
+
+    async def attempt() -> T:
+        try:
+            return await target()
+        except Exception as exc:
+            if (
+                transient_s is not None
+                and is_transient_control(exc)
+                and time.monotonic() - started >= transient_s
+            ):
+                raise RetryError(f"{what} did not succeed within {transient_s:g} s", exc) from exc
+            raise
 
     async def note(exc: BaseException) -> None:
         nonlocal since
@@ -159,7 +175,7 @@ async def wait_for_capacity(
                 await maybe
 
     try:
-        return await retry_target(target, predicate, policy, what=what, on_error=note)
+        return await retry_target(attempt, predicate, policy, what=what, on_error=note)
     except RetryError as exc:
         if not isinstance(exc.cause, NoFreeWorkersError):
             raise

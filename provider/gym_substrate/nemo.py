@@ -236,16 +236,27 @@ class SubstrateProvider(_capabilities.ComposeCapabilities):
         handle = SandboxHandle(sandbox_id=actor.actor_id, provider_name=self.name, raw=actor)
         managed.attach(handle)
         try:
-            await _create.check_template(
-                res.control, template, source, res.known_templates, self._retry, deadline
-            )
-            await _create.ensure_atespace(res.control, atespace, res.known_atespaces, self._retry)
+            try:
+                await _create.check_template(
+                    res.control, template, source, res.known_templates, self._retry, deadline
+                )
+            except (SubstrateCreateError, UnsupportedServerError):
+                raise
+            except SubstrateError as exc:
+                raise SubstrateCreateError(
+                    f"could not check ActorTemplate {template} ({source}): {exc}"
+                ) from exc
+            try:
+                await _create.ensure_atespace(
+                    res.control, atespace, res.known_atespaces, self._retry
+                )
+            except UnsupportedServerError:
+                raise
+            except SubstrateError as exc:
+                raise SubstrateCreateError(f"could not create atespace {atespace}: {exc}") from exc
         except (SubstrateCreateError, UnsupportedServerError):
             METRICS.failures.labels("create").inc()
             raise
-        except SubstrateError as exc:
-            METRICS.failures.labels("create").inc()
-            raise SubstrateCreateError(f"could not create atespace {atespace}: {exc}") from exc
         ttl = spec.ttl_s if spec.ttl_s is not None else self.lifecycle.ttl_s
         # Recorded before CreateActor: a reply lost on the way back still leaves a ledger entry
         # that `sweep` can act on, even if this process dies right after.

@@ -60,16 +60,12 @@ async def test_create_actor_replies_lost_until_the_deadline_leaks_nothing(stack:
         "CreateActor", grpc.StatusCode.UNAVAILABLE, after_forward=True, times=1000
     )
     stack.grpc_proxy.inject("GetActor", grpc.StatusCode.UNAVAILABLE, times=1000)
-    p = stack.provider(
-        create={
-            "ready_timeout_s": 0.5,  # bounds the whole create, CreateActor's retries included
-            "retry": {"initial": 0.01, "maximum": 0.05, "deadline": 10},
-        }
-    )
+    p = stack.provider(create={"retry": {"initial": 0.01, "maximum": 0.05, "deadline": 0.5}})
     task = asyncio.ensure_future(p.create(SandboxSpec()))
     await asyncio.sleep(0.8)
     stack.grpc_proxy.faults.clear()  # the control plane recovers while create() cleans up
-    with pytest.raises(SubstrateCreateError, match=r"CreateActor gym-\w+ did not succeed within"):
+    lost = r"CreateActor gym-\w+ did not succeed within 0\.5 s"
+    with pytest.raises(SubstrateCreateError, match=lost):
         await task
     assert await stack.actors() == []
     events = [

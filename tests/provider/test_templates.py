@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import grpc
 import pytest
 
 from gym_substrate import ConfigError, SubstrateCreateError, SubstrateProvider
@@ -131,3 +132,25 @@ async def test_a_usable_template_is_checked_once_per_connection() -> None:
         assert {a.template for a in control.actors.values()} == {"team/sandbox"}
         await p.close(first)
         await p.close(second)
+
+
+async def test_a_control_plane_that_stays_down_fails_create_after_the_retry_deadline() -> None:
+    """Transient codes are retried for create.retry.deadline, not for the whole (longer)
+    create deadline that a golden snapshot still being built may use."""
+    control = FakeControl()
+    control.fail("GetActorTemplate", grpc.StatusCode.UNAVAILABLE, "connection refused", 10_000)
+    retry = {**RETRY, "deadline": 0.05}
+    async with SubstrateProvider(
+        connection=CONN,
+        create={"retry": retry, "ready_timeout_s": 30},
+        control=control,
+        http=FakeAgents(control),
+    ) as p:
+        with pytest.raises(SubstrateCreateError) as info:
+            await p.create(SandboxSpec())
+    assert str(info.value).startswith(
+        "could not check ActorTemplate default/sandbox (create.template): GetActorTemplate "
+        "default/sandbox did not succeed within 0.05 s; last exception: GetActorTemplate: "
+        "UNAVAILABLE: connection refused"
+    )
+    assert control.calls["CreateActor"] == 0
