@@ -9,11 +9,12 @@ last durable snapshot (§8). The router cannot resume it either: it answers 503 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gym_substrate import SubstrateCreateVerificationError, SubstrateProvider
+from gym_substrate import SubstrateCreateVerificationError, SubstrateProvider, TransferError
 from gym_substrate._metrics import METRICS
 from gym_substrate.types import SandboxSpec, SandboxStatus
 
@@ -139,4 +140,18 @@ async def test_status_of_a_crash_nobody_saw_yet_is_error() -> None:
         assert control.actors[("gym", handle.sandbox_id)].state == SUSPENDED
         assert await p.status(handle) in (SandboxStatus.PAUSED, SandboxStatus.RUNNING)
         assert (await p.exec(handle, "echo back")).stdout == "back\n"
+        await p.close(handle)
+
+
+async def test_an_upload_to_a_crashed_sandbox_is_a_transfer_error_naming_the_crash(
+    tmp_path: Path,
+) -> None:
+    control = FakeControl()
+    async with _provider(control) as p:
+        handle = await p.create(SandboxSpec())
+        control.crash("gym", handle.sandbox_id, CRASH)
+        src = tmp_path / "a.txt"
+        src.write_text("x")
+        with pytest.raises(TransferError, match=f"crashed: {CRASH}"):
+            await p.upload_file(handle, src, "/tmp/a.txt")
         await p.close(handle)
