@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         TokenConfig,
     )
     from gym_substrate._errors import (
+        ActorCrashedError,
         ActorMismatchError,
         ActorNotFoundError,
         ActorUnavailableError,
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
         SubstrateError,
         TransferError,
         TransientControlPlaneError,
+        UnsupportedServerError,
     )
     from gym_substrate.nemo import SANDBOX_RUNTIME_RETURN_CODE, SubstrateActor, SubstrateProvider
 
@@ -50,6 +52,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "SANDBOX_RUNTIME_RETURN_CODE",
+    "ActorCrashedError",
     "ActorMismatchError",
     "ActorNotFoundError",
     "ActorUnavailableError",
@@ -80,6 +83,7 @@ __all__ = [
     "TokenConfig",
     "TransferError",
     "TransientControlPlaneError",
+    "UnsupportedServerError",
     "__version__",
 ]
 
@@ -97,6 +101,7 @@ for _module, _names in {
         "TokenConfig",
     ),
     "gym_substrate._errors": (
+        "ActorCrashedError",
         "ActorMismatchError",
         "ActorNotFoundError",
         "ActorUnavailableError",
@@ -116,6 +121,7 @@ for _module, _names in {
         "SubstrateError",
         "TransferError",
         "TransientControlPlaneError",
+        "UnsupportedServerError",
     ),
     "gym_substrate.nemo": ("SANDBOX_RUNTIME_RETURN_CODE", "SubstrateActor", "SubstrateProvider"),
 }.items():

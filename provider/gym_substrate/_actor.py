@@ -11,19 +11,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gym_substrate._names import actor_host
+from gym_substrate._names import target_actor
 from gym_substrate.types import HAS_PAUSED_STATUS, SandboxStatus
 
 __all__ = [
     "DELETED",
     "DESCRIPTOR_KEYS",
     "PARKED_STATUSES",
+    "STARTING_STATUSES",
     "Descriptor",
     "SubstrateActor",
     "gym_status",
 ]
 
 PARKED_STATUSES = frozenset({"PAUSING", "PAUSED", "SUSPENDING", "SUSPENDED"})
+# On the way (back) to RUNNING: a resume, or a revert after a crash that a resume follows.
+STARTING_STATUSES = frozenset({"RESUMING", "REVERTING"})
 DELETED = "DELETED"  # `SubstrateActor.status` once `close()` deleted the actor
 DESCRIPTOR_KEYS = frozenset({"sandbox_id", "atespace", "template", "workdir", "env", "ports"})
 
@@ -45,19 +48,29 @@ class SubstrateActor:
     boot_id: str | None = None
 
     @property
-    def host(self) -> str:
-        """The router Host header for this actor."""
-        return actor_host(self.actor_id, self.atespace)
+    def target(self) -> str:
+        """The router's `ate-target-actor` value for this actor (`atespace/name`)."""
+        return target_actor(self.atespace, self.actor_id)
 
 
 def gym_status(name: str) -> SandboxStatus:
-    """Gym's status for an ateapi status name (`RUNNING`, `SUSPENDED`, ...)."""
+    """Gym's status for an actor state name (`RUNNING`, `SUSPENDED`, ...).
+
+    DELETING is STOPPED: `close()` (or someone else) ended the sandbox's life, no command will
+    run in it again, and it is about to be gone, which is STOPPED too; nothing failed, so not
+    ERROR. CRASHED is ERROR: the workload is gone until a revert. Parked states are PAUSED, or
+    RUNNING on Gym versions without PAUSED (the next call resumes them, as it does a RUNNING one).
+    """
     if name == "RUNNING":
         return SandboxStatus.RUNNING
-    if name == "RESUMING":
+    if name in STARTING_STATUSES:
         return SandboxStatus.STARTING
     if name in PARKED_STATUSES:
         return SandboxStatus.PAUSED if HAS_PAUSED_STATUS else SandboxStatus.RUNNING
+    if name == "CRASHED":
+        return SandboxStatus.ERROR
+    if name == "DELETING":
+        return SandboxStatus.STOPPED
     return SandboxStatus.UNKNOWN
 
 

@@ -1,5 +1,8 @@
 """HTTP client for the sandbox agent (contract v1), reached through the Substrate router.
 
+Every request names its actor in the `ate-target-actor: <atespace>/<name>` header, which the
+router routes on (Host passes through to the agent unchanged).
+
 A client is a few strings over a shared `HttpTransport`, so making one per call costs nothing.
 The transport is the one seam to the network (as httpx's transports): `AiohttpTransport` in
 production, an in-memory fake in tests, no patching. Every response is classified here into
@@ -25,7 +28,7 @@ from gym_substrate._errors import (
     RouterError,
     translate_http_errors,
 )
-from gym_substrate._names import actor_host
+from gym_substrate._names import TARGET_ACTOR_HEADER, target_actor
 from sandbox_agent.contract import (
     ACTOR_ID_HEADER,
     FileStat,
@@ -101,11 +104,13 @@ class AgentClient:
     request_timeout_s: float = 20.0
 
     @property
-    def host(self) -> str:
-        return actor_host(self.actor_id, self.atespace)
+    def target(self) -> str:
+        return target_actor(self.atespace, self.actor_id)
 
     def _headers(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        headers = {"Host": self.host, ACTOR_ID_HEADER: self.actor_id}
+        # The router routes on `ate-target-actor`; the agent checks `X-Sandbox-Actor-Id`, so a
+        # request the router delivers to the wrong sandbox does nothing there.
+        headers = {TARGET_ACTOR_HEADER: self.target, ACTOR_ID_HEADER: self.actor_id}
         if extra:
             headers.update(extra)
         return headers

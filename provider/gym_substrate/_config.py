@@ -18,11 +18,12 @@ from typing import Any, Literal, TypeVar, cast
 from urllib.parse import urlsplit
 
 from gym_substrate._errors import ConfigError
-from gym_substrate._names import is_dns_label
+from gym_substrate._names import is_dns_label, parse_ref
 from sandbox_agent.contract import DEFAULT_MAX_OUTPUT_BYTES, MAX_OUTPUT_BYTES
 
 __all__ = [
     "ConnectionConfig",
+    "CrashPolicy",
     "CreateConfig",
     "ExecConfig",
     "LifecycleConfig",
@@ -37,6 +38,7 @@ __all__ = [
 
 IdlePolicy = Literal["never", "pause", "suspend"]
 PauseMode = Literal["pause", "suspend"]
+CrashPolicy = Literal["fail", "revert"]
 
 C = TypeVar("C")
 
@@ -98,10 +100,11 @@ def _choice(path: str, value: Any, choices: tuple[str, ...]) -> str:
 
 def _template_ref(path: str, value: Any) -> str:
     text = _string(path, value)
-    ns, sep, name = text.partition("/")
-    if not sep or not is_dns_label(ns) or not is_dns_label(name):
+    if parse_ref(text) is None:
         raise _fail(
-            path, f"expected an ActorTemplate as 'namespace/name' (DNS labels), got {text!r}"
+            path,
+            f"expected an ActorTemplate as 'atespace/name' (two DNS labels: a-z, 0-9, '-'), "
+            f"got {text!r}",
         )
     return text
 
@@ -270,7 +273,7 @@ class RetryConfig:
 
 @dataclass(frozen=True)
 class CreateConfig:
-    """How sandboxes are made: which ActorTemplate, and how long to wait for a worker."""
+    """How sandboxes are made: which ActorTemplate (`atespace/name`), and how long to wait."""
 
     template: str = "default/sandbox"
     image_templates: Mapping[str, str] = field(default_factory=dict)
@@ -282,7 +285,7 @@ class CreateConfig:
         p = self._path
         _template_ref(f"{p}.template", self.template)
         if not isinstance(self.image_templates, Mapping):
-            raise _fail(f"{p}.image_templates", "expected a mapping of image -> namespace/name")
+            raise _fail(f"{p}.image_templates", "expected a mapping of image -> atespace/name")
         mapping: dict[str, str] = {}
         for image, ref in self.image_templates.items():
             key = _string(f"{p}.image_templates", image)
@@ -374,10 +377,15 @@ def default_ledger_path() -> str:
 
 @dataclass(frozen=True)
 class LifecycleConfig:
-    """What happens between calls and at the end: idle parking, ledger, time to live."""
+    """What happens between calls and at the end: idle parking, crashes, ledger, time to live.
+
+    `on_crash`: `fail` reports a CRASHED sandbox (exec results say so, status() is ERROR);
+    `revert` takes it back to its last durable snapshot (RevertActor) and resumes it.
+    """
 
     idle_policy: IdlePolicy = "never"
     idle_after_s: float = 5.0
+    on_crash: CrashPolicy = "fail"
     ledger: str | None = field(default_factory=default_ledger_path)
     ttl_s: float | None = None
     close_timeout_s: float = 60.0
@@ -386,6 +394,7 @@ class LifecycleConfig:
     def __post_init__(self) -> None:
         p = self._path
         _choice(f"{p}.idle_policy", self.idle_policy, ("never", "pause", "suspend"))
+        _choice(f"{p}.on_crash", self.on_crash, ("fail", "revert"))
         object.__setattr__(
             self, "idle_after_s", _number(f"{p}.idle_after_s", self.idle_after_s, positive=True)
         )

@@ -5,7 +5,9 @@ in-tree provider), and uploading them here too sent every file twice.
 
 The actor id is chosen here and reused on every retry, so ALREADY_EXISTS means an earlier attempt
 landed (checked: same template) rather than a second actor. Validation happens before anything
-is allocated, so a spec Substrate cannot honour fails without leaving an actor behind.
+is allocated, so a spec Substrate cannot honour fails without leaving an actor behind; that
+includes the template: GetActorTemplate says whether it exists and whether its golden snapshot
+(which every new actor starts from) was built, once per template and connection.
 """
 
 from __future__ import annotations
@@ -17,19 +19,30 @@ from gym_substrate import _exec
 from gym_substrate._actor import SubstrateActor
 from gym_substrate._config import CreateConfig, ProviderOptions
 from gym_substrate._errors import (
+    ActorCrashedError,
+    ActorNotFoundError,
     AgentError,
     AlreadyExistsError,
+    ControlPlaneError,
+    NoFreeWorkersError,
     RetryError,
     SubstrateCreateError,
     SubstrateCreateVerificationError,
     SubstrateError,
 )
-from gym_substrate._grpc import ControlAPI
+from gym_substrate._grpc import ControlAPI, template_of
 from gym_substrate._lifecycle import ManagedActor
-from gym_substrate._retry import RetryPolicy, is_transient_control, retry_target
+from gym_substrate._retry import RetryPolicy, is_transient_control, retry_target, wait_for_capacity
 from gym_substrate.types import SandboxSpec
 
-__all__ = ["choose_template", "create_actor", "ensure_atespace", "prepare", "validate_spec"]
+__all__ = [
+    "check_template",
+    "choose_template",
+    "create_actor",
+    "ensure_atespace",
+    "prepare",
+    "validate_spec",
+]
 
 log = logging.getLogger("gym_substrate.provider")
 
@@ -73,10 +86,13 @@ def _warn_once(what: str) -> None:
         )
 
 
-def choose_template(spec: SandboxSpec, options: ProviderOptions, config: CreateConfig) -> str:
-    """`provider_options.template`, else the image's mapped template, else the default."""
+def choose_template(
+    spec: SandboxSpec, options: ProviderOptions, config: CreateConfig
+) -> tuple[str, str]:
+    """(`atespace/name`, where it was configured): `provider_options.template`, else the
+    image's mapped template, else the default."""
     if options.template is not None:
-        return options.template
+        return options.template, "provider_options.template"
     if spec.image is not None:
         template = config.image_templates.get(spec.image)
         if template is None:
@@ -86,8 +102,71 @@ def choose_template(spec: SandboxSpec, options: ProviderOptions, config: CreateC
                 f"{configured}. Add it under create.image_templates or pass "
                 "provider_options.template"
             )
-        return template
-    return config.template
+        return template, f"create.image_templates[{spec.image!r}]"
+    return config.template, "create.template"
+
+
+class _GoldenPending(SubstrateError):
+    """The template's golden snapshot is still being built: look again."""
+
+
+async def check_template(
+    control: ControlAPI,
+    template: str,
+    source: str,
+    known: set[str],
+    policy: RetryPolicy,
+    deadline: float,
+) -> None:
+    """The template exists and can make actors (a golden tag, no build error), or a
+    `SubstrateCreateError` naming it and the config key it came from.
+
+    A golden snapshot still being built is waited for until `deadline`. A caller that may not
+    read templates (PERMISSION_DENIED) skips the check: CreateActor will say what is wrong.
+    """
+    if template in known:
+        return
+    started = time.monotonic()
+
+    async def look() -> None:
+        found = await control.get_actor_template(template)
+        golden = found.status.golden_snapshot_status
+        if golden.error_message:
+            raise SubstrateCreateError(
+                f"ActorTemplate {template} ({source}) cannot make actors: building its golden "
+                f"snapshot failed: {golden.error_message}"
+            )
+        if not golden.golden_tag.name:
+            raise _GoldenPending(f"ActorTemplate {template} has no golden snapshot yet")
+
+    try:
+        await wait_for_capacity(
+            look,
+            policy.with_deadline(max(0.001, deadline - time.monotonic())),
+            call="GetActorTemplate",
+            what=f"GetActorTemplate {template}",
+            predicate=lambda exc: is_transient_control(exc) or isinstance(exc, _GoldenPending),
+            transient_s=policy.deadline,
+        )
+    except ActorNotFoundError as exc:
+        raise SubstrateCreateError(
+            f"ActorTemplate {template} ({source}) does not exist: {exc}. Name an existing "
+            "template as atespace/name"
+        ) from exc
+    except RetryError as exc:
+        if isinstance(exc.cause, _GoldenPending):
+            raise SubstrateCreateError(
+                f"ActorTemplate {template} ({source}) is not ready: its golden snapshot was "
+                f"still being built {time.monotonic() - started:.1f} s later, at the create "
+                "deadline (create.ready_timeout_s)"
+            ) from exc
+        raise
+    except ControlPlaneError as exc:
+        if exc.code is None or exc.code.name != "PERMISSION_DENIED":
+            raise
+        log.info("cannot read ActorTemplate %s (%s); not checked", template, exc)
+        return
+    known.add(template)
 
 
 async def ensure_atespace(
@@ -107,21 +186,33 @@ async def ensure_atespace(
     known.add(atespace)
 
 
-async def create_actor(control: ControlAPI, actor: SubstrateActor, policy: RetryPolicy) -> None:
-    """CreateActor with the client-chosen id, retried; an earlier landed attempt is success."""
+async def create_actor(
+    control: ControlAPI, actor: SubstrateActor, policy: RetryPolicy, deadline: float
+) -> None:
+    """CreateActor with the client-chosen id, retried through transient codes and no free
+    capacity until `deadline`; an earlier landed attempt (ALREADY_EXISTS) is success."""
 
     async def attempt() -> None:
         try:
             await control.create_actor(actor.atespace, actor.actor_id, actor.template)
         except AlreadyExistsError:
-            existing = await control.get_actor(actor.atespace, actor.actor_id)
-            found = f"{existing.actor_template_namespace}/{existing.actor_template_name}"
+            found = template_of(await control.get_actor(actor.atespace, actor.actor_id))
             if found != actor.template:
                 raise SubstrateCreateError(
                     f"actor id {actor.actor_id} already exists with template {found}"
                 ) from None
 
-    await retry_target(attempt, is_transient_control, policy, what="CreateActor")
+    await wait_for_capacity(
+        attempt,
+        policy.with_deadline(max(0.001, deadline - time.monotonic())),
+        call="CreateActor",
+        what=f"CreateActor {actor.actor_id}",
+        transient_s=policy.deadline,
+    )
+
+
+def _no_capacity(exc: BaseException) -> bool:
+    return isinstance(exc, RetryError) and isinstance(exc.cause, NoFreeWorkersError)
 
 
 async def prepare(
@@ -129,23 +220,37 @@ async def prepare(
     control: ControlAPI,
     policy: RetryPolicy,
     *,
+    deadline: float,
     ready_timeout_s: float,
     shell: str,
 ) -> None:
-    """CreateActor, the first resume, then the workdir and the sandbox's recorded defaults."""
+    """CreateActor, the first resume, then the workdir and the sandbox's recorded defaults.
+
+    All of it within `deadline` (`ready_timeout_s` after create() began): no free capacity
+    (RESOURCE_EXHAUSTED) is waited out until then.
+    """
     actor = managed.actor
     try:
-        await create_actor(control, actor, policy)
+        await create_actor(control, actor, policy, deadline)
     except SubstrateCreateError:
         raise
     except SubstrateError as exc:
         raise SubstrateCreateError(f"could not create actor {actor.actor_id}: {exc}") from exc
+
+    def not_ready(why: object) -> str:
+        return f"actor {actor.actor_id} did not become ready within {ready_timeout_s:g} s: {why}"
+
     try:
-        await managed.start(time.monotonic() + ready_timeout_s)
-    except (RetryError, AgentError) as exc:
-        raise SubstrateCreateVerificationError(
-            f"actor {actor.actor_id} did not become ready within {ready_timeout_s:g} s: {exc}"
-        ) from exc
+        await managed.start(deadline)
+    except RetryError as exc:
+        if _no_capacity(exc):
+            raise SubstrateCreateError(
+                f"could not start actor {actor.actor_id} within {ready_timeout_s:g} s "
+                f"(create.ready_timeout_s): {exc}"
+            ) from exc
+        raise SubstrateCreateVerificationError(not_ready(exc)) from exc
+    except (AgentError, ActorCrashedError) as exc:
+        raise SubstrateCreateVerificationError(not_ready(exc)) from exc
     if actor.workdir or actor.env:
         result = await _exec.store_defaults(
             managed, shell=shell, workdir=actor.workdir, env=actor.env

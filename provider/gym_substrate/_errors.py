@@ -7,13 +7,16 @@ only by `_agent_client.AgentClient`) are the single crossing points; both chain 
 
     SubstrateError
     ├── ConfigError (+ ValueError)                 bad YAML / constructor input; names the path
+    │   └── UnsupportedServerError                 ateapi speaks the June 2026 API (refused)
     ├── ProviderClosedError (+ RuntimeError)       the provider was used after aclose()
     ├── ControlPlaneError                          a gRPC call to ateapi failed
     │   ├── ActorNotFoundError                     NOT_FOUND
     │   ├── AlreadyExistsError                     ALREADY_EXISTS
-    │   ├── NoFreeWorkersError                     FAILED_PRECONDITION "no free workers"
-    │   └── TransientControlPlaneError             UNAVAILABLE, ABORTED, DEADLINE_EXCEEDED,
-    │                                              RESOURCE_EXHAUSTED (retried by policy)
+    │   ├── NoFreeWorkersError                     RESOURCE_EXHAUSTED: no free capacity yet
+    │   │                                          (waited out within the create/resume deadline)
+    │   └── TransientControlPlaneError             UNAVAILABLE, ABORTED, DEADLINE_EXCEEDED
+    │                                              (retried by policy)
+    ├── ActorCrashedError                          the actor is CRASHED (has the crash message)
     ├── AgentError                                 an HTTP call through the router failed
     │   ├── AgentTransportError (+ ConnectionError)  reset, refused, read timeout
     │   ├── RouterError                            router 5xx/404: the actor was not reached
@@ -41,6 +44,7 @@ if TYPE_CHECKING:  # grpc is imported where it is used: `render` and the agent n
     import grpc
 
 __all__ = [
+    "ActorCrashedError",
     "ActorMismatchError",
     "ActorNotFoundError",
     "ActorUnavailableError",
@@ -60,6 +64,7 @@ __all__ = [
     "SubstrateError",
     "TransferError",
     "TransientControlPlaneError",
+    "UnsupportedServerError",
     "translate_grpc_error",
     "translate_http_errors",
 ]
@@ -71,6 +76,10 @@ class SubstrateError(Exception):
 
 class ConfigError(SubstrateError, ValueError):
     """A configuration value is missing, unknown or invalid; the message names its YAML path."""
+
+
+class UnsupportedServerError(ConfigError):
+    """ateapi is older than this package speaks (June 2026 API); the message says what to run."""
 
 
 class ProviderClosedError(SubstrateError, RuntimeError):
@@ -103,11 +112,23 @@ class AlreadyExistsError(ControlPlaneError):
 
 
 class NoFreeWorkersError(ControlPlaneError):
-    """Every worker is busy; the resume can succeed later."""
+    """RESOURCE_EXHAUSTED: no worker has free capacity for the actor yet.
+
+    Workers free up as other actors park or go, so the provider waits this out within the
+    create (or resume) deadline; the name is from the days of one actor per worker.
+    """
 
 
 class TransientControlPlaneError(ControlPlaneError):
     """A transient control-plane failure that the retry policy retries."""
+
+
+class ActorCrashedError(SubstrateError):
+    """The actor is CRASHED: its workload is gone until RevertActor (`lifecycle.on_crash`)."""
+
+    def __init__(self, message: str, *, crash_message: str = "") -> None:
+        super().__init__(message)
+        self.crash_message = crash_message
 
 
 class AgentError(SubstrateError):
@@ -172,7 +193,7 @@ class SubstrateCreateVerificationError(SubstrateCreateError, SandboxCreateVerifi
     """The actor started but its agent never answered `/readyz` in time."""
 
 
-_TRANSIENT_CODES = frozenset({"UNAVAILABLE", "ABORTED", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED"})
+_TRANSIENT_CODES = frozenset({"UNAVAILABLE", "ABORTED", "DEADLINE_EXCEEDED"})
 
 
 def translate_grpc_error(exc: grpc.RpcError, method: str) -> ControlPlaneError:
@@ -190,7 +211,7 @@ def translate_grpc_error(exc: grpc.RpcError, method: str) -> ControlPlaneError:
         cls = ActorNotFoundError
     elif code == grpc.StatusCode.ALREADY_EXISTS:
         cls = AlreadyExistsError
-    elif code == grpc.StatusCode.FAILED_PRECONDITION and "no free worker" in details.lower():
+    elif code == grpc.StatusCode.RESOURCE_EXHAUSTED:
         cls = NoFreeWorkersError
     elif name in _TRANSIENT_CODES:
         cls = TransientControlPlaneError

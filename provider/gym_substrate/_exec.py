@@ -1,10 +1,11 @@
 """Commands as agent jobs: submit with a client-chosen id, long-poll, map the job to Gym's result.
 
-The router cuts every request at 10 s, so a command is a job that outlives any one request. A
-lost response is recovered by sending the *same* id again, which the agent deduplicates, so a
-command never runs twice; a router 503 resumes the actor first (`ManagedActor.call_agent`).
-`SandboxExecResult` never raises for the command's own failure: sandbox trouble is return code
-125 with `error_type="sandbox"`, a timeout 125 with `error_type="timeout"`.
+A command is a job that outlives any one request (each long poll stays short, well inside the
+router's route timeout). A lost response is recovered by sending the *same* id again, which the
+agent deduplicates, so a command never runs twice; a router 503 resumes the actor first
+(`ManagedActor.call_agent`). `SandboxExecResult` never raises for the command's own failure:
+sandbox trouble (a crash included) is return code 125 with `error_type="sandbox"`, a timeout 125
+with `error_type="timeout"`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from gym_substrate._agent_client import AgentClient
-from gym_substrate._errors import AgentResponseError, RetryError, RouterError, SubstrateError
+from gym_substrate._errors import (
+    ActorCrashedError,
+    AgentResponseError,
+    RetryError,
+    RouterError,
+    SubstrateError,
+)
 from gym_substrate._lifecycle import ManagedActor, ResumeFailedError, WorkloadLostError
 from gym_substrate.types import SandboxExecResult
 from sandbox_agent.contract import MAX_TIMEOUT_S, ExecRequest, Job
@@ -35,6 +42,7 @@ __all__ = [
     "sandbox_failure",
     "store_defaults",
     "timed_out_before_start",
+    "with_notice",
 ]
 
 log = logging.getLogger("gym_substrate.provider")
@@ -150,6 +158,7 @@ async def run_job(
     """Submit `job`, poll it until it finishes or `deadline` passes, and map the outcome."""
     job_id = str(job["id"])
     submitted = False
+    reverts_before = managed.reverts
 
     async def step(agent: AgentClient) -> Job:
         nonlocal submitted
@@ -165,6 +174,8 @@ async def run_job(
             return await _timed_out(managed, job, submitted, None)
         try:
             state = await managed.call_agent(step, what=f"exec {job_id}", deadline=deadline)
+        except ActorCrashedError as exc:  # on_crash: fail (or a revert that crashed again)
+            return sandbox_failure(str(exc))
         except ResumeFailedError as exc:
             if isinstance(exc.__cause__, WorkloadLostError):
                 return sandbox_failure(str(exc.__cause__))
@@ -176,6 +187,11 @@ async def run_job(
         except RouterError as exc:
             return sandbox_failure(f"the router could not reach the sandbox: {exc}")
         except AgentResponseError as exc:
+            if exc.status == 404 and submitted and managed.reverts != reverts_before:
+                return sandbox_failure(
+                    f"the sandbox crashed while job {job_id} ran and was reverted; the command "
+                    "did not finish (it is not run again)"
+                )
             if exc.status == 404 and submitted:
                 return sandbox_failure(
                     f"the sandbox lost job {job_id} (its agent restarted); the command may "
@@ -207,6 +223,22 @@ async def _timed_out(
         stderr=f"{stderr or ''}{note}\n",
         return_code=SANDBOX_RUNTIME_RETURN_CODE,
         error_type="timeout",
+    )
+
+
+def with_notice(result: SandboxExecResult, notice: str | None) -> SandboxExecResult:
+    """`result` with `notice` first in stderr (a revert the caller must know about).
+
+    stderr, because Gym's result has no other free-text field and agents show stderr to the
+    model (as with the truncation note); first, because it happened before the command.
+    """
+    if not notice:
+        return result
+    return SandboxExecResult(
+        stdout=result.stdout,
+        stderr=notice + (result.stderr or ""),
+        return_code=result.return_code,
+        error_type=result.error_type,
     )
 
 

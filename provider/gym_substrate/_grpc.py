@@ -1,27 +1,49 @@
 """The control-plane client: one `grpc.aio` channel per (event loop, connection), typed calls.
 
 Every ateapi call goes through `ControlClient._call`, the only place a `grpc.RpcError` is caught
-and translated (see `_errors`). The bearer token is attached per call, not baked into channel
+and translated (see `_errors`); the first call on a client checks once that the server speaks
+the current API (`_apicheck`). The bearer token is attached per call, not baked into channel
 credentials, so a rotated token file is picked up on the next RPC and plaintext channels (the
 local backend) work the same way as TLS ones.
+
+The methods take `(atespace, name)` and build the wire's `ObjectRef`; the helpers below are the
+only code that reads an `Actor`, and they read just the fields the provider needs, so a newer
+server that adds fields (or enum values) changes nothing here.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import grpc
 import grpc.aio
 
+from gym_substrate._apicheck import check_server
 from gym_substrate._config import ConnectionConfig
-from gym_substrate._errors import ConfigError, ControlPlaneError, translate_grpc_error
+from gym_substrate._errors import (
+    ConfigError,
+    ControlPlaneError,
+    UnsupportedServerError,
+    translate_grpc_error,
+)
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
 
-__all__ = ["ControlAPI", "ControlClient", "create_channel", "status_name"]
+__all__ = [
+    "ControlAPI",
+    "ControlClient",
+    "Resumed",
+    "actor_state",
+    "crash_message",
+    "create_channel",
+    "state_name",
+    "template_of",
+    "worker_address",
+]
 
 log = logging.getLogger("gym_substrate.grpc")
 
@@ -56,114 +78,187 @@ def create_channel(conn: ConnectionConfig) -> grpc.aio.Channel:
     return grpc.aio.secure_channel(conn.api, creds, options=options)
 
 
-def status_name(status: int) -> str:
-    """`STATUS_RUNNING` -> `RUNNING`."""
-    return pb.Actor.Status.Name(status).removeprefix("STATUS_")
+def state_name(state: int) -> str:
+    """`ACTOR_STATE_RUNNING` -> `RUNNING`; a value this client does not know -> `UNKNOWN`."""
+    try:
+        return pb.ActorState.Name(state).removeprefix("ACTOR_STATE_")  # type: ignore[arg-type]
+    except ValueError:  # a newer server's state
+        return "UNKNOWN"
+
+
+def actor_state(actor: pb.Actor) -> str:
+    """The actor's state name (`RUNNING`, `CRASHED`, ...)."""
+    return state_name(actor.status.state)
+
+
+def template_of(actor: pb.Actor) -> str:
+    """The actor's template as `atespace/name`."""
+    return f"{actor.actor_template.atespace}/{actor.actor_template.name}"
+
+
+def crash_message(actor: pb.Actor) -> str:
+    """Why a CRASHED actor crashed (`status.crash.message`), or a placeholder."""
+    return actor.status.crash.message or "no crash message recorded"
+
+
+def worker_address(actor: pb.Actor) -> str:
+    """The first IP of the worker pod holding the actor, or "" while it holds none."""
+    ips = actor.status.worker_assignment.worker_pod_ips
+    return str(ips[0]) if ips else ""
+
+
+class Resumed(NamedTuple):
+    """ResumeActor's answer: the actor, and False when it was already RUNNING."""
+
+    actor: pb.Actor
+    resumed: bool
 
 
 class ControlAPI(Protocol):
-    """The ateapi calls the provider makes: `ControlClient`, or an in-memory fake in tests."""
+    """The ateapi calls the provider makes: `ControlClient`, or an in-memory fake in tests.
+
+    Templates are `atespace/name` strings, as in the YAML.
+    """
 
     async def create_atespace(self, name: str) -> None: ...
-    async def create_actor(self, atespace: str, actor_id: str, template: str) -> pb.Actor: ...
-    async def get_actor(self, atespace: str, actor_id: str) -> pb.Actor: ...
-    async def resume_actor(self, atespace: str, actor_id: str) -> pb.Actor: ...
-    async def suspend_actor(self, atespace: str, actor_id: str) -> pb.Actor: ...
-    async def pause_actor(self, atespace: str, actor_id: str) -> pb.Actor: ...
-    async def delete_actor(self, atespace: str, actor_id: str) -> None: ...
+    async def create_actor(self, atespace: str, name: str, template: str) -> pb.Actor: ...
+    async def get_actor(self, atespace: str, name: str) -> pb.Actor: ...
+    async def resume_actor(self, atespace: str, name: str) -> Resumed: ...
+    async def suspend_actor(self, atespace: str, name: str) -> pb.Actor: ...
+    async def pause_actor(self, atespace: str, name: str) -> pb.Actor: ...
+    async def revert_actor(self, atespace: str, name: str) -> pb.Actor: ...
+    async def delete_actor(
+        self, atespace: str, name: str, *, any_state: bool = False
+    ) -> pb.Actor: ...
     async def list_actors(self, atespace: str) -> list[pb.Actor]: ...
+    async def get_actor_template(self, template: str) -> pb.ActorTemplate: ...
+
+
+def _ref(atespace: str, name: str) -> pb.ObjectRef:
+    return pb.ObjectRef(atespace=atespace, name=name)
+
+
+def _template_ref(template: str) -> pb.ObjectRef:
+    atespace, _, name = template.partition("/")
+    return _ref(atespace, name)
 
 
 class ControlClient:
     """Typed ateapi calls with translated errors; owns nothing (the channel is shared)."""
 
     def __init__(self, channel: grpc.aio.Channel, conn: ConnectionConfig) -> None:
+        self._channel = channel
         self._stub: Any = pb_grpc.ControlStub(channel)  # type: ignore[no-untyped-call]
         self._conn = conn
+        self._checked = False
+        self._refused: str | None = None
+        self._check_lock = asyncio.Lock()
 
-    def _metadata(self) -> tuple[tuple[str, str], ...] | None:
+    def _metadata(self, method: str) -> tuple[tuple[str, str], ...] | None:
         if self._conn.token is None:
             return None
-        return (("authorization", f"Bearer {self._conn.token.read()}"),)
-
-    async def _call(self, method: str, fn: Callable[..., Awaitable[R]], request: Any) -> R:
         try:
-            metadata = self._metadata()
+            return (("authorization", f"Bearer {self._conn.token.read()}"),)
         except OSError as exc:  # e.g. the token file is missing or unreadable right now
             raise ControlPlaneError(
                 f"{method}: cannot read the bearer token (connection.token.file): {exc}",
                 method=method,
             ) from exc
+
+    async def _ensure_supported(self) -> None:
+        """Check the server's API once per client (one connection); a refusal is final."""
+        if self._checked:
+            return
+        async with self._check_lock:
+            if self._refused is not None:
+                raise UnsupportedServerError(self._refused)
+            if self._checked:
+                return
+            try:
+                await check_server(
+                    self._channel,
+                    api=self._conn.api,
+                    atespace=self._conn.atespace,
+                    metadata=self._metadata("ServerReflectionInfo"),
+                    timeout_s=self._conn.request_timeout_s,
+                )
+            except UnsupportedServerError as exc:
+                self._refused = str(exc)
+                raise
+            self._checked = True
+
+    async def _call(self, method: str, fn: Callable[..., Awaitable[R]], request: Any) -> R:
+        await self._ensure_supported()
+        metadata = self._metadata(method)
         try:
             return await fn(request, timeout=self._conn.request_timeout_s, metadata=metadata)
         except grpc.RpcError as exc:
             raise translate_grpc_error(exc, method) from exc
 
-    @staticmethod
-    def _ref(atespace: str, actor_id: str) -> pb.ActorRef:
-        return pb.ActorRef(atespace=atespace, name=actor_id)
-
     async def create_atespace(self, name: str) -> None:
+        atespace = pb.Atespace(metadata=pb.ResourceMetadata(name=name))
         await self._call(
-            "CreateAtespace", self._stub.CreateAtespace, pb.CreateAtespaceRequest(name=name)
+            "CreateAtespace",
+            self._stub.CreateAtespace,
+            pb.CreateAtespaceRequest(atespace=atespace),
         )
 
-    async def create_actor(self, atespace: str, actor_id: str, template: str) -> pb.Actor:
-        ns, _, name = template.partition("/")
-        resp = await self._call(
-            "CreateActor",
-            self._stub.CreateActor,
-            pb.CreateActorRequest(
-                actor_ref=self._ref(atespace, actor_id),
-                actor_template_namespace=ns,
-                actor_template_name=name,
-            ),
+    async def create_actor(self, atespace: str, name: str, template: str) -> pb.Actor:
+        actor = pb.Actor(
+            metadata=pb.ResourceMetadata(atespace=atespace, name=name),
+            actor_template=_template_ref(template),
         )
-        actor: pb.Actor = resp.actor
+        created: pb.Actor = await self._call(
+            "CreateActor", self._stub.CreateActor, pb.CreateActorRequest(actor=actor)
+        )
+        return created
+
+    async def get_actor(self, atespace: str, name: str) -> pb.Actor:
+        actor: pb.Actor = await self._call(
+            "GetActor", self._stub.GetActor, pb.GetActorRequest(actor=_ref(atespace, name))
+        )
         return actor
 
-    async def get_actor(self, atespace: str, actor_id: str) -> pb.Actor:
-        resp = await self._call(
-            "GetActor",
-            self._stub.GetActor,
-            pb.GetActorRequest(actor_ref=self._ref(atespace, actor_id)),
-        )
-        actor: pb.Actor = resp.actor
-        return actor
-
-    async def resume_actor(self, atespace: str, actor_id: str) -> pb.Actor:
+    async def resume_actor(self, atespace: str, name: str) -> Resumed:
         resp = await self._call(
             "ResumeActor",
             self._stub.ResumeActor,
-            pb.ResumeActorRequest(actor_ref=self._ref(atespace, actor_id)),
+            pb.ResumeActorRequest(actor=_ref(atespace, name)),
         )
-        actor: pb.Actor = resp.actor
-        return actor
+        return Resumed(resp.actor, bool(resp.resumed))
 
-    async def suspend_actor(self, atespace: str, actor_id: str) -> pb.Actor:
+    async def suspend_actor(self, atespace: str, name: str) -> pb.Actor:
         resp = await self._call(
             "SuspendActor",
             self._stub.SuspendActor,
-            pb.SuspendActorRequest(actor_ref=self._ref(atespace, actor_id)),
+            pb.SuspendActorRequest(actor=_ref(atespace, name)),
         )
         actor: pb.Actor = resp.actor
         return actor
 
-    async def pause_actor(self, atespace: str, actor_id: str) -> pb.Actor:
+    async def pause_actor(self, atespace: str, name: str) -> pb.Actor:
         resp = await self._call(
-            "PauseActor",
-            self._stub.PauseActor,
-            pb.PauseActorRequest(actor_ref=self._ref(atespace, actor_id)),
+            "PauseActor", self._stub.PauseActor, pb.PauseActorRequest(actor=_ref(atespace, name))
         )
         actor: pb.Actor = resp.actor
         return actor
 
-    async def delete_actor(self, atespace: str, actor_id: str) -> None:
-        await self._call(
+    async def revert_actor(self, atespace: str, name: str) -> pb.Actor:
+        resp = await self._call(
+            "RevertActor",
+            self._stub.RevertActor,
+            pb.RevertActorRequest(actor=_ref(atespace, name)),
+        )
+        actor: pb.Actor = resp.actor
+        return actor
+
+    async def delete_actor(self, atespace: str, name: str, *, any_state: bool = False) -> pb.Actor:
+        actor: pb.Actor = await self._call(
             "DeleteActor",
             self._stub.DeleteActor,
-            pb.DeleteActorRequest(actor_ref=self._ref(atespace, actor_id)),
+            pb.DeleteActorRequest(actor=_ref(atespace, name), any_state=any_state),
         )
+        return actor
 
     async def list_actors(self, atespace: str) -> list[pb.Actor]:
         actors: list[pb.Actor] = []
@@ -172,11 +267,19 @@ class ControlClient:
             resp = await self._call(
                 "ListActors",
                 self._stub.ListActors,
-                pb.ListActorsRequest(page_size=1000, page_token=token, atespace=atespace),
+                # 1000 is the server's largest page (it coerces larger ones down).
+                pb.ListActorsRequest(atespace=atespace, page_size=1000, page_token=token),
             )
-            # A short or empty page with a token is not the end: the real server pages a Redis
-            # SCAN, so only an empty token ends the listing.
+            # A short or empty page with a token is not the end: only an empty token is.
             actors.extend(resp.actors)
             token = resp.next_page_token
             if not token:
                 return actors
+
+    async def get_actor_template(self, template: str) -> pb.ActorTemplate:
+        found: pb.ActorTemplate = await self._call(
+            "GetActorTemplate",
+            self._stub.GetActorTemplate,
+            pb.GetActorTemplateRequest(actor_template=_template_ref(template)),
+        )
+        return found

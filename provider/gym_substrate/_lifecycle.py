@@ -1,6 +1,7 @@
 """One object per sandbox: where its actor is, whether it is parked, and how to get it back.
 
-`ManagedActor` is the only place that resumes, parks, recovers or deletes an actor, so the lock,
+`ManagedActor` is the only place that resumes, parks, recovers, reverts or deletes an actor, and
+the one place that notices a CRASHED actor and applies `lifecycle.on_crash`, so the lock,
 the in-flight count, the idle timer and the provider's gauges change together. Its lifecycle is
 one value (`Lifecycle`), and every transition goes through `_enter`, which keeps the `parked` and
 `running` gauges equal to the number of sandboxes in each state, whatever order calls arrive in.
@@ -24,15 +25,16 @@ from typing import Any, Protocol, TypeVar
 
 from gym_substrate._actor import DELETED, SubstrateActor
 from gym_substrate._agent_client import AgentClient, HttpTransport
-from gym_substrate._config import IdlePolicy, PauseMode
+from gym_substrate._config import CrashPolicy, IdlePolicy, PauseMode
 from gym_substrate._errors import (
+    ActorCrashedError,
     ActorNotFoundError,
     ControlPlaneError,
     NoFreeWorkersError,
     SubstrateError,
     TransientControlPlaneError,
 )
-from gym_substrate._grpc import ControlAPI, status_name
+from gym_substrate._grpc import ControlAPI, Resumed, actor_state, crash_message, worker_address
 from gym_substrate._metrics import METRICS
 from gym_substrate._retry import (
     HTTP_RETRY,
@@ -42,7 +44,9 @@ from gym_substrate._retry import (
     is_router_glitch,
     is_transient_control,
     retry_target,
+    wait_for_capacity,
 )
+from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.types import SandboxHandle
 
 __all__ = [
@@ -63,6 +67,7 @@ class Lifecycle(enum.Enum):
 
     ACTIVE = "active"  # on a worker, or believed to be: the next request finds out
     PARKED = "parked"  # paused or suspended (by us or before connect); the next call resumes it
+    CRASHED = "crashed"  # found CRASHED with on_crash: fail; calls fail until close()
     CLOSED = "closed"  # deleted by close(); every later call is refused
 
 
@@ -83,6 +88,7 @@ class ActorServices:
     idle_policy: IdlePolicy
     idle_after_s: float
     record: Recorder
+    on_crash: CrashPolicy = "fail"
 
     def agent(self, actor: SubstrateActor) -> AgentClient:
         return AgentClient(self.transport, self.router, actor.actor_id, actor.atespace)
@@ -96,28 +102,36 @@ class WorkloadLostError(SubstrateError):
     """The actor is RUNNING but its workload does not answer: it died (router 503)."""
 
 
-# How long a router 503 may last after a ResumeActor that found the actor already RUNNING where
-# it was: nothing moved, so the workload is dead (Substrate leaves such an actor RUNNING and its
-# router answers 503 until the worker pod goes).
+# How long a router 503 may last after a ResumeActor that found the actor already RUNNING
+# (`resumed` false): nothing moved, so the workload is dead (a RUNNING actor whose workload
+# died stays RUNNING, and its router answers 503 until the worker pod goes).
 _DEAD_WORKLOAD_GRACE_S = 2.0
-
-
-class _StillMoving(SubstrateError):
-    """The actor is between states; teardown looks again after a backoff."""
 
 
 # Errors that another look cannot fix: the request itself is wrong, or we may not make it.
 _FINAL_FOR_TEARDOWN = frozenset({"INVALID_ARGUMENT", "PERMISSION_DENIED", "UNAUTHENTICATED"})
 
 
+def _is_code(exc: BaseException, name: str) -> bool:
+    return isinstance(exc, ControlPlaneError) and exc.code is not None and exc.code.name == name
+
+
+def _may_be_crashed(exc: BaseException) -> bool:
+    """A refused ResumeActor (not a transient or capacity answer): GetActor says if CRASHED."""
+    return (
+        isinstance(exc, ControlPlaneError)
+        and not isinstance(exc, (ActorNotFoundError, NoFreeWorkersError))
+        and not is_transient_control(exc)
+    )
+
+
 def _teardown_may_retry(exc: BaseException) -> bool:
     """Teardown looks again after anything but a request the server can never accept.
 
-    A delete that raced a resume (FAILED_PRECONDITION), a suspend whose checkpoint failed
-    (INTERNAL: the server then marks the actor SUSPENDED from its last snapshot), no free
-    workers for the resume of a paused actor, transient codes: each is over at the next look.
+    A delete that raced another operation (ABORTED, FAILED_PRECONDITION), transient codes, an
+    INTERNAL from a workflow that failed halfway: each is over at the next look.
     """
-    if isinstance(exc, (_StillMoving, NoFreeWorkersError, TransientControlPlaneError)):
+    if isinstance(exc, (NoFreeWorkersError, TransientControlPlaneError)):
         return True
     if isinstance(exc, ActorNotFoundError):  # gone: teardown is done, not retried
         return False
@@ -145,9 +159,12 @@ class ManagedActor:
         self._idle_task: asyncio.Task[None] | None = None
         self._handles: list[weakref.ref[SandboxHandle]] = []
         self._state = Lifecycle.ACTIVE
-        self._version: int | None = None  # the actor's version at our last resume or park
-        # (pod ip, version) where this process found the workload dead; status() says ERROR
+        # (worker address, metadata.version) where this process found the workload dead (it is
+        # RUNNING on paper); status() says ERROR while the actor is still there
         self.lost_workload: tuple[str, int] | None = None
+        self.crash: str | None = None  # the crash message while the actor is known CRASHED
+        self._notice: str | None = None  # said in the next exec result after a revert
+        self.reverts = 0  # RevertActor calls made here: a job lost to one is told apart
         self.defaults_known = True  # False after connect() by id alone: read them from the sandbox
         if counted:
             self.mark_created()
@@ -172,6 +189,8 @@ class ManagedActor:
             return
         if old is Lifecycle.PARKED:
             METRICS.parked.dec()
+        if new is not Lifecycle.CRASHED:
+            self.crash = None
         if new is Lifecycle.PARKED:
             METRICS.parked.inc()
         if new is Lifecycle.CLOSED and self.counted:
@@ -198,6 +217,11 @@ class ManagedActor:
         if self._state is Lifecycle.CLOSED:
             raise SubstrateError(f"sandbox {self.actor.actor_id} was closed")
 
+    def take_notice(self) -> str | None:
+        """What the next exec result must say about a revert (once), else None."""
+        notice, self._notice = self._notice, None
+        return notice
+
     # ------------------------------------------------------------------ being busy
 
     @contextlib.asynccontextmanager
@@ -209,11 +233,13 @@ class ManagedActor:
         try:
             # A held lock means a park may be under way: wait for it, then resume, rather than
             # racing a request into an actor that is being checkpointed.
-            if self._state is Lifecycle.PARKED or self.lock.locked():
+            if self._state is not Lifecycle.ACTIVE or self.lock.locked():
                 async with self.lock:
                     self.check_open()
+                    if self._state is Lifecycle.CRASHED:
+                        raise self._crashed_error(self.crash or "")
                     if self._state is Lifecycle.PARKED:
-                        await self._resume_and_wait(self._ready_deadline())
+                        await self._resume_or_revert(self._ready_deadline())
             yield
         finally:
             self.inflight -= 1
@@ -232,7 +258,11 @@ class ManagedActor:
         """An idempotent agent request, retried through resets, router 5xx and lost workers.
 
         A 503 (the actor lost its worker) resumes it over gRPC before the request is sent
-        again. Other errors, and the deadline running out (`RetryError`), are the caller's.
+        again; a reset or gateway error asks GetActor whether the actor CRASHED (the router
+        cannot resume a crashed actor, so requests to it fail or hang until our timeout), and
+        a crash is `ActorCrashedError` or, with `on_crash: revert`, a revert before the request
+        is sent again. Other errors, and the deadline running out (`RetryError`), are the
+        caller's.
         """
         end = self._ready_deadline() if deadline is None else deadline
 
@@ -241,8 +271,12 @@ class ManagedActor:
                 log.info("%s: %s; resuming the actor", what, exc)
                 try:
                     await self.recover(end)
+                except ActorCrashedError:
+                    raise
                 except SubstrateError as rexc:
                     raise ResumeFailedError(f"{what}: {rexc}") from rexc
+            else:
+                await self._look_for_crash(end)
 
         return await retry_target(
             lambda: request(self.services.agent(self.actor)),
@@ -255,26 +289,38 @@ class ManagedActor:
     # ------------------------------------------------------------------ resume
 
     async def _resume_and_wait(self, deadline: float, *, lost_worker: bool = False) -> None:
-        """ResumeActor (retrying through no-free-workers) then `/readyz` through the router.
+        """ResumeActor (waiting out RESOURCE_EXHAUSTED and transient codes) then `/readyz`.
 
-        With ``lost_worker`` (the router said 503), a ResumeActor that finds the actor RUNNING
-        at the version we last saw moved nothing: a 503 that outlasts a short grace means the
-        workload died, `WorkloadLostError`. Caller holds `self.lock`.
+        A refused resume of a CRASHED actor (or one that crashed on the way up) is
+        `ActorCrashedError`. With ``lost_worker`` (the router said 503), a ResumeActor that
+        found the actor already RUNNING moved nothing: a 503 that outlasts a short grace means
+        the workload died, `WorkloadLostError`. Caller holds `self.lock`.
         """
         control, actor = self.services.control, self.actor
         started = time.monotonic()
-        resumed = await retry_target(
-            lambda: control.resume_actor(actor.atespace, actor.actor_id),
-            is_resumable,
+
+        async def attempt() -> Resumed:
+            try:
+                return await control.resume_actor(actor.atespace, actor.actor_id)
+            except ControlPlaneError as exc:
+                if _may_be_crashed(exc):  # refused: a CRASHED actor says so, else re-raise
+                    await self._raise_if_crashed()
+                raise
+
+        answer = await wait_for_capacity(
+            attempt,
             self.services.retry.with_deadline(max(0.001, deadline - time.monotonic())),
+            call="ResumeActor",
             what=f"ResumeActor {actor.actor_id}",
+            # FAILED_PRECONDITION that is not a crash: another transition is under way
+            predicate=lambda exc: is_resumable(exc) or _is_code(exc, "FAILED_PRECONDITION"),
+            transient_s=self.services.retry.deadline,
         )
+        resumed = answer.actor
+        if actor_state(resumed) == "CRASHED":  # the wakeup probe gave up on the way up
+            raise self._crashed_error(crash_message(resumed))
         agent = self.services.agent(actor)
-        unmoved = (
-            lost_worker
-            and status_name(resumed.status) == "RUNNING"
-            and resumed.version == self._version
-        )
+        unmoved = lost_worker and not answer.resumed
         if unmoved:
             deadline = min(deadline, time.monotonic() + _DEAD_WORKLOAD_GRACE_S)
         # Right after a resume the router may still answer 503 or reset: wait those out.
@@ -293,24 +339,31 @@ class ManagedActor:
         except SubstrateError as exc:
             if not unmoved:
                 raise
-            self.lost_workload = (resumed.ateom_pod_ip, resumed.version)
+            address = worker_address(resumed)
+            self.lost_workload = (address, resumed.metadata.version)
             raise WorkloadLostError(
-                f"actor {actor.actor_id} is RUNNING at {resumed.ateom_pod_ip} but its workload "
-                f"does not answer (its router answers 503): the workload died, and nothing "
-                f"restarts it; close() or pause() the sandbox ({exc})"
+                f"actor {actor.actor_id} is RUNNING at {address or 'its worker'} but its "
+                f"workload does not answer (its router answers 503): the workload died, and "
+                f"nothing restarts it; close() or pause() the sandbox ({exc})"
             ) from exc
-        self._version = resumed.version
         self.lost_workload = None
         self._publish(
-            status=status_name(resumed.status),
-            pod_ip=resumed.ateom_pod_ip,
+            status=actor_state(resumed),
+            pod_ip=worker_address(resumed),
             boot_id=ready.get("boot_id"),
         )
         self._enter(Lifecycle.ACTIVE)
         METRICS.resume_latency.observe(time.monotonic() - started)
 
+    async def _resume_or_revert(self, deadline: float, *, lost_worker: bool = False) -> None:
+        """Resume, applying `lifecycle.on_crash` to a crash. Caller holds `self.lock`."""
+        try:
+            await self._resume_and_wait(deadline, lost_worker=lost_worker)
+        except ActorCrashedError as exc:
+            await self._after_crash(exc, deadline)
+
     async def start(self, deadline: float) -> None:
-        """The first resume after CreateActor."""
+        """The first resume after CreateActor (a crash here fails the create, never reverts)."""
         async with self.lock:
             await self._resume_and_wait(deadline)
 
@@ -318,14 +371,87 @@ class ManagedActor:
         """Resume now (an explicit `resume()` call), whatever this process believes."""
         async with self.lock:
             self.check_open()
-            await self._resume_and_wait(self._ready_deadline())
+            await self._resume_or_revert(self._ready_deadline())
         self.schedule_idle()
 
     async def recover(self, deadline: float) -> None:
         """The router said 503: the actor lost its worker. Resume it over gRPC with backoff."""
         async with self.lock:
             self.check_open()
-            await self._resume_and_wait(deadline, lost_worker=True)
+            if self._state is Lifecycle.CRASHED:
+                raise self._crashed_error(self.crash or "")
+            await self._resume_or_revert(deadline, lost_worker=True)
+
+    # ------------------------------------------------------------------ crash
+
+    def _crashed_error(self, message: str) -> ActorCrashedError:
+        return ActorCrashedError(
+            f"sandbox {self.actor.actor_id} crashed: {message}; its processes and memory are "
+            "gone. close() it, or set lifecycle.on_crash: revert to take it back to its last "
+            "durable snapshot",
+            crash_message=message,
+        )
+
+    async def _raise_if_crashed(self) -> None:
+        """GetActor; `ActorCrashedError` when the actor is CRASHED."""
+        got = await self.services.control.get_actor(self.actor.atespace, self.actor.actor_id)
+        if actor_state(got) == "CRASHED":
+            raise self._crashed_error(crash_message(got))
+
+    async def _look_for_crash(self, deadline: float) -> None:
+        """After a failed agent request: a CRASHED actor is handled now, not at the deadline."""
+        try:
+            await self._raise_if_crashed()
+        except ActorCrashedError as exc:
+            async with self.lock:
+                self.check_open()
+                try:  # another caller may have reverted it meanwhile
+                    await self._raise_if_crashed()
+                except ActorCrashedError as again:
+                    await self._after_crash(again, deadline)
+                else:
+                    log.debug("%s: %s, handled by another call", self.actor.actor_id, exc)
+        except ControlPlaneError as exc:  # the request's own retry decides; this was a look
+            log.debug("could not look for a crash of %s: %s", self.actor.actor_id, exc)
+
+    async def _after_crash(self, exc: ActorCrashedError, deadline: float) -> None:
+        """`on_crash: fail`: remember and raise. `revert`: RevertActor, resume, and say so once
+        in the next exec result. Caller holds `self.lock`."""
+        actor = self.actor
+        METRICS.crashes.labels(self.services.on_crash).inc()
+        if self.services.on_crash == "fail":
+            self._publish(status="CRASHED", pod_ip="")
+            self._enter(Lifecycle.CRASHED)
+            self.crash = exc.crash_message
+            raise exc
+        log.warning("sandbox %s crashed (%s); reverting it", actor.actor_id, exc.crash_message)
+        control = self.services.control
+
+        async def revert() -> pb.Actor:
+            try:
+                return await control.revert_actor(actor.atespace, actor.actor_id)
+            except ControlPlaneError as rexc:
+                if not _is_code(rexc, "FAILED_PRECONDITION"):
+                    raise
+                got = await control.get_actor(actor.atespace, actor.actor_id)
+                if actor_state(got) != "SUSPENDED":
+                    raise
+                return got  # another caller reverted it first
+
+        reverted = await retry_target(
+            revert,
+            is_transient_control,
+            self.services.retry.with_deadline(max(0.001, deadline - time.monotonic())),
+            what=f"RevertActor {actor.actor_id}",
+        )
+        self._publish(status=actor_state(reverted), pod_ip="")
+        self.reverts += 1
+        self._notice = (
+            f"[gym-substrate: sandbox {actor.actor_id} crashed ({exc.crash_message}) and was "
+            "reverted to its last durable snapshot: files, processes and memory changed since "
+            "then are gone]\n"
+        )
+        await self._resume_and_wait(deadline)  # a second crash right away is the caller's
 
     # ------------------------------------------------------------------ park
 
@@ -343,9 +469,8 @@ class ManagedActor:
             self.services.retry,
             what=f"{mode.capitalize()}Actor {actor.actor_id}",
         )
-        self._version = parked.version
         self.lost_workload = None
-        self._publish(status=status_name(parked.status), pod_ip="")
+        self._publish(status=actor_state(parked), pod_ip="")
         self._enter(Lifecycle.PARKED)
 
     async def park(self, mode: PauseMode) -> None:
@@ -391,32 +516,15 @@ class ManagedActor:
     # ------------------------------------------------------------------ delete
 
     async def teardown(self) -> None:
-        """Drive the actor to SUSPENDED, waiting out transitions, then DeleteActor.
+        """DeleteActor with `any_state`: one call whatever state the actor is in.
 
-        NOT_FOUND at any step means someone else deleted it: done.
+        NOT_FOUND means someone else deleted it: done. The server may still be DELETING it
+        when this returns; it will run nothing more.
         """
         control, actor = self.services.control, self.actor
-
-        async def step() -> None:
-            for _ in range(3):  # RUNNING -> suspend; PAUSED -> resume, suspend; then delete
-                got = await control.get_actor(actor.atespace, actor.actor_id)
-                name = status_name(got.status)
-                if name == "SUSPENDED":
-                    await control.delete_actor(actor.atespace, actor.actor_id)
-                    return
-                # RESUMING: a resume in flight (ABORTED, looked at again), or one that failed or
-                # was cut off and left the actor on its worker, which nothing else moves on
-                if name in ("RUNNING", "RESUMING"):
-                    await control.suspend_actor(actor.atespace, actor.actor_id)
-                elif name == "PAUSED":
-                    await control.resume_actor(actor.atespace, actor.actor_id)
-                else:
-                    raise _StillMoving(f"actor {actor.actor_id} is {name}")
-            raise _StillMoving(f"actor {actor.actor_id} keeps changing state")
-
         try:
             await retry_target(
-                step,
+                lambda: control.delete_actor(actor.atespace, actor.actor_id, any_state=True),
                 _teardown_may_retry,
                 RetryPolicy(
                     initial=0.05,
@@ -424,7 +532,7 @@ class ManagedActor:
                     multiplier=2.0,
                     deadline=self.services.close_timeout_s,
                 ),
-                what=f"deleting actor {actor.actor_id} (suspend, then delete)",
+                what=f"deleting actor {actor.actor_id}",
             )
         except ActorNotFoundError:
             return

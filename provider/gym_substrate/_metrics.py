@@ -63,6 +63,26 @@ class Metrics:
         self.parked = Gauge(
             "gym_substrate_parked", "Sandboxes parked by pause or idle policy", registry=r
         )
+        # RESOURCE_EXHAUSTED is "no free capacity yet": each answer waited out, by call, and
+        # how long each wait took (success or give-up), so a too-small pool shows up here.
+        self.capacity_waits = Counter(
+            "gym_substrate_capacity_waits",
+            "RESOURCE_EXHAUSTED answers (no free capacity) waited out, by call",
+            ["call"],
+            registry=r,
+        )
+        self.capacity_wait_seconds = Histogram(
+            "gym_substrate_capacity_wait_seconds",
+            "Time from the first RESOURCE_EXHAUSTED to capacity or giving up",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.crashes = Counter(
+            "gym_substrate_crashes",
+            "Sandboxes found CRASHED, by what lifecycle.on_crash did (fail or revert)",
+            ["action"],
+            registry=r,
+        )
 
 
 METRICS = Metrics()

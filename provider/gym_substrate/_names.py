@@ -1,4 +1,4 @@
-"""Names Substrate gives meaning to: DNS labels and the router's actor Host.
+"""Names Substrate gives meaning to: DNS labels, `atespace/name` references, the router header.
 
 Defined once here because the provider, the local backend, its router and the stack config all
 check or build them, and a copy that drifts (one allowing 64 characters, one a trailing newline)
@@ -9,8 +9,20 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["ACTOR_DOMAIN", "actor_host", "is_dns_label"]
+__all__ = [
+    "ACTOR_DOMAIN",
+    "TARGET_ACTOR_HEADER",
+    "actor_host",
+    "is_dns_label",
+    "parse_ref",
+    "target_actor",
+]
 
+# The router routes on this header (atenet, since 2026-08-31); Host reaches the actor unchanged.
+TARGET_ACTOR_HEADER = "ate-target-actor"
+
+# June-era Host routing. Kept only for the local backend's router, which still routes on it
+# until its rewrite lands; the provider no longer sends it.
 ACTOR_DOMAIN = "actors.resources.substrate.ate.dev"
 
 # fullmatch, never `match` with `$`: `$` also matches before a trailing newline.
@@ -22,6 +34,21 @@ def is_dns_label(value: object) -> bool:
     return isinstance(value, str) and _DNS_LABEL.fullmatch(value) is not None
 
 
+def parse_ref(value: object) -> tuple[str, str] | None:
+    """`"<atespace>/<name>"` as `(atespace, name)`, or None unless both are DNS labels."""
+    if not isinstance(value, str):
+        return None
+    atespace, sep, name = value.partition("/")
+    if not sep or not is_dns_label(atespace) or not is_dns_label(name):
+        return None
+    return atespace, name
+
+
+def target_actor(atespace: str, name: str) -> str:
+    """The `ate-target-actor` value that routes a request to actor `name` of `atespace`."""
+    return f"{atespace}/{name}"
+
+
 def actor_host(actor_id: str, atespace: str) -> str:
-    """The Host header the router routes on: `<actor>.<atespace>.<ACTOR_DOMAIN>`."""
+    """June-era router Host `<actor>.<atespace>.<ACTOR_DOMAIN>` (local backend's router only)."""
     return f"{actor_id}.{atespace}.{ACTOR_DOMAIN}"

@@ -38,6 +38,7 @@ class SharedResources:
     exec_slots: asyncio.Semaphore
     close: Callable[[], Awaitable[None]]
     known_atespaces: set[str] = field(default_factory=set)
+    known_templates: set[str] = field(default_factory=set)  # checked usable (GetActorTemplate)
     refs: int = 0
 
 

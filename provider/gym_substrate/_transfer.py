@@ -21,7 +21,13 @@ from pathlib import Path
 from typing import Any, BinaryIO, TypeVar, cast
 
 from gym_substrate._agent_client import AgentClient
-from gym_substrate._errors import AgentResponseError, RetryError, RouterError, TransferError
+from gym_substrate._errors import (
+    ActorCrashedError,
+    AgentResponseError,
+    RetryError,
+    RouterError,
+    TransferError,
+)
 from gym_substrate._lifecycle import ManagedActor
 from gym_substrate.types import SandboxExecResult
 from sandbox_agent.contract import FileStat, UploadReply
@@ -88,12 +94,13 @@ async def _hash(digest: Any, data: bytes) -> None:
 async def _call(
     managed: ManagedActor, request: Callable[[AgentClient], Awaitable[T]], what: str
 ) -> T:
-    """An agent request of a transfer; the router's failures become `TransferError`."""
+    """An agent request of a transfer; the router's failures and a crash become
+    `TransferError`."""
     try:
         return await managed.call_agent(request, what=what)
     except RetryError as exc:
         raise TransferError(f"{what}: {exc.cause}") from exc
-    except RouterError as exc:
+    except (RouterError, ActorCrashedError) as exc:
         raise TransferError(f"{what}: {exc}") from exc
 
 

@@ -46,12 +46,14 @@ from gym_substrate._errors import (
     ProviderClosedError,
     SubstrateCreateError,
     SubstrateError,
+    UnsupportedServerError,
 )
 from gym_substrate._exec import SANDBOX_RUNTIME_RETURN_CODE
-from gym_substrate._grpc import ControlAPI, status_name
+from gym_substrate._grpc import ControlAPI, actor_state, template_of, worker_address
 from gym_substrate._ledger import Ledger, LedgerRecorder
 from gym_substrate._lifecycle import ActorServices, ManagedActor
 from gym_substrate._metrics import METRICS, serve_metrics
+from gym_substrate._names import TARGET_ACTOR_HEADER
 from gym_substrate._pty import SubstratePtySession
 from gym_substrate._retry import RetryPolicy
 from gym_substrate.types import (
@@ -172,6 +174,7 @@ class SubstrateProvider(_capabilities.ComposeCapabilities):
                 idle_policy=self.lifecycle.idle_policy,
                 idle_after_s=self.lifecycle.idle_after_s,
                 record=self._record,
+                on_crash=self.lifecycle.on_crash,
             )
         return self._services
 
@@ -211,13 +214,16 @@ class SubstrateProvider(_capabilities.ComposeCapabilities):
     async def create(self, spec: SandboxSpec) -> SandboxHandle:
         """Create an actor, resume it onto a worker, wait for its agent, record workdir and env.
 
-        `spec.files` are left to the caller (Gym's facade uploads them after `create()`).
+        All within the ready timeout (no free capacity is waited out until then). `spec.files`
+        are left to the caller (Gym's facade uploads them after `create()`). A June-era server
+        is refused with `UnsupportedServerError` before anything is made.
         """
         started = time.monotonic()
         options = _create.validate_spec(spec)
-        template = _create.choose_template(spec, options, self.create_config)
+        template, source = _create.choose_template(spec, options, self.create_config)
         atespace = options.atespace or self.connection.atespace
         ready_timeout = float(spec.ready_timeout_s or self.create_config.ready_timeout_s)
+        deadline = started + ready_timeout
         actor = SubstrateActor(
             actor_id=f"gym-{uuid.uuid4().hex}",
             atespace=atespace,
@@ -230,10 +236,27 @@ class SubstrateProvider(_capabilities.ComposeCapabilities):
         handle = SandboxHandle(sandbox_id=actor.actor_id, provider_name=self.name, raw=actor)
         managed.attach(handle)
         try:
-            await _create.ensure_atespace(res.control, atespace, res.known_atespaces, self._retry)
-        except SubstrateError as exc:
+            try:
+                await _create.check_template(
+                    res.control, template, source, res.known_templates, self._retry, deadline
+                )
+            except (SubstrateCreateError, UnsupportedServerError):
+                raise
+            except SubstrateError as exc:
+                raise SubstrateCreateError(
+                    f"could not check ActorTemplate {template} ({source}): {exc}"
+                ) from exc
+            try:
+                await _create.ensure_atespace(
+                    res.control, atespace, res.known_atespaces, self._retry
+                )
+            except UnsupportedServerError:
+                raise
+            except SubstrateError as exc:
+                raise SubstrateCreateError(f"could not create atespace {atespace}: {exc}") from exc
+        except (SubstrateCreateError, UnsupportedServerError):
             METRICS.failures.labels("create").inc()
-            raise SubstrateCreateError(f"could not create atespace {atespace}: {exc}") from exc
+            raise
         ttl = spec.ttl_s if spec.ttl_s is not None else self.lifecycle.ttl_s
         # Recorded before CreateActor: a reply lost on the way back still leaves a ledger entry
         # that `sweep` can act on, even if this process dies right after.
@@ -246,6 +269,7 @@ class SubstrateProvider(_capabilities.ComposeCapabilities):
                 managed,
                 res.control,
                 self._retry,
+                deadline=deadline,
                 ready_timeout_s=ready_timeout,
                 shell=self.exec_config.shell,
             )
@@ -352,6 +376,8 @@ class SubstrateProvider(_capabilities.ComposeCapabilities):
             raise
         except (SubstrateError, OSError) as exc:
             result = _exec.sandbox_failure(f"sandbox failure before the command ran: {exc}")
+        else:
+            result = _exec.with_notice(result, managed.take_notice())
         METRICS.exec_latency.observe(time.monotonic() - started)
         if result.error_type is not None:
             METRICS.failures.labels(f"exec_{result.error_type}").inc()
@@ -404,7 +430,8 @@ class SubstrateProvider(_capabilities.ComposeCapabilities):
     async def status(self, handle: SandboxHandle) -> SandboxStatus:
         """Control-plane status from GetActor only: asking never wakes a parked actor.
 
-        ERROR for an actor still RUNNING where an exec of this provider found its workload dead.
+        CRASHED is ERROR (`_actor.gym_status` has the whole mapping), and so is an actor still
+        RUNNING where an exec of this provider found its workload dead.
         """
         actor = self._actor(handle)
         try:
@@ -415,9 +442,10 @@ class SubstrateProvider(_capabilities.ComposeCapabilities):
             log.info("status of %s unknown: %s", actor.actor_id, exc)
             return SandboxStatus.UNKNOWN
         managed = self._actors.get((actor.atespace, actor.actor_id))
-        if managed is not None and managed.lost_workload == (got.ateom_pod_ip, got.version):
+        seen = (worker_address(got), got.metadata.version)
+        if managed is not None and managed.lost_workload == seen:
             return SandboxStatus.ERROR  # RUNNING on paper, but its workload died (exec saw it)
-        return gym_status(status_name(got.status))
+        return gym_status(actor_state(got))
 
     @_shared.holding
     async def pause(self, handle: SandboxHandle) -> None:
@@ -580,13 +608,13 @@ class SubstrateProvider(_capabilities.ComposeCapabilities):
         wanted = Descriptor.parse(descriptor, self.connection.atespace)
         got = await self.control.get_actor(wanted.atespace, wanted.sandbox_id)
         actor = SubstrateActor(
-            actor_id=got.actor_id,
+            actor_id=got.metadata.name or wanted.sandbox_id,
             atespace=wanted.atespace,
-            template=f"{got.actor_template_namespace}/{got.actor_template_name}",
+            template=template_of(got),
             workdir=wanted.workdir,
             env=wanted.env,
-            status=status_name(got.status),
-            pod_ip=got.ateom_pod_ip,
+            status=actor_state(got),
+            pod_ip=worker_address(got),
         )
         handle = SandboxHandle(sandbox_id=actor.actor_id, provider_name=self.name, raw=actor)
         managed = self._actors.pop((actor.atespace, actor.actor_id), None)
@@ -599,20 +627,22 @@ class SubstrateProvider(_capabilities.ComposeCapabilities):
 
     @_shared.holding
     async def endpoint(self, handle: SandboxHandle, port: int) -> SandboxEndpoint:
-        """Port 80 of the sandbox, as the router URL plus the Host header that routes to it."""
+        """Port 80 of the sandbox: the router URL plus the `ate-target-actor` header."""
         actor = self._managed(handle).actor
         if port != 80:
             raise ValueError(
                 f"port {port} is not reachable: the Substrate router forwards only "
                 "to port 80 inside an actor"
             )
-        return SandboxEndpoint(endpoint=self.connection.router + "/", headers={"Host": actor.host})
+        return SandboxEndpoint(
+            endpoint=self.connection.router + "/", headers={TARGET_ACTOR_HEADER: actor.target}
+        )
 
     # ------------------------------------------------------------------ close
 
     @_shared.holding
     async def close(self, handle: SandboxHandle) -> None:
-        """Suspend (resuming a paused actor first) then delete. Idempotent; NOT_FOUND is done."""
+        """DeleteActor with `any_state` (no suspend first). Idempotent; NOT_FOUND is done."""
         if self._actor(handle).status == DELETED:
             return
         managed = self._managed(handle)

@@ -235,7 +235,9 @@ class Stack:
     def provider(self, **overrides: Any) -> SubstrateProvider:
         return SubstrateProvider(**self.kwargs(**overrides))
 
-    async def actors(self, atespace: str = "gym") -> list[str]:
+    @contextlib.asynccontextmanager
+    async def control(self) -> AsyncIterator[Any]:
+        """A control client straight to the backend (no proxy, no faults)."""
         from gym_substrate._config import ConnectionConfig
         from gym_substrate._grpc import ControlClient, create_channel
 
@@ -244,22 +246,43 @@ class Stack:
         )  # type: ignore[arg-type]
         channel = create_channel(conn)
         try:
-            return [a.actor_id for a in await ControlClient(channel, conn).list_actors(atespace)]
+            yield ControlClient(channel, conn)
         finally:
             await channel.close()
+
+    async def actors(self, atespace: str = "gym") -> list[str]:
+        async with self.control() as control:
+            return [a.metadata.name for a in await control.list_actors(atespace)]
+
+    async def golden_built(self, template: str = TEMPLATE, limit_s: float = 60) -> None:
+        """Wait until the template's golden snapshot is tagged, so a test's own deadlines (and
+        its counts of calls) start from a backend whose template is ready."""
+        async with self.control() as control:
+            deadline = asyncio.get_running_loop().time() + limit_s
+            while True:
+                found = await control.get_actor_template(template)
+                golden = found.status.golden_snapshot_status
+                if golden.golden_tag.name:
+                    return
+                if golden.error_message:
+                    raise RuntimeError(f"{template}: golden build failed: {golden.error_message}")
+                if asyncio.get_running_loop().time() > deadline:
+                    raise TimeoutError(f"{template}: no golden snapshot after {limit_s} s")
+                await asyncio.sleep(0.05)
 
 
 @contextlib.asynccontextmanager
 async def make_stack(
-    tmp: Path, *, workers: int = 4, runtime: str = "process", workflow_timeout_s: float = 28.0
+    tmp: Path, *, workers: int = 4, runtime: str = "process"
 ) -> AsyncIterator[Stack]:
+    """A local backend with room for `workers` running actors (one actor per worker)."""
     from gym_substrate.local import LocalBackend
 
     async with LocalBackend(
         tmp / "state",
         runtime=runtime,
         workers=workers,
-        workflow_timeout_s=workflow_timeout_s,
+        actors_per_worker=1,
         default_rootfs="host",
     ) as backend:
         gproxy = GrpcFaultProxy(backend.api_address)
@@ -267,7 +290,9 @@ async def make_stack(
         await gproxy.start()
         await hproxy.start()
         try:
-            yield Stack(backend, gproxy, hproxy, tmp)
+            stack = Stack(backend, gproxy, hproxy, tmp)
+            await stack.golden_built()
+            yield stack
         finally:
             await hproxy.stop()
             await gproxy.stop()

@@ -2,9 +2,14 @@
 
 `SubstrateProvider(control=FakeControl(), http=FakeAgents(control))` runs the provider's whole
 logic (lifecycle, retries, exec jobs, transfers) with no socket, no backend and no patching. The
-fakes keep only the behaviour the provider relies on: ateapi's states and status codes for the
-calls it makes, and the agent contract's job and file semantics. Faults are queued per call
-(`control.fail("ResumeActor", ...)`, `agents.fail(503)`) so a test states exactly what goes wrong.
+fakes keep only the behaviour the provider relies on: ateapi's states, codes and messages for
+the calls it makes (/work/notes/upstream-actors.md: resume of a CRASHED actor is
+FAILED_PRECONDITION, no capacity is RESOURCE_EXHAUSTED, revert takes RUNNING, PAUSED and CRASHED
+back to SUSPENDED, delete needs SUSPENDED or CRASHED unless `any_state`), the router's
+(upstream-router.md: routing on `ate-target-actor`, a ResumeActor per request, 503 when it
+cannot resume) and the agent contract's job and file semantics. Faults are queued per call
+(`control.fail("ResumeActor", ...)`, `agents.fail(503)`) so a test states exactly what goes
+wrong; `control.crash(...)` crashes an actor as a worker whose ateom restarted does.
 """
 
 from __future__ import annotations
@@ -21,9 +26,14 @@ from urllib.parse import urlsplit
 import grpc
 
 from gym_substrate._agent_client import HttpResponse
-from gym_substrate._errors import ControlPlaneError, translate_grpc_error
-from gym_substrate._names import ACTOR_DOMAIN
+from gym_substrate._errors import AgentTransportError, ControlPlaneError, translate_grpc_error
+from gym_substrate._grpc import Resumed
+from gym_substrate._names import TARGET_ACTOR_HEADER, parse_ref
 from gym_substrate.ateapi import ateapi_pb2 as pb
+
+RUNNING, SUSPENDED, PAUSED = pb.ACTOR_STATE_RUNNING, pb.ACTOR_STATE_SUSPENDED, pb.ACTOR_STATE_PAUSED
+CRASHED, DELETING = pb.ACTOR_STATE_CRASHED, pb.ACTOR_STATE_DELETING
+READY = "ready"  # a template whose golden snapshot is tagged
 
 
 class _RpcError(grpc.RpcError):
@@ -38,122 +48,221 @@ class _RpcError(grpc.RpcError):
         return self._details
 
 
+def _error(method: str, code: grpc.StatusCode, details: str) -> ControlPlaneError:
+    return translate_grpc_error(_RpcError(code, details), method)
+
+
+def _name(state: int) -> str:
+    return pb.ActorState.Name(state)  # type: ignore[arg-type]
+
+
 @dataclass
 class FakeActor:
     atespace: str
     name: str
     template: str
-    status: int = pb.Actor.STATUS_SUSPENDED
+    state: int = SUSPENDED
     boot: str = field(default_factory=lambda: uuid.uuid4().hex)
+    version: int = 1
+    crash: str = ""
+
+    @property
+    def ref(self) -> str:
+        return f"{self.atespace}/{self.name}"
 
 
 class FakeControl:
-    """ateapi's state machine for one worker pool of `workers` slots, in memory."""
+    """ateapi's state machine for a pool with room for `workers` running actors, in memory.
 
-    def __init__(self, workers: int = 4) -> None:
+    `templates` maps `atespace/name` to READY, "building" (no golden tag yet) or an error
+    message (the golden build failed).
+    """
+
+    def __init__(self, workers: int = 4, templates: Mapping[str, str] | None = None) -> None:
         self.workers = workers
+        self.templates = dict(templates or {"default/sandbox": READY})
         self.actors: dict[tuple[str, str], FakeActor] = {}
         self.atespaces: set[str] = set()
         self.calls: Counter[str] = Counter()
         self._faults: dict[str, deque[tuple[grpc.StatusCode, str]]] = {}
+        self.crash_next_resume: str | None = None  # the next resume crashes, saying this
 
     def fail(self, method: str, code: grpc.StatusCode, details: str = "", times: int = 1) -> None:
         """The next `times` calls of `method` fail with `code` before doing anything."""
         self._faults.setdefault(method, deque()).extend([(code, details)] * times)
+
+    def crash(self, atespace: str, name: str, message: str) -> None:
+        """Crash the actor now, as ateapi does (worker released, the first crash message kept)."""
+        actor = self.actors[(atespace, name)]
+        if actor.state != CRASHED:
+            actor.crash = message
+        actor.state = CRASHED
+        actor.version += 1
 
     def _enter(self, method: str) -> None:
         self.calls[method] += 1
         queue = self._faults.get(method)
         if queue:
             code, details = queue.popleft()
-            raise translate_grpc_error(_RpcError(code, details), method)
+            raise _error(method, code, details)
 
     def _get(self, method: str, atespace: str, name: str) -> FakeActor:
         actor = self.actors.get((atespace, name))
         if actor is None:
-            raise translate_grpc_error(
-                _RpcError(grpc.StatusCode.NOT_FOUND, f"Actor {name} not found"), method
-            )
+            raise _error(method, grpc.StatusCode.NOT_FOUND, f"Actor {atespace}/{name} not found")
         return actor
 
     @staticmethod
     def _view(actor: FakeActor) -> pb.Actor:
-        ns, _, name = actor.template.partition("/")
-        running = actor.status == pb.Actor.STATUS_RUNNING
+        ts, _, tn = actor.template.partition("/")
+        status = pb.ActorStatus(state=actor.state)  # type: ignore[arg-type]
+        if actor.state == RUNNING:
+            status.worker_assignment.worker_pod_ips.append("10.0.0.1")
+        if actor.crash:
+            status.crash.message = actor.crash
         return pb.Actor(
-            actor_id=actor.name,
-            atespace=actor.atespace,
-            actor_template_namespace=ns,
-            actor_template_name=name,
-            status=actor.status,  # type: ignore[arg-type]
-            ateom_pod_ip="10.0.0.1" if running else "",
+            metadata=pb.ResourceMetadata(
+                atespace=actor.atespace, name=actor.name, version=actor.version
+            ),
+            actor_template=pb.ObjectRef(atespace=ts, name=tn),
+            status=status,
         )
 
+    def _set(self, actor: FakeActor, state: int) -> None:
+        actor.state = state
+        actor.version += 1
+
     def running(self) -> int:
-        return sum(a.status == pb.Actor.STATUS_RUNNING for a in self.actors.values())
+        return sum(a.state == RUNNING for a in self.actors.values())
+
+    def _refuse(self, method: str, actor: FakeActor, step: str, want: str) -> ControlPlaneError:
+        return _error(
+            method,
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"{step} prerequisite not met for Actor: {actor.ref} (got: {_name(actor.state)}, "
+            f"want {want})",
+        )
 
     async def create_atespace(self, name: str) -> None:
         self._enter("CreateAtespace")
+        if name in self.atespaces:
+            raise _error(
+                "CreateAtespace", grpc.StatusCode.ALREADY_EXISTS, f"Atespace {name} already exists"
+            )
         self.atespaces.add(name)
 
-    async def create_actor(self, atespace: str, actor_id: str, template: str) -> pb.Actor:
+    async def get_actor_template(self, template: str) -> pb.ActorTemplate:
+        self._enter("GetActorTemplate")
+        state = self.templates.get(template)
+        if state is None:
+            raise _error(
+                "GetActorTemplate", grpc.StatusCode.NOT_FOUND, f"ActorTemplate {template} not found"
+            )
+        ts, _, tn = template.partition("/")
+        found = pb.ActorTemplate(metadata=pb.ResourceMetadata(atespace=ts, name=tn))
+        golden = found.status.golden_snapshot_status
+        if state == READY:
+            golden.golden_tag.atespace, golden.golden_tag.name = "ate-golden", "uid-" + tn
+        elif state != "building":
+            golden.error_message = state
+        return found
+
+    async def create_actor(self, atespace: str, name: str, template: str) -> pb.Actor:
         self._enter("CreateActor")
-        if (atespace, actor_id) in self.actors:
-            raise translate_grpc_error(
-                _RpcError(grpc.StatusCode.ALREADY_EXISTS, f"Actor {actor_id} already exists"),
+        if atespace not in self.atespaces:
+            raise _error(
+                "CreateActor", grpc.StatusCode.FAILED_PRECONDITION, f"Atespace {atespace} not found"
+            )
+        if template not in self.templates:
+            raise _error(
                 "CreateActor",
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"actor template not found; ObjectRef: {template} ",
             )
-        actor = self.actors[(atespace, actor_id)] = FakeActor(atespace, actor_id, template)
+        if (atespace, name) in self.actors:
+            raise _error(
+                "CreateActor", grpc.StatusCode.ALREADY_EXISTS, f"Actor {name} already exists"
+            )
+        actor = self.actors[(atespace, name)] = FakeActor(atespace, name, template)
         return self._view(actor)
 
-    async def get_actor(self, atespace: str, actor_id: str) -> pb.Actor:
+    async def get_actor(self, atespace: str, name: str) -> pb.Actor:
         self._enter("GetActor")
-        return self._view(self._get("GetActor", atespace, actor_id))
+        return self._view(self._get("GetActor", atespace, name))
 
-    async def resume_actor(self, atespace: str, actor_id: str) -> pb.Actor:
+    def resume(self, method: str, actor: FakeActor) -> bool:
+        """The resume workflow (also the router's); True when it moved the actor."""
+        if actor.state == RUNNING:
+            return False
+        if actor.state not in (SUSPENDED, PAUSED):
+            raise self._refuse(
+                method, actor, "AssignWorker", "ACTOR_STATE_SUSPENDED or ACTOR_STATE_PAUSED"
+            )
+        if self.running() >= self.workers:
+            raise _error(
+                method, grpc.StatusCode.RESOURCE_EXHAUSTED, "no worker has room for the actor"
+            )
+        crash, self.crash_next_resume = self.crash_next_resume, None
+        if crash is not None:
+            self.crash(actor.atespace, actor.name, f"resume failed: atelet Restore: {crash}")
+            raise _error(method, grpc.StatusCode.UNKNOWN, f"actor {actor.ref} crashed: {crash}")
+        if actor.state == SUSPENDED:
+            actor.boot = uuid.uuid4().hex  # memory is gone; a paused actor keeps it
+        self._set(actor, RUNNING)
+        return True
+
+    async def resume_actor(self, atespace: str, name: str) -> Resumed:
         self._enter("ResumeActor")
-        actor = self._get("ResumeActor", atespace, actor_id)
-        if actor.status != pb.Actor.STATUS_RUNNING:
-            if self.running() >= self.workers:
-                raise translate_grpc_error(
-                    _RpcError(grpc.StatusCode.FAILED_PRECONDITION, "no free workers"),
-                    "ResumeActor",
-                )
-            if actor.status == pb.Actor.STATUS_SUSPENDED:
-                actor.boot = uuid.uuid4().hex  # memory is gone; a paused actor keeps it
-            actor.status = pb.Actor.STATUS_RUNNING
+        actor = self._get("ResumeActor", atespace, name)
+        moved = self.resume("ResumeActor", actor)
+        return Resumed(self._view(actor), moved)
+
+    async def suspend_actor(self, atespace: str, name: str) -> pb.Actor:
+        self._enter("SuspendActor")
+        actor = self._get("SuspendActor", atespace, name)
+        if actor.state in (RUNNING, PAUSED):
+            self._set(actor, SUSPENDED)
+        elif actor.state != SUSPENDED:
+            want = "ACTOR_STATE_RUNNING or ACTOR_STATE_PAUSED"
+            raise self._refuse("SuspendActor", actor, "MarkSuspending", want)
         return self._view(actor)
 
-    async def _park(self, method: str, atespace: str, actor_id: str, status: int) -> pb.Actor:
-        self._enter(method)
-        actor = self._get(method, atespace, actor_id)
-        if actor.status != pb.Actor.STATUS_RUNNING:
-            raise ControlPlaneError(
-                f"{method}: FAILED_PRECONDITION: actor is not running",
-                code=grpc.StatusCode.FAILED_PRECONDITION,
-                method=method,
-                details="actor is not running",
+    async def pause_actor(self, atespace: str, name: str) -> pb.Actor:
+        self._enter("PauseActor")
+        actor = self._get("PauseActor", atespace, name)
+        if actor.state == RUNNING:
+            self._set(actor, PAUSED)
+        elif actor.state != PAUSED:
+            raise self._refuse("PauseActor", actor, "MarkPausing", "ACTOR_STATE_RUNNING")
+        return self._view(actor)
+
+    async def revert_actor(self, atespace: str, name: str) -> pb.Actor:
+        self._enter("RevertActor")
+        actor = self._get("RevertActor", atespace, name)
+        if actor.state not in (RUNNING, PAUSED, CRASHED):
+            raise _error(
+                "RevertActor",
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"Actor {actor.ref} is not in a revertable state (got: {_name(actor.state)}, "
+                "want one of [ACTOR_STATE_RUNNING ACTOR_STATE_PAUSED ACTOR_STATE_CRASHED])",
             )
-        actor.status = status
+        actor.crash = ""
+        actor.boot = uuid.uuid4().hex  # back at its last durable snapshot: a new boot
+        self._set(actor, SUSPENDED)
         return self._view(actor)
 
-    async def suspend_actor(self, atespace: str, actor_id: str) -> pb.Actor:
-        return await self._park("SuspendActor", atespace, actor_id, pb.Actor.STATUS_SUSPENDED)
-
-    async def pause_actor(self, atespace: str, actor_id: str) -> pb.Actor:
-        return await self._park("PauseActor", atespace, actor_id, pb.Actor.STATUS_PAUSED)
-
-    async def delete_actor(self, atespace: str, actor_id: str) -> None:
+    async def delete_actor(self, atespace: str, name: str, *, any_state: bool = False) -> pb.Actor:
         self._enter("DeleteActor")
-        actor = self._get("DeleteActor", atespace, actor_id)
-        if actor.status != pb.Actor.STATUS_SUSPENDED:
-            raise ControlPlaneError(
-                "DeleteActor: FAILED_PRECONDITION: actor is not suspended",
-                code=grpc.StatusCode.FAILED_PRECONDITION,
-                method="DeleteActor",
-                details="actor is not suspended",
+        actor = self._get("DeleteActor", atespace, name)
+        if not any_state and actor.state not in (SUSPENDED, CRASHED):
+            raise _error(
+                "DeleteActor",
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"Actor {actor.ref} is not in a deletable state (state: {_name(actor.state)})",
             )
-        del self.actors[(atespace, actor_id)]
+        self._set(actor, DELETING)
+        del self.actors[(atespace, name)]
+        return self._view(actor)
 
     async def list_actors(self, atespace: str) -> list[pb.Actor]:
         self._enter("ListActors")
@@ -164,18 +273,32 @@ def _json(status: int, body: Any) -> HttpResponse:
     return HttpResponse(status, {"content-type": "application/json"}, json.dumps(body).encode())
 
 
+def _text(status: int, body: str) -> HttpResponse:
+    return HttpResponse(status, {"content-type": "text/plain"}, body.encode())
+
+
 class FakeAgents:
     """The router plus one sandbox agent per RUNNING actor of `control`.
 
+    Like atenet, the router routes on `ate-target-actor` and resumes the actor on every request
+    (its ResumeActor calls are counted in `router_resumes`, not in `control.calls`); what it
+    cannot resume is a 503 at once (the real one retries for a 5 s budget first). A request for
+    a CRASHED actor parks at the real router until our client's timeout: with `hang_on_crash`
+    the fake raises that timeout instead of the 503.
+
     Commands are not run: `echo X` prints X, `exit N` exits N, anything else prints nothing.
-    Every submission of a job id is counted, so a test can prove a command ran once.
+    Every submission of a job id is counted, so a test can prove a command ran once. Jobs live
+    in the agent of one boot: a revert (or a suspend) loses them.
     """
 
-    def __init__(self, control: FakeControl) -> None:
+    def __init__(self, control: FakeControl, *, hang_on_crash: bool = False) -> None:
         self.control = control
-        self.jobs: dict[str, dict[str, Any]] = {}
+        self.hang_on_crash = hang_on_crash
+        self.jobs: dict[tuple[str, str], dict[str, Any]] = {}
         self.runs: Counter[str] = Counter()
         self.files: dict[tuple[str, str], bytes] = {}
+        self.routed: list[str] = []  # the ate-target-actor of every request
+        self.router_resumes = 0
         self._faults: deque[int] = deque()
 
     def fail(self, status: int, times: int = 1) -> None:
@@ -190,6 +313,25 @@ class FakeAgents:
         out = text[5:] + "\n" if text.startswith("echo ") else ""
         return {"state": "exited", "exit_code": 0, "stdout": out, "stderr": ""}
 
+    def _route(self, headers: Mapping[str, str], what: str) -> FakeActor | HttpResponse:
+        assert "host" not in {k.lower() for k in headers}, "the provider routes by header only"
+        target = headers.get(TARGET_ACTOR_HEADER, "")
+        self.routed.append(target)
+        ref = parse_ref(target)
+        if ref is None:
+            return _text(404, "invalid actor reference")
+        actor = self.control.actors.get(ref)
+        if actor is None:
+            return _text(404, f"actor {target} not found")
+        if actor.state == CRASHED and self.hang_on_crash:
+            raise AgentTransportError(f"{what}: timed out")
+        self.router_resumes += 1
+        try:
+            self.control.resume("ResumeActor", actor)
+        except ControlPlaneError as exc:
+            return _text(503, f"actor {target} unavailable: {exc.details}")
+        return actor
+
     async def request(
         self,
         method: str,
@@ -202,25 +344,23 @@ class FakeAgents:
         what: str,
     ) -> HttpResponse:
         if self._faults:
-            return HttpResponse(self._faults.popleft(), {}, b"router says no")
-        actor_id, atespace, domain = headers["Host"].split(".", 2)
-        assert domain == ACTOR_DOMAIN, headers["Host"]
-        actor = self.control.actors.get((atespace, actor_id))
-        if actor is None:
-            return HttpResponse(404, {}, b"no such actor")
-        if actor.status != pb.Actor.STATUS_RUNNING:
-            return HttpResponse(503, {}, b"no healthy upstream")
+            return _text(self._faults.popleft(), "router says no")
+        routed = self._route(headers, what)
+        if isinstance(routed, HttpResponse):
+            return routed
+        actor, actor_id = routed, routed.name
         path, params = urlsplit(url).path, dict(params or {})
         if path == "/readyz":
             return _json(200, {"status": "ok", "actor_id": actor_id, "boot_id": actor.boot})
         if path == "/v1/exec" and method == "POST":
             job = json.loads(body or b"{}")
-            if job["id"] not in self.jobs:
+            key = (actor.boot, job["id"])
+            if key not in self.jobs:
                 self.runs[job["id"]] += 1
-                self.jobs[job["id"]] = {"id": job["id"], **self._run(job["command"])}
-            return _json(200, self.jobs[job["id"]])
+                self.jobs[key] = {"id": job["id"], **self._run(job["command"])}
+            return _json(200, self.jobs[key])
         if path.startswith("/v1/exec/"):
-            found = self.jobs.get(path.rsplit("/", 1)[1])
+            found = self.jobs.get((actor.boot, path.rsplit("/", 1)[1]))
             return _json(200, found) if found else _json(404, {"error": {"code": "not_found"}})
         key = (actor_id, params.get("path", ""))
         if path == "/v1/files" and method == "PUT":

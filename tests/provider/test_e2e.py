@@ -60,7 +60,7 @@ async def test_lifecycle_every_method(stack: Stack, tmp_path: Path) -> None:
     assert await provider.status(handle) == SandboxStatus.RUNNING
     ep = await provider.endpoint(handle, 80)
     assert ep.endpoint == stack.http_proxy.url + "/"
-    assert ep.headers["Host"].startswith(handle.sandbox_id + ".gym.")
+    assert ep.headers == {"ate-target-actor": f"gym/{handle.sandbox_id}"}
     with pytest.raises(ValueError, match="only to port 80"):
         await provider.endpoint(handle, 8080)
 
@@ -120,10 +120,15 @@ async def test_create_rejects_bad_specs_before_allocating(stack: Stack) -> None:
             SandboxSpec(provider_options={"nope": 1}),
             "Expected keys: atespace, resource_requests, template",
         ),
-        (SandboxSpec(provider_options={"template": "missing/tmpl"}), "could not create actor"),
+        (
+            SandboxSpec(provider_options={"template": "missing/tmpl"}),
+            r"^ActorTemplate missing/tmpl \(provider_options.template\) does not exist",
+        ),
+        (SandboxSpec(provider_options={"template": "local_sandbox"}), "two DNS labels"),
     ]:
         with pytest.raises(SubstrateCreateError, match=message):
             await p.create(spec)
+    assert stack.grpc_proxy.calls["CreateActor"] == 0
     assert stack.grpc_proxy.calls["ResumeActor"] == 0
     handle = await p.create(SandboxSpec(image="python:3.12"))
     await p.close(handle)

@@ -13,12 +13,16 @@ from typing import Any
 import grpc
 import pytest
 
-from gym_substrate import SubstrateProvider, _shared
+from gym_substrate import (
+    SubstrateCreateError,
+    SubstrateCreateVerificationError,
+    SubstrateProvider,
+    _shared,
+)
 from gym_substrate._metrics import METRICS
-from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.types import SandboxSpec
 
-from .fakes import FakeAgents, FakeControl
+from .fakes import PAUSED, SUSPENDED, FakeAgents, FakeControl
 
 CONN = {"api": "127.0.0.1:1", "router": "http://router.invalid", "tls": {"plaintext": True}}
 
@@ -32,6 +36,12 @@ def _gauge(gauge: Any) -> float:
     return float(gauge._value.get())
 
 
+def _agents(p: SubstrateProvider) -> FakeAgents:
+    agents = p._injected[1]
+    assert isinstance(agents, FakeAgents)
+    return agents
+
+
 async def test_a_rollout_runs_on_fakes_and_opens_no_shared_connection() -> None:
     control = FakeControl()
     before = _shared.shared_count()
@@ -39,9 +49,10 @@ async def test_a_rollout_runs_on_fakes_and_opens_no_shared_connection() -> None:
         handle = await p.create(SandboxSpec(files={"/work/a.txt": "hello"}))
         result = await p.exec(handle, "echo hi")
         assert (result.return_code, result.stdout) == (0, "hi\n")
-        agents = p._injected[1]
-        assert isinstance(agents, FakeAgents)
+        agents = _agents(p)
         assert agents.files == {}  # spec.files are the facade's to upload
+        # Every request named its actor in ate-target-actor (the fake refuses a Host header).
+        assert set(agents.routed) == {f"gym/{handle.sandbox_id}"}
         assert _shared.shared_count() == before
         await p.close(handle)
     assert control.actors == {}
@@ -67,15 +78,30 @@ async def test_connect_to_a_parked_actor_then_exec_keeps_the_parked_gauge_balanc
     assert _gauge(METRICS.parked) >= 0
 
 
-async def test_a_lost_worker_is_resumed_and_the_command_runs_once() -> None:
+async def test_a_suspended_actor_is_resumed_by_the_router_and_the_command_runs_once() -> None:
+    """Real: the router resumes the actor on every request (upstream-router.md §2), so a
+    sandbox someone else suspended needs no ResumeActor of ours."""
     control = FakeControl()
     async with _provider(control) as p:
         handle = await p.create(SandboxSpec())
-        # Someone else suspends it: the next request meets the router's 503.
-        control.actors[("gym", handle.sandbox_id)].status = pb.Actor.STATUS_SUSPENDED
-        agents = p._injected[1]
-        assert isinstance(agents, FakeAgents)
+        control.actors[("gym", handle.sandbox_id)].state = SUSPENDED
+        agents = _agents(p)
         agents.fail(502)  # and a glitch on the way, answered by resubmitting the same id
+        result = await p.exec(handle, "echo once")
+        assert result.stdout == "once\n"
+        assert list(agents.runs.values()) == [1]
+        assert control.calls["ResumeActor"] == 1  # create's; the router did the rest
+        await p.close(handle)
+
+
+async def test_a_router_503_resumes_over_grpc_and_the_command_runs_once() -> None:
+    """Real: the router answers 503 when it cannot resume within its 5 s budget or its queue
+    is full; ResumeActor of ours waits that out within the provider's own deadline."""
+    control = FakeControl()
+    async with _provider(control) as p:
+        handle = await p.create(SandboxSpec())
+        agents = _agents(p)
+        agents.fail(503)
         result = await p.exec(handle, "echo once")
         assert result.stdout == "once\n"
         assert list(agents.runs.values()) == [1]
@@ -83,29 +109,71 @@ async def test_a_lost_worker_is_resumed_and_the_command_runs_once() -> None:
         await p.close(handle)
 
 
-async def test_resume_retries_through_aborted_and_no_free_workers() -> None:
+async def test_resume_waits_out_aborted_and_no_free_capacity_and_counts_it() -> None:
     control = FakeControl()
-    control.fail("ResumeActor", grpc.StatusCode.ABORTED, "concurrent operation", times=2)
-    control.fail("ResumeActor", grpc.StatusCode.FAILED_PRECONDITION, "no free workers")
+    control.fail("ResumeActor", grpc.StatusCode.ABORTED, "another operation is in progress", 2)
+    control.fail("ResumeActor", grpc.StatusCode.RESOURCE_EXHAUSTED, "no worker has room", 3)
+    waits = METRICS.capacity_waits.labels("ResumeActor")
+    before = _gauge(waits)
     async with _provider(control) as p:
         handle = await p.create(SandboxSpec())
-        assert control.calls["ResumeActor"] == 4
+        assert control.calls["ResumeActor"] == 6
+        assert _gauge(waits) == before + 3
         await p.close(handle)
 
 
-async def test_a_create_that_never_gets_a_worker_deletes_its_actor() -> None:
+async def test_create_actor_waits_out_no_free_capacity() -> None:
+    control = FakeControl()
+    control.fail("CreateActor", grpc.StatusCode.RESOURCE_EXHAUSTED, "no room", times=2)
+    waits = METRICS.capacity_waits.labels("CreateActor")
+    before = _gauge(waits)
+    async with _provider(control) as p:
+        handle = await p.create(SandboxSpec())
+        assert control.calls["CreateActor"] == 3
+        assert _gauge(waits) == before + 2
+        await p.close(handle)
+
+
+async def test_a_create_that_never_gets_capacity_says_so_and_deletes_its_actor() -> None:
     control = FakeControl(workers=0)
+    given_up = METRICS.failures.labels("no_capacity")
+    before = _gauge(given_up)
     async with _provider(control, create={"ready_timeout_s": 0.2}) as p:
-        with pytest.raises(Exception, match="did not become ready within 0.2 s"):
+        with pytest.raises(SubstrateCreateError) as info:
             await p.create(SandboxSpec())
+    assert "within 0.2 s (create.ready_timeout_s)" in str(info.value)
+    assert "no free capacity (Substrate answered RESOURCE_EXHAUSTED" in str(info.value)
+    assert not isinstance(info.value, SubstrateCreateVerificationError)  # it never started
+    assert _gauge(given_up) == before + 1
     assert control.actors == {}
+
+
+async def test_an_idle_parked_sandbox_waits_for_capacity_within_its_resume_deadline() -> None:
+    """The resume of an idle-parked sandbox has its own deadline (create.ready_timeout_s from
+    the call): no free capacity until then is a sandbox failure saying so, not a hang."""
+    control = FakeControl(workers=1)
+    lifecycle = {"idle_policy": "suspend", "idle_after_s": 0.01}
+    async with _provider(control, lifecycle=lifecycle, create={"ready_timeout_s": 0.3}) as p:
+        handle = await p.create(SandboxSpec())
+        actor = control.actors[("gym", handle.sandbox_id)]
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if actor.state == SUSPENDED:
+                break
+        control.workers = 0  # someone else took the only slot
+        result = await p.exec(handle, "echo hi")
+        assert (result.return_code, result.error_type) == (125, "sandbox")
+        assert "no free capacity" in (result.stderr or "")
+        control.workers = 1
+        assert (await p.exec(handle, "echo hi")).stdout == "hi\n"
+        await p.close(handle)
 
 
 async def test_close_waits_out_a_refused_delete() -> None:
     control = FakeControl()
     async with _provider(control) as p:
         handle = await p.create(SandboxSpec())
-        control.fail("DeleteActor", grpc.StatusCode.FAILED_PRECONDITION, "resuming", times=2)
+        control.fail("DeleteActor", grpc.StatusCode.ABORTED, "another operation", times=2)
         await p.close(handle)
         await p.close(handle)  # idempotent: no second round of RPCs
         assert control.calls["DeleteActor"] == 3
@@ -120,35 +188,52 @@ async def test_idle_policy_parks_and_the_next_call_resumes() -> None:
         parked = _gauge(METRICS.parked)
         for _ in range(200):
             await asyncio.sleep(0.01)
-            if control.actors[("gym", handle.sandbox_id)].status == pb.Actor.STATUS_PAUSED:
+            if control.actors[("gym", handle.sandbox_id)].state == PAUSED:
                 break
-        assert control.actors[("gym", handle.sandbox_id)].status == pb.Actor.STATUS_PAUSED
+        assert control.actors[("gym", handle.sandbox_id)].state == PAUSED
         assert _gauge(METRICS.parked) == parked + 1
         assert (await p.exec(handle, "echo awake")).stdout == "awake\n"
         assert _gauge(METRICS.parked) == parked
         await p.close(handle)
 
 
-async def test_teardown_looks_again_after_a_failed_checkpoint() -> None:
-    """The local backend (and Substrate) answer INTERNAL when a suspend's checkpoint fails and
-    then mark the actor SUSPENDED; a close that gave up there leaked the actor."""
+@pytest.mark.parametrize("park", [None, "pause", "suspend"])
+async def test_close_is_one_delete_with_any_state_whatever_the_state(park: str | None) -> None:
+    """Real: DeleteActor with any_state deletes a RUNNING or PAUSED actor too
+    (upstream-actors.md §4), so close() makes no suspend (or resume-then-suspend) first."""
     control = FakeControl()
     async with _provider(control) as p:
         handle = await p.create(SandboxSpec())
-        control.fail("SuspendActor", grpc.StatusCode.INTERNAL, "CallAteletCheckpoint failed")
+        if park == "pause":
+            await p.pause(handle)
+        elif park == "suspend":
+            await control.suspend_actor("gym", handle.sandbox_id)
+        calls = dict(control.calls)
+        await p.close(handle)
+        assert control.calls - type(control.calls)(calls) == {"DeleteActor": 1}
+    assert control.actors == {}
+
+
+async def test_teardown_looks_again_after_a_delete_that_failed_halfway() -> None:
+    """Real: a cleanup step that fails leaves the actor DELETING and returns the error; a
+    retried DeleteActor continues from there (upstream-actors.md §4)."""
+    control = FakeControl()
+    async with _provider(control) as p:
+        handle = await p.create(SandboxSpec())
+        control.fail("DeleteActor", grpc.StatusCode.INTERNAL, "while calling atelet Terminate")
         await p.close(handle)
     assert control.actors == {}
-    assert control.calls["SuspendActor"] == 2
+    assert control.calls["DeleteActor"] == 2
 
 
 async def test_teardown_gives_up_at_once_on_a_request_the_server_refuses() -> None:
     control = FakeControl()
     async with _provider(control) as p:
         handle = await p.create(SandboxSpec())
-        control.fail("SuspendActor", grpc.StatusCode.PERMISSION_DENIED, "not yours")
+        control.fail("DeleteActor", grpc.StatusCode.PERMISSION_DENIED, "not yours")
         with pytest.raises(Exception, match="PERMISSION_DENIED"):
             await p.close(handle)
-        assert control.calls["SuspendActor"] == 1
+        assert control.calls["DeleteActor"] == 1
         await p.close(handle)  # the failure left it open: a second close deletes it
     assert control.actors == {}
 
@@ -159,4 +244,4 @@ async def test_close_of_an_actor_someone_else_deleted_is_done_at_once() -> None:
         handle = await p.create(SandboxSpec())
         control.actors.clear()
         await p.close(handle)
-        assert control.calls["GetActor"] == 1
+        assert control.calls["DeleteActor"] == 1

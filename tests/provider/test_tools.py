@@ -65,7 +65,7 @@ def test_smoke_exits_nonzero_and_says_why(tmp_path: Path) -> None:
     assert code == 1
     assert steps[-1]["name"] == "create"
     assert not steps[-1]["ok"]
-    assert "CreateAtespace" in str(steps[-1]["detail"])
+    assert "GetActorTemplate" in str(steps[-1]["detail"])  # create's first call
     bad = CliRunner().invoke(main, ["smoke", "--config", str(ROOT / "pyproject.toml")])
     assert bad.exit_code == 2
     assert "not valid YAML" in bad.output

@@ -22,6 +22,7 @@ from gym_substrate import (
     _compat,
     _retry,
 )
+from gym_substrate._actor import gym_status
 from gym_substrate._agent_client import AgentClient
 from gym_substrate._errors import (
     ActorMismatchError,
@@ -31,8 +32,17 @@ from gym_substrate._errors import (
     translate_grpc_error,
 )
 from gym_substrate._exec import job_result as _job_result
+from gym_substrate._grpc import (
+    actor_state,
+    crash_message,
+    state_name,
+    template_of,
+    worker_address,
+)
 from gym_substrate._ledger import Ledger
 from gym_substrate._yaml import load_substrate_block
+from gym_substrate.ateapi import ateapi_pb2 as pb
+from gym_substrate.types import SandboxStatus
 
 ROOT = Path(__file__).resolve().parents[2]
 CONN = {"api": "127.0.0.1:1", "router": "http://127.0.0.1:2", "tls": {"plaintext": True}}
@@ -95,13 +105,8 @@ def _err(**kwargs: Any) -> str:
         ),
         (
             {"connection": CONN, "create": {"template": "noslash"}},
-            "create.template: expected an ActorTemplate as 'namespace/name' (DNS labels), got "
-            "'noslash'",
-        ),
-        (
-            {"connection": CONN, "create": {"image_templates": {"img": "x"}}},
-            "create.image_templates['img']: expected an ActorTemplate as 'namespace/name' (DNS "
-            "labels), got 'x'",
+            "create.template: expected an ActorTemplate as 'atespace/name' (two DNS labels: "
+            "a-z, 0-9, '-'), got 'noslash'",
         ),
         (
             {"connection": CONN, "create": {"retry": {"initial": 2, "maximum": 1}}},
@@ -123,6 +128,15 @@ def _err(**kwargs: Any) -> str:
         (
             {"connection": CONN, "lifecycle": {"idle_policy": "sleep"}},
             "lifecycle.idle_policy: must be one of never, pause, suspend; got 'sleep'",
+        ),
+        (
+            {"connection": CONN, "lifecycle": {"on_crash": "restart"}},
+            "lifecycle.on_crash: must be one of fail, revert; got 'restart'",
+        ),
+        (
+            {"connection": CONN, "lifecycle": {"on_crash": "warn", "bogus": 1}},
+            "lifecycle: unknown key(s) bogus; allowed keys: idle_policy, idle_after_s, on_crash, "
+            "ledger, ttl_s, close_timeout_s",
         ),
         ({"connection": CONN, "lifecycle": "x"}, "lifecycle: expected a mapping, got str 'x'"),
         (
@@ -266,9 +280,17 @@ class _Rpc(grpc.RpcError):
     [
         (grpc.StatusCode.NOT_FOUND, "actor x not found", ActorNotFoundError),
         (grpc.StatusCode.ALREADY_EXISTS, "dup", AlreadyExistsError),
-        (grpc.StatusCode.FAILED_PRECONDITION, "no free workers available", NoFreeWorkersError),
-        (grpc.StatusCode.FAILED_PRECONDITION, "Actor x is not suspended", ControlPlaneError),
+        (
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "no worker has room for the actor",
+            NoFreeWorkersError,
+        ),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, "", NoFreeWorkersError),
+        # June's "no free workers" code means nothing special any more
+        (grpc.StatusCode.FAILED_PRECONDITION, "no free workers available", ControlPlaneError),
+        (grpc.StatusCode.FAILED_PRECONDITION, "AssignWorker prerequisite", ControlPlaneError),
         (grpc.StatusCode.UNAVAILABLE, "", TransientControlPlaneError),
+        (grpc.StatusCode.DEADLINE_EXCEEDED, "", TransientControlPlaneError),
         (grpc.StatusCode.ABORTED, "another operation", TransientControlPlaneError),
         (grpc.StatusCode.INTERNAL, "boom", ControlPlaneError),
     ],
@@ -374,3 +396,63 @@ def test_ca_file_gone_after_construction_is_a_config_error(tmp_path: Path) -> No
     ca.unlink()
     with pytest.raises(ConfigError, match="connection.tls.ca_file: cannot read it"):
         create_channel(p.connection)
+
+
+def test_on_crash_defaults_to_fail_and_reads_oc_env_strings() -> None:
+    assert SubstrateProvider(connection=CONN).lifecycle.on_crash == "fail"
+    p = SubstrateProvider(connection=CONN, lifecycle={"on_crash": "revert"})
+    assert p.lifecycle.on_crash == "revert"
+
+
+@pytest.mark.parametrize(
+    ("state", "name"),
+    [
+        (pb.ACTOR_STATE_RUNNING, "RUNNING"),
+        (pb.ACTOR_STATE_CRASHED, "CRASHED"),
+        (pb.ACTOR_STATE_REVERTING, "REVERTING"),
+        (pb.ACTOR_STATE_UNSPECIFIED, "UNSPECIFIED"),
+        (42, "UNKNOWN"),  # a state a newer server added
+    ],
+)
+def test_state_names_drop_the_prefix_and_tolerate_new_states(state: int, name: str) -> None:
+    assert state_name(state) == name
+
+
+def test_the_client_reads_only_what_it_needs_of_an_actor() -> None:
+    actor = pb.Actor()
+    assert (actor_state(actor), worker_address(actor)) == ("UNSPECIFIED", "")
+    assert crash_message(actor) == "no crash message recorded"
+    actor.actor_template.atespace, actor.actor_template.name = "team", "sandbox"
+    actor.status.state = pb.ACTOR_STATE_CRASHED
+    actor.status.crash.message = "ateom restarted while hosting the actor"
+    actor.status.worker_assignment.worker_pod_ips.extend(["10.1.2.3", "fd00::3"])
+    assert template_of(actor) == "team/sandbox"
+    assert crash_message(actor) == "ateom restarted while hosting the actor"
+    assert worker_address(actor) == "10.1.2.3"
+    # Bytes from a newer server with fields we never heard of still parse.
+    newer = actor.SerializeToString() + bytes([0xF8, 0x06, 0x01])  # field 111, varint 1
+    assert actor_state(pb.Actor.FromString(newer)) == "CRASHED"
+
+
+HAS_PAUSED = hasattr(SandboxStatus, "PAUSED")
+
+
+@pytest.mark.parametrize(
+    ("name", "status"),
+    [
+        ("RUNNING", "RUNNING"),
+        ("RESUMING", "STARTING"),
+        ("REVERTING", "STARTING"),
+        ("PAUSING", "PAUSED"),
+        ("PAUSED", "PAUSED"),
+        ("SUSPENDING", "PAUSED"),
+        ("SUSPENDED", "PAUSED"),
+        ("CRASHED", "ERROR"),
+        ("DELETING", "STOPPED"),
+        ("UNSPECIFIED", "UNKNOWN"),
+        ("UNKNOWN", "UNKNOWN"),
+    ],
+)
+def test_actor_states_map_to_gym_statuses(name: str, status: str) -> None:
+    expected = "RUNNING" if status == "PAUSED" and not HAS_PAUSED else status
+    assert gym_status(name) == SandboxStatus[expected]

@@ -56,7 +56,7 @@ async def run_bench(*, runtime: str, execs: int, cycles: int, transfer_mib: int)
 
             actor = handle.raw
             headers = {
-                "Host": actor.host,
+                "ate-target-actor": actor.target,
                 "X-Sandbox-Actor-Id": actor.actor_id,
                 "Content-Type": "application/json",
             }
@@ -166,7 +166,7 @@ async def _router_hop(
     to_agent: list[float] = []
     for i in range(count + 20):
         t0 = time.perf_counter()
-        async with session.get(routed, headers={"Host": actor.host}) as resp:
+        async with session.get(routed, headers={"ate-target-actor": actor.target}) as resp:
             await resp.read()
             ok = resp.status == 200
         t1 = time.perf_counter()

@@ -195,8 +195,8 @@ async def async_main() -> None:
         check(await box.status() == SandboxStatus.RUNNING, "not RUNNING")
         ep = await box.endpoint(80)
         check(isinstance(ep, base.SandboxEndpoint), repr(ep))
-        check("Host" in ep.headers, repr(ep))
-        return f"RUNNING; endpoint {ep.endpoint} Host={ep.headers['Host']}"
+        check("ate-target-actor" in ep.headers, repr(ep))
+        return f"RUNNING; endpoint {ep.endpoint} ate-target-actor={ep.headers['ate-target-actor']}"
 
     await steps.arun("status_endpoint", status_endpoint)
 
@@ -347,7 +347,7 @@ def sync_main() -> None:
 
     def endpoint() -> str:
         ep = box.endpoint(80)
-        check("Host" in ep.headers, repr(ep))
+        check("ate-target-actor" in ep.headers, repr(ep))
         return ep.endpoint
 
     steps.run("endpoint", endpoint)

@@ -103,7 +103,7 @@ async def test_async_facade_end_to_end(stack: Stack, tmp_path: Path) -> None:
     assert (tmp_path / "down.txt").read_text() == "payload"
     ep = await box.endpoint(80)
     assert isinstance(ep, base.SandboxEndpoint)
-    assert "Host" in ep.headers
+    assert "ate-target-actor" in ep.headers
     await box.pause()
     assert await box.status() == base.SandboxStatus.PAUSED
     await box.resume()
