@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -125,8 +126,46 @@ def parse_template_text(text: str, *, source: str = "<template>") -> pb.ActorTem
     try:
         json_format.ParseDict(dict(document), message)
     except json_format.ParseError as exc:
-        raise TemplateError(f"{source}: {exc}; see docs/local.md for the fields") from exc
+        raise TemplateError(
+            f"{source}: {_parse_error(str(exc))}; see docs/local.md for the fields"
+        ) from exc
     return message
+
+
+_NESTED = re.compile(r"Failed to parse (\S+) field: ")
+_UNKNOWN = re.compile(
+    r'has no field named "(?P<name>[^"]+)" at "(?P<at>[^"]*)"\.\s*Available Fields\(except '
+    r'extensions\): "\[(?P<fields>.*?)\]"',
+    re.S,
+)
+_AT = re.compile(r" at (?P<at>ActorTemplate\S*?)\.*$")
+
+
+def _parse_error(text: str) -> str:
+    """json_format's nested ParseError as `<field path>: <problem>` (the path in the
+    document's own spelling, e.g. `containers[0].wakeupProbe.httpGet.port`)."""
+    names = []
+    while match := _NESTED.match(text):
+        names.append(match.group(1))
+        text = text[match.end() :]
+    unknown = _UNKNOWN.search(text)
+    if unknown:
+        at = unknown.group("at").removeprefix("ActorTemplate").lstrip(".")
+        fields = ", ".join(f.strip(" '") for f in unknown.group("fields").split(","))
+        path = f"{at}.{unknown.group('name')}" if at else unknown.group("name")
+        return f"{path}: unknown field (the fields there: {fields})"
+    located = _AT.search(text)
+    if located:
+        path = located.group("at").removeprefix("ActorTemplate").strip(".")
+        text = text[: located.start()]
+    else:
+        path = ".".join(names)
+    repeated = re.match(r"repeated field (\S+) must be in \[\] which is (.*)", text, re.S)
+    if repeated:  # the location names the field's parent
+        if located:
+            path = f"{path}.{repeated.group(1)}" if path else repeated.group(1)
+        text = f"must be a list, got {repeated.group(2)}"
+    return f"{path or '(document)'}: {text.rstrip('.')}"
 
 
 def load_template_file(path: Path) -> pb.ActorTemplate:
