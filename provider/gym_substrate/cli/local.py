@@ -4,7 +4,7 @@
 `--daemon`, re-executes itself detached and returns once the API and the router answer. Other
 commands find a running backend through `<state-dir>/backend.json`, so they work from any shell.
 The work is done by `gym_substrate.local` (`LocalBackend`, `statedir`, `daemon`); this module
-parses options and prints.
+parses options and prints. `templates`/`images` and `rootfs` live in their own modules.
 """
 
 from __future__ import annotations
@@ -17,14 +17,21 @@ from pathlib import Path
 from typing import Any
 
 import click
-import yaml
 from rich.console import Console
 
-from gym_substrate.cli._output import Column, console, emit, emit_json, fail, table
+from gym_substrate.cli._local_common import (
+    make_state_dir,
+    prepare_rootfs,
+    resolve,
+    rootfs_option,
+    state_dir_option,
+)
+from gym_substrate.cli._output import Column, console, emit_json, fail, table
+from gym_substrate.cli.local_rootfs import rootfs_group
+from gym_substrate.cli.local_templates import images, templates
 from gym_substrate.local import daemon, statedir
-from gym_substrate.local import rootfs as rootfs_mod
 from gym_substrate.local.auth import AUTH_MODES
-from gym_substrate.local.backend import DEFAULT_ROOTFS_CHOICES, LocalBackend
+from gym_substrate.local.backend import LocalBackend, default_actors_per_worker
 from gym_substrate.local.client_config import (
     API_SERVER_NAME,
     provider_config,
@@ -34,11 +41,6 @@ from gym_substrate.local.client_config import (
 from gym_substrate.local.errors import BackendError
 from gym_substrate.local.runtimes import RUNTIME_NAMES
 from gym_substrate.local.runtimes.base import RuntimeFailure
-from gym_substrate.local.templates import (
-    TemplateError,
-    absolute_template_doc,
-    load_template_file,
-)
 
 __all__ = ["local"]
 
@@ -49,54 +51,13 @@ DEFAULT_ADMIN_PORT = 47090
 err = Console(stderr=True)
 
 
-def _rootfs_option(func: Any) -> Any:
-    return click.option(
-        "--rootfs",
-        type=click.Choice(DEFAULT_ROOTFS_CHOICES),
-        default="debian",
-        show_default=True,
-        help="What the default template `local/sandbox` runs on: a minimal Debian of its own "
-        "(built on first use, `local rootfs build`) or, as an explicit opt-in, the host's `/`.",
-    )(func)
-
-
-def _prepare_rootfs() -> None:
-    try:
-        rootfs_mod.ensure_rootfs()
-        rootfs_mod.agent_binary()
-    except rootfs_mod.RootfsError as exc:
-        raise fail(str(exc)) from exc
-
-
-def _state_dir_option(func: Any) -> Any:
-    return click.option(
-        "--state-dir",
-        type=click.Path(file_okay=False, path_type=Path),
-        default=None,
-        help="State folder (default $GYM_SUBSTRATE_STATE_DIR or ~/.local/state/gym-substrate).",
-    )(func)
-
-
-def _resolve(state_dir: Path | None) -> Path:
-    return (state_dir or statedir.default_state_dir()).expanduser().resolve()
-
-
-def _make_state_dir(folder: Path) -> None:
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise fail(
-            f"cannot create the state folder {folder} ({exc.strerror or exc}); pick a writable "
-            "one with --state-dir or $GYM_SUBSTRATE_STATE_DIR"
-        ) from exc
-
-
 def _print_up(info: dict[str, Any]) -> None:
     console.print(f"[bold green]local Agent Substrate is up[/] (runtime: {info['runtime']})")
     if info.get("runtime_reason"):
         console.print(f"  why this runtime: {info['runtime_reason']}")
     if info.get("runtime_warning"):
         console.print(f"  [yellow]warning:[/] {info['runtime_warning']}")
+    console.print(f"  capacity: {_capacity(info)}", highlight=False)
     if info.get("tls"):
         console.print(
             f"  API (ateapi.Control, TLS gRPC for {API_SERVER_NAME}, auth {info['auth']}): "
@@ -107,11 +68,9 @@ def _print_up(info: dict[str, Any]) -> None:
             console.print(f"  bearer token (rewritten every 48 min): {info['token_file']}")
     else:
         console.print(f"  API (ateapi.Control, plaintext gRPC): {info['api']}")
-    console.print(
-        f"  router (Host: <actor>.<atespace>.actors.resources.substrate.ate.dev): {info['router']}"
-    )
+    console.print(f"  router (header ate-target-actor: <atespace>/<actor>): {info['router']}")
     admin = info.get("admin", "")
-    console.print(f"  admin (/readyz, /metrics, /_local/status, /_local/templates): {admin}")
+    console.print(f"  admin (/readyz, /metrics, /_local/status, /_local/images): {admin}")
     console.print(f"  metrics: {admin}/metrics")
     config = provider_config(
         info["api"],
@@ -125,9 +84,19 @@ def _print_up(info: dict[str, Any]) -> None:
     console.print(provider_config_env(config), markup=False, highlight=False, soft_wrap=True)
 
 
+def _capacity(info: dict[str, Any]) -> str:
+    workers, per = int(info.get("workers", 0)), int(info.get("actors_per_worker", 0))
+    return f"{workers} workers x {per} actors ({workers * per} running at once)"
+
+
 @click.group()
 def local() -> None:
     """Run Agent Substrate on this machine: ateapi control plane, router, sandboxes."""
+
+
+local.add_command(templates)
+local.add_command(images)
+local.add_command(rootfs_group)
 
 
 @local.command()
@@ -136,7 +105,14 @@ def local() -> None:
     type=click.IntRange(1, 250),
     default=4,
     show_default=True,
-    help="Worker slots: how many actors may run at once.",
+    help="Worker pods; each holds up to --actors-per-worker running actors.",
+)
+@click.option(
+    "--actors-per-worker",
+    type=click.IntRange(1, 64),
+    default=None,
+    help="Actors one worker holds at once (default: from this machine's CPUs and free memory, "
+    "two actors per CPU within half the free memory at 256 MiB each). At most 250 in all.",
 )
 @click.option(
     "--runtime",
@@ -145,7 +121,7 @@ def local() -> None:
     show_default=True,
     help="gvisor sandboxes (runsc + root), plain processes, or auto-pick.",
 )
-@_state_dir_option
+@state_dir_option
 @click.option(
     "--api-port",
     type=click.IntRange(0, 65535),
@@ -171,14 +147,15 @@ def local() -> None:
 @click.option(
     "--router-timeout",
     type=click.FloatRange(0.1, 3600),
-    default=10.0,
+    default=300.0,
     show_default=True,
-    help="Per-request router timeout in seconds (Substrate: 10).",
+    help="The router's route timeout in seconds (atenet's: 5 minutes).",
 )
 @click.option(
-    "--kill-on-stop",
+    "--suspend-on-stop",
     is_flag=True,
-    help="On stop, kill running actors instead of suspending them first.",
+    help="On every stop (Ctrl-C, SIGTERM, `local down`), suspend running actors first instead "
+    "of letting them crash as their workers go away (`local down --suspend` does it once).",
 )
 @click.option(
     "--tls",
@@ -194,18 +171,19 @@ def local() -> None:
     help="ateapi's --auth-mode: mtls checks no caller; jwt wants a bearer token on every call "
     "(<state-dir>/auth/token; needs --tls).",
 )
-@_rootfs_option
+@rootfs_option
 @click.option("--daemon", is_flag=True, help="Run in the background; return once it answers.")
 @click.option("--json", "as_json", is_flag=True, help="Print the addresses as JSON.")
 def up(
     workers: int,
+    actors_per_worker: int | None,
     runtime: str,
     state_dir: Path | None,
     api_port: int,
     router_port: int,
     admin_port: int,
     router_timeout: float,
-    kill_on_stop: bool,
+    suspend_on_stop: bool,
     tls: bool,
     auth: str,
     rootfs: str,
@@ -214,37 +192,45 @@ def up(
 ) -> None:
     """Start the backend (foreground unless --daemon).
 
-    Stopping it (Ctrl-C, SIGTERM, `local down`) suspends every running actor first, so a later
-    `up` resumes them where they were; --kill-on-stop skips that.
+    Stopping it (Ctrl-C, SIGTERM, `local down`) ends every sandbox; its running actors show
+    CRASHED (`worker pod went away while hosting the actor`) and RevertActor takes them back to
+    their last suspend, unless --suspend-on-stop (or `local down --suspend`) suspends them first.
     """
     if auth == "jwt" and not tls:
         raise fail(
             "--auth jwt needs --tls: ateapi serves only TLS, and a bearer token must not cross a "
             "plaintext connection"
         )
-    folder = _resolve(state_dir)
+    per_worker = actors_per_worker or default_actors_per_worker(workers)
+    if workers * per_worker > 250:
+        raise fail(
+            f"--workers {workers} x --actors-per-worker {per_worker} is {workers * per_worker} "
+            "actors; the local backend runs at most 250 at once: lower one of them"
+        )
+    folder = resolve(state_dir)
     running = statedir.read_backend_info(folder)
     if running is not None:
         raise fail(
             f"a backend (pid {running['pid']}) already runs on {folder} at {running['api']}; "
             f"stop it first with `gym-substrate local down --state-dir {folder}`"
         )
-    _make_state_dir(folder)
+    make_state_dir(folder)
     options = {
         "workers": workers,
+        "actors_per_worker": actors_per_worker,
         "runtime": runtime,
         "api_port": api_port,
         "router_port": router_port,
         "admin_port": admin_port,
         "router_timeout": router_timeout,
-        "kill_on_stop": kill_on_stop,
+        "suspend_on_stop": suspend_on_stop,
         "tls": tls,
         "auth": auth,
         "rootfs": rootfs,
     }
     if daemon:
         if rootfs == "debian":  # a first build takes minutes: here, with progress, not detached
-            _prepare_rootfs()
+            prepare_rootfs()
         _up_detached(folder, options, as_json)
         return
     logging.basicConfig(
@@ -257,24 +243,31 @@ def up(
 
 
 async def _foreground(folder: Path, options: dict[str, Any], as_json: bool) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     backend = LocalBackend(
         folder,
         runtime=options["runtime"],
         workers=options["workers"],
+        actors_per_worker=options["actors_per_worker"],
         api_port=options["api_port"],
         router_port=options["router_port"],
         admin_port=options["admin_port"],
         router_timeout_s=options["router_timeout"],
+        suspend_on_stop=options["suspend_on_stop"],
         tls=options["tls"],
         auth=options["auth"],
         default_rootfs=options["rootfs"],
     )
     backend.standalone = True
-    backend.suspend_on_stop = not options["kill_on_stop"]
+    stop = asyncio.Event()
+
+    def suspend_and_stop() -> None:  # `local down --suspend`
+        backend.suspend_on_stop = True
+        stop.set()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(daemon.SUSPEND_AND_STOP, suspend_and_stop)
     async with backend:
         info = statedir.read_backend_info(folder) or {}
         if as_json:
@@ -284,10 +277,13 @@ async def _foreground(folder: Path, options: dict[str, Any], as_json: bool) -> N
             console.print("Ctrl-C (or `gym-substrate local down`) stops it and every sandbox.")
         sys.stdout.flush()
         await stop.wait()
-        if options["kill_on_stop"]:
-            err.print("stopping: ending every sandbox ...")
-        else:
+        if backend.suspend_on_stop:
             err.print("stopping: suspending running actors, then ending every sandbox ...")
+        else:
+            err.print(
+                "stopping: ending every sandbox; running actors show CRASHED (RevertActor takes "
+                "them back to their last suspend) ..."
+            )
 
 
 def _up_detached(folder: Path, options: dict[str, Any], as_json: bool) -> None:
@@ -308,14 +304,25 @@ def _up_detached(folder: Path, options: dict[str, Any], as_json: bool) -> None:
 
 
 @local.command()
-@_state_dir_option
+@state_dir_option
 @click.option(
     "--timeout",
     type=click.FloatRange(1, 3600),
     default=180,
     show_default=True,
-    help="Seconds to wait for a clean stop (running actors are suspended first) before killing "
-    "the backend.",
+    help="Seconds to wait for a clean stop before killing the backend.",
+)
+@click.option(
+    "--suspend",
+    is_flag=True,
+    help="Suspend running actors before stopping (else they show CRASHED: their workers went "
+    "away; RevertActor takes them back to their last suspend).",
+)
+@click.option(
+    "--purge",
+    is_flag=True,
+    help="Then remove the state folder's contents (actors, templates, tags, snapshots, images, "
+    "credentials; the shared rootfs build stays): also for a folder of an older backend.",
 )
 @click.option(
     "--orphans",
@@ -323,16 +330,19 @@ def _up_detached(folder: Path, options: dict[str, Any], as_json: bool) -> None:
     help="Instead: clean up after every backend on this machine that died without "
     "stopping its sandboxes (crashed or interrupted runs, any state folder).",
 )
-def down(state_dir: Path | None, timeout: float, orphans: bool) -> None:
+def down(state_dir: Path | None, timeout: float, suspend: bool, purge: bool, orphans: bool) -> None:
     """Stop the backend and remove every sandbox it made (also after a crash)."""
     if orphans:
+        if suspend or purge or state_dir is not None:
+            raise fail("--orphans cleans up every dead backend: it takes no --state-dir, "
+                       "--suspend or --purge")  # fmt: skip
         found = asyncio.run(statedir.cleanup_orphans())
         for line in found:
             console.print(f"removed leftover: {line}")
         if not found:
             console.print("no orphaned sandboxes on this machine")
         return
-    folder = _resolve(state_dir)
+    folder = resolve(state_dir)
     info = statedir.read_backend_info(folder)
     if info is not None and not info.get("standalone", False):
         raise fail(
@@ -341,37 +351,52 @@ def down(state_dir: Path | None, timeout: float, orphans: bool) -> None:
         )
     if info is not None:
         pid = int(info["pid"])
-        with console.status(f"stopping backend pid {pid} ..."):
+        how = "suspending its running actors" if suspend else "its running actors crash"
+        with console.status(f"stopping backend pid {pid} ({how}) ..."):
             daemon.stop(
                 pid,
                 timeout,
+                suspend=suspend,
                 on_kill=lambda: err.print(
                     f"backend pid {pid} did not stop in {timeout:.0f} s; killing it"
                 ),
             )
         console.print(f"stopped the backend (pid {pid})")
+    elif suspend:
+        console.print(f"no backend runs on {folder}: nothing to suspend")
     try:
         removed = asyncio.run(statedir.cleanup_state_dir(folder))
-    except BackendError as exc:
+    except (BackendError, RuntimeFailure) as exc:
         raise fail(str(exc)) from exc
     for line in removed:
         console.print(f"removed leftover: {line}")
     left = asyncio.run(statedir.state_leftovers(folder))
     if left:
         raise fail("could not remove: " + "; ".join(left))
-    if info is None and not removed:
+    if purge:
+        try:
+            purged = statedir.purge_state_dir(folder)
+        except BackendError as exc:
+            raise fail(str(exc)) from exc
+        for line in purged:
+            console.print(f"purged: {line}", highlight=False)
+        console.print(f"purged {folder} ({len(purged)} entries; rootfs/ kept if there)")
+    elif info is None and not removed:
         console.print(f"no backend was running on {folder}; nothing left behind")
 
 
 @local.command()
-@_state_dir_option
+@state_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 def status(state_dir: Path | None, as_json: bool) -> None:
-    """Show workers, actors and templates of the running backend."""
-    folder = _resolve(state_dir)
+    """Show workers, actors, templates and tags of the running backend (or a stopped one's)."""
+    folder = resolve(state_dir)
     info = statedir.read_backend_info(folder)
     if info is None:
-        stored = statedir.stored_status(folder)
+        try:
+            stored = statedir.stored_status(folder)
+        except BackendError as exc:
+            raise fail(str(exc)) from exc
         if as_json:
             emit_json({"running": False, "state_dir": str(folder), **(stored or {})})
             return
@@ -394,80 +419,62 @@ def status(state_dir: Path | None, as_json: bool) -> None:
         emit_json({"running": True, **data})
         return
     console.print(
-        f"runtime [bold]{data['runtime']}[/], API {data['api']}, router {data['router']}, "
-        f"admin {data.get('admin', '-')}, state {data['state_dir']}"
+        f"runtime [bold]{data['runtime']}[/], {_capacity(info)}, API {data['api']}, router "
+        f"{data['router']}, admin {data.get('admin', '-')}, state {data['state_dir']}"
     )
     _print_status(data)
 
 
-_WORKER_COLUMNS = ("worker", "status", "actor", "address", "version")
+def _joined(items: Any) -> str:
+    return ", ".join(items) if items else "-"
+
+
+_WORKER_COLUMNS = (
+    Column("worker"),
+    Column("state"),
+    Column("allocated", "actors held", fmt=lambda n: str(n), justify="right"),
+    Column("capacity", justify="right"),
+    Column("actors", fmt=_joined),
+    Column("epoch", justify="right"),
+)
 _ACTOR_COLUMNS = (
-    "atespace",
-    "actor",
+    Column("ref", "actor"),
     "template",
-    Column("status", fmt=lambda status: str(status).removeprefix("STATUS_")),
+    "state",
     "version",
-    "worker",
-    "address",
+    Column("worker", fmt=lambda w: w or "-"),
+    Column("address", fmt=lambda a: a or "-"),
+    Column("crash", "crash message", fmt=lambda m: m or "-"),
 )
 _TEMPLATE_COLUMNS = (
     "template",
-    "rootfs",
-    "snapshots",
-    Column("golden_snapshot", "golden snapshot", fmt=lambda path: path or "-"),
+    Column("golden", "golden tag"),
+    "uid",
 )
+_TAG_COLUMNS = ("tag", "scope", Column("source_actor", "source actor"), "status")
+
+
+def _golden(row: dict[str, Any]) -> str:
+    if row.get("golden_error"):
+        return f"error: {row['golden_error']}"
+    return str(row.get("golden_tag") or "building")
 
 
 def _print_status(data: dict[str, Any]) -> None:
     if data["workers"]:
         console.print(table(data["workers"], _WORKER_COLUMNS, title="workers"))
-    console.print(table(data["actors"], _ACTOR_COLUMNS, title=f"actors ({len(data['actors'])})"))
-    console.print(table(data["templates"], _TEMPLATE_COLUMNS, title="templates"))
-
-
-@local.group()
-def templates() -> None:
-    """Manage local ActorTemplates."""
-
-
-@templates.command("add")
-@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@_state_dir_option
-def templates_add(file: Path, state_dir: Path | None) -> None:
-    """Register the ActorTemplate in FILE (YAML, ActorTemplate shape plus `rootfs`)."""
-    try:
-        template = load_template_file(file)
-    except TemplateError as exc:
-        raise fail(str(exc)) from exc
-    folder = _resolve(state_dir)
-    info = statedir.read_backend_info(folder)
-    if info is None:
-        _make_state_dir(folder)
-        try:
-            statedir.store_template(folder, template)
-        except BackendError as exc:
-            raise fail(str(exc)) from exc
-        console.print(
-            f"registered {template.key} in {folder}; its golden snapshot is taken at the next "
-            "`gym-substrate local up`"
-        )
-        return
-    # the running backend re-validates relative paths against the file's folder itself
-    body = yaml.safe_dump(absolute_template_doc(file), sort_keys=False).encode()
-    with console.status(f"registering {template.key} (golden snapshot) ..."):
-        try:
-            result = daemon.post_template(info, folder, body, str(file))
-        except BackendError as exc:
-            raise fail(str(exc)) from exc
-    golden = result.get("golden_snapshot") or "none (this runtime boots actors cold)"
-    state = "registered" if result.get("changed") else "already registered, unchanged"
-    console.print(f"{result['template']}: {state}; golden snapshot: {golden}")
+    actors = [{**a, "ref": f"{a['atespace']}/{a['actor']}"} for a in data["actors"]]
+    console.print(table(actors, _ACTOR_COLUMNS, title=f"actors ({len(actors)})"))
+    rows = [{**t, "golden": _golden(t)} for t in data["templates"]]
+    console.print(table(rows, _TEMPLATE_COLUMNS, title="templates"))
+    tags = data.get("tags") or []
+    console.print(table(tags, _TAG_COLUMNS, title=f"tags ({len(tags)})"))
 
 
 @local.command()
 @click.option("--runtime", type=click.Choice(RUNTIME_NAMES), default="auto", show_default=True)
 @click.option("--sandboxes", type=click.IntRange(1, 16), default=3, show_default=True)
-@_rootfs_option
+@rootfs_option
 def demo(runtime: str, sandboxes: int, rootfs: str) -> None:
     """Start a throwaway backend and walk sandboxes through their whole lifecycle."""
     from gym_substrate.local.tour import run_demo
@@ -479,7 +486,7 @@ def demo(runtime: str, sandboxes: int, rootfs: str) -> None:
                 console,
                 runtime=runtime,
                 sandboxes=sandboxes,
-                workers=max(4, sandboxes),
+                workers=max(2, sandboxes),
                 default_rootfs=rootfs,
             )
         )
@@ -506,7 +513,7 @@ def demo(runtime: str, sandboxes: int, rootfs: str) -> None:
     show_default=True,
     help="Exec requests timed through the router and directly.",
 )
-@_rootfs_option
+@rootfs_option
 @click.option("--json", "as_json", is_flag=True, help="Also print the figures as JSON.")
 def bench(runtime: str, iterations: int, execs: int, rootfs: str, as_json: bool) -> None:
     """Time the actor lifecycle and the router on this machine (p50/p90, memory per actor)."""
@@ -527,110 +534,3 @@ def bench(runtime: str, iterations: int, execs: int, rootfs: str, as_json: bool)
         raise fail(str(exc)) from exc
     if as_json:
         emit_json(result)
-
-
-# ---------------------------------------------------------------------- local rootfs ...
-@local.group("rootfs")
-def rootfs_group() -> None:
-    """The default template's own root filesystem (a minimal Debian, built once per machine)."""
-
-
-def _rootfs_dir_option(func: Any) -> Any:
-    return click.option(
-        "--dir",
-        "base",
-        type=click.Path(file_okay=False, path_type=Path),
-        default=None,
-        help=f"Where built root filesystems are kept (default ${rootfs_mod.ROOTFS_DIR_ENV} or "
-        "rootfs/ in the default state folder).",
-    )(func)
-
-
-def _rootfs_row(built: rootfs_mod.BuiltRootfs) -> dict[str, Any]:
-    info = built.info
-    return {
-        "rootfs": built.key,
-        "path": str(built.path),
-        "suite": info.get("suite", ""),
-        "mirror": info.get("mirror", ""),
-        "packages": " ".join(info.get("packages", [])),
-        "size_mb": round(int(info.get("size_bytes", 0)) / 1e6),
-        "build_s": info.get("build_seconds"),
-        "built_at": info.get("built_at", ""),
-    }
-
-
-_ROOTFS_COLUMNS = [
-    Column("rootfs"),
-    Column("path"),
-    Column("suite"),
-    Column("size_mb", "size MB", justify="right"),
-    Column("build_s", "build s", justify="right"),
-    Column("built_at", "built"),
-    Column("mirror"),
-]
-
-
-@rootfs_group.command("build")
-@_rootfs_dir_option
-@click.option(
-    "--mirror",
-    default=None,
-    help=f"Debian archive to debootstrap from (default ${rootfs_mod.MIRROR_ENV} or the one "
-    "/etc/apt/sources.list* names).",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def rootfs_build(base: Path | None, mirror: str | None, as_json: bool) -> None:
-    """Build the rootfs and the agent copy it uses (nothing to do when already built)."""
-    try:
-        built = rootfs_mod.build_rootfs(base, mirror=mirror)
-        agent = rootfs_mod.agent_binary(base)
-    except rootfs_mod.RootfsError as exc:
-        raise fail(str(exc)) from exc
-    row = {**_rootfs_row(built), "agent": str(agent)}
-    emit(
-        [row],
-        [*_ROOTFS_COLUMNS, Column("agent")],
-        title="sandbox root filesystem",
-        as_json=as_json,
-        json_data=row,
-    )
-
-
-@rootfs_group.command("show")
-@_rootfs_dir_option
-@click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
-def rootfs_show(base: Path | None, as_json: bool) -> None:
-    """Show the built rootfs, if any (exit 1 when none is built)."""
-    built = rootfs_mod.find_rootfs(base)
-    folder = base or rootfs_mod.default_rootfs_dir()
-    if as_json:
-        row = _rootfs_row(built) if built else {}
-        emit_json({"built": built is not None, "dir": str(folder), **row})
-    elif built is not None:
-        emit([_rootfs_row(built)], _ROOTFS_COLUMNS, title="sandbox root filesystem")
-    else:
-        console.print(
-            f"no rootfs built in {folder}; `gym-substrate local rootfs build` makes one "
-            "(the backend also builds it on first use)"
-        )
-    if built is None:
-        sys.exit(1)
-
-
-@rootfs_group.command("remove")
-@_rootfs_dir_option
-@click.option("--json", "as_json", is_flag=True, help="Print what was removed as JSON.")
-def rootfs_remove(base: Path | None, as_json: bool) -> None:
-    """Remove every built rootfs and agent copy (the next backend start builds it again)."""
-    try:
-        removed = rootfs_mod.remove_rootfs(base)
-    except (rootfs_mod.RootfsError, OSError) as exc:
-        raise fail(str(exc)) from exc
-    emit(
-        [{"removed": path} for path in removed],
-        ["removed"],
-        title=f"removed ({len(removed)})",
-        as_json=as_json,
-        json_data={"removed": removed},
-    )

@@ -3,7 +3,7 @@
 Substrate's router port answers actor traffic only: a Host that names no actor is 404 there,
 `/readyz` and `/metrics` included (its metrics and status pages live on other ports). So the
 local backend serves its readiness, its Prometheus metrics and its admin calls
-(`GET /_local/status`, `POST /_local/templates`) here, on `127.0.0.1:<admin port>`, whatever the
+(`GET /_local/status`, `GET`/`POST /_local/images`) here, on `127.0.0.1:<admin port>`, whatever the
 Host. It shares the backend's event loop with the router, so it cannot be allowed to stall it:
 a body is read at most `limit` bytes (`read_limited`), the request head has the router's 10 s
 deadline, and the handlers parse YAML in a worker thread.

@@ -3,8 +3,9 @@
 `local up --daemon` re-executes `python -m gym_substrate.local up ...` in a new session with its
 output in `<state-dir>/backend.log`, and is done once the API, the router and the admin listener
 answer. Other commands find such a backend through `backend.json` (`statedir.read_backend_info`)
-and talk to it over its admin listener (`/_local/status`, `/_local/templates`; the router port
-serves actor traffic only, as Substrate's) or stop it by signal.
+and talk to it over its admin listener (`/_local/status`, `/_local/images`; the router port
+serves actor traffic only, as Substrate's) or stop it by signal (SIGTERM: running actors crash,
+as when worker pods go away; SIGUSR1: they are suspended first).
 """
 
 from __future__ import annotations
@@ -17,23 +18,23 @@ import subprocess
 import sys
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from gym_substrate.local.client_config import API_SERVER_NAME
 from gym_substrate.local.errors import BackendError
 from gym_substrate.local.statedir import read_backend_info
 
 __all__ = [
     "START_TIMEOUT_S",
+    "SUSPEND_AND_STOP",
     "admin_url",
     "answers",
+    "add_image",
     "fetch_status",
+    "list_images",
     "pid_alive",
-    "post_template",
     "spawn",
     "stop",
     "wait_until_serving",
@@ -46,12 +47,13 @@ def spawn(
     folder: Path,
     *,
     workers: int,
+    actors_per_worker: int | None,
     runtime: str,
     api_port: int,
     router_port: int,
     admin_port: int,
     router_timeout: float,
-    kill_on_stop: bool,
+    suspend_on_stop: bool,
     tls: bool = False,
     auth: str = "mtls",
     rootfs: str = "debian",
@@ -64,7 +66,10 @@ def spawn(
         "--api-port", str(api_port), "--router-port", str(router_port),
         "--admin-port", str(admin_port), "--router-timeout", str(router_timeout),
         "--auth", auth, "--rootfs", rootfs,
-    ] + (["--kill-on-stop"] if kill_on_stop else []) + (["--tls"] if tls else [])  # fmt: skip
+    ]  # fmt: skip
+    if actors_per_worker is not None:
+        argv += ["--actors-per-worker", str(actors_per_worker)]
+    argv += (["--suspend-on-stop"] if suspend_on_stop else []) + (["--tls"] if tls else [])
     with open(folder / "backend.log", "ab") as log_file:
         return subprocess.Popen(
             argv,
@@ -116,20 +121,12 @@ def answers(info: Mapping[str, Any]) -> bool:
         return False
     import grpc
 
-    if info.get("tls"):
-        try:
-            with open(info["ca_file"], "rb") as fh:
-                root = fh.read()
-        except OSError:
-            return False
-        # the certificate names only api.ate-system.svc; a port-forwarded cluster is dialled so
-        channel = grpc.secure_channel(
-            info["api"],
-            grpc.ssl_channel_credentials(root_certificates=root),
-            options=[("grpc.ssl_target_name_override", API_SERVER_NAME)],
-        )
-    else:
-        channel = grpc.insecure_channel(info["api"])
+    from gym_substrate.local.api_client import open_channel
+
+    try:
+        channel = open_channel(info)
+    except BackendError:
+        return False
     try:
         grpc.channel_ready_future(channel).result(timeout=1)
     except grpc.FutureTimeoutError:
@@ -139,10 +136,21 @@ def answers(info: Mapping[str, Any]) -> bool:
     return True
 
 
-def stop(pid: int, timeout_s: float, *, on_kill: Callable[[], None] = lambda: None) -> None:
-    """SIGTERM ``pid`` and wait; after ``timeout_s`` call ``on_kill``, SIGKILL it and wait."""
+# what `local down --suspend` sends instead of SIGTERM: suspend running actors, then stop
+SUSPEND_AND_STOP = signal.SIGUSR1
+
+
+def stop(
+    pid: int,
+    timeout_s: float,
+    *,
+    suspend: bool = False,
+    on_kill: Callable[[], None] = lambda: None,
+) -> None:
+    """SIGTERM ``pid`` (SIGUSR1 with ``suspend``) and wait; after ``timeout_s`` call
+    ``on_kill``, SIGKILL it and wait."""
     with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, SUSPEND_AND_STOP if suspend else signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and pid_alive(pid):
         time.sleep(0.05)
@@ -183,16 +191,21 @@ def fetch_status(info: Mapping[str, Any], folder: Path) -> dict[str, Any]:
     return data
 
 
-def post_template(
-    info: Mapping[str, Any], folder: Path, document: bytes, source: str
-) -> dict[str, Any]:
-    """Register a template document with the running backend (it takes the golden snapshot)."""
+def _admin_call(
+    info: Mapping[str, Any], folder: Path, path: str, body: Mapping[str, Any] | None = None
+) -> Any:
+    """GET (or, with ``body``, POST as JSON) an admin endpoint; its JSON answer."""
     admin = admin_url(info)
-    url = f"{admin}/_local/templates?" + urllib.parse.urlencode({"source": source})
-    request = urllib.request.Request(url, data=document, method="POST")
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        f"{admin}{path}",
+        data=data,
+        method="GET" if body is None else "POST",
+        headers={"Content-Type": "application/json"},
+    )
     try:
-        with urllib.request.urlopen(request, timeout=300) as response:
-            result: dict[str, Any] = json.loads(response.read())
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return json.loads(response.read())
     except urllib.error.HTTPError as exc:
         raw = exc.read()
         try:
@@ -201,9 +214,24 @@ def post_template(
             text = raw.decode(errors="replace").strip()
             detail = f"the backend answered {exc.code}: {text or exc.reason}"
         raise BackendError(detail) from exc
-    except (urllib.error.URLError, OSError) as exc:
+    except (OSError, ValueError) as exc:  # URLError, timeouts, a non-JSON answer
         raise BackendError(
-            f"cannot reach the backend at {admin} ({exc}); check `gym-substrate "
-            f"local status --state-dir {folder}`"
+            f"cannot reach the backend at {admin} ({exc}); check `gym-substrate local status "
+            f"--state-dir {folder}`"
         ) from exc
-    return result
+
+
+def list_images(info: Mapping[str, Any], folder: Path) -> list[dict[str, str]]:
+    """The running backend's image catalogue (`GET /_local/images`)."""
+    images = _admin_call(info, folder, "/_local/images")
+    if not isinstance(images, list):
+        raise BackendError(f"the backend's /_local/images answered {images!r}, not a list")
+    return [dict(i) for i in images if isinstance(i, dict)]
+
+
+def add_image(info: Mapping[str, Any], folder: Path, name: str, directory: Path) -> dict[str, str]:
+    """Register a root filesystem folder as `local/<name>` (`POST /_local/images`)."""
+    result = _admin_call(
+        info, folder, "/_local/images", {"name": name, "directory": str(directory)}
+    )
+    return dict(result)

@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ __all__ = [
     "cleanup_state_dir",
     "default_state_dir",
     "instance_name",
+    "purge_state_dir",
     "read_backend_info",
     "register",
     "registry_dir",
@@ -187,6 +189,43 @@ async def cleanup_state_dir(state_dir: Path) -> list[str]:
         return []
     removed = await runtime.cleanup()
     await runtime.close()
+    return removed
+
+
+# what `local down --purge` keeps: the Debian rootfs build, shared by every state folder
+_KEPT_BY_PURGE = ("rootfs",)
+
+
+def purge_state_dir(state_dir: Path) -> list[str]:
+    """Remove a stopped backend's state (records, snapshots, images, credentials, logs), any
+    schema; the shared rootfs build stays. Run `cleanup_state_dir` first for its sandboxes."""
+    if _lock_held(state_dir):
+        raise BackendError(
+            f"a backend still holds {state_dir}; stop it first (`gym-substrate local down "
+            f"--state-dir {state_dir}`), then purge"
+        )
+    if not state_dir.is_dir():
+        return []
+    if not any((state_dir / marker).exists() for marker in ("state.db", "backend.lock")):
+        raise BackendError(
+            f"{state_dir} holds no state.db or backend.lock, so it is not a gym-substrate state "
+            "folder; nothing was removed (check --state-dir)"
+        )
+    removed: list[str] = []
+    for entry in sorted(state_dir.iterdir()):
+        if entry.name in _KEPT_BY_PURGE:
+            continue
+        try:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        except OSError as exc:
+            raise BackendError(
+                f"could not remove {entry} ({exc.strerror or exc}); remove it by hand (it may "
+                "belong to root: a gVisor backend runs as root)"
+            ) from exc
+        removed.append(str(entry))
     return removed
 
 

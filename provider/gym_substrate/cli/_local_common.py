@@ -1,0 +1,57 @@
+"""Options and helpers the `local` command modules share (state folder, rootfs choice)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from gym_substrate.cli._output import fail
+from gym_substrate.local import rootfs as rootfs_mod
+from gym_substrate.local import statedir
+from gym_substrate.local.backend import DEFAULT_ROOTFS_CHOICES
+
+__all__ = ["make_state_dir", "prepare_rootfs", "resolve", "rootfs_option", "state_dir_option"]
+
+
+def rootfs_option(func: Any) -> Any:
+    return click.option(
+        "--rootfs",
+        type=click.Choice(DEFAULT_ROOTFS_CHOICES),
+        default="debian",
+        show_default=True,
+        help="What the default template `local/sandbox` runs on: a minimal Debian of its own "
+        "(built on first use, `local rootfs build`) or, as an explicit opt-in, the host's `/`.",
+    )(func)
+
+
+def prepare_rootfs() -> None:
+    try:
+        rootfs_mod.ensure_rootfs()
+        rootfs_mod.agent_binary()
+    except rootfs_mod.RootfsError as exc:
+        raise fail(str(exc)) from exc
+
+
+def state_dir_option(func: Any) -> Any:
+    return click.option(
+        "--state-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help="State folder (default $GYM_SUBSTRATE_STATE_DIR or ~/.local/state/gym-substrate).",
+    )(func)
+
+
+def resolve(state_dir: Path | None) -> Path:
+    return (state_dir or statedir.default_state_dir()).expanduser().resolve()
+
+
+def make_state_dir(folder: Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise fail(
+            f"cannot create the state folder {folder} ({exc.strerror or exc}); pick a writable "
+            "one with --state-dir or $GYM_SUBSTRATE_STATE_DIR"
+        ) from exc
