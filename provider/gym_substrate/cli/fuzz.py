@@ -45,10 +45,9 @@ def _process_figures() -> dict[str, int]:
 async def _run(servers: tuple[str, ...], requests: int, seed: int, runtime: str) -> list[Any]:
     import grpc
 
-    from gym_substrate._names import actor_host
     from gym_substrate.local import LocalBackend
     from gym_substrate.tools.fuzz import delete_everything, fuzz_api, fuzz_router
-    from gym_substrate.tools.fuzz._rpc import ensure_actors
+    from gym_substrate.tools.fuzz._rpc import ensure_actors, wait_golden
     from gym_substrate.tools.fuzz.api import ATESPACES
 
     tallies = []
@@ -62,14 +61,15 @@ async def _run(servers: tuple[str, ...], requests: int, seed: int, runtime: str)
                         tally = await fuzz_api(channel, requests=requests, seed=seed, progress=step)
                     tallies.append(tally)
                 if "router" in servers:
-                    hosts = [(ATESPACES[0], "r0"), (ATESPACES[0], "r1")]
-                    await ensure_actors(channel, ATESPACES[0], [name for _, name in hosts])
+                    names = ["r0", "r1"]
+                    await wait_golden(channel)
+                    await ensure_actors(channel, ATESPACES[0], names)
                     host, port = backend.router_url.removeprefix("http://").rsplit(":", 1)
                     with _bar(requests, "router") as step:
                         tally = await asyncio.to_thread(
                             fuzz_router,
                             (host, int(port)),
-                            [actor_host(name, space) for space, name in hosts],
+                            [f"{ATESPACES[0]}/{name}" for name in names],
                             requests=requests,
                             seed=seed,
                             progress=step,

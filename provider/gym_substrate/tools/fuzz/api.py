@@ -2,9 +2,12 @@
 
 Requests are generated from the message descriptors, not written per RPC, so an RPC added to
 the proto is fuzzed without a change here. Values come from pools that mix names that exist
-(so calls reach the state machine: resume, pause, suspend and delete of real actors) with the
-inputs that broke servers before: 20 KB names, a trailing newline, NUL, non-ASCII, page tokens
-never issued, negative and huge integers, enum numbers the proto does not define.
+(so calls reach the state machine: resume, pause, suspend, revert, tag, fork and delete of real
+actors) with the inputs that broke servers before: 20 KB names, a trailing newline, NUL,
+non-ASCII, page tokens never issued, negative and huge integers, enum numbers the proto does
+not define. Which pool a string comes from depends on where it sits: a template reference
+names `local/sandbox`, a tag reference the tag the setup made, an actor reference an actor.
+Answers are judged by the contract in `_tally.api_finding`.
 """
 
 from __future__ import annotations
@@ -19,21 +22,15 @@ from google.protobuf import message as _message
 from google.protobuf import message_factory
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
-from gym_substrate.tools.fuzz._rpc import CALL_DEADLINE_S, ensure_actors
-from gym_substrate.tools.fuzz._tally import Tally
+from gym_substrate.local.servicer import POLICY_RPCS
+from gym_substrate.tools.fuzz._rpc import CALL_DEADLINE_S, ensure_actors, ensure_tag, wait_golden
+from gym_substrate.tools.fuzz._tally import Tally, api_finding
 
-__all__ = ["REAL_INTERNALS", "fuzz_api"]
-
-# INTERNAL answers the real server also gives for these inputs (a bad page token from its Redis
-# pager, a workflow step that fails on a state it cannot handle); any other INTERNAL is ours.
-REAL_INTERNALS = ("invalid page token", "workflow failed at step")
-
-# What the server itself answers when a workflow outlives its deadline (workflow.go), unlike
-# the client's own "Deadline Exceeded".
-_SERVER_DEADLINE = "context deadline exceeded"
+__all__ = ["ACTORS", "ATESPACES", "TAGS", "fuzz_api"]
 
 ATESPACES = ("fz", "fz2")
 ACTORS = ("a0", "a1", "a2", "a3")
+TAGS = ("t0", "t1")
 _EDGE_STRINGS = (
     "",
     " ",
@@ -48,6 +45,7 @@ _EDGE_STRINGS = (
     "-a",
     "a-",
     "a.b",
+    "a/b",
     "ate-golden",
     "default",
     "!!!!",
@@ -57,27 +55,46 @@ _EDGE_STRINGS = (
     "\ufffd",
 )
 _INTS = (0, 1, -1, 2, 7, 100, 2**31 - 1, -(2**31), 2**62, -(2**63))
+# a request has a dozen strings: with more edge values hardly any would pass validation
+_EDGE_SHARE = 0.15
+_UNSET_SHARE = 0.1
+# server-owned parts a client has no business setting: mostly left out, so the rest is judged
+_MOSTLY_UNSET = {"status": 0.8, "create_time": 0.8, "update_time": 0.8}
+# the message fields whose ObjectRef names a template, a tag, an atespace
+_TEMPLATE_REFS = ("actor_template",)
+_TAG_REFS = ("tag", "source_tag", "golden_tag")
+_ATESPACE_REFS = ("atespace",)
 
 
-def _string(rng: random.Random, field: str) -> str:
-    roll = rng.random()
-    if roll < 0.55:
-        if "template_namespace" in field:
+def _string(rng: random.Random, field: str, path: tuple[str, ...]) -> str:
+    """A value for string ``field`` of the message reached through ``path`` (field names)."""
+    if rng.random() < _EDGE_SHARE:
+        return rng.choice(_EDGE_STRINGS)
+    parent = path[-1] if path else ""
+    if field == "page_token":
+        return rng.choice(("", "", "1", "2"))
+    if parent in _TEMPLATE_REFS or (parent == "metadata" and "actor_template" in path):
+        if field == "atespace":
             return "local"
-        if "template_name" in field:
+        if field == "name":
             return rng.choice(("sandbox", "sandbox", "nope"))
-        if "atespace" in field or field == "name":
-            return rng.choice(ATESPACES + ACTORS)
-        if field == "page_token":
-            return rng.choice(("", "", "1", "2"))
+    if field == "atespace":
+        return rng.choice(ATESPACES)
+    if field == "name":
+        if parent in _TAG_REFS or (parent == "metadata" and "tag" in path):
+            return rng.choice(TAGS)
+        if parent in _ATESPACE_REFS or (parent == "metadata" and "atespace" in path):
+            return rng.choice(ATESPACES)
         return rng.choice(ACTORS)
-    return rng.choice(_EDGE_STRINGS)
+    if field == "uid":
+        return rng.choice(("", "", "00000000-0000-4000-8000-000000000000"))
+    return rng.choice(ACTORS)
 
 
-def _value(rng: random.Random, fd: Any, depth: int) -> Any:
+def _value(rng: random.Random, fd: Any, path: tuple[str, ...]) -> Any:
     kind = fd.type
     if kind == fd.TYPE_STRING:
-        return _string(rng, fd.name)
+        return _string(rng, fd.name, path)
     if kind == fd.TYPE_BYTES:
         return rng.randbytes(rng.choice((0, 1, 64)))
     if kind == fd.TYPE_BOOL:
@@ -96,32 +113,34 @@ def _value(rng: random.Random, fd: Any, depth: int) -> Any:
     return rng.choice(_INTS)
 
 
-def _fill(rng: random.Random, msg: _message.Message, depth: int = 0) -> None:
+def _fill(rng: random.Random, msg: _message.Message, path: tuple[str, ...] = ()) -> None:
+    depth = len(path)
     for fd in msg.DESCRIPTOR.fields:
-        if rng.random() < 0.15:
+        if rng.random() < _MOSTLY_UNSET.get(fd.name, _UNSET_SHARE):
             continue  # left unset: the server must cope with every field missing
         if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
             target = getattr(msg, fd.name)
             value_fd = fd.message_type.fields_by_name["value"]
             for _ in range(rng.choice((0, 1, 1, 3))):
-                key = rng.choice(("app", "k", "example.com/k", *_EDGE_STRINGS))
+                good = rng.random() >= _EDGE_SHARE
+                key = rng.choice(("app", "k", "example.com/k") if good else _EDGE_STRINGS)
                 if value_fd.message_type is None:
-                    target[key] = _value(rng, value_fd, depth)
+                    target[key] = _value(rng, value_fd, (*path, fd.name))
             continue
         if fd.is_repeated:
             items = getattr(msg, fd.name)
             for _ in range(rng.choice((0, 1, 2))):
                 if fd.message_type is not None:
-                    if depth < 3:
-                        _fill(rng, items.add(), depth + 1)
+                    if depth < 4:
+                        _fill(rng, items.add(), (*path, fd.name))
                 else:
-                    items.append(_value(rng, fd, depth))
+                    items.append(_value(rng, fd, path))
             continue
         if fd.message_type is not None:
-            if depth < 3:
-                _fill(rng, getattr(msg, fd.name), depth + 1)
+            if depth < 4:
+                _fill(rng, getattr(msg, fd.name), (*path, fd.name))
             continue
-        setattr(msg, fd.name, _value(rng, fd, depth))
+        setattr(msg, fd.name, _value(rng, fd, path))
 
 
 def _methods() -> list[tuple[str, Any, Any]]:
@@ -139,9 +158,16 @@ def _methods() -> list[tuple[str, Any, Any]]:
     return methods
 
 
+# fewer of the calls that empty the server: most of a run would fuzz a server without its
+# template, and each template created starts a golden build (a sandbox)
+_WEIGHTS = {"DeleteActorTemplate": 0.05, "CreateActorTemplate": 0.3, "DeleteAtespace": 0.3}
+
+
 def _weight(path: str) -> float:
-    # DebugClear wipes everything, so most of a run would fuzz an empty server.
-    return 0.05 if path.endswith("/DebugClear") else 1.0
+    method = path.rsplit("/", 1)[1]
+    if method in POLICY_RPCS:
+        return 0.1  # one answer whatever the input (UNIMPLEMENTED with the reason)
+    return _WEIGHTS.get(method, 1.0)
 
 
 def _classify(tally: Tally, path: str, request: Any, exc: grpc.aio.AioRpcError | None) -> None:
@@ -151,23 +177,10 @@ def _classify(tally: Tally, path: str, request: Any, exc: grpc.aio.AioRpcError |
         tally.add("OK", case=case)
         return
     code = exc.code()
-    details = exc.details() or ""
     name = code.name if code is not None else "NONE"
-    finding: str | None = None
-    if code == grpc.StatusCode.UNKNOWN:
-        finding = f"unhandled exception: {details}"
-    elif code == grpc.StatusCode.INTERNAL and not any(s in details for s in REAL_INTERNALS):
-        finding = f"INTERNAL the real server does not give: {details}"
-    elif code == grpc.StatusCode.DEADLINE_EXCEEDED and details != _SERVER_DEADLINE:
+    finding = api_finding(method, name, exc.details() or "", unimplemented=POLICY_RPCS)
+    if name == "DEADLINE_EXCEEDED" and finding is not None:
         finding = f"no answer within {CALL_DEADLINE_S:g} s"
-    elif code == grpc.StatusCode.UNIMPLEMENTED:
-        finding = f"an RPC of the proto the server does not serve: {details}"
-    elif code in (
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.RESOURCE_EXHAUSTED,
-        grpc.StatusCode.DATA_LOSS,
-    ):
-        finding = f"{name}: {details}"
     tally.add(name, case=case, finding=finding)
 
 
@@ -177,8 +190,11 @@ def _short(request: Any) -> str:
 
 
 async def _setup(channel: grpc.aio.Channel) -> None:
-    """Atespaces and a few actors that exist, so calls reach real transitions."""
+    """Atespaces, a few actors and a tag that exist, so calls reach real transitions (the
+    actors start from the golden snapshot, which the tag copies)."""
+    await wait_golden(channel)
     await ensure_actors(channel, ATESPACES[0], ACTORS[:2])
+    await ensure_tag(channel, ATESPACES[0], TAGS[0], ACTORS[1])
     for space in ATESPACES[1:]:
         await ensure_actors(channel, space, ())
 
