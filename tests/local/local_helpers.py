@@ -78,3 +78,72 @@ async def status_code(call: Any) -> grpc.StatusCode:
     except grpc.aio.AioRpcError as exc:
         return exc.code()
     return grpc.StatusCode.OK
+
+
+# ---------------------------------------------------------------------- the current API
+# (added for the operator-tool tests; the June helpers above are left to their owners)
+TARGET_HEADER = "ate-target-actor"
+DEFAULT_TEMPLATE = pb.ObjectRef(atespace="local", name="sandbox")
+
+
+def object_ref(name: str, atespace: str = "t") -> pb.ObjectRef:
+    return pb.ObjectRef(atespace=atespace, name=name)
+
+
+def target(name: str, atespace: str = "t") -> dict[str, str]:
+    """The header that routes a request to actor `<atespace>/<name>` through the router."""
+    return {TARGET_HEADER: f"{atespace}/{name}"}
+
+
+def state_of(actor: pb.Actor) -> str:
+    """`RUNNING`, `CRASHED`, ...: the actor's state without its `ACTOR_STATE_` prefix."""
+    return str(pb.ActorState.Name(actor.status.state)).removeprefix("ACTOR_STATE_")
+
+
+def new_actor_request(
+    name: str,
+    atespace: str = "t",
+    template: pb.ObjectRef = DEFAULT_TEMPLATE,
+    source_tag: pb.ObjectRef | None = None,
+) -> pb.CreateActorRequest:
+    actor = pb.Actor(
+        metadata=pb.ResourceMetadata(atespace=atespace, name=name), actor_template=template
+    )
+    if source_tag is not None:
+        actor.source_tag.CopyFrom(source_tag)
+    return pb.CreateActorRequest(actor=actor)
+
+
+def new_atespace_request(atespace: str = "t") -> pb.CreateAtespaceRequest:
+    return pb.CreateAtespaceRequest(
+        atespace=pb.Atespace(metadata=pb.ResourceMetadata(name=atespace))
+    )
+
+
+async def create_actor(
+    stub: Any,
+    name: str,
+    atespace: str = "t",
+    template: pb.ObjectRef = DEFAULT_TEMPLATE,
+    source_tag: pb.ObjectRef | None = None,
+) -> pb.Actor:
+    """Create `<atespace>/<name>` (and its atespace, if new) over an aio stub."""
+    code = await status_code(stub.CreateAtespace(new_atespace_request(atespace)))
+    assert code in (grpc.StatusCode.OK, grpc.StatusCode.ALREADY_EXISTS), code
+    actor: pb.Actor = await stub.CreateActor(
+        new_actor_request(name, atespace, template, source_tag)
+    )
+    return actor
+
+
+async def golden_tag(stub: Any, template: pb.ObjectRef = DEFAULT_TEMPLATE) -> str:
+    """The template's golden tag (`ate-golden/<uid>`) once its build ends, over an aio stub."""
+    import asyncio
+
+    while True:
+        found = await stub.GetActorTemplate(pb.GetActorTemplateRequest(actor_template=template))
+        golden = found.status.golden_snapshot_status
+        assert not golden.error_message, golden.error_message
+        if golden.HasField("golden_tag"):
+            return f"{golden.golden_tag.atespace}/{golden.golden_tag.name}"
+        await asyncio.sleep(0.05)

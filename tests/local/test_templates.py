@@ -1,208 +1,382 @@
-"""Template validation: every bad input names the field and the fix, and nothing is half-created."""
+"""Template documents and `local templates`/`local images`: every bad input names what was wrong
+and how to fix it, and nothing is half-created.
+
+Templates are API resources now (CreateActorTemplate, no update; upstream
+controlapi/actor_template.go): a document is the ActorTemplate message in the proto's JSON
+mapping, written as YAML or JSON (`gym_substrate.local.templates.load_template_file`);
+`local templates add` creates it over gRPC on the running backend, pins `local/<name>` images
+to the backend's catalogue (`GET /_local/images`) and waits for the golden build
+(`status.golden_snapshot_status`: a golden tag, or `error_message`).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import yaml
-from click.testing import CliRunner
-from local_helpers import RUNTIMES
+from click.testing import CliRunner, Result
+from local_helpers import RUNTIMES, create_actor, golden_tag, object_ref, state_of
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.cli.local import local
 from gym_substrate.local import LocalBackend
-from gym_substrate.local.store import Store
-from gym_substrate.local.templates import TemplateError, parse_template, parse_template_yaml
+from gym_substrate.local.api_client import fill_local_defaults, pin_images
+from gym_substrate.local.templates import (
+    MAX_YAML_DEPTH,
+    TemplateError,
+    load_template_file,
+    parse_template_text,
+)
+
+HOST_AGENT = [sys.executable, "-m", "sandbox_agent"]
 
 
-def good(location: Path, **spec_changes: Any) -> dict[str, Any]:
+def document(name: str = "mine", **changes: Any) -> dict[str, Any]:
+    """An ActorTemplate document (proto-JSON names) running the sandbox agent on the host's
+    root filesystem, its image given unpinned as the CLI allows."""
     doc: dict[str, Any] = {
-        "apiVersion": "ate.dev/v1alpha1",
-        "kind": "ActorTemplate",
-        "metadata": {"name": "mine", "namespace": "local"},
-        "spec": {
-            "pauseImage": "registry.k8s.io/pause:3.10.2@sha256:f548",
-            "containers": [
-                {
-                    "name": "agent",
-                    "image": "example.com/agent@sha256:abc",
-                    "command": ["/usr/bin/python3", "-m", "sandbox_agent", "--port", "80"],
-                    "env": [{"name": "MODE", "value": "test"}],
-                    "readyz": {"httpGet": {"path": "/readyz", "port": 80}},
-                }
-            ],
-            "snapshotsConfig": {"location": str(location)},
-            "rootfs": "host",
-        },
+        "metadata": {"atespace": "local", "name": name},
+        "containers": [
+            {
+                "name": "agent",
+                "image": "local/host",
+                "command": HOST_AGENT,
+                "args": ["--host", "0.0.0.0", "--port", "80"],
+                "env": [{"name": "MODE", "value": "test"}],
+                "wakeupProbe": {"httpGet": {"path": "/readyz", "port": 80}},
+            }
+        ],
     }
-    doc["spec"].update(spec_changes)
+    doc.update(changes)
     return doc
 
 
-def test_valid_template(tmp_path: Path) -> None:
-    spec = parse_template(good(tmp_path / "snaps"))
-    assert spec.key == "local/mine"
-    assert spec.env == (("MODE", "test"),)
-    assert spec.readyz_port == 80
-    assert spec.rootfs.kind == "host"
-    rootfs = tmp_path / "rootfs"
-    rootfs.mkdir()
-    spec = parse_template(good(tmp_path / "snaps", rootfs={"directory": str(rootfs)}))
-    assert spec.rootfs.kind == "directory"
-    assert spec.rootfs.path == rootfs
-    url = parse_template(good(tmp_path / "snaps", snapshotsConfig={"location": "file:///var/x"}))
-    assert url.snapshot_location == Path("/var/x")
+# ------------------------------------------------------------------------------ documents
+def test_yaml_and_json_documents_are_actor_template_messages(tmp_path: Path) -> None:
+    as_yaml = tmp_path / "t.yaml"
+    as_yaml.write_text(yaml.safe_dump(document()))
+    as_json = tmp_path / "t.json"
+    snake = document()
+    snake["containers"][0]["wakeup_probe"] = snake["containers"][0].pop("wakeupProbe")
+    as_json.write_text(json.dumps(snake))
+    for path in (as_yaml, as_json):
+        template = load_template_file(path)
+        assert (template.metadata.atespace, template.metadata.name) == ("local", "mine")
+        container = template.containers[0]
+        assert container.wakeup_probe.http_get.port == 80
+        assert [(e.name, e.value) for e in container.env] == [("MODE", "test")]
 
 
-def _mutations(tmp: Path) -> list[tuple[str, dict[str, Any], str]]:
-    def with_container(**changes: Any) -> dict[str, Any]:
-        doc = good(tmp / "s")
-        doc["spec"]["containers"][0].update(changes)
-        return doc
-
-    unknown_top = good(tmp / "s")
-    unknown_top["extra"] = 1
-    bad_name = good(tmp / "s")
-    bad_name["metadata"]["name"] = "Not_A_Label"
-    no_rootfs = good(tmp / "s")
-    del no_rootfs["spec"]["rootfs"]
-    return [
-        ("unknown top-level field", unknown_top, "extra: unknown field"),
-        ("unknown spec field", good(tmp / "s", volumes=[]), "spec.volumes: unknown field"),
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
         (
-            "unknown container field",
-            with_container(args=["x"]),
-            "spec.containers[0].args: unknown field",
+            "metadata: {atespace: local, name: x}\ncontainers: [{name: a, imagez: b}]\n",
+            "t.yaml: containers[0].imagez: unknown field (the fields there: name, image, command",
         ),
-        ("invalid name", bad_name, "metadata.name: 'Not_A_Label' is not a DNS-1123 label"),
-        ("missing rootfs", no_rootfs, "spec.rootfs: is missing"),
+        ("metadatas: {}\n", "t.yaml: metadatas: unknown field (the fields there: metadata,"),
         (
-            "rootfs folder missing",
-            good(tmp / "s", rootfs={"directory": str(tmp / "nope")}),
-            f"spec.rootfs.directory: folder {tmp / 'nope'} does not exist",
+            "containers: [{name: a, env: [{name: K, valueFrom: {secretKeyRef: {}}}]}]\n",
+            "t.yaml: containers[0].env[0].valueFrom: unknown field (the fields there: name, value)",
         ),
-        ("rootfs typo", good(tmp / "s", rootfs="hots"), "spec.rootfs: must be 'host'"),
-        ("empty command", with_container(command=[]), "spec.containers[0].command: must be"),
-        ("command not a list", with_container(command="x"), "spec.containers[0].command"),
+        ("containers: [{name: a, command: x}]\n", "t.yaml: containers[0].command: must be a list"),
         (
-            "secret env",
-            with_container(env=[{"name": "K", "valueFrom": {"secretKeyRef": {}}}]),
-            "spec.containers[0].env[0].valueFrom: secrets are not available",
+            "sandboxConfig: {sandboxClass: KVM}\n",
+            "t.yaml: sandboxConfig.sandboxClass: Invalid enum value KVM",
         ),
-        (
-            "env name ending in a newline",
-            with_container(env=[{"name": "MODE\n", "value": "x"}]),
-            "spec.containers[0].env[0].name: 'MODE\\n' is not valid",
-        ),
-        (
-            "readyz path ending in a newline",
-            with_container(readyz={"httpGet": {"path": "/readyz\n", "port": 80}}),
-            "spec.containers[0].readyz.httpGet.path",
-        ),
-        (
-            "bad port",
-            with_container(readyz={"httpGet": {"path": "/readyz", "port": 0}}),
-            "spec.containers[0].readyz.httpGet.port: must be a port",
-        ),
-        (
-            "two containers",
-            good(tmp / "s", containers=[{"name": "a", "command": ["x"]}] * 2),
-            "spec.containers: has 2 containers",
-        ),
-        (
-            "gs location",
-            good(tmp / "s", snapshotsConfig={"location": "gs://bucket/x/"}),
-            "spec.snapshotsConfig.location: 'gs://bucket/x/' is a gs:// URL",
-        ),
-        (
-            "relative location",
-            good(tmp / "s", snapshotsConfig={"location": "snaps"}),
-            "spec.snapshotsConfig.location: 'snaps' is relative",
-        ),
-        (
-            "location under a file",
-            good(tmp / "s", snapshotsConfig={"location": str(tmp / "a-file" / "snaps")}),
-            f"spec.snapshotsConfig.location: {tmp / 'a-file'} is a file",
-        ),
-        (
-            "selector labels not a mapping",
-            good(tmp / "s", workerSelector={"matchLabels": 5}),
-            "spec.workerSelector.matchLabels: must be a mapping, got int",
-        ),
-        (
-            "selector label not a string",
-            good(tmp / "s", workerSelector={"matchLabels": {"gpu": True}}),
-            "spec.workerSelector.matchLabels.gpu: must be a string, got True",
-        ),
-        (
-            "Data scope",
-            good(tmp / "s", snapshotsConfig={"location": str(tmp), "onPause": "Data"}),
-            "spec.snapshotsConfig.onPause: 'Data' is not supported locally",
-        ),
-    ]
-
-
-@pytest.mark.parametrize("case", range(18))
-def test_bad_templates_name_field_and_fix(tmp_path: Path, case: int) -> None:
-    (tmp_path / "a-file").write_text("not a folder")
-    title, doc, expected = _mutations(tmp_path)[case]
+        ("metadata: {version: abc}\n", "t.yaml: metadata.version: invalid literal for int()"),
+        ("spec: [unclosed", "t.yaml: not valid YAML at line 1, column 16: "),
+        ("", "t.yaml: the file is empty; write an ActorTemplate document"),
+        ("- a\n- b\n", "t.yaml: must be a mapping (an ActorTemplate: metadata, containers"),
+    ],
+)
+def test_a_bad_document_names_the_field_and_the_fix(text: str, expected: str) -> None:
     with pytest.raises(TemplateError) as info:
-        parse_template(doc)
+        parse_template_text(text, source="t.yaml")
     message = str(info.value)
-    assert message.startswith(expected), f"{title}: {message}"
-    assert ";" in message, f"{title}: no fix in {message!r}"
+    assert message.startswith(expected), message
+    assert "\n" not in message
 
 
-def test_malformed_yaml_and_empty_file() -> None:
-    with pytest.raises(
-        TemplateError, match=r"^t.yaml: not valid YAML at line 1, column 16: .*; fix the syntax$"
-    ):
-        parse_template_yaml("spec: [unclosed", source="t.yaml")
-    with pytest.raises(TemplateError, match="the file is empty"):
-        parse_template_yaml("", source="t.yaml")
+def test_a_kubernetes_object_is_refused_with_the_new_shape() -> None:
+    """June's `kubectl apply` shape (apiVersion/kind/spec) is not an ActorTemplate message."""
+    text = "apiVersion: ate.dev/v1alpha1\nkind: ActorTemplate\nmetadata: {name: x}\nspec: {}\n"
+    with pytest.raises(TemplateError) as info:
+        parse_template_text(text, source="old.yaml")
+    message = str(info.value)
+    assert "old.yaml: this is a Kubernetes ActorTemplate object (apiVersion/spec)" in message
+    assert "templates are API resources now" in message
+    assert "metadata, containers, volumes, snapshotConfig, sandboxConfig; docs/local.md" in message
 
 
-def test_cli_add_rejects_bad_file_and_creates_nothing(tmp_path: Path) -> None:
-    state = tmp_path / "state"
-    location = tmp_path / "never-created"
-    doc = good(location, rootfs={"directory": str(tmp_path / "missing-rootfs")})
-    path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    result = CliRunner().invoke(local, ["templates", "add", str(path), "--state-dir", str(state)])
-    assert result.exit_code != 0
-    assert "spec.rootfs.directory: folder" in result.output
-    assert not location.exists()
-    assert not (state / "state.db").exists()
+def test_a_document_nested_too_deep_is_refused_before_it_is_built() -> None:
+    deep = "a: " + "[" * (MAX_YAML_DEPTH + 5) + "]" * (MAX_YAML_DEPTH + 5) + "\n"
+    with pytest.raises(TemplateError, match=f"nested more than {MAX_YAML_DEPTH} levels deep"):
+        parse_template_text(deep, source="deep.yaml")
 
 
-def test_cli_add_rejects_non_utf8_file(tmp_path: Path) -> None:
+def test_a_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:
     path = tmp_path / "latin1.yaml"
     path.write_bytes(b"metadata: {name: caf\xe9}\n")
-    result = CliRunner().invoke(
-        local, ["templates", "add", str(path), "--state-dir", str(tmp_path / "state")]
+    with pytest.raises(TemplateError, match="not UTF-8 text"):
+        load_template_file(path)
+
+
+# ------------------------------------------------------------------------------ image pinning
+_CATALOGUE = [
+    {"reference": "local/debian-bookworm@sha256:" + "1" * 64, "kind": "rootfs"},
+    {"reference": "local/sandbox-agent@sha256:" + "2" * 64, "kind": "files"},
+    {"reference": "local/host@sha256:" + "3" * 64, "kind": "host"},
+]
+
+
+def test_local_images_are_pinned_to_the_catalogue() -> None:
+    template = parse_template_text(
+        yaml.safe_dump(
+            document(
+                volumes=[{"name": "agent", "image": {"reference": "local/sandbox-agent:latest"}}]
+            )
+        )
     )
-    assert result.exit_code == 1, result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit)
-    assert "not UTF-8 text" in result.output
-    assert not (tmp_path / "state" / "state.db").exists()
+    template.containers[0].image = "local/debian-bookworm"
+    pinned = pin_images(template, _CATALOGUE)
+    assert pinned == [
+        ("containers[0].image", "local/debian-bookworm", _CATALOGUE[0]["reference"]),
+        ("volumes[0].image.reference", "local/sandbox-agent:latest", _CATALOGUE[1]["reference"]),
+    ]
+    assert template.containers[0].image == _CATALOGUE[0]["reference"]
+    assert template.volumes[0].image.reference == _CATALOGUE[1]["reference"]
+    assert pin_images(template, _CATALOGUE) == []  # pinned ones stay as they are
 
 
-def test_cli_add_and_status_report_a_failing_or_unreachable_backend(tmp_path: Path) -> None:
-    """A plain-text 500 or a dead address from the backend is a message, not a traceback."""
+@pytest.mark.parametrize(
+    ("image", "expected"),
+    [
+        ("python:3.12", "containers[0].image: image 'python:3.12' is not pinned by digest"),
+        ("local/nope", "containers[0].image: image 'local/nope' is not pinned by digest"),
+        (
+            "local/debian-bookworm@sha256:" + "9" * 64,
+            "containers[0].image: image 'local/debian-bookworm@sha256:999",
+        ),
+    ],
+)
+def test_an_image_the_backend_does_not_have_is_named_with_the_fix(
+    image: str, expected: str
+) -> None:
+    template = parse_template_text(yaml.safe_dump(document()))
+    template.containers[0].image = image
+    with pytest.raises(TemplateError) as info:
+        pin_images(template, _CATALOGUE)
+    message = str(info.value)
+    assert message.startswith(expected), message
+    assert f"known images: {_CATALOGUE[0]['reference']}" in message
+    assert "gym-substrate local images add DIR --name NAME" in message
+
+
+# ------------------------------------------------------------------------------ the CLI
+def _cli(*args: str) -> Result:
+    return CliRunner().invoke(local, list(args))
+
+
+async def _cli_async(*args: str) -> Result:
+    """The CLI from an async test: in a thread, so the in-process backend keeps answering."""
+    return await asyncio.to_thread(_cli, *args)
+
+
+def _clean_exit(result: Result, code: int) -> None:
+    assert result.exit_code == code, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+
+
+def test_commands_need_a_running_backend(tmp_path: Path) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(document()))
+    state = str(tmp_path / "state")
+    for args in (
+        ["templates", "add", str(path)],
+        ["templates", "list"],
+        ["templates", "delete", "local/mine"],
+        ["images", "list"],
+        ["images", "add", str(tmp_path), "--name", "x"],
+    ):
+        result = _cli(*args, "--state-dir", state)
+        _clean_exit(result, 1)
+        assert f"no backend is running on {state}; start it with `gym-substrate local up`" in (
+            result.output
+        ), args
+    assert not (tmp_path / "state").exists()
+
+
+async def test_templates_add_creates_it_pins_its_image_and_waits_for_the_golden_tag(
+    tmp_path: Path, backend: LocalBackend, stub: Any
+) -> None:
+    state = str(backend.state_dir)
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(document()))
+    result = await _cli_async("templates", "add", str(path), "--state-dir", state)
+    _clean_exit(result, 0)
+    host = next(i.reference for i in backend.images if i.repository == "local/host")
+    assert f"pinned containers[0].image: local/host -> {host}" in result.output
+    assert "snapshotConfig.storageLocation not given: file://localhost" in result.output
+    created = await stub.GetActorTemplate(
+        pb.GetActorTemplateRequest(actor_template=object_ref("mine", "local"))
+    )
+    golden = created.status.golden_snapshot_status.golden_tag
+    assert f"local/mine: golden tag {golden.atespace}/{golden.name}" in result.output
+    assert golden.atespace == "ate-golden"
+    assert created.containers[0].image == host
+
+    # an actor of it starts from the golden tag's snapshot
+    actor = await create_actor(stub, "g1", template=object_ref("mine", "local"))
+    assert [s.owner for s in actor.status.snapshots] == [pb.SNAPSHOT_OWNER_TAG]
+    resumed = await stub.ResumeActor(pb.ResumeActorRequest(actor=object_ref("g1")))
+    assert state_of(resumed.actor) == "RUNNING"
+
+    listed = await _cli_async("templates", "list", "--json", "--state-dir", state)
+    _clean_exit(listed, 0)
+    names = {t["metadata"]["name"]: t for t in json.loads(listed.output)}
+    assert sorted(names) == ["mine", "sandbox"]
+    assert names["mine"]["status"]["goldenSnapshotStatus"]["goldenTag"]["atespace"] == "ate-golden"
+
+    # a second add of the same name: the API's own answer
+    again = await _cli_async("templates", "add", str(path), "--state-dir", state)
+    _clean_exit(again, 1)
+    assert (
+        "CreateActorTemplate failed: ALREADY_EXISTS: ActorTemplate local/mine already exists"
+        in (again.output)
+    )
+
+    await stub.DeleteActor(pb.DeleteActorRequest(actor=object_ref("g1"), any_state=True))
+    deleted = await _cli_async("templates", "delete", "local/mine", "--state-dir", state)
+    _clean_exit(deleted, 0)
+    assert f"deleted local/mine (uid {created.metadata.uid})" in deleted.output
+    gone = await _cli_async("templates", "delete", "local/mine", "--state-dir", state)
+    _clean_exit(gone, 1)
+    assert "DeleteActorTemplate failed: NOT_FOUND: ActorTemplate local/mine not found" in (
+        gone.output
+    )
+    bad_ref = await _cli_async("templates", "delete", "mine", "--state-dir", state)
+    _clean_exit(bad_ref, 1)
+    assert "template 'mine' is not <atespace>/<name>: give both, e.g. local/sandbox" in (
+        bad_ref.output
+    )
+
+
+async def test_templates_add_reports_a_failed_golden_build(
+    tmp_path: Path, backend: LocalBackend
+) -> None:
+    doc = document("dies")
+    container = doc["containers"][0]
+    container["command"] = [sys.executable, "-c", "import sys; sys.exit(3)"]
+    container["args"] = []
+    container["wakeupProbe"]["timeoutSeconds"] = 3
+    path = tmp_path / "dies.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    result = await _cli_async("templates", "add", str(path), "--state-dir", str(backend.state_dir))
+    _clean_exit(result, 1)
+    assert "golden build of local/dies failed: GoldenActorCrashed: golden actor crashed" in (
+        result.output
+    )
+
+
+async def test_templates_add_refuses_what_the_api_or_the_catalogue_refuses(
+    tmp_path: Path, backend: LocalBackend, stub: Any
+) -> None:
+    state = str(backend.state_dir)
+    cases = [
+        (
+            document("Not_A_Label"),
+            'INVALID_ARGUMENT: actor_template.metadata.name: Invalid value: "Not_A_Label"',
+        ),
+        (
+            document(containers=[{**document()["containers"][0], "image": "python:3.12"}]),
+            "containers[0].image: image 'python:3.12' is not pinned by digest",
+        ),
+        (
+            {**document(), "apiVersion": "ate.dev/v1alpha1", "spec": {}},
+            "this is a Kubernetes ActorTemplate object",
+        ),
+        (
+            document(
+                containers=[
+                    document()["containers"][0],
+                    {**document()["containers"][0], "name": "b"},
+                ]
+            ),
+            "FAILED_PRECONDITION: containers: the local backend runs one container per actor",
+        ),
+    ]
+    for i, (doc, needle) in enumerate(cases):
+        path = tmp_path / f"bad{i}.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        result = await _cli_async("templates", "add", str(path), "--state-dir", state)
+        _clean_exit(result, 1)
+        assert needle in result.output, result.output
+    listed = await stub.ListActorTemplates(pb.ListActorTemplatesRequest())
+    assert [t.metadata.name for t in listed.actor_templates] == ["sandbox"]
+
+
+def _rootfs_tree(folder: Path) -> Path:
+    for part in ("bin", "usr/bin"):
+        (folder / part).mkdir(parents=True)
+    (folder / "bin" / "true").write_text("")
+    return folder
+
+
+async def test_images_add_then_a_template_names_it_unpinned(
+    tmp_path: Path, backend: LocalBackend, stub: Any
+) -> None:
+    state = str(backend.state_dir)
+    tree = _rootfs_tree(tmp_path / "tree")
+    added = await _cli_async(
+        "images", "add", str(tree), "--name", "tiny", "--json", "--state-dir", state
+    )
+    _clean_exit(added, 0)
+    reference = json.loads(added.output)["reference"]
+    assert reference.startswith("local/tiny@sha256:")
+    listed = await _cli_async("images", "list", "--json", "--state-dir", state)
+    assert reference in [i["reference"] for i in json.loads(listed.output)]
+
+    doc = document("tiny")
+    doc["containers"][0]["image"] = "local/tiny"
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    result = await _cli_async("templates", "add", str(path), "--no-wait", "--state-dir", state)
+    _clean_exit(result, 0)
+    assert f"pinned containers[0].image: local/tiny -> {reference}" in result.output
+    created = await stub.GetActorTemplate(
+        pb.GetActorTemplateRequest(actor_template=object_ref("tiny", "local"))
+    )
+    assert created.containers[0].image == reference
+
+    for args, needle in (
+        (["--name", "Bad_Name"], "image name 'Bad_Name' is not valid"),
+        (["--name", "x"], "has no /bin: it does not look like a root filesystem"),
+    ):
+        folder = tree if "Bad_Name" in args else tmp_path / "empty"
+        folder.mkdir(exist_ok=True)
+        refused = await _cli_async("images", "add", str(folder), *args, "--state-dir", state)
+        _clean_exit(refused, 1)
+        assert needle in refused.output
+
+
+def test_status_and_images_report_a_failing_or_unreachable_backend(tmp_path: Path) -> None:
+    """A plain-text 500 or a dead address from the admin listener is a message, not a
+    traceback; so is a backend.json of an older backend without the admin address."""
     import fcntl
-    import json
     import os
     import socket
     import threading
     from http.server import BaseHTTPRequestHandler, HTTPServer
 
     class Broken(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
-            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
             body = b"500 Internal Server Error"
             self.send_response(500)
             self.send_header("Content-Type", "text/plain")
@@ -213,8 +387,6 @@ def test_cli_add_and_status_report_a_failing_or_unreachable_backend(tmp_path: Pa
         def log_message(self, *args: Any) -> None:
             pass
 
-    path = tmp_path / "tpl.yaml"
-    path.write_text(yaml.safe_dump(good(tmp_path / "snaps")))
     state = tmp_path / "state"
     state.mkdir()
     server = HTTPServer(("127.0.0.1", 0), Broken)
@@ -225,31 +397,22 @@ def test_cli_add_and_status_report_a_failing_or_unreachable_backend(tmp_path: Pa
     lock_fd = os.open(state / "backend.lock", os.O_RDWR | os.O_CREAT)
     fcntl.flock(lock_fd, fcntl.LOCK_EX)  # "a backend runs here"
     try:
-        for port, needle in (
+        for port, images_needle in (
             (server.server_port, "the backend answered 500: 500 Internal Server Error"),
             (dead_port, "cannot reach the backend at"),
         ):
             info = {"pid": os.getpid(), "admin": f"http://127.0.0.1:{port}", "api": "x"}
             (state / "backend.json").write_text(json.dumps(info))
-            result = CliRunner().invoke(
-                local, ["templates", "add", str(path), "--state-dir", str(state)]
-            )
-            assert result.exit_code == 1, result.output
-            assert result.exception is None or isinstance(result.exception, SystemExit), (
-                result.exception
-            )
-            assert needle in result.output
-            result = CliRunner().invoke(local, ["status", "--state-dir", str(state)])
-            assert result.exit_code == 1, result.output
-            assert result.exception is None or isinstance(result.exception, SystemExit), (
-                result.exception
-            )
+            result = _cli("images", "list", "--state-dir", str(state))
+            _clean_exit(result, 1)
+            assert images_needle in result.output
+            result = _cli("status", "--state-dir", str(state))
+            _clean_exit(result, 1)
             assert "did not report its status" in result.output
-        # a backend.json without the admin listener's address (an older backend)
         (state / "backend.json").write_text(json.dumps({"pid": os.getpid(), "api": "x"}))
-        for args in (["templates", "add", str(path)], ["status"]):
-            result = CliRunner().invoke(local, [*args, "--state-dir", str(state)])
-            assert result.exit_code == 1, result.output
+        for args in (["images", "list"], ["status"]):
+            result = _cli(*args, "--state-dir", str(state))
+            _clean_exit(result, 1)
             assert "records no admin address" in result.output
     finally:
         os.close(lock_fd)
@@ -257,117 +420,34 @@ def test_cli_add_and_status_report_a_failing_or_unreachable_backend(tmp_path: Pa
         server.server_close()
 
 
-def test_cli_unusable_state_dir_is_a_clear_error(tmp_path: Path) -> None:
+def test_an_unusable_state_dir_is_a_clear_error(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     state = blocker / "state"
-    path = tmp_path / "tpl.yaml"
-    path.write_text(yaml.safe_dump(good(tmp_path / "snaps")))
-    for args in (
-        ["up", "--runtime", "process", "--state-dir", str(state)],
-        ["templates", "add", str(path), "--state-dir", str(state)],
-    ):
-        result = CliRunner().invoke(local, args)
-        assert result.exit_code == 1, result.output
-        assert result.exception is None or isinstance(result.exception, SystemExit), (
-            result.exception
-        )
-        assert f"cannot create the state folder {state}" in result.output
-
-
-def test_cli_add_offline_then_up_registers_it(tmp_path: Path) -> None:
-    state = tmp_path / "state"
-    path = tmp_path / "tpl.yaml"
-    path.write_text(
-        textwrap.dedent(
-            """\
-            metadata: {name: mine, namespace: local}
-            spec:
-              containers:
-              - name: agent
-                command: [python3, -m, sandbox_agent, --port, "80"]
-              snapshotsConfig: {location: snaps}   # relative to this file
-              rootfs: host
-            """
-        )
-    )
-    result = CliRunner().invoke(local, ["templates", "add", str(path), "--state-dir", str(state)])
-    assert result.exit_code == 0, result.output
-    store = Store(state / "state.db")
-    try:
-        keys = [template.key for template, _ in store.templates()]
-        (mine,) = [t for t, _ in store.templates() if t.key == "local/mine"]
-    finally:
-        store.close()
-    assert keys == ["local/mine"]
-    assert mine.snapshot_location == tmp_path / "snaps"
-
-
-async def test_add_through_running_backend(
-    tmp_path: Path, backend: LocalBackend, http: Any, stub: Any
-) -> None:
-    body = yaml.safe_dump(good(tmp_path / "snaps"))
-    async with http.post(f"{backend.admin_url}/_local/templates", data=body.encode()) as response:
-        assert response.status == 200, await response.text()
-        result = await response.json()
-    assert result["template"] == "local/mine"
-    assert result["changed"] is True
-    assert (tmp_path / "snaps").is_dir()
-    async with http.post(f"{backend.admin_url}/_local/templates", data=body.encode()) as response:
-        assert (await response.json())["changed"] is False
-    bad = yaml.safe_dump(good(tmp_path / "other", rootfs={"directory": "/nonexistent/x"}))
-    async with http.post(f"{backend.admin_url}/_local/templates", data=bad.encode()) as response:
-        assert response.status == 400
-        assert "spec.rootfs.directory" in (await response.json())["error"]["message"]
-    assert not (tmp_path / "other").exists()
-    # templates are immutable while an actor uses them
-    await stub.CreateAtespace(pb.CreateAtespaceRequest(name="t"))
-    await stub.CreateActor(
-        pb.CreateActorRequest(
-            actor_ref=pb.ActorRef(atespace="t", name="a"),
-            actor_template_namespace="local",
-            actor_template_name="mine",
-        )
-    )
-    changed = good(tmp_path / "snaps")
-    changed["spec"]["containers"][0]["env"] = [{"name": "MODE", "value": "other"}]
-    body = yaml.safe_dump(changed)
-    async with http.post(f"{backend.admin_url}/_local/templates", data=body.encode()) as response:
-        assert response.status == 409
-        message = (await response.json())["error"]["message"]
-    assert "local/mine is used by 1 actor(s)" in message
-    assert "env MODE" in message
+    result = _cli("up", "--runtime", "process", "--state-dir", str(state))
+    _clean_exit(result, 1)
+    assert f"cannot create the state folder {state}" in result.output
 
 
 @pytest.mark.parametrize("runtime_name", RUNTIMES)
-async def test_registered_template_resumes_from_its_golden_snapshot(
-    tmp_path: Path, backend: LocalBackend, http: Any, stub: Any
+async def test_a_template_of_the_api_resumes_from_its_golden_snapshot(
+    backend: LocalBackend, stub: Any
 ) -> None:
-    doc = good(tmp_path / "snaps")
-    doc["spec"]["containers"][0]["command"] = [
-        sys.executable, "-m", "sandbox_agent", "--host", "0.0.0.0", "--port", "80",
-    ]  # fmt: skip
-    body = yaml.safe_dump(doc).encode()
-    async with http.post(f"{backend.admin_url}/_local/templates", data=body) as response:
-        assert response.status == 200, await response.text()
-        result = await response.json()
-    gvisor = backend.runtime_name == "gvisor"
-    # gVisor boots the template once and checkpoints it; the process runtime has no memory image
-    assert (result["golden_snapshot"] is not None) is gvisor
-    await stub.CreateAtespace(pb.CreateAtespaceRequest(name="t"))
-    await stub.CreateActor(
-        pb.CreateActorRequest(
-            actor_ref=pb.ActorRef(atespace="t", name="g1"),
-            actor_template_namespace="local",
-            actor_template_name="mine",
-        )
+    """CreateActorTemplate over gRPC (what `templates add` sends): the golden build boots the
+    template once, its actors restore the golden tag's snapshot (both runtimes)."""
+    template = parse_template_text(yaml.safe_dump(document("gold")))
+    template.containers[0].image = next(
+        i.reference for i in backend.images if i.repository == "local/host"
     )
-    await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=pb.ActorRef(atespace="t", name="g1")))
-    async with http.get(f"{backend.admin_url}/metrics") as response:
-        metrics = await response.text()
-    source = "golden" if gvisor else "boot"
-    assert (
-        "gym_substrate_local_operation_duration_seconds_count"
-        f'{{operation="resume",source="{source}"}} 1.0'
-    ) in metrics
-    await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=pb.ActorRef(atespace="t", name="g1")))
+    fill_local_defaults(template, backend.state_dir)
+    await stub.CreateActorTemplate(pb.CreateActorTemplateRequest(actor_template=template))
+    tag = await golden_tag(stub, object_ref("gold", "local"))
+    actor = await create_actor(stub, "g2", template=object_ref("gold", "local"))
+    assert actor.status.snapshots[0].owner == pb.SNAPSHOT_OWNER_TAG
+    resumed = await stub.ResumeActor(pb.ResumeActorRequest(actor=object_ref("g2")))
+    assert state_of(resumed.actor) == "RUNNING"
+    assert tag.startswith("ate-golden/")
+    await stub.DeleteActor(pb.DeleteActorRequest(actor=object_ref("g2"), any_state=True))
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.CreateActorTemplate(pb.CreateActorTemplateRequest(actor_template=template))
+    assert info.value.code() == grpc.StatusCode.ALREADY_EXISTS
