@@ -1,9 +1,15 @@
-"""The README's first command (`local demo`) and `local bench` run end to end."""
+"""The README's first command (`local demo`) and `local bench` run end to end.
+
+The demo is the current API's story (ateapi.proto at 2179589f): actors from `local/sandbox`
+on its golden tag, exec through the router by `ate-target-actor`, pause, suspend, resume, then
+a tag, a fork from it that sees the file, a revert of the fork's changes, and deletes.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -18,13 +24,28 @@ from gym_substrate.cli.local import local
 def test_demo(runtime_name: str) -> None:
     result = CliRunner().invoke(local, ["demo", "--runtime", runtime_name, "--sandboxes", "2"])
     assert result.exit_code == 0, result.output
-    assert f"runtime: {runtime_name}" in result.output
-    assert "download it back" in result.output
-    assert "identical" in result.output
-    assert "file survived suspend" in result.output
-    assert "demo finished" in result.output
+    out = result.output
+    assert f"runtime: {runtime_name}" in out
+    assert re.search(r"golden tag of local/sandbox \(built at start\) +[\d.]+ ms  ate-golden/", out)
+    assert re.search(r"CreateActor demo-\w+ +[\d.]+ ms  SUSPENDED, on the golden snapshot", out)
+    assert re.search(r"ResumeActor demo-\w+ +[\d.]+ ms  RUNNING on gs\w+-worker-\d+ at ", out)
+    for step, result_text in (
+        ("download it back", "identical"),
+        ("exec while PAUSED (router resumes it)", "the job kept its memory"),
+        ("SuspendActor ", "SUSPENDED"),
+        ("file survived suspend", "yes"),
+        ("CreateTag", "COMPLETED"),
+        ("from it + resume", "RUNNING"),
+        ("the fork sees hello.txt", "yes"),
+        ("RevertActor", "SUSPENDED"),
+        ("after the revert: back to the tag", "yes"),
+        ("DeleteTag", "gone"),
+    ):
+        line = next(line for line in out.splitlines() if step in line)
+        assert result_text in line, (step, line)
+    assert "demo finished" in out
     if runtime_name == "process":
-        assert "bubblewrap" in result.output  # what isolates the actors, or loudly that nothing
+        assert "bubblewrap" in out  # what isolates the actors, or loudly that nothing
 
 
 def test_bench_prints_percentiles() -> None:
