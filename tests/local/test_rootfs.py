@@ -24,21 +24,21 @@ from typing import Any
 import aiohttp
 import pytest
 from click.testing import CliRunner
-from local_helpers import RUNTIMES, host, make_actor, ref
+from local_helpers import RUNTIMES, create_actor, object_ref, target
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.cli.local import local
 from gym_substrate.local import LocalBackend, rootfs, templates
-from gym_substrate.local.templates import parse_template_yaml
+from gym_substrate.local.api_client import fill_local_defaults, pin_images
+from gym_substrate.local.images import ImageCatalogue
+from gym_substrate.local.templates import parse_template_text
 
 _TEMPLATE = """
-metadata: {{name: {name}}}
-spec:
-  containers:
-  - name: agent
-    command: [python3, -m, sandbox_agent, --port, "80"]
-  snapshotsConfig: {{location: {location}}}
-  rootfs: host
+metadata: {{atespace: local, name: {name}}}
+containers:
+- name: agent
+  image: local/host
+  command: [python3, -m, sandbox_agent, --port, "80"]
 """
 
 
@@ -55,7 +55,7 @@ def backend_options(built: rootfs.BuiltRootfs) -> dict[str, Any]:
 
 async def _exec(backend: LocalBackend, http: aiohttp.ClientSession, command: str) -> Any:
     async with http.post(
-        f"{backend.router_url}/v1/exec?wait=8", json={"command": command}, headers=host("deb")
+        f"{backend.router_url}/v1/exec?wait=8", json={"command": command}, headers=target("deb")
     ) as response:
         assert response.status == 200, await response.text()
         result = await response.json()
@@ -73,8 +73,8 @@ async def test_default_template_sandbox_runs_on_its_own_debian_root(
     an agent's commands expect are there, and the static agent serves exec and files.
 
     Real: cmd/atelet/oci.go roots the sandbox in the image's extracted tree."""
-    await make_actor(stub, "deb")
-    await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("deb")))
+    await create_actor(stub, "deb")
+    await stub.ResumeActor(pb.ResumeActorRequest(actor=object_ref("deb")))
 
     release = await _exec(backend, http, f"cat {rootfs.RELEASE_FILE}; cat /etc/os-release")
     assert f"VERSION={rootfs.ROOTFS_VERSION}\n" in release["stdout"]
@@ -114,18 +114,18 @@ async def test_default_template_sandbox_runs_on_its_own_debian_root(
 
     body = b"uploaded into the rootfs\n"
     url = f"{backend.router_url}/v1/files?path=/tmp/up.txt&offset=0&final=true"
-    async with http.put(url, data=body, headers=host("deb")) as response:
+    async with http.put(url, data=body, headers=target("deb")) as response:
         assert response.status in (200, 201), await response.text()
     cat = await _exec(backend, http, "cat /tmp/up.txt")
     assert cat["stdout"].encode() == body
     async with http.get(
-        f"{backend.router_url}/v1/files?path=/tmp/up.txt", headers=host("deb")
+        f"{backend.router_url}/v1/files?path=/tmp/up.txt", headers=target("deb")
     ) as response:
         assert response.status == 200
         assert await response.read() == body
 
-    await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("deb")))
-    await stub.DeleteActor(pb.DeleteActorRequest(actor_ref=ref("deb")))
+    await stub.SuspendActor(pb.SuspendActorRequest(actor=object_ref("deb")))
+    await stub.DeleteActor(pb.DeleteActorRequest(actor=object_ref("deb")))
 
 
 @pytest.mark.rootfs
@@ -214,11 +214,17 @@ def test_a_second_builder_waits_for_the_first_and_reuses_its_tree(tmp_path: Path
 def test_rootfs_host_warns_once_per_process_naming_what_it_exposes(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Resolving a template on `local/host` (what a runtime runs) warns once per process."""
     monkeypatch.setattr(templates, "_warned_host", set())
+    catalogue = ImageCatalogue(tmp_path)
+    known = [{"reference": i.reference} for i in catalogue]
     with caplog.at_level(logging.WARNING, logger="gym_substrate.local.templates"):
         for name in ("one", "two"):
-            parse_template_yaml(_TEMPLATE.format(name=name, location=tmp_path / "snaps"))
-    warnings = [r.getMessage() for r in caplog.records if "rootfs: host" in r.getMessage()]
+            template = parse_template_text(_TEMPLATE.format(name=name))
+            pin_images(template, known)
+            fill_local_defaults(template, tmp_path)
+            templates.resolve(template, catalogue)
+    warnings = [r.getMessage() for r in caplog.records if "local/host" in r.getMessage()]
     assert len(warnings) == 1, warnings
     assert "local/one" in warnings[0]
     assert "/root" in warnings[0]
