@@ -321,7 +321,7 @@ def test_daemon_status_down(state: Path, runtime_name: str) -> None:
     ports = ["--api-port", "0", "--router-port", "0", "--admin-port", "0"]
     result = _cli(
         "up", "--daemon", "--runtime", runtime_name, "--workers", "2", "--actors-per-worker", "3",
-        *ports, *common,
+        "--parked-requests", "8", "--resume-budget-s", "2", *ports, *common,
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "capacity: 2 workers x 3 actors (6 running at once)" in result.output
@@ -385,6 +385,11 @@ def test_up_refuses_more_actors_than_the_backend_runs(tmp_path: Path) -> None:
     )
     assert result.exit_code == 1
     assert "--workers 5 x --actors-per-worker 60 is 300 actors" in result.output
+    assert not (tmp_path / "s").exists()
+    for flag, value in (("--parked-requests", "-1"), ("--resume-budget-s", "0")):
+        result = _cli("up", flag, value, "--state-dir", str(tmp_path / "s"))
+        assert result.exit_code == 2, result.output
+        assert f"Invalid value for '{flag}'" in result.output
     assert not (tmp_path / "s").exists()
 
 

@@ -152,6 +152,22 @@ local.add_command(rootfs_group)
     help="The router's route timeout in seconds (atenet's: 5 minutes).",
 )
 @click.option(
+    "--parked-requests",
+    type=click.IntRange(0, 1_000_000),
+    default=1024,
+    show_default=True,
+    help="Requests the router parks while their actor waits for capacity (atenet's "
+    "parked-request-max; 0 disables parking).",
+)
+@click.option(
+    "--resume-budget-s",
+    type=click.FloatRange(0.1, 600, min_open=False),
+    default=5.0,
+    show_default=True,
+    help="Seconds the router keeps retrying a parked resume, from its first request (atenet's "
+    "parked-request budget).",
+)
+@click.option(
     "--suspend-on-stop",
     is_flag=True,
     help="On every stop (Ctrl-C, SIGTERM, `local down`), suspend running actors first instead "
@@ -183,6 +199,8 @@ def up(
     router_port: int,
     admin_port: int,
     router_timeout: float,
+    parked_requests: int,
+    resume_budget_s: float,
     suspend_on_stop: bool,
     tls: bool,
     auth: str,
@@ -223,6 +241,8 @@ def up(
         "router_port": router_port,
         "admin_port": admin_port,
         "router_timeout": router_timeout,
+        "parked_requests": parked_requests,
+        "resume_budget_s": resume_budget_s,
         "suspend_on_stop": suspend_on_stop,
         "tls": tls,
         "auth": auth,
@@ -252,6 +272,8 @@ async def _foreground(folder: Path, options: dict[str, Any], as_json: bool) -> N
         router_port=options["router_port"],
         admin_port=options["admin_port"],
         router_timeout_s=options["router_timeout"],
+        parked_request_max=options["parked_requests"],
+        parked_request_budget_s=options["resume_budget_s"],
         suspend_on_stop=options["suspend_on_stop"],
         tls=options["tls"],
         auth=options["auth"],

@@ -54,6 +54,8 @@ def spawn(
     admin_port: int,
     router_timeout: float,
     suspend_on_stop: bool,
+    parked_requests: int = 1024,
+    resume_budget_s: float = 5.0,
     tls: bool = False,
     auth: str = "mtls",
     rootfs: str = "debian",
@@ -65,7 +67,8 @@ def spawn(
         "--workers", str(workers), "--runtime", runtime, "--state-dir", str(folder),
         "--api-port", str(api_port), "--router-port", str(router_port),
         "--admin-port", str(admin_port), "--router-timeout", str(router_timeout),
-        "--auth", auth, "--rootfs", rootfs,
+        "--auth", auth, "--rootfs", rootfs, "--parked-requests", str(parked_requests),
+        "--resume-budget-s", str(resume_budget_s),
     ]  # fmt: skip
     if actors_per_worker is not None:
         argv += ["--actors-per-worker", str(actors_per_worker)]
