@@ -101,10 +101,10 @@ class Store:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._check_schema()  # first: a folder it refuses is left as it was (no WAL files)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA busy_timeout=5000")
-        self._check_schema()
         self._db.executescript(_SCHEMA)
         self.set_meta("schema", SCHEMA_VERSION)
 
