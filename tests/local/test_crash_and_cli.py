@@ -430,6 +430,7 @@ def test_a_june_state_folder_is_refused_until_purged(tmp_path: Path) -> None:
         assert result.exit_code == 1, result.output
         assert stale in result.output
         assert fix in result.output
+    assert not (state / "state.db-wal").exists(), "a refused state.db is left as it was"
     purged = _cli("down", "--purge", *common)
     assert purged.exit_code == 0, purged.output
     assert f"purged: {state / 'state.db'}" in purged.output
