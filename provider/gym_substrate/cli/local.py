@@ -86,7 +86,11 @@ def _print_up(info: dict[str, Any]) -> None:
 
 def _capacity(info: dict[str, Any]) -> str:
     workers, per = int(info.get("workers", 0)), int(info.get("actors_per_worker", 0))
-    return f"{workers} workers x {per} actors ({workers * per} running at once)"
+    worker_s, actor_s = (
+        ("worker" if workers == 1 else "workers"),
+        ("actor" if per == 1 else "actors"),
+    )
+    return f"{workers} {worker_s} x {per} {actor_s} ({workers * per} running at once)"
 
 
 @click.group()
