@@ -19,7 +19,11 @@ from typing import Any
 
 __all__ = ["STATES", "SweepResult", "SweepTarget", "delete_targets", "find_targets", "sweep_actors"]
 
-STATES = ("RUNNING", "RESUMING", "PAUSING", "PAUSED", "SUSPENDING", "SUSPENDED")
+# every ActorState but UNSPECIFIED, as `_grpc.actor_state` spells them
+STATES = (
+    "RUNNING", "RESUMING", "PAUSING", "PAUSED", "SUSPENDING", "SUSPENDED", "CRASHED",
+    "REVERTING", "DELETING",
+)  # fmt: skip
 
 
 @dataclass
@@ -56,7 +60,7 @@ async def find_targets(
     states: Collection[str] | None = None,
 ) -> list[SweepTarget]:
     """What a sweep would delete, in the provider's configured atespace only."""
-    from gym_substrate._grpc import status_name
+    from gym_substrate._grpc import actor_state
     from gym_substrate._ledger import Ledger
 
     atespace = provider.connection.atespace
@@ -65,14 +69,15 @@ async def find_targets(
     if everything or name is not None or wanted:
         reason = _selection(everything, name, wanted)
         for found in await provider.control.list_actors(atespace):
-            if (found.atespace or atespace) != atespace:
+            meta = found.metadata
+            if (meta.atespace or atespace) != atespace:
                 continue
-            state = status_name(found.status)
-            if name is not None and not fnmatch.fnmatchcase(found.actor_id, name):
+            state = actor_state(found)
+            if name is not None and not fnmatch.fnmatchcase(meta.name, name):
                 continue
             if wanted and state not in wanted:
                 continue
-            targets.append(SweepTarget(found.actor_id, atespace, reason, state))
+            targets.append(SweepTarget(meta.name, atespace, reason, state))
         return targets
     if provider.lifecycle.ledger is None:
         return targets
