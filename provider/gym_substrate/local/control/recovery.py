@@ -6,8 +6,8 @@ its worker's epoch rises, as when a worker's ateom restarts upstream. Nothing fa
 older snapshot silently: a crashed actor says so until it is reverted. A golden actor that was
 lost is removed instead, so its template's build starts over. At stop (`local down`) every
 sandbox goes, and the actors that ran in one are CRASHED (`worker pod went away while hosting
-the actor`) unless the backend suspends them first; a golden actor mid-build is removed. While the backend runs, a watchdog crashes
-a RUNNING actor whose sandbox exited.
+the actor`) unless the backend suspends them first; a golden actor mid-build is removed. While
+the backend runs, a watchdog crashes a RUNNING actor whose sandbox exited.
 """
 
 from __future__ import annotations
