@@ -49,7 +49,7 @@ def _refusal(api: str, why: str) -> UnsupportedServerError:
 
 
 async def _reflect(
-    channel: grpc.aio.Channel, metadata: Metadata, timeout_s: float
+    channel: grpc.aio.Channel, metadata: Metadata, timeout_s: float, label: str
 ) -> tuple[set[str], set[str] | None] | None:
     """(services, methods of ateapi.Control or None), or None when reflection is not served."""
     stub = reflection_pb2_grpc.ServerReflectionStub(channel)  # type: ignore[no-untyped-call]
@@ -69,7 +69,7 @@ async def _reflect(
     except grpc.RpcError as exc:
         code = exc.code() if callable(getattr(exc, "code", None)) else None  # type: ignore[misc]
         if code in _TRANSIENT:
-            raise translate_grpc_error(exc, "ServerReflectionInfo") from exc
+            raise translate_grpc_error(exc, label) from exc
         return None  # UNIMPLEMENTED (no reflection), or reflection refused us: probe instead
     return services, methods
 
@@ -86,7 +86,7 @@ def _control_methods(files: Sequence[bytes]) -> set[str] | None:
 
 
 async def _probe(
-    channel: grpc.aio.Channel, atespace: str, metadata: Metadata, timeout_s: float
+    channel: grpc.aio.Channel, atespace: str, metadata: Metadata, timeout_s: float, label: str
 ) -> bool:
     """True when the server has `ListTags`, i.e. speaks the current API."""
     stub = pb_grpc.ControlStub(channel)  # type: ignore[no-untyped-call]
@@ -101,7 +101,7 @@ async def _probe(
         if code == grpc.StatusCode.UNIMPLEMENTED:
             return False
         if code in _TRANSIENT:
-            raise translate_grpc_error(exc, "ListTags") from exc
+            raise translate_grpc_error(exc, label) from exc
     return True
 
 
@@ -112,13 +112,15 @@ async def check_server(
     atespace: str,
     metadata: Metadata,
     timeout_s: float,
+    method: str = "ServerReflectionInfo",
 ) -> None:
     """`UnsupportedServerError` for a June-era server; `ControlPlaneError` if it cannot be told.
 
     Reflection first; the ListTags probe when reflection is not served or does not describe
-    ateapi.Control (a proxy in front of ateapi, say).
+    ateapi.Control (a proxy in front of ateapi, say). A server that cannot be reached is
+    reported under ``method``, the call the user made, as that call would have been.
     """
-    reflected = await _reflect(channel, metadata, timeout_s)
+    reflected = await _reflect(channel, metadata, timeout_s, method)
     if reflected is not None:
         services, methods = reflected
         if _JUNE_ONLY_SERVICE in services:
@@ -128,5 +130,5 @@ async def check_server(
             if missing:
                 raise _refusal(api, f"its {_CONTROL} has no {' or '.join(missing)}")
             return
-    if not await _probe(channel, atespace, metadata, timeout_s):
+    if not await _probe(channel, atespace, metadata, timeout_s, method):
         raise _refusal(api, "ListTags is UNIMPLEMENTED")

@@ -165,7 +165,7 @@ class ControlClient:
                 method=method,
             ) from exc
 
-    async def _ensure_supported(self) -> None:
+    async def _ensure_supported(self, method: str) -> None:
         """Check the server's API once per client (one connection); a refusal is final."""
         if self._checked:
             return
@@ -181,6 +181,7 @@ class ControlClient:
                     atespace=self._conn.atespace,
                     metadata=self._metadata("ServerReflectionInfo"),
                     timeout_s=self._conn.request_timeout_s,
+                    method=method,
                 )
             except UnsupportedServerError as exc:
                 self._refused = str(exc)
@@ -188,7 +189,7 @@ class ControlClient:
             self._checked = True
 
     async def _call(self, method: str, fn: Callable[..., Awaitable[R]], request: Any) -> R:
-        await self._ensure_supported()
+        await self._ensure_supported(method)
         metadata = self._metadata(method)
         try:
             return await fn(request, timeout=self._conn.request_timeout_s, metadata=metadata)
