@@ -6,8 +6,10 @@ tags and answers INVALID_ARGUMENT with the error list's aggregate (apivalidation
 several as `[e1, e2]`. Paths are the proto's snake_case fields from the request's field name
 (`actor.metadata.name`). Unknown request fields are refused the same way by the server's last
 interceptor (`RejectUnknownFieldsUnaryInterceptor`): `request: Invalid value: unknown field with
-protobuf tag 99`. Where Kubernetes versions word a detail differently, docs/compatibility.md
-("Validation messages") says which wording this follows.
+protobuf tag 99`, one error per message holding unknown fields, naming the first
+(internal/ateinterceptors/rejectunknown_test.go@2e3e300a). Where Kubernetes versions word a
+detail differently, docs/compatibility.md ("Validation messages") says which wording this
+follows.
 """
 
 from __future__ import annotations
@@ -159,8 +161,10 @@ def check_selector(errors: FieldErrors, path: str, labels: Mapping[str, str]) ->
 
 
 def _unknown(message: Message, path: str, errors: FieldErrors) -> None:
-    for field in unknown_fields.UnknownFieldSet(message):  # type: ignore[attr-defined]
-        errors.invalid_omitted(path, f"unknown field with protobuf tag {field.field_number}")
+    # one error per message, naming its first unknown tag (findUnknownFields)
+    found = unknown_fields.UnknownFieldSet(message)  # type: ignore[attr-defined]
+    if len(found):
+        errors.invalid_omitted(path, f"unknown field with protobuf tag {found[0].field_number}")
     for descriptor, value in message.ListFields():
         if descriptor.message_type is None:
             continue
