@@ -174,7 +174,7 @@ def _unknown(message: Message, path: str, errors: FieldErrors) -> None:
                 for key, item in value.items():
                     _unknown(item, f"{path}.{child}[{key}]" if path != "request" else child, errors)
             continue
-        if descriptor.label == descriptor.LABEL_REPEATED:  # type: ignore[attr-defined]
+        if descriptor.is_repeated:
             for index, item in enumerate(value):
                 where = f"{child}[{index}]" if path == "request" else f"{path}.{child}[{index}]"
                 _unknown(item, where, errors)
