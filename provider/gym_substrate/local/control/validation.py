@@ -57,6 +57,8 @@ _LABEL_VALUE_DETAIL = (
 )
 # an error message repeats at most this much of a value it refuses (gRPC caps status messages)
 _SHOWN = 64
+# and lists errors up to this many bytes (gRPC C-core clients refuse metadata over 8 KiB)
+_MAX_MESSAGE = 4096
 
 
 def _value(value: Any) -> str:
@@ -106,9 +108,22 @@ class FieldErrors:
         )
 
     def message(self) -> str:
+        """The aggregate, `e` or `[e1, e2]`; past `_MAX_MESSAGE` bytes the rest is counted,
+        not listed, so the status still fits a client's metadata (a request of thousands of
+        bad entries would otherwise reach it as RESOURCE_EXHAUSTED, not INVALID_ARGUMENT)."""
         if len(self.items) == 1:
             return self.items[0]
-        return "[" + ", ".join(self.items) + "]"
+        shown: list[str] = []
+        size = 2
+        for item in self.items:
+            size += len(item.encode()) + 2
+            if shown and size > _MAX_MESSAGE:
+                break
+            shown.append(item)
+        rest = len(self.items) - len(shown)
+        if rest:
+            shown.append(f"and {rest} more errors")
+        return "[" + ", ".join(shown) + "]"
 
     def raise_if_any(self) -> None:
         if self.items:
