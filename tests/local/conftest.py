@@ -3,11 +3,14 @@
 `runtime_name` is "process" (fast, no root) unless a test parametrizes it with
 `local_helpers.RUNTIMES`, which adds "gvisor" under the `runsc` marker: the lifecycle, router and
 crash tests run against both runtimes, validation-only tests against the process runtime.
-Every backend fixture ends with a leak check, so a test that leaves a sandbox behind fails.
+A backend fixture yields once the golden builds of its templates have ended (so no build holds a
+worker while the test runs) and ends with a leak check, so a test that leaves a sandbox behind
+fails.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,7 @@ from typing import Any
 import aiohttp
 import grpc
 import pytest
+from local_helpers import settle_golden
 
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
 from gym_substrate.local import LocalBackend
@@ -23,14 +27,12 @@ from gym_substrate.local.statedir import state_leftovers
 
 @pytest.fixture
 def runtime_name() -> str:
-    import os
-
     return os.environ.get("LB_RT", "process")
 
 
 @pytest.fixture
 def backend_options() -> dict[str, Any]:
-    """Override in a test module to change workers or the router timeout."""
+    """Override in a test module (or parametrize) to change workers or the router timeout."""
     return {"workers": 2, "router_timeout_s": 10.0}
 
 
@@ -40,9 +42,11 @@ async def backend(
 ) -> AsyncIterator[LocalBackend]:
     state = tmp_path / "state"
     # the suites that use this fixture keep the host's rootfs explicitly (templates naming
-    # sys.executable, uploads of host paths); test_rootfs.py covers the Debian default
-    options = {"default_rootfs": "host", **backend_options}
+    # sys.executable, uploads of host paths); test_rootfs.py covers the Debian default. One
+    # actor per worker unless a test asks for more, so "no free worker" is easy to reach.
+    options = {"default_rootfs": "host", "actors_per_worker": 1, **backend_options}
     async with LocalBackend(state, runtime=runtime_name, **options) as started:
+        await settle_golden(started)
         yield started
     assert await state_leftovers(state) == []
 

@@ -7,8 +7,9 @@ SANDBOX_AGENT_ACTOR_ID), then 200 JSON {"actor_id": ...}, as the sandbox agent's
 Why not `sleep N; exec agent`: under gVisor an actor restores from its template's golden
 snapshot, taken once the workload was ready, so a slow boot is slow only once, at template
 registration, and every resume is fast (as on a cluster, workflow_resume.go). Counting from the
-actor id makes each start AND each restore slow. The template's golden actor (id `golden-...`,
-as the gVisor runtime names it) is ready at once, so registering the template stays quick.
+actor id makes each start AND each restore slow. The template's golden actor (`ate-golden/<the
+template's uid>`, so its id is a UUID) is ready at once, so the template's golden build stays
+quick.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import os
 import socketserver
 import time
+import uuid
 
 _ID_FILE = "/run/ate/actor-id"
 _ID_ENV = "SANDBOX_AGENT_ACTOR_ID"
@@ -31,6 +33,14 @@ def _actor_id() -> str:
     except OSError:
         value = ""
     return value or os.environ.get(_ID_ENV, "")
+
+
+def _golden(actor_id: str) -> bool:
+    """A golden actor is named by its template's uid."""
+    try:
+        return str(uuid.UUID(actor_id)) == actor_id
+    except ValueError:
+        return False
 
 
 class Server(http.server.ThreadingHTTPServer):
@@ -51,7 +61,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
         actor_id = _actor_id()
         first = self.server.first_seen.setdefault(actor_id, time.monotonic())
-        ready = actor_id.startswith("golden-") or time.monotonic() - first >= self.server.delay_s
+        ready = _golden(actor_id) or time.monotonic() - first >= self.server.delay_s
         status, body = (200, {"actor_id": actor_id}) if ready else (503, {"ready": False})
         data = json.dumps(body).encode()
         self.send_response(status)

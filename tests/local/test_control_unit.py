@@ -1,14 +1,17 @@
-"""The control plane against a scripted runtime: snapshot choice, failures, crash recovery.
+"""The control plane against a scripted runtime: snapshot choice, failures, recovery, clocks.
 
-A fake runtime makes the failure paths (a restore that fails, a checkpoint that kills the
-sandbox, a sandbox that vanished while the control plane was down) deterministic; the real
-runtimes are covered by the gRPC, router and crash tests.
+A fake runtime makes the failure paths (a restore that fails, a checkpoint that dies, a sandbox
+that vanished while the control plane was down, a golden tag that belongs to someone else)
+deterministic and the clock injectable; the real runtimes are covered by the gRPC suites
+(test_fidelity_control.py, test_fidelity_resources.py). Each test says which upstream
+behaviour it pins (/work/notes/upstream-actors.md, upstream-resources.md).
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import logging
+import shutil
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -16,8 +19,13 @@ from typing import Any
 import grpc
 import pytest
 
+from gym_substrate.ateapi import ateapi_pb2 as pb
+from gym_substrate.local.control.plane import ControlPlane
+from gym_substrate.local.control.records import TagRecord, new_meta
+from gym_substrate.local.control.store import Store
+from gym_substrate.local.control.worker_rpcs import WorkerRpcs
 from gym_substrate.local.errors import ApiError
-from gym_substrate.local.lifecycle import ControlPlane
+from gym_substrate.local.images import ImageCatalogue
 from gym_substrate.local.metrics import Metrics
 from gym_substrate.local.runtimes.base import (
     ActorSpec,
@@ -28,10 +36,10 @@ from gym_substrate.local.runtimes.base import (
     SnapshotKind,
     SnapshotRef,
     StartedSandbox,
-    TemplateSpec,
 )
-from gym_substrate.local.store import Store
 from gym_substrate.local.templates import default_template
+
+C = grpc.StatusCode
 
 
 def _image(dest: Path, size: int) -> None:
@@ -44,6 +52,9 @@ def _exists(path: Path) -> bool:
 
 
 class FakeRuntime:
+    """The runtime contract (runtimes/base.py), scripted: what was started from what, and
+    failures on demand."""
+
     name = "fake"
     isolates = True
     memory_survives_suspend = True
@@ -51,6 +62,7 @@ class FakeRuntime:
     def __init__(self) -> None:
         self.alive: dict[str, str] = {}  # handle -> actor key
         self.starts: list[tuple[str, SnapshotRef | None]] = []
+        self.uploads: list[tuple[str, SnapshotRef, str, Path]] = []
         self.fail_start: str | None = None
         self.fail_checkpoint: RuntimeFailure | None = None
         self.swept_keep: set[str] | None = None
@@ -70,12 +82,6 @@ class FakeRuntime:
     async def close(self) -> None:
         return None
 
-    async def prepare_template(
-        self, template: TemplateSpec, slot: Slot, dest: Path
-    ) -> CheckpointResult | None:
-        _image(dest, 10)
-        return CheckpointResult(SnapshotRef(SnapshotKind.GOLDEN, dest), (("pages", 10),))
-
     async def start(
         self, actor: ActorSpec, slot: Slot, source: SnapshotRef | None, *, timeout_s: float
     ) -> StartedSandbox:
@@ -93,12 +99,19 @@ class FakeRuntime:
         self, actor: ActorSpec, handle: str, kind: SnapshotKind, dest: Path
     ) -> CheckpointResult:
         if self.fail_checkpoint is not None:
-            if self.fail_checkpoint.sandbox_lost:
-                self.alive.pop(handle, None)
+            _image(dest, 1)  # half written
+            self.alive.pop(handle, None)
             raise self.fail_checkpoint
         _image(dest, 5)
         self.alive.pop(handle, None)
         return CheckpointResult(SnapshotRef(kind, dest), (("pages", 5),))
+
+    async def upload(
+        self, actor: ActorSpec, local: SnapshotRef, retained_handle: str, dest: Path
+    ) -> CheckpointResult:
+        self.uploads.append((actor.key, local, retained_handle, dest))
+        shutil.copytree(local.path, dest)
+        return CheckpointResult(SnapshotRef(SnapshotKind.EXTERNAL, dest), (("pages", 5),))
 
     async def stop(self, handle: str) -> None:
         self.alive.pop(handle, None)
@@ -131,271 +144,366 @@ class FakeRuntime:
         return list(self.alive)
 
 
-async def _plane(state: Path, runtime: FakeRuntime, workers: int = 2) -> ControlPlane:
+class Clock:
+    """An injected clock: time stands still until a test moves it."""
+
+    def __init__(self, now: float = 1_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _template(state: Path, images: ImageCatalogue) -> pb.ActorTemplate:
+    host = images.latest("local/host")
+    assert host is not None
+    return default_template(state / "store", host, None)
+
+
+async def _plane(
+    state: Path,
+    runtime: FakeRuntime,
+    *,
+    workers: int = 2,
+    per_worker: int = 1,
+    clock: Clock | None = None,
+    template: pb.ActorTemplate | None = None,
+) -> ControlPlane:
+    """A started plane whose default template's golden build has ended."""
+    images = ImageCatalogue(state)
     plane = ControlPlane(
         Store(state / "state.db"),
         runtime,
         state_dir=state,
         instance="gstest",
         workers=workers,
+        actors_per_worker=per_worker,
         metrics=Metrics(),
+        images=images,
+        **({"clock": clock} if clock is not None else {}),
     )
-    await plane.start([default_template(state / "store")])
+    await plane.start([template or _template(state, images)])
+    for record in list(plane.state.templates.values()):
+        await plane.golden.wait(record)
     return plane
+
+
+async def _stop(plane: ControlPlane) -> None:
+    await plane.shutdown()
+    plane.state.store.close()
+
+
+@pytest.fixture
+def runtime() -> FakeRuntime:
+    return FakeRuntime()
+
+
+def _create(plane: ControlPlane, name: str, atespace: str = "t", **fields: Any) -> Any:
+    plane.atespaces.ensure(atespace)
+    actor = pb.Actor(
+        metadata=pb.ResourceMetadata(atespace=atespace, name=name),
+        actor_template=pb.ObjectRef(atespace="local", name="sandbox"),
+        **fields,
+    )
+    return plane.actors.create(pb.CreateActorRequest(actor=actor))
 
 
 def test_fake_runtime_satisfies_the_protocol() -> None:
     assert isinstance(FakeRuntime(), SandboxRuntime)
 
 
-async def test_snapshot_choice_follows_substrate(tmp_path: Path) -> None:
-    runtime = FakeRuntime()
+async def test_golden_build_and_snapshot_choice(tmp_path: Path, runtime: FakeRuntime) -> None:
+    """real: the golden actor cold-boots (atelet Run), is suspended and tagged
+    (template_reconciler.go@00cd6e96); an actor born on the golden tag restores it; a resume
+    takes the newest LOCAL COMPLETED snapshot first, then the newest DURABLE one
+    (`ensureAteletRestored`, kagent:controlapi/workflow_resume.go@2559ec02); a suspend writes
+    under `<storage>/atespaces/<atespace>/actors/<uid>/`, a tag under `.../tags/<tag uid>/`
+    (resources.NewTagSnapshotURI, upstream-resources.md §2.1); a suspend of a PAUSED actor
+    uploads its local snapshot (atelet UploadPausedCheckpoint, workflow_suspend.go@2559ec02)."""
     plane = await _plane(tmp_path, runtime)
-    golden = plane.golden("local/sandbox")
-    assert golden is not None
-    assert Path(golden.path).is_relative_to(tmp_path / "store" / "ate-golden-sandbox")
-    plane.create_atespace("t")
-    for name in ("g", "b"):
-        plane.create_actor("t", name, "local", "sandbox", {})
-    await plane.resume_actor("t", "g")
-    await plane.resume_actor("t", "b", boot=True)
-    assert runtime.starts[0][1] == SnapshotRef(SnapshotKind.GOLDEN, Path(golden.path))
-    assert runtime.starts[1][1] is None  # boot=true skips the golden snapshot
-    paused = await plane.pause_actor("t", "g")
-    await plane.resume_actor("t", "g", boot=True)  # boot does not skip the actor's own snapshot
-    assert runtime.starts[-1][1] == SnapshotRef(SnapshotKind.LOCAL, Path(paused.snapshot_path))
-    suspended = await plane.suspend_actor("t", "g")
-    assert not _exists(Path(paused.snapshot_path))  # superseded
-    await plane.resume_actor("t", "g")
-    external = SnapshotRef(SnapshotKind.EXTERNAL, Path(suspended.snapshot_path))
-    assert runtime.starts[-1][1] == external
-    assert Path(suspended.snapshot_path).is_relative_to(tmp_path / "store" / "g")
-    plane.store.close()
+    template = plane.state.templates["local/sandbox"]
+    store = tmp_path / "store" / "atespaces"
+    golden_key = f"ate-golden/{template.meta.uid}"
+    assert runtime.starts[0] == (golden_key, None)
+    tag = plane.state.tags[template.golden_tag]
+    assert template.golden_tag == golden_key
+    tag_folder = Path(tag.snapshot.storage[0].path)  # type: ignore[union-attr]
+    assert tag_folder == store / "ate-golden" / "tags" / tag.meta.uid
+    assert golden_key not in plane.state.actors  # deleted once tagged
+
+    record = _create(plane, "a")
+    await plane.resume.run("t/a")
+    assert runtime.starts[-1] == ("t/a", SnapshotRef(SnapshotKind.TAG, tag_folder))
+    await plane.parking.pause(pb.PauseActorRequest(actor=pb.ObjectRef(atespace="t", name="a")))
+    local = Path(plane.state.actors["t/a"].latest().completed("LOCAL").path)  # type: ignore[union-attr]
+    assert local.parent == tmp_path / "snapshots" / "local"
+    await plane.resume.run("t/a")
+    assert runtime.starts[-1] == ("t/a", SnapshotRef(SnapshotKind.LOCAL, local))
+    suspended = await plane.parking.suspend_key("t/a")
+    external = Path(suspended.latest_durable().completed("DURABLE").path)  # type: ignore[union-attr]
+    assert external.parent == store / "t" / "actors" / record.meta.uid
+    await plane.recovery.settle()
+    assert not _exists(local)  # superseded
+    assert _exists(tag_folder)  # a tag's is never the actor's to remove
+    await plane.resume.run("t/a")
+    assert runtime.starts[-1] == ("t/a", SnapshotRef(SnapshotKind.EXTERNAL, external))
+
+    await plane.parking.pause(pb.PauseActorRequest(actor=pb.ObjectRef(atespace="t", name="a")))
+    paused_record = plane.state.actors["t/a"]
+    uploaded = await plane.parking.suspend_key("t/a")
+    (key, source, retained, dest) = runtime.uploads[-1]
+    assert (key, source.kind) == ("t/a", SnapshotKind.LOCAL)
+    assert retained == paused_record.retained_handle
+    newest = uploaded.latest_durable()
+    assert newest is not None
+    assert newest.generation == paused_record.last_generation
+    assert Path(newest.completed("DURABLE").path) == dest  # type: ignore[union-attr]
+    await plane.recovery.settle()
+    assert not _exists(external)
+    await _stop(plane)
 
 
-async def test_failed_restore_keeps_the_worker_and_the_next_resume_continues(
-    tmp_path: Path,
+async def test_a_failed_start_crashes_the_actor_and_frees_its_worker(
+    tmp_path: Path, runtime: FakeRuntime
 ) -> None:
-    """Real: a failed step leaves the actor RESUMING with its worker; the next ResumeActor
-    reuses that worker (AssignWorker) and carries on (workflow_resume.go)."""
-    runtime = FakeRuntime()
+    """real: atelet Restore failing crashes the actor (`resume failed: atelet Restore: <msg>`),
+    releasing its worker first (kagent:controlapi/crash.go@2559ec02), so another actor gets the
+    only worker; the caller reads `actor <ref> crashed: ...` (design.md: INTERNAL)."""
     plane = await _plane(tmp_path, runtime, workers=1)
-    plane.create_atespace("t")
-    before = plane.create_actor("t", "a", "local", "sandbox", {})
-    plane.create_actor("t", "b", "local", "sandbox", {})
+    _create(plane, "a")
+    _create(plane, "b")
     runtime.fail_start = "restore exploded"
     with pytest.raises(ApiError) as info:
-        await plane.resume_actor("t", "a")
-    assert info.value.code == grpc.StatusCode.INTERNAL
-    assert info.value.message == (
-        "workflow failed at step CallAteletRestore: while creating workload from golden "
-        "snapshot: restore exploded"
+        await plane.resume.run("t/a")
+    assert (info.value.code, info.value.message) == (
+        C.INTERNAL,
+        "actor t/a crashed: atelet Restore: restore exploded",
     )
-    after = plane.get_actor("t", "a")
-    assert after.status == "STATUS_RESUMING"
-    assert after.slot == 0
-    assert after.version > before.version
-    with pytest.raises(ApiError) as info:
-        await plane.resume_actor("t", "b")  # "a" still holds the only worker
-    assert info.value.message == "no free workers available"
+    crashed = plane.state.actors["t/a"]
+    assert (crashed.state, crashed.crash_message) == (
+        "CRASHED",
+        "resume failed: atelet Restore: restore exploded",
+    )
+    assert (crashed.worker, crashed.slot) == ("", None)
     runtime.fail_start = None
-    resumed = await plane.resume_actor("t", "a")
-    assert (resumed.status, resumed.slot) == ("STATUS_RUNNING", 0)
-    plane.store.close()
+    resumed, ran = await plane.resume.run("t/b")
+    assert (resumed.state, ran) == ("RUNNING", True)
+    await _stop(plane)
 
 
 @pytest.mark.parametrize("lost", [True, False])
-async def test_failed_checkpoint(tmp_path: Path, lost: bool) -> None:
-    runtime = FakeRuntime()
+async def test_a_failed_checkpoint_crashes_the_actor(
+    tmp_path: Path, runtime: FakeRuntime, lost: bool
+) -> None:
+    """real: a failing atelet Checkpoint crashes the actor (`suspend failed: atelet Checkpoint:
+    <msg>`), keeping its snapshots (kagent:controlapi/crash.go@2559ec02, workflow_suspend.go);
+    the half-written snapshot is removed and its sandbox is not left running."""
     plane = await _plane(tmp_path, runtime, workers=1)
-    plane.create_atespace("t")
-    plane.create_actor("t", "a", "local", "sandbox", {})
-    running = await plane.resume_actor("t", "a")
+    record = _create(plane, "a")
+    await plane.resume.run("t/a")
     runtime.fail_checkpoint = RuntimeFailure("checkpoint exploded", sandbox_lost=lost)
     with pytest.raises(ApiError) as info:
-        await plane.suspend_actor("t", "a")
-    assert info.value.code == grpc.StatusCode.INTERNAL
-    record = plane.get_actor("t", "a")
-    assert record.in_progress_snapshot == ""
-    assert not list((tmp_path / "store").glob("a/*"))  # the half-written snapshot is gone
-    if lost:
-        assert record.status == "STATUS_SUSPENDED"
-        assert record.slot is None
-        assert record.handle == ""
-    else:
-        assert record.status == "STATUS_RUNNING"
-        assert record.handle == running.handle
-    plane.store.close()
+        await plane.parking.suspend_key("t/a")
+    assert (info.value.code, info.value.message) == (
+        C.INTERNAL,
+        "actor t/a crashed: atelet Checkpoint: checkpoint exploded",
+    )
+    crashed = plane.state.actors["t/a"]
+    assert (crashed.state, crashed.crash_message) == (
+        "CRASHED",
+        "suspend failed: atelet Checkpoint: checkpoint exploded",
+    )
+    assert not list(
+        (tmp_path / "store" / "atespaces" / "t" / "actors").glob(f"{record.meta.uid}/*")
+    )
+    assert runtime.alive == {}
+    # the borrowed generation is kept, and so is the unfinished one (revert drops it)
+    assert crashed.snapshots[0] == record.snapshots[0]
+    assert [(s.generation, s.storage[0].status) for s in crashed.snapshots] == [
+        (1, "COMPLETED"),
+        (2, "IN_PROGRESS"),
+    ]
+    await _stop(plane)
 
 
-async def test_recovery_adopts_or_falls_back(tmp_path: Path) -> None:
-    runtime = FakeRuntime()
+async def test_recovery_adopts_what_runs_and_crashes_what_is_gone(
+    tmp_path: Path, runtime: FakeRuntime
+) -> None:
+    """real: a worker whose ateom restarted crashes what it held (`ateom restarted while hosting
+    the actor`, prefixed by the operation it interrupted: `pause failed: ...`) and its epoch
+    rises (kagent:controlapi/crash.go@2559ec02; ReconcileAssignments read_file id
+    70457524383). Here: a control plane that stopped without stopping sandboxes adopts those
+    still running, crashes the others and sweeps what nothing claims."""
     plane = await _plane(tmp_path, runtime, workers=3)
-    plane.create_atespace("t")
     for name in ("keep", "vanish", "stuck"):
-        plane.create_actor("t", name, "local", "sandbox", {})
-        await plane.resume_actor("t", name)
-    await plane.suspend_actor("t", "vanish")
-    await plane.resume_actor("t", "vanish")
-    snapshot = plane.get_actor("t", "vanish").snapshot_path
-    stuck = plane.get_actor("t", "stuck")
-    plane._write(stuck, status="STATUS_PAUSING", in_progress_snapshot=str(tmp_path / "half"))
-    (tmp_path / "half").mkdir()
-    plane.store.close()  # the control plane "crashes" here: no shutdown
-    runtime.alive.pop(plane.get_actor("t", "vanish").handle)
-    runtime.alive[("orphan")] = "t/nobody"
+        _create(plane, name)
+        await plane.resume.run(f"t/{name}")
+    stuck = plane.state.actors["t/stuck"]
+    plane.state.save(stuck, state="PAUSING")
+    vanish = plane.state.actors["t/vanish"]
+    epochs = {w.meta.name: w.epoch for w in plane.pool.all()}
+    await plane.detach()  # the control plane goes; its sandboxes stay
+    plane.state.store.close()
+    del runtime.alive[vanish.handle]
+    runtime.alive["orphan"] = "t/nobody"
 
     again = await _plane(tmp_path, runtime, workers=3)
-    keep = again.get_actor("t", "keep")
-    assert keep.status == "STATUS_RUNNING"
+    keep = again.state.actors["t/keep"]
+    assert keep.state == "RUNNING"
     assert runtime.swept_keep == {keep.handle}
     assert "orphan" not in runtime.alive
-    vanished = again.get_actor("t", "vanish")
-    assert (vanished.status, vanished.snapshot_path, vanished.slot) == (
-        "STATUS_SUSPENDED",
-        snapshot,
-        None,
+    lost = again.state.actors["t/vanish"]
+    assert (lost.state, lost.crash_message) == (
+        "CRASHED",
+        "ateom restarted while hosting the actor",
     )
-    recovered = again.get_actor("t", "stuck")
-    assert recovered.status == "STATUS_SUSPENDED"
-    assert not _exists(tmp_path / "half")
-    busy, free = again.slots.counts()
-    assert (busy, free) == (1, 2)
-    again.store.close()
+    interrupted = again.state.actors["t/stuck"]
+    assert (interrupted.state, interrupted.crash_message) == (
+        "CRASHED",
+        "pause failed: ateom restarted while hosting the actor",
+    )
+    after = {w.meta.name: w.epoch for w in again.pool.all()}
+    assert after[vanish.worker] == epochs[vanish.worker] + 1
+    assert after[keep.worker] == epochs[keep.worker]
+    assert again.pool.counts() == (1, 2)
+    await _stop(again)
 
 
-async def test_template_in_use_cannot_change(tmp_path: Path) -> None:
-    """A changed spec under a name actors use is refused; unchanged is a no-op; unused replaces."""
-    runtime = FakeRuntime()
-    plane = await _plane(tmp_path, runtime)
-    base = default_template(tmp_path / "store")
-    golden = plane.golden(base.key)
-    assert golden is not None
-    assert await plane.add_template(base) is False  # identical: no-op, golden kept
-    assert plane.golden(base.key) == golden
-    plane.create_atespace("t")
-    for name in ("a", "b"):
-        plane.create_actor("t", name, "local", "sandbox", {})
-    changed = dataclasses.replace(base, command=(*base.command, "--verbose"))
-    with pytest.raises(ApiError) as info:
-        await plane.add_template(changed)
-    assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
-    message = info.value.message
-    assert "local/sandbox is used by 2 actor(s)" in message
-    assert "--verbose" in message  # names what changed
-    assert "Delete those actors" in message
-    assert "new metadata.name" in message
-    assert plane.templates[base.key] == base
-    assert [t for t, _ in plane.store.templates()] == [base]
-    assert plane.golden(base.key) == golden
-    assert _exists(Path(golden.path))
-    for name in ("a", "b"):
-        await plane.delete_actor("t", name)
-    # no actor uses it any more: the changed spec replaces it, with a fresh golden snapshot
-    assert await plane.add_template(changed) is True
-    assert plane.templates[base.key] == changed
-    fresh = plane.golden(base.key)
-    assert fresh is not None
-    assert fresh.digest == changed.digest()
-    assert not _exists(Path(golden.path))
-    plane.store.close()
-
-
-async def test_up_keeps_a_changed_default_template_while_actors_use_it(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+async def test_the_backends_own_template_is_kept_replaced_or_left(
+    tmp_path: Path, runtime: FakeRuntime, caplog: pytest.LogCaptureFixture
 ) -> None:
-    runtime = FakeRuntime()
+    """At start the backend's own template is created through CreateActorTemplate's code;
+    templates are immutable upstream (no Update RPC, functionaltest/
+    actor_template_test.go@0e4768ab), so a changed one (a new agent build) replaces the stored
+    one only while no actor uses it, with a fresh uid and golden tag; otherwise the stored one
+    is kept, with a warning saying how to pick up the new one."""
     plane = await _plane(tmp_path, runtime)
-    plane.create_atespace("t")
-    plane.create_actor("t", "a", "local", "sandbox", {})
-    await plane.resume_actor("t", "a")
-    await plane.suspend_actor("t", "a")
-    await plane.shutdown()
-    plane.store.close()
-    stored = default_template(tmp_path / "store")
-    upgraded = dataclasses.replace(stored, command=("/new/python", "-m", "sandbox_agent"))
-    again = ControlPlane(
-        Store(tmp_path / "state.db"),
-        runtime,
-        state_dir=tmp_path,
-        instance="gstest",
-        workers=2,
-        metrics=Metrics(),
-    )
-    with caplog.at_level("WARNING", logger="gym_substrate.local.template_registry"):
-        await again.start([upgraded])  # what `local up` does after an upgrade
-    assert again.templates[stored.key] == stored
-    warning = "\n".join(r.getMessage() for r in caplog.records)
-    assert "local/sandbox differs from the stored one" in warning
-    assert "/new/python" in warning
-    assert "1 actor(s)" in warning
-    resumed = await again.resume_actor("t", "a")
-    assert resumed.status == "STATUS_RUNNING"
-    again.store.close()
+    first = plane.state.templates["local/sandbox"]
+    base = _template(tmp_path, plane.images)
+    assert await plane.templates.ensure(base) == first
+    changed = pb.ActorTemplate()
+    changed.CopyFrom(base)
+    changed.containers[0].args.append("--verbose")
+    replaced = await plane.templates.ensure(changed)
+    await plane.golden.wait(replaced)
+    replaced = plane.state.templates["local/sandbox"]
+    assert replaced.meta.uid != first.meta.uid
+    assert replaced.golden_tag == f"ate-golden/{replaced.meta.uid}"
+    assert first.golden_tag not in plane.state.tags
+    _create(plane, "user")
+    with caplog.at_level(logging.WARNING, logger="gym_substrate.local.control.templates"):
+        kept = await plane.templates.ensure(base)
+    assert kept == replaced
+    assert "1 actor(s) use it" in caplog.text
+    await _stop(plane)
 
 
-def test_cli_offline_add_refuses_to_change_a_template_in_use(tmp_path: Path) -> None:
-    from click.testing import CliRunner
-
-    from gym_substrate.cli.local import local
-    from gym_substrate.local.store import ActorRecord
-
-    state = tmp_path / "state"
-    state.mkdir()
-    path = tmp_path / "tpl.yaml"
-
-    def write(port: int) -> None:
-        path.write_text(
-            "metadata: {name: mine, namespace: local}\n"
-            "spec:\n  containers:\n  - name: agent\n"
-            f"    command: [python3, -m, sandbox_agent, --port, '{port}']\n"
-            f"    readyz: {{httpGet: {{path: /readyz, port: {port}}}}}\n"
-            "  snapshotsConfig: {location: snaps}\n  rootfs: host\n"
-        )
-
-    def add() -> Any:
-        return CliRunner().invoke(local, ["templates", "add", str(path), "--state-dir", str(state)])
-
-    write(80)
-    assert add().exit_code == 0
-    assert add().exit_code == 0  # unchanged: fine
-    store = Store(state / "state.db")
-    (registered,) = [t for t, _ in store.templates()]
-    store.add_atespace("t")
-    record = ActorRecord("t", "a", "local", "mine", "STATUS_SUSPENDED")
-    store.insert_actor(record)
-    store.close()
-    write(81)
-    result = add()
-    assert result.exit_code == 1, result.output
-    assert "local/mine is used by 1 actor(s)" in result.output
-    store = Store(state / "state.db")
-    assert [t for t, _ in store.templates()] == [registered]
-    store.close()
-
-
-async def test_concurrent_operation_keeps_the_first_in_flight(tmp_path: Path) -> None:
-    """Two calls in one loop turn: the second is ABORTED and the first stays waitable."""
-    runtime = FakeRuntime()
+async def test_a_second_operation_is_aborted_and_the_first_stays_waitable(
+    tmp_path: Path, runtime: FakeRuntime
+) -> None:
+    """real: the actor's lease refuses a second workflow with ABORTED `another operation is in
+    progress for this actor` (`acquireLease`, walkthrough read_file id 68660195273); the router
+    waits for the one in flight instead of backing off blindly (`wait_idle`)."""
     plane = await _plane(tmp_path, runtime)
-    plane.create_atespace("t")
-    plane.create_actor("t", "a", "local", "sandbox", {})
+    _create(plane, "a")
     runtime.gate = asyncio.Event()
-    first = asyncio.ensure_future(plane.resume_actor("t", "a"))
-    second = asyncio.ensure_future(plane.resume_actor("t", "a"))
+    first = asyncio.ensure_future(plane.resume.run("t/a"))
+    await asyncio.sleep(0)
     with pytest.raises(ApiError) as info:
-        await second
-    assert info.value.code == grpc.StatusCode.ABORTED
+        await plane.parking.suspend_key("t/a")
+    assert (info.value.code, info.value.message) == (
+        C.ABORTED,
+        "another operation is in progress for this actor",
+    )
     assert not first.done()
-    # the router waits on the first operation instead of backing off blindly
     waiter = asyncio.ensure_future(plane.wait_idle("t/a", 5.0))
     await asyncio.sleep(0)
     runtime.gate.set()
     assert await waiter is True
-    assert first.done()
-    assert (await first).status == "STATUS_RUNNING"
-    assert len(runtime.starts) == 1
+    record, ran = await first
+    assert (record.state, ran) == ("RUNNING", True)
     assert await plane.wait_idle("t/a", 5.0) is False
-    assert not plane.workflows.busy()
-    assert (await plane.suspend_actor("t", "a")).status == "STATUS_SUSPENDED"
-    plane.store.close()
+    assert not plane.locks.busy()
+    assert (await plane.parking.suspend_key("t/a")).state == "SUSPENDED"
+    await _stop(plane)
+
+
+async def test_an_injected_clock_stamps_metadata_and_crashes(
+    tmp_path: Path, runtime: FakeRuntime
+) -> None:
+    """real: the store sets create_time = update_time = now at insert and update_time = now on
+    each write (kagent:store/atepg/atepg.go@042414e0); a crash records crash_time = now, the
+    first crash winning (kagent:controlapi/crash.go@2559ec02). The plane takes its clock."""
+    clock = Clock()
+    plane = await _plane(tmp_path, runtime, clock=clock)
+    clock.now += 10
+    record = _create(plane, "a")
+    assert (record.meta.create_time, record.meta.update_time) == (clock.now, clock.now)
+    clock.now += 5
+    running, _ = await plane.resume.run("t/a")
+    assert (running.meta.create_time, running.meta.update_time) == (clock.now - 5, clock.now)
+    clock.now += 7
+    crashed = await plane.revert.crash(running, "", "the actor's sandbox exited")
+    assert crashed.crash_time == clock.now
+    clock.now += 1
+    again = await plane.revert.crash(crashed, "resume", "later")
+    assert (again.crash_time, again.crash_message) == (clock.now - 1, "the actor's sandbox exited")
+    template = plane.state.templates["local/sandbox"]
+    assert template.snapshot_time == 1_000_000.0  # probed: no warm-up
+    await _stop(plane)
+
+
+async def test_a_golden_tag_of_another_template_ends_the_build(
+    tmp_path: Path, runtime: FakeRuntime
+) -> None:
+    """real: a tag already at `ate-golden/<uid>` that another actor or template made ends the
+    build for good: `GoldenTagConflict: golden tag belongs to another actor or template`
+    (controlapi/template_reconciler.go@00cd6e96)."""
+    plane = await _plane(tmp_path, runtime)
+    base = _template(tmp_path, plane.images)
+    base.metadata.name = "second"
+    record = plane.templates.create(pb.CreateActorTemplateRequest(actor_template=base))
+    # before its build's first pass: someone else's tag under the golden name
+    plane.state.insert(
+        TagRecord(new_meta("ate-golden", record.meta.uid), "PUBLISHED", "t/else", "x", None)
+    )
+    await plane.golden.wait(record)
+    done = plane.state.templates["local/second"]
+    assert done.golden_error == "GoldenTagConflict: golden tag belongs to another actor or template"
+    assert done.golden_tag == ""
+    await _stop(plane)
+
+
+async def test_deleting_a_worker_crashes_its_actors_and_it_can_register_again(
+    tmp_path: Path, runtime: FakeRuntime
+) -> None:
+    """real: when a worker pod goes away (DeleteWorker) the actors it held are CRASHED with
+    `worker pod went away while hosting the actor` (`crashBoundActor`, read_file id
+    70085660369); CreateWorker registers a pod as a worker (controlapi/worker.go@06e9dc87).
+    Here only a pod of this backend can come back, under a new name."""
+    plane = await _plane(tmp_path, runtime)
+    rpcs = WorkerRpcs(plane)
+    _create(plane, "a")
+    running, _ = await plane.resume.run("t/a")
+    worker = plane.pool.by_name(running.worker)
+    assert worker is not None
+    request = pb.DeleteWorkerRequest(worker=pb.ObjectRef(name=worker.meta.name))
+    removed = await rpcs.delete(request)
+    crashed = plane.state.actors["t/a"]
+    assert (crashed.state, crashed.crash_message) == (
+        "CRASHED",
+        "worker pod went away while hosting the actor",
+    )
+    assert len(plane.pool.all()) == 1
+    pod = plane.pool.pod_name(removed)
+    back = rpcs.create(
+        pb.CreateWorkerRequest(worker=pb.Worker(worker_namespace="local", worker_pod=pod))
+    )
+    assert back.meta.name != removed.meta.name
+    assert len(plane.pool.all()) == 2
+    with pytest.raises(ApiError) as info:
+        rpcs.create(
+            pb.CreateWorkerRequest(worker=pb.Worker(worker_namespace="local", worker_pod="x"))
+        )
+    assert info.value.code == C.FAILED_PRECONDITION
+    await _stop(plane)

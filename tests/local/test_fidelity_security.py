@@ -1,8 +1,9 @@
-"""The local API's security modes and introspection, as ateapi serves them.
+"""The local API's security modes, identity RPCs and introspection, as ateapi serves them.
 
 `local up --tls` serves TLS with a certificate for `api.ate-system.svc` only, `--auth jwt` checks
-a bearer token on every call, reflection lists the services, and SessionIdentity answers as the
-real one does. Each test names the Go file whose behaviour it pins.
+a bearer token on every call, MintActorJWT and MintActorCertificate sign an actor's identity with
+the state folder's keys (only with --tls), and reflection lists the services. Each test names
+the Go file whose behaviour it pins.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import re
 import stat
 import time
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -23,18 +25,16 @@ import grpc
 import pytest
 import pytest_asyncio
 import yaml
-from click.testing import CliRunner
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
+from cryptography.x509.oid import ExtendedKeyUsageOID
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from local_helpers import status_code
+from local_helpers import RUNTIMES, make_actor, ref, status_code, target
 
-from gym_substrate._names import actor_host
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
-from gym_substrate.cli.local import local
 from gym_substrate.local import BackendError, LocalBackend, provider_config
 from gym_substrate.local import credentials as material
 from gym_substrate.local.auth import CLIENT_JWT_ISSUER, encode_jwt
@@ -65,11 +65,14 @@ async def jwt_backend(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator
         yield backend
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def mtls_backend(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalBackend]:
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=RUNTIMES)
+async def mtls_backend(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> AsyncIterator[LocalBackend]:
+    """A --tls backend (no bearer tokens), on each runtime: the identity RPCs' signer."""
     state = tmp_path_factory.mktemp("mtls") / "state"
     async with LocalBackend(
-        state, runtime="process", default_rootfs="host", workers=1, tls=True
+        state, runtime=request.param, default_rootfs="host", workers=1, tls=True
     ) as backend:
         yield backend
 
@@ -286,29 +289,26 @@ async def test_the_router_resumes_over_grpc_as_a_client_with_the_token(
     jwt_backend: LocalBackend,
 ) -> None:
     """real: atenet's resumer is an ateapi client like any other (cmd/atenet/internal/router/
-    resumer.go): in jwt mode each ResumeActor carries its service account token, read from the
-    projected token file (internal/ateapiauth/client.go), and an UNAUTHENTICATED answer becomes
-    401 `actor "<id>" authentication required` (cmd/atenet/internal/router/errors.go). So a
-    routed request works with a good token file and is refused, naming no actor detail, with a
-    bad one; the file is re-read on every request."""
+    ingress/resumer.go@18d1c266): in jwt mode each ResumeActor carries its service account
+    token, read from the projected token file (internal/ateapiauth/client.go), and an
+    UNAUTHENTICATED answer becomes 401 `actor <ref> authentication required`
+    (ingress/errors.go@18d1c266). So a routed request works with a good token file and is
+    refused with a bad one; the file is re-read on every request. (Needs the router on
+    `ate-target-actor`, /work/notes/upstream-router.md.)"""
     assert jwt_backend.token_file is not None
     good = _token(jwt_backend)
     channel = _channel(jwt_backend)
     stub = pb_grpc.ControlStub(channel)
-    code = await status_code(
-        stub.CreateAtespace(pb.CreateAtespaceRequest(name="t"), metadata=_bearer(good))
+    auth = _bearer(good)
+    space = pb.CreateAtespaceRequest(atespace=pb.Atespace(metadata=pb.ResourceMetadata(name="t")))
+    assert await status_code(stub.CreateAtespace(space, metadata=auth)) in (C.OK, C.ALREADY_EXISTS)
+    actor = pb.Actor(
+        metadata=pb.ResourceMetadata(atespace="t", name="routed"),
+        actor_template=pb.ObjectRef(atespace="local", name="sandbox"),
     )
-    assert code in (C.OK, C.ALREADY_EXISTS)
-    await stub.CreateActor(
-        pb.CreateActorRequest(
-            actor_ref=pb.ActorRef(atespace="t", name="routed"),
-            actor_template_namespace="local",
-            actor_template_name="sandbox",
-        ),
-        metadata=_bearer(good),
-    )
+    await stub.CreateActor(pb.CreateActorRequest(actor=actor), metadata=auth)
     url = f"{jwt_backend.router_url}/readyz"
-    headers = {"Host": actor_host("routed", "t")}
+    headers = target("routed")
     async with aiohttp.ClientSession() as http:
         async with http.get(url, headers=headers) as response:
             assert response.status == 200, await response.text()
@@ -317,15 +317,14 @@ async def test_the_router_resumes_over_grpc_as_a_client_with_the_token(
             async with http.get(url, headers=headers) as response:
                 assert (response.status, await response.text()) == (
                     401,
-                    'actor "routed" authentication required',
+                    "actor t/routed authentication required",
                 )
         finally:
             jwt_backend.token_file.write_text(good + "\n")
         async with http.get(url, headers=headers) as response:
             assert response.status == 200, await response.text()
-    routed = pb.ActorRef(atespace="t", name="routed")
-    await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=routed), metadata=_bearer(good))
-    await stub.DeleteActor(pb.DeleteActorRequest(actor_ref=routed), metadata=_bearer(good))
+    await stub.SuspendActor(pb.SuspendActorRequest(actor=ref("routed")), metadata=auth)
+    await stub.DeleteActor(pb.DeleteActorRequest(actor=ref("routed")), metadata=auth)
     await channel.close()
 
 
@@ -343,7 +342,7 @@ async def test_the_printed_token_file_is_private_and_rotates_before_it_ends(
     assert claims["iss"] == CLIENT_JWT_ISSUER
     assert claims["sub"] == "system:serviceaccount:ate-system:ate-client"
     assert claims["exp"] - claims["iat"] == 3600
-    for name in ("sa-signer.key", "session-id-jwt.key", "token"):
+    for name in ("sa-signer.key", "actor-jwt.key", "token"):
         assert stat.S_IMODE((jwt_backend.state_dir / "auth" / name).stat().st_mode) == 0o600
 
     clock = [1_000_000.0]
@@ -364,8 +363,10 @@ async def test_reflection_lists_and_describes_the_services(
     jwt_backend: LocalBackend,
 ) -> None:
     """real: cmd/ateapi/main.go calls reflection.Register (v1 and v1alpha, so `grpcurl list`
-    works) behind the same auth interceptor; grpc-go lists every service, sorted
-    (vendor/google.golang.org/grpc/reflection/internal/internal.go)."""
+    works) behind the same auth interceptor (read_file id 70520562568); grpc-go lists every
+    service, sorted (vendor/google.golang.org/grpc/reflection/internal/internal.go).
+    `ateapi.Control` is the one API service; June's `ateapi.SessionIdentity` is gone
+    (ateapi.proto@2179589f)."""
     channel = _channel(jwt_backend)
 
     async def ask(service: str, metadata: Any, **request: Any) -> Any:
@@ -382,7 +383,6 @@ async def test_reflection_lists_and_describes_the_services(
 
     listed = [
         "ateapi.Control",
-        "ateapi.SessionIdentity",
         "grpc.reflection.v1.ServerReflection",
         "grpc.reflection.v1alpha.ServerReflection",
     ]
@@ -443,83 +443,159 @@ async def test_no_health_service_and_unknown_methods_are_answered_as_grpc_go(
     await channel.close()
 
 
-# ---------------------------------------------------------------------- SessionIdentity
-@module_loop
-async def test_mint_jwt_signs_a_session_token_for_a_caller_with_a_service_account_token(
-    mtls_backend: LocalBackend,
-) -> None:
-    """real: cmd/ateapi/internal/sessionidentity/sessionidentity.go MintJWT checks the caller's
-    SA token itself (also in mtls mode), then signs ES256 (kid "1", the session-id-jwt-pool,
-    cmd/ateapi/internal/sessionidjwt/sessionidjwt.go) for 15 minutes, not before 5 minutes ago,
-    sub apps/<app>/users/<user>/sessions/<session>, the ids again under `ate.dev`."""
-    channel = _channel(mtls_backend)
-    identity = pb_grpc.SessionIdentityStub(channel)
-    token = (mtls_backend.state_dir / "auth" / "token").read_text().strip()
-    request = pb.MintJWTRequest(
-        audience=["https://agent.example"], app_id="app", user_id="ann", session_id="s1"
-    )
-    call = identity.MintJWT(request, metadata=_bearer(token))
-    jwt = (await call).session_jwt
-    assert "x-server-elapsed-us" in dict(await call.trailing_metadata())
-    header, claims = _claims(jwt)
-    assert header == {"alg": "ES256", "kid": "1"}
-    assert claims["iss"] == "https://broker.agentic-substrate-session-id-broker.svc"
-    assert claims["sub"] == "apps/app/users/ann/sessions/s1"
-    assert claims["aud"] == ["https://agent.example"]
-    assert claims["ate.dev"] == {"appID": "app", "userID": "ann", "sessionID": "s1"}
-    assert (claims["exp"] - claims["iat"], claims["iat"] - claims["nbf"]) == (900, 300)
-    assert re.fullmatch(r"[A-Z2-7]{26}", claims["jti"])
-    signed, signature = jwt.rsplit(".", 1)
+# ---------------------------------------------------------------------- actor identity
+def _es256_valid(token: str, public: ec.EllipticCurvePublicKey) -> None:
+    """Raise unless ``token``'s ES256 signature (r||s, 64 bytes) is ``public``'s."""
+    signed, signature = token.rsplit(".", 1)
     raw = base64.urlsafe_b64decode(signature + "=" * (-len(signature) % 4))
+    assert len(raw) == 64
     der = encode_dss_signature(int.from_bytes(raw[:32], "big"), int.from_bytes(raw[32:], "big"))
-    public = material.SessionIdSigner(mtls_backend.state_dir).public_key()
     public.verify(der, signed.encode(), ec.ECDSA(hashes.SHA256()))
 
-    # mtls mode: nothing checks Control calls, MintJWT still checks its caller
-    control = pb_grpc.ControlStub(channel)
-    assert await status_code(control.ListAtespaces(pb.ListAtespacesRequest())) == C.OK
-    for metadata, expected in (
-        (None, (C.UNAUTHENTICATED, "Need authorization header")),
-        (_bearer("x.y.z"), (C.UNAUTHENTICATED, "Unauthenticated")),
-        (
-            _bearer(material.TokenIssuer(mtls_backend.state_dir).mint(audience="other")),
-            (C.UNAUTHENTICATED, "Unauthenticated"),
-        ),
-    ):
-        assert await _details(identity.MintJWT(request, metadata=metadata)) == expected
-    no_audience = pb.MintJWTRequest(app_id="app", user_id="ann", session_id="s1")
-    assert await _details(identity.MintJWT(no_audience, metadata=_bearer(token))) == (
-        C.INTERNAL,
-        "internal server error: at least one audience must be requested",
+
+@module_loop
+async def test_mint_actor_jwt_signs_the_actors_identity(mtls_backend: LocalBackend) -> None:
+    """real: MintActorJWT signs ES256 (key id "1") for an actor that exists, running or not:
+    iss the issuer, sub `actor/<atespace>/<name>`, aud the audiences, exp = iat +
+    expiration_seconds (iat whole seconds, expire_time = exp), nbf 5 minutes back, jti
+    rand.Text, and `ate.dev` {atespace, actorName, actorUID}; a missing actor is NOT_FOUND `actor
+    not found` (controlapi/actor.go read_file id 70418118005, proto MintActorJWTResponse
+    ateapi.proto@2179589f). The signature verifies with the state folder's public key."""
+    channel = _channel(mtls_backend)
+    stub = pb_grpc.ControlStub(channel)
+    actor = await make_actor(stub, "who")
+    request = pb.MintActorJWTRequest(
+        actor=ref("who"), audiences=["https://egress.example", "b"], expiration_seconds=600
     )
-    # MintCert wants a TLS client certificate first; the local API asks for none
-    cert_request = pb.MintCertRequest(app_id="app", user_id="ann", session_id="s1")
-    assert await _details(identity.MintCert(cert_request)) == (
-        C.UNAUTHENTICATED,
-        "could not verify peer certificate",
+    call = stub.MintActorJWT(request)
+    answer: pb.MintActorJWTResponse = await call
+    assert "x-server-elapsed-us" in dict(await call.trailing_metadata())
+    header, claims = _claims(answer.actor_jwt)
+    assert header == {"alg": "ES256", "kid": "1"}
+    info = read_backend_info(mtls_backend.state_dir)
+    assert info is not None
+    assert claims["iss"] == f"https://api.ate-system.svc/{info['instance']}"
+    assert claims["sub"] == "actor/t/who"
+    assert claims["aud"] == ["https://egress.example", "b"]
+    assert (claims["exp"] - claims["iat"], claims["iat"] - claims["nbf"]) == (600, 300)
+    assert answer.expire_time.seconds == claims["exp"]
+    assert re.fullmatch(r"[A-Z2-7]{26}", claims["jti"])
+    assert claims["ate.dev"] == {
+        "atespace": "t",
+        "actorName": "who",
+        "actorUID": actor.metadata.uid,
+    }
+    _es256_valid(answer.actor_jwt, material.ActorJwtSigner(mtls_backend.state_dir).public_key())
+    missing = pb.MintActorJWTRequest(actor=ref("nobody"), audiences=["a"], expiration_seconds=600)
+    assert await _details(stub.MintActorJWT(missing)) == (C.NOT_FOUND, "actor not found")
+    short = pb.MintActorJWTRequest(actor=ref("who"), audiences=["a"], expiration_seconds=10)
+    assert await _details(stub.MintActorJWT(short)) == (
+        C.INVALID_ARGUMENT,
+        "expiration_seconds: Invalid value: 10: must be greater than or equal to 300",
     )
+    await stub.DeleteActor(pb.DeleteActorRequest(actor=ref("who")))
+    await channel.close()
+
+
+def _csr(key: ec.EllipticCurvePrivateKey) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    request = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name([]))
+        .sign(key, hashes.SHA256())
+    )
+    return request.public_bytes(serialization.Encoding.DER)
+
+
+@module_loop
+async def test_mint_actor_certificate_carries_the_actors_spiffe_id(
+    mtls_backend: LocalBackend,
+) -> None:
+    """real: MintActorCertificate signs the CSR's public key (checking the CSR's signature:
+    INVALID_ARGUMENT `Failed to verify CSR signature`) with the actor's SPIFFE ID as its URI,
+    from 5 minutes back for an hour, for client and server auth, and answers the chain; the
+    actor must still be the one the caller named (ABORTED `conflict; actor has been deleted and
+    recreated`); a CSR that does not parse is INTERNAL (controlapi/actor.go read_file id
+    70418118005)."""
+    channel = _channel(mtls_backend)
+    stub = pb_grpc.ControlStub(channel)
+    actor = await make_actor(stub, "cert")
+    key = ec.generate_private_key(ec.SECP256R1())
+    csr = _csr(key)
+    request = pb.MintActorCertificateRequest(
+        actor=ref("cert"), actor_uid=actor.metadata.uid, certificate_signing_request=csr
+    )
+    chain = (await stub.MintActorCertificate(request)).actor_certificates
+    leaf, ca = (x509.load_der_x509_certificate(der) for der in chain)
+    assert (
+        ca.public_bytes(serialization.Encoding.PEM)
+        == (mtls_backend.state_dir / "tls" / "ca.crt").read_bytes()
+    )
+    leaf.verify_directly_issued_by(ca)
+    sans = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.UniformResourceIdentifier) == [
+        "spiffe://cluster.local/actor/t/cert"
+    ]
+    assert leaf.public_key() == key.public_key()
+    usage = leaf.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert set(usage) == {ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH}
+    lifetime = leaf.not_valid_after_utc - leaf.not_valid_before_utc
+    assert lifetime.total_seconds() == 3600 + 300
+
+    def mint(**fields: Any) -> Any:
+        sent = pb.MintActorCertificateRequest()
+        sent.CopyFrom(request)
+        for name, value in fields.items():
+            setattr(sent, name, value)
+        return stub.MintActorCertificate(sent)
+
+    assert await _details(mint(actor_uid=str(uuid.uuid4()))) == (
+        C.ABORTED,
+        "conflict; actor has been deleted and recreated",
+    )
+    forged = csr[:-1] + bytes([csr[-1] ^ 1])
+    assert await _details(mint(certificate_signing_request=forged)) == (
+        C.INVALID_ARGUMENT,
+        "Failed to verify CSR signature",
+    )
+    code, message = await _details(mint(certificate_signing_request=b"not a csr"))
+    assert code == C.INTERNAL
+    assert message.startswith("internal server error: while parsing CSR: "), message
+    await stub.DeleteActor(pb.DeleteActorRequest(actor=ref("cert")))
     await channel.close()
 
 
 @module_loop
-async def test_plaintext_session_identity_trusts_no_issuer(plain_backend: LocalBackend) -> None:
-    """real: sessionidentity.go refuses a token its issuer config does not verify
-    (`Unauthenticated`) and MintCert a peer without TLS (`unexpected peer transport
-    credentials`); plaintext has no issuer at all, so every token is refused."""
+async def test_identity_rpcs_need_tls(plain_backend: LocalBackend) -> None:
+    """A plaintext backend has no signing keys: MintActorJWT and MintActorCertificate answer
+    FAILED_PRECONDITION saying to serve TLS, after validation and the actor look-up as
+    upstream's handler orders them (controlapi/actor.go read_file id 70418118005); the state
+    folder gets no key material."""
     assert plain_backend.ca_file is None
     assert not (plain_backend.state_dir / "tls").exists()
     assert not (plain_backend.state_dir / "auth").exists()
     channel = grpc.aio.insecure_channel(plain_backend.api_address)
-    identity = pb_grpc.SessionIdentityStub(channel)
-    request = pb.MintJWTRequest(audience=["a"], app_id="a", user_id="u", session_id="s")
-    assert await _details(identity.MintJWT(request, metadata=_bearer("x.y.z"))) == (
-        C.UNAUTHENTICATED,
-        "Unauthenticated",
+    stub = pb_grpc.ControlStub(channel)
+    actor = await make_actor(stub, "plain")
+    reason = (
+        "the local backend signs actor identities only when it serves TLS (gym-substrate local "
+        "up --tls): without it there is no signing key"
     )
-    assert await _details(identity.MintCert(pb.MintCertRequest(app_id="a"))) == (
-        C.UNAUTHENTICATED,
-        "unexpected peer transport credentials",
+    jwt = pb.MintActorJWTRequest(actor=ref("plain"), audiences=["a"], expiration_seconds=600)
+    assert await _details(stub.MintActorJWT(jwt)) == (C.FAILED_PRECONDITION, reason)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = pb.MintActorCertificateRequest(
+        actor=ref("plain"), actor_uid=actor.metadata.uid, certificate_signing_request=_csr(key)
     )
+    assert await _details(stub.MintActorCertificate(cert)) == (C.FAILED_PRECONDITION, reason)
+    missing = pb.MintActorJWTRequest(actor=ref("nobody"), audiences=["a"], expiration_seconds=600)
+    assert await _details(stub.MintActorJWT(missing)) == (C.NOT_FOUND, "actor not found")
+    assert await _details(stub.MintActorJWT(pb.MintActorJWTRequest(actor=ref("plain")))) == (
+        C.INVALID_ARGUMENT,
+        "[audiences: Required value, expiration_seconds: Required value]",
+    )
+    await stub.DeleteActor(pb.DeleteActorRequest(actor=ref("plain")))
     await channel.close()
 
 
@@ -533,6 +609,14 @@ def test_auth_and_tls_options_are_validated(tmp_path: Path) -> None:
         LocalBackend(tmp_path, auth="jwt")
     with pytest.raises(ValueError, match="^a bearer token needs TLS: pass ca_file too$"):
         provider_config("127.0.0.1:1", "http://127.0.0.1:2", token_file="/t")
+
+
+def test_local_up_refuses_bad_auth_options(tmp_path: Path) -> None:
+    """The same checks through `gym-substrate local up`, before anything starts."""
+    from click.testing import CliRunner
+
+    from gym_substrate.cli.local import local  # here: the CLI is re-based apart (design.md)
+
     runner = CliRunner()
     result = runner.invoke(local, ["up", "--auth", "jwt", "--state-dir", str(tmp_path)])
     assert result.exit_code != 0
@@ -563,6 +647,10 @@ def test_local_up_tls_jwt_prints_a_block_the_real_provider_uses(tmp_path: Path) 
     """`gym-substrate local up --tls --auth jwt` prints the provider block; SubstrateProvider
     takes it as is and runs the real TLS + bearer-token path: create, exec, delete
     (real: internal/ateapiauth/client.go dials with the CA and sends the token on every call)."""
+    from click.testing import CliRunner
+
+    from gym_substrate.cli.local import local  # here: the CLI is re-based apart (design.md)
+
     state = tmp_path / "state"
     common = ["--state-dir", str(state)]
     runner = CliRunner()
@@ -612,7 +700,7 @@ async def _use_the_block(block: dict[str, Any], tmp_path: Path, ca: bytes, token
         "missing bearer token",
     )
     listed = await stub.ListActors(pb.ListActorsRequest(atespace="gym"), metadata=_bearer(token))
-    assert [a.actor_id for a in listed.actors] == []  # the provider deleted its sandbox
+    assert list(listed.actors) == []  # the provider deleted its sandbox
     await channel.close()
 
 

@@ -50,6 +50,7 @@ from gym_substrate.local.auth import (
     go_quote,
 )
 from gym_substrate.local.client_config import API_SERVER_NAME
+from gym_substrate.local.control.identity import CsrSignatureError
 from gym_substrate.local.errors import BackendError
 
 try:
@@ -83,6 +84,7 @@ CA_LIFETIME = datetime.timedelta(days=365)
 SERVER_CERT_LIFETIME = datetime.timedelta(hours=24)
 SERVER_CERT_REFRESH = datetime.timedelta(minutes=30)
 SERVER_CERT_BACKDATE = datetime.timedelta(minutes=2)
+ACTOR_CERT_BACKDATE = datetime.timedelta(minutes=5)
 TOKEN_LIFETIME_S = 3600
 SERVICE_ACCOUNT = ("ate-system", "ate-client")
 ACTOR_JWT_KEY_ID = "1"
@@ -303,12 +305,15 @@ class ServerCertificates:
 
     def issue_actor_certificate(self, csr_der: bytes, uri: str, lifetime_s: int) -> list[bytes]:
         """MintActorCertificate: the CSR's public key (nothing else of it) under a SPIFFE URI,
-        signed by the CA; DER, leaf first then the CA. ValueError for a CSR that does not parse."""
+        signed by the CA, from 5 minutes ago, for client and server auth (controlapi/actor.go,
+        read_file id 70418118005); DER, leaf first then the CA. ValueError for a CSR that does
+        not parse, CsrSignatureError for one its key did not sign."""
         csr = x509.load_der_x509_csr(csr_der)
-        not_before = _now() - SERVER_CERT_BACKDATE
-        not_after = min(
-            not_before + datetime.timedelta(seconds=lifetime_s), self._ca.not_valid_after_utc
-        )
+        if not csr.is_signature_valid:
+            raise CsrSignatureError("Failed to verify CSR signature")
+        now = _now()
+        not_before = now - ACTOR_CERT_BACKDATE
+        not_after = min(now + datetime.timedelta(seconds=lifetime_s), self._ca.not_valid_after_utc)
         cert = (
             x509.CertificateBuilder()
             .subject_name(_EMPTY_NAME)
@@ -321,7 +326,12 @@ class ServerCertificates:
                 x509.SubjectAlternativeName([x509.UniformResourceIdentifier(uri)]), critical=True
             )
             .add_extension(_key_usage(cert_sign=False), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .add_extension(
+                x509.ExtendedKeyUsage(
+                    [ExtendedKeyUsageOID.CLIENT_AUTH, ExtendedKeyUsageOID.SERVER_AUTH]
+                ),
+                critical=False,
+            )
             .sign(self._ca_key, None)
         )
         der = serialization.Encoding.DER

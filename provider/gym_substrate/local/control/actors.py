@@ -82,7 +82,7 @@ class Actors:
         if template is None:
             raise ApiError(
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"actor template not found; ObjectRef: {template_key} ",
+                "actor template not found",
             )
         source = (
             f"{actor.source_tag.atespace}/{actor.source_tag.name}"
@@ -153,7 +153,7 @@ class Actors:
         if new is None:
             raise ApiError(
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"actor template not found; ObjectRef: {template_key} ",
+                "actor template not found",
             )
         old = self.plane.state.templates.get(record.template)
         if old is not None:

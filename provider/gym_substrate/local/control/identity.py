@@ -11,6 +11,7 @@ them the answer is FAILED_PRECONDITION saying so.
 
 from __future__ import annotations
 
+import base64
 import secrets
 import time
 from collections.abc import Callable, Mapping
@@ -19,14 +20,15 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
+from gym_substrate.local.control.records import ActorRecord
 from gym_substrate.local.control.validation import FieldErrors, check_ref
 from gym_substrate.local.control.views import timestamp
-from gym_substrate.local.errors import ApiError
+from gym_substrate.local.errors import ApiError, internal
 
 if TYPE_CHECKING:
     from gym_substrate.local.control.plane import ControlPlane
 
-__all__ = ["ACTOR_CERT_LIFETIME_S", "TRUST_DOMAIN", "Identity"]
+__all__ = ["ACTOR_CERT_LIFETIME_S", "TRUST_DOMAIN", "CsrSignatureError", "Identity"]
 
 TRUST_DOMAIN = "cluster.local"
 ACTOR_CERT_LIFETIME_S = 3600
@@ -36,9 +38,19 @@ _NO_KEYS = (
     "--tls): without it there is no signing key"
 )
 
+
+class CsrSignatureError(ValueError):
+    """A certificate signing request its own key did not sign."""
+
+
 SignJwt = Callable[[Mapping[str, Any]], str]
 # (DER CSR, SPIFFE URI, lifetime in seconds) -> DER certificates, leaf first
 IssueCertificate = Callable[[bytes, str, int], list[bytes]]
+
+
+def _jti() -> str:
+    """Go's crypto/rand.Text: 26 characters of base32 (128 bits)."""
+    return base64.b32encode(secrets.token_bytes(17)).decode()[:26]
 
 
 def _actor_field(errors: FieldErrors, request: Any) -> str:
@@ -62,6 +74,13 @@ class Identity:
         self._issue = issue_certificate
         self._clock = clock
 
+    def _actor(self, key: str) -> ActorRecord:
+        """The actor, or NOT_FOUND `actor not found` (the identity RPCs name no ref)."""
+        actor = self.plane.state.actors.get(key)
+        if actor is None:
+            raise ApiError(grpc.StatusCode.NOT_FOUND, "actor not found")
+        return actor
+
     def mint_jwt(self, request: pb.MintActorJWTRequest) -> pb.MintActorJWTResponse:
         errors = FieldErrors()
         key = _actor_field(errors, request)
@@ -84,7 +103,7 @@ class Identity:
             )  # noqa: E501
             errors.invalid("expiration_seconds", request.expiration_seconds, f"must be {bound}")
         errors.raise_if_any()
-        actor = self.plane.state.actor(key)
+        actor = self._actor(key)
         if self._sign is None:
             raise ApiError(grpc.StatusCode.FAILED_PRECONDITION, _NO_KEYS)
         now = int(self._clock())
@@ -96,7 +115,7 @@ class Identity:
             "exp": expires,
             "nbf": now - _NOT_BEFORE_S,
             "iat": now,
-            "jti": secrets.token_urlsafe(16),
+            "jti": _jti(),
             "ate.dev": {
                 "atespace": actor.atespace,
                 "actorName": actor.name,
@@ -119,10 +138,10 @@ class Identity:
         elif not request.certificate_signing_request:
             errors.required("certificate_signing_request")
         errors.raise_if_any()
-        actor = self.plane.state.actor(key)
+        actor = self._actor(key)
         if actor.meta.uid != request.actor_uid:
             raise ApiError(
-                grpc.StatusCode.NOT_FOUND, f"Actor {key} does not have uid {request.actor_uid}"
+                grpc.StatusCode.ABORTED, "conflict; actor has been deleted and recreated"
             )
         if self._issue is None:
             raise ApiError(grpc.StatusCode.FAILED_PRECONDITION, _NO_KEYS)
@@ -131,10 +150,9 @@ class Identity:
             chain = self._issue(
                 bytes(request.certificate_signing_request), uri, ACTOR_CERT_LIFETIME_S
             )
+        except CsrSignatureError as exc:
+            raise ApiError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
         except ValueError as exc:
-            raise ApiError(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"certificate_signing_request: Invalid value: not a DER certificate signing "
-                f"request: {exc}",
-            ) from exc
+            # upstream returns Go's parse error unwrapped: its interceptor makes it INTERNAL
+            raise internal(f"while parsing CSR: {exc}") from exc
         return pb.MintActorCertificateResponse(actor_certificates=chain)

@@ -2,7 +2,8 @@
 
 A page token is base64 of `{"v":1,"kind":K,"scope":S,"last":[...]}`: the kind of list, the
 atespace filter it was issued under ("" for all) and the last row's key (`[name]` in one
-atespace, `[atespace, name]` across them). A token from another list, another filter or
+atespace, `[atespace, name]` across them; `[name]` for what has no atespace: atespaces,
+workers, a worker's assignments). A token from another list, another filter or
 anything else is INVALID_ARGUMENT `invalid page_token`, never a silent restart from page 1.
 `page_size` 0 or over 1000 is 1000; negative is refused by validation.
 """
@@ -24,6 +25,8 @@ __all__ = ["MAX_PAGE_SIZE", "page"]
 
 MAX_PAGE_SIZE = 1000
 _MAX_TOKEN = 256
+# lists whose rows have no atespace: their key is one part, with or without a scope
+_GLOBAL_KINDS = frozenset({"atespace", "worker", "worker-assignment"})
 
 T = TypeVar("T")
 
@@ -44,7 +47,8 @@ def _decode(token: str, kind: str, scope: str) -> tuple[str, ...]:
     last = data.get("last")
     if data.get("scope") != scope or not isinstance(last, list):
         raise bad
-    if len(last) != (1 if scope else 2) or not all(isinstance(k, str) for k in last):
+    parts = 1 if scope or kind in _GLOBAL_KINDS else 2
+    if len(last) != parts or not all(isinstance(k, str) for k in last):
         raise bad
     return tuple(last)
 

@@ -136,12 +136,17 @@ class ControlPlane:
 
     # ---------------------------------------------------------------- shared steps
     def template_of(self, record: ActorRecord) -> TemplateRecord:
-        """The actor's template, or FAILED_PRECONDITION as ateapi's template resolution."""
+        """The actor's template, or FAILED_PRECONDITION as ateapi's template resolution.
+
+        Upstream wraps its status (`%w; ObjectRef: <ref> `), but ateapi's ServerUnaryInterceptor
+        answers the wrapped status itself (errors.As, internal/ateinterceptors/
+        ateinterceptors.go@2e3e300a): the client reads `actor template not found`.
+        """
         template = self.state.templates.get(record.template)
         if template is None:
             raise ApiError(
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"actor template not found; ObjectRef: {record.template} ",
+                "actor template not found",
             )
         return template
 

@@ -142,6 +142,7 @@ class Tags:
         tag = request.tag
         check_short_name(errors, "tag.metadata.atespace", tag.metadata.atespace)
         check_short_name(errors, "tag.metadata.name", tag.metadata.name)
+        scope = _scope(errors, tag.scope)  # request validation: before the store's checks
         errors.raise_if_any()
         key = f"{tag.metadata.atespace}/{tag.metadata.name}"
         for precondition in ("uid", "version"):
@@ -164,9 +165,6 @@ class Tags:
                 f"while updating tag {key}: tag.source_actor: Invalid value: "
                 f'"{source}": field is immutable',
             )
-        errors = FieldErrors()
-        scope = _scope(errors, tag.scope)
-        errors.raise_if_any()
         if record.snapshot is None or record.snapshot.completed("DURABLE") is None:
             raise ApiError(grpc.StatusCode.FAILED_PRECONDITION, f"Tag {key} is still being created")
         return self.plane.state.save(record, scope=scope)

@@ -6,8 +6,10 @@ tags and answers INVALID_ARGUMENT with the error list's aggregate (apivalidation
 several as `[e1, e2]`. Paths are the proto's snake_case fields from the request's field name
 (`actor.metadata.name`). Unknown request fields are refused the same way by the server's last
 interceptor (`RejectUnknownFieldsUnaryInterceptor`): `request: Invalid value: unknown field with
-protobuf tag 99`. Where Kubernetes versions word a detail differently, docs/compatibility.md
-("Validation messages") says which wording this follows.
+protobuf tag 99`, one error per message holding unknown fields, naming the first
+(internal/ateinterceptors/rejectunknown_test.go@2e3e300a). Where Kubernetes versions word a
+detail differently, docs/compatibility.md ("Validation messages") says which wording this
+follows.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ _LABEL_VALUE_DETAIL = (
 )
 # an error message repeats at most this much of a value it refuses (gRPC caps status messages)
 _SHOWN = 64
+# and lists errors up to this many bytes (gRPC C-core clients refuse metadata over 8 KiB)
+_MAX_MESSAGE = 4096
 
 
 def _value(value: Any) -> str:
@@ -104,9 +108,22 @@ class FieldErrors:
         )
 
     def message(self) -> str:
+        """The aggregate, `e` or `[e1, e2]`; past `_MAX_MESSAGE` bytes the rest is counted,
+        not listed, so the status still fits a client's metadata (a request of thousands of
+        bad entries would otherwise reach it as RESOURCE_EXHAUSTED, not INVALID_ARGUMENT)."""
         if len(self.items) == 1:
             return self.items[0]
-        return "[" + ", ".join(self.items) + "]"
+        shown: list[str] = []
+        size = 2
+        for item in self.items:
+            size += len(item.encode()) + 2
+            if shown and size > _MAX_MESSAGE:
+                break
+            shown.append(item)
+        rest = len(self.items) - len(shown)
+        if rest:
+            shown.append(f"and {rest} more errors")
+        return "[" + ", ".join(shown) + "]"
 
     def raise_if_any(self) -> None:
         if self.items:
@@ -159,8 +176,10 @@ def check_selector(errors: FieldErrors, path: str, labels: Mapping[str, str]) ->
 
 
 def _unknown(message: Message, path: str, errors: FieldErrors) -> None:
-    for field in unknown_fields.UnknownFieldSet(message):  # type: ignore[attr-defined]
-        errors.invalid_omitted(path, f"unknown field with protobuf tag {field.field_number}")
+    # one error per message, naming its first unknown tag (findUnknownFields)
+    found = unknown_fields.UnknownFieldSet(message)  # type: ignore[attr-defined]
+    if len(found):
+        errors.invalid_omitted(path, f"unknown field with protobuf tag {found[0].field_number}")
     for descriptor, value in message.ListFields():
         if descriptor.message_type is None:
             continue

@@ -595,6 +595,12 @@ class ProcessRuntime:
                 return resumed
         else:
             # a durable snapshot (or a tag's) holds the actor's files; a cold boot has none
+            if source is not None and not (source.path / "manifest.json").is_file():
+                # a deleted tag's copy, say: never start with no files as if nothing was lost
+                raise RuntimeFailure(
+                    f"snapshot {source.path} has no manifest.json: it was removed or never "
+                    "completed"
+                )
             await asyncio.to_thread(self._restore_files, actor, source)
         workdir = self._workdir(actor)
         workdir.mkdir(parents=True, exist_ok=True)

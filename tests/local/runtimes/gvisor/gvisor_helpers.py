@@ -20,15 +20,15 @@ def new_instance() -> str:
 
 
 def counter_template(
-    snapshots: Path, *, marker: bool = True, name: str = "counter"
+    snapshots: Path, *, marker: bool = True, name: str = "counter", probe: bool = True
 ) -> TemplateSpec:
     command = [sys.executable, str(COUNTER_AGENT)] + (["--marker"] if marker else [])
     return TemplateSpec(
-        namespace="local",
+        atespace="local",
         name=name,
         command=tuple(command),
         env=(),
-        readyz_path="/readyz",
+        readyz_path="/readyz" if probe else None,
         readyz_port=80,
         snapshot_location=snapshots,
         rootfs=Rootfs("host"),

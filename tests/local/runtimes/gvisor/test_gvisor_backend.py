@@ -1,7 +1,8 @@
-"""End to end through LocalBackend with runtime="gvisor": gRPC lifecycle + router + real agent.
+"""End to end through LocalBackend with runtime="gvisor": gRPC lifecycle + the real agent.
 
 The fixtures (`backend`, `stub`, `http`) come from tests/local/conftest.py, which ends every
-backend with a leak check; here `runtime_name` selects gVisor.
+backend with a leak check; here `runtime_name` selects gVisor. The agent is dialled at the
+address the actor's record holds, as the router dials it.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from local_helpers import host, make_actor, ref
+from local_helpers import agent_url, make_actor, ref
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.local import LocalBackend
@@ -45,8 +46,8 @@ async def _agent(
     path: str,
     **kwargs: Any,
 ) -> Any:
-    url = f"{backend.router_url}{path}"
-    async with http.request(method, url, headers=host(name), **kwargs) as resp:
+    url = f"{agent_url(backend, name)}{path}"
+    async with http.request(method, url, **kwargs) as resp:
         assert resp.status in (200, 201, 202, 206), await resp.text()
         if resp.content_type == "application/json":
             return await resp.json()
@@ -61,10 +62,14 @@ async def _count(http: aiohttp.ClientSession, backend: LocalBackend, name: str) 
 async def test_actor_keeps_memory_and_files_through_the_backend(
     backend: LocalBackend, stub: Any, http: aiohttp.ClientSession
 ) -> None:
+    """Under gVisor a pause and a suspend both keep the sandbox's memory and files (a runsc
+    checkpoint), and a new actor of the template starts from its golden tag with its own id
+    and none of another actor's files (kagent:controlapi/workflow_suspend.go@2559ec02,
+    functionaltest/actor_template_test.go@0e4768ab)."""
     assert backend.runtime_name == "gvisor"
     await make_actor(stub, "gv-a")
-    running = (await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("gv-a")))).actor
-    assert running.status == pb.Actor.Status.STATUS_RUNNING
+    running = (await stub.ResumeActor(pb.ResumeActorRequest(actor=ref("gv-a")))).actor
+    assert running.status.state == pb.ACTOR_STATE_RUNNING
     ready = await _agent(http, backend, "gv-a", "GET", "/readyz")
     assert ready["actor_id"] == "gv-a"  # /run/ate/actor-id, not the golden actor's id
 
@@ -82,17 +87,17 @@ async def test_actor_keeps_memory_and_files_through_the_backend(
     before = await _count(http, backend, "gv-a")
     assert before > 1
 
-    paused = (await stub.PauseActor(pb.PauseActorRequest(actor_ref=ref("gv-a")))).actor
-    assert paused.status == pb.Actor.Status.STATUS_PAUSED
-    await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("gv-a")))
+    paused = (await stub.PauseActor(pb.PauseActorRequest(actor=ref("gv-a")))).actor
+    assert paused.status.state == pb.ACTOR_STATE_PAUSED
+    await stub.ResumeActor(pb.ResumeActorRequest(actor=ref("gv-a")))
     after_pause = await _count(http, backend, "gv-a")
     assert after_pause >= before
     job = await _agent(http, backend, "gv-a", "GET", "/v1/exec/counter")
     assert job["state"] == "running"  # the agent's job table (memory) and the process survived
 
-    suspended = (await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref("gv-a")))).actor
-    assert suspended.status == pb.Actor.Status.STATUS_SUSPENDED
-    # The router resumes a suspended actor on demand.
+    suspended = (await stub.SuspendActor(pb.SuspendActorRequest(actor=ref("gv-a")))).actor
+    assert suspended.status.state == pb.ACTOR_STATE_SUSPENDED
+    await stub.ResumeActor(pb.ResumeActorRequest(actor=ref("gv-a")))
     note = await _agent(http, backend, "gv-a", "GET", "/v1/files?path=/srv/note.txt")
     assert note == b"kept"
     assert await _count(http, backend, "gv-a") >= after_pause
@@ -100,12 +105,12 @@ async def test_actor_keeps_memory_and_files_through_the_backend(
 
     # Another actor of the same template starts from the golden snapshot: own id, no files of a.
     await make_actor(stub, "gv-b")
-    await stub.ResumeActor(pb.ResumeActorRequest(actor_ref=ref("gv-b")))
+    await stub.ResumeActor(pb.ResumeActorRequest(actor=ref("gv-b")))
     assert (await _agent(http, backend, "gv-b", "GET", "/readyz"))["actor_id"] == "gv-b"
-    url = f"{backend.router_url}/v1/stat?path=/srv/note.txt"
-    async with http.get(url, headers=host("gv-b")) as resp:
+    url = f"{agent_url(backend, 'gv-b')}/v1/stat?path=/srv/note.txt"
+    async with http.get(url) as resp:
         assert resp.status == 404
 
     for name in ("gv-a", "gv-b"):
-        await stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref(name)))
-        await stub.DeleteActor(pb.DeleteActorRequest(actor_ref=ref(name)))
+        await stub.SuspendActor(pb.SuspendActorRequest(actor=ref(name)))
+        await stub.DeleteActor(pb.DeleteActorRequest(actor=ref(name)))

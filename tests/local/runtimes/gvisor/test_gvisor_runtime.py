@@ -38,16 +38,25 @@ def test_gvisor_works_here_and_the_answer_is_cached() -> None:
     assert gvisor_problem.cache_info().currsize == 1  # type: ignore[attr-defined]
 
 
+async def _golden(runtime: Any, template: Any, dest: Path) -> SnapshotRef:
+    """What the control plane's golden build leaves: a golden actor booted, checkpointed into
+    durable storage, and that snapshot copied into a tag (here: used in place, as a TAG)."""
+    golden = ActorSpec("ate-golden", "0f0e5c3a-golden", template)
+    booted = await runtime.start(golden, Slot(0), None, timeout_s=30)
+    result = await runtime.checkpoint(golden, booted.handle, SnapshotKind.EXTERNAL, dest)
+    assert result.memory_kept
+    assert ("checkpoint", dict(result.files)["checkpoint"]) in result.files
+    return SnapshotRef(SnapshotKind.TAG, result.snapshot.path)
+
+
 async def test_memory_and_files_survive_pause_suspend_and_slot_moves(
     runtime: Any, tmp_path: Path
 ) -> None:
     template = counter_template(tmp_path / "snaps")
-    golden = await runtime.prepare_template(template, Slot(0), tmp_path / "snaps" / "golden")
-    assert golden.snapshot.kind is SnapshotKind.GOLDEN
-    assert ("checkpoint", golden.files[0][1]) in golden.files
+    golden = await _golden(runtime, template, tmp_path / "snaps" / "golden")
 
     actor = ActorSpec("default", "counter-a", template)
-    started = await runtime.start(actor, Slot(0), golden.snapshot, timeout_s=30)
+    started = await runtime.start(actor, Slot(0), golden, timeout_s=30)
     assert started.memory_restored
     first = await aget(started.address, "/state")
     assert first["actor_id"] == "counter-a"  # /run/ate/actor-id is this actor's, not golden's
@@ -85,7 +94,7 @@ async def test_memory_and_files_survive_pause_suspend_and_slot_moves(
     # A second actor created after the golden snapshot starts from it: the golden boot's
     # nonce and marker, a fresh counter, and its own id; a cold boot draws a new nonce.
     other = ActorSpec("default", "counter-b", template)
-    second = await runtime.start(other, Slot(1), golden.snapshot, timeout_s=30)
+    second = await runtime.start(other, Slot(1), golden, timeout_s=30)
     state_b = await aget(second.address, "/state")
     assert state_b["boot_nonce"] == first["boot_nonce"]
     assert state_b["marker"] == f"boot-{first['boot_nonce']}"
@@ -261,10 +270,10 @@ async def test_concurrent_actors_swap_slots_and_a_busy_slot_is_refused(
     runtime: Any, tmp_path: Path
 ) -> None:
     template = counter_template(tmp_path / "snaps")
-    golden = await runtime.prepare_template(template, Slot(0), tmp_path / "snaps" / "golden")
+    golden = await _golden(runtime, template, tmp_path / "snaps" / "golden")
     actors = [ActorSpec("default", f"par-{i}", template) for i in range(2)]
     started = await asyncio.gather(
-        *(runtime.start(a, Slot(i), golden.snapshot, timeout_s=30) for i, a in enumerate(actors))
+        *(runtime.start(a, Slot(i), golden, timeout_s=30) for i, a in enumerate(actors))
     )
     with pytest.raises(RuntimeFailure, match="still runs sandbox"):
         await runtime.start(ActorSpec("default", "intruder", template), Slot(0), None, timeout_s=5)
@@ -288,3 +297,46 @@ async def test_concurrent_actors_swap_slots_and_a_busy_slot_is_refused(
         state = await aget(s.address, "/state")
         assert state["actor_id"] == f"par-{i}"
         assert state["marker"] == f"mine-{i}"
+
+
+async def test_upload_makes_a_paused_checkpoint_durable(runtime: Any, tmp_path: Path) -> None:
+    """SuspendActor of a PAUSED actor uploads its node-local checkpoint (atelet
+    UploadPausedCheckpoint, kagent:controlapi/workflow_suspend.go@2559ec02): the same image,
+    moved into durable storage, restores memory and files."""
+    template = counter_template(tmp_path / "snaps", marker=False)
+    actor = ActorSpec("default", "up", template)
+    started = await runtime.start(actor, Slot(0), None, timeout_s=30)
+    await aget(started.address, "/write?text=before-pause")
+    before = await aget(started.address, "/state")
+    local = await runtime.checkpoint(
+        actor, started.handle, SnapshotKind.LOCAL, tmp_path / "local" / "p1"
+    )
+    dest = tmp_path / "snaps" / "up" / "s1"
+    uploaded = await runtime.upload(actor, local.snapshot, "", dest)
+    assert uploaded.snapshot == SnapshotRef(SnapshotKind.EXTERNAL, dest)
+    assert uploaded.memory_kept
+    assert (dest / "checkpoint.img").is_file()
+    back = await runtime.start(actor, Slot(1), uploaded.snapshot, timeout_s=30)
+    after = await aget(back.address, "/state")
+    assert (after["boot_nonce"], after["counter"]) == (before["boot_nonce"], before["counter"] + 1)
+    assert after["marker"] == "before-pause"
+
+
+async def test_without_a_wakeup_probe_a_start_returns_once_the_sandbox_runs(
+    runtime: Any, tmp_path: Path
+) -> None:
+    """With no wakeup probe the start returns once the sandbox runs (runtimes/base.py; the
+    probe is optional, ateapi.proto@2179589f ContainerWakeupProbe), the agent answering soon
+    after."""
+    template = counter_template(tmp_path / "snaps", marker=False, probe=False)
+    started = await runtime.start(ActorSpec("default", "np", template), Slot(0), None, timeout_s=30)
+    assert await runtime.is_alive(started.handle)
+    for _ in range(500):
+        try:
+            state = await aget(started.address, "/state")
+            break
+        except OSError:
+            await asyncio.sleep(0.02)
+    else:
+        pytest.fail("the agent never answered")
+    assert state["actor_id"] == "np"
