@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import grpc
 
-__all__ = ["ApiError", "BackendError", "go_quote", "quote"]
+__all__ = ["ApiError", "BackendError", "go_quote", "internal", "quote"]
 
 # an error message repeats at most this much of the input it refuses
 _QUOTE_CHARS = 64
@@ -37,6 +37,11 @@ class ApiError(Exception):
 
 class BackendError(RuntimeError):
     """The backend cannot start or stop; the message says why and what to do."""
+
+
+def internal(message: str) -> ApiError:
+    """An error ateapi returns without a gRPC status: its interceptor makes it INTERNAL so."""
+    return ApiError(grpc.StatusCode.INTERNAL, f"internal server error: {message}")
 
 
 def _cap(value: str) -> tuple[str, str]:
