@@ -5,8 +5,8 @@ the same router with a bare aiohttp session (one keep-alive connection), so "add
 the provider's own overhead (job bookkeeping, semaphore, idle tracking, result mapping), with
 no network or agent variance. The router hop is measured the same way: `GET /readyz` through
 the router (its per-request ResumeActor round trip to the API server included, as atenet's)
-against the same request sent straight to the agent's address. Lifecycle and transfer figures
-are absolute.
+against the same request sent straight to the agent's address. The hand-made requests name the
+actor in `ate-target-actor`, as the provider does. Lifecycle and transfer figures are absolute.
 """
 
 from __future__ import annotations
@@ -34,12 +34,19 @@ async def run_bench(*, runtime: str, execs: int, cycles: int, transfer_mib: int)
     import aiohttp
 
     from gym_substrate import SubstrateProvider
+    from gym_substrate._names import TARGET_ACTOR_HEADER
+    from gym_substrate.experiments import ExperimentError
+    from gym_substrate.experiments._backend import wait_for_golden
     from gym_substrate.local.backend import local_provider_kwargs
     from gym_substrate.types import SandboxSpec
 
     out: dict[str, Any] = {"runtime": runtime}
     async with local_provider_kwargs({}, runtime=runtime, workers=2) as (kwargs, backend):
         out["runtime"] = backend.runtime_name
+        try:  # create-to-ready is an actor's, not its template's golden build
+            await wait_for_golden(kwargs)
+        except ExperimentError as exc:
+            raise BenchError(str(exc)) from exc
         provider = SubstrateProvider(**kwargs)
         try:
             create_s: list[float] = []
@@ -56,7 +63,7 @@ async def run_bench(*, runtime: str, execs: int, cycles: int, transfer_mib: int)
 
             actor = handle.raw
             headers = {
-                "ate-target-actor": actor.target,
+                TARGET_ACTOR_HEADER: actor.target,
                 "X-Sandbox-Actor-Id": actor.actor_id,
                 "Content-Type": "application/json",
             }
@@ -108,7 +115,8 @@ async def run_bench(*, runtime: str, execs: int, cycles: int, transfer_mib: int)
             with tempfile.TemporaryDirectory(prefix="gym-substrate-bench-") as tmp:
                 src, dst = Path(tmp) / "src.bin", Path(tmp) / "dst.bin"
                 src.write_bytes(os.urandom(size))
-                remote = f"{tmp}/remote-{uuid.uuid4().hex}.bin"
+                # the sandbox's own /tmp (a private one under either runtime), not the host's
+                remote = f"/tmp/gym-substrate-bench-{uuid.uuid4().hex}.bin"
                 t0 = time.perf_counter()
                 await provider.upload_file(handle, src, remote)
                 up = time.perf_counter() - t0
@@ -151,22 +159,20 @@ async def _router_hop(
     session: Any, backend: Any, actor: Any, count: int
 ) -> tuple[list[float], list[float]]:
     """`GET /readyz` through the router and straight to the agent, interleaved, warm."""
-    from gym_substrate.local.router import parse_host, upstream_authority
+    from gym_substrate._names import TARGET_ACTOR_HEADER
+    from gym_substrate.local.router import upstream_authority
 
-    parsed = parse_host(actor.host)
-    if isinstance(parsed, str):
-        raise BenchError(f"the actor's host {actor.host!r} is not routable: {parsed}")
-    actor_id, atespace = parsed
-    record = backend.plane.lookup(atespace, actor_id)
+    record = backend.plane.lookup(actor.atespace, actor.actor_id)
     authority = upstream_authority(record.address) if record is not None else None
     if authority is None:
-        raise BenchError(f"actor {actor_id} has no address to measure the router against")
+        raise BenchError(f"actor {actor.target} has no address to measure the router against")
     routed, straight = backend.router_url + "/readyz", f"http://{authority}/readyz"
+    routing = {TARGET_ACTOR_HEADER: actor.target}
     via_router: list[float] = []
     to_agent: list[float] = []
     for i in range(count + 20):
         t0 = time.perf_counter()
-        async with session.get(routed, headers={"ate-target-actor": actor.target}) as resp:
+        async with session.get(routed, headers=routing) as resp:
             await resp.read()
             ok = resp.status == 200
         t1 = time.perf_counter()
