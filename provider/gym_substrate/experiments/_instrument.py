@@ -2,10 +2,11 @@
 
 The provider takes its control-plane client and HTTP transport as constructor arguments
 (`control=`, `http=`), so an experiment wraps the real ones: `TimedControl` notes every
-ResumeActor attempt (and whether it failed for want of a free worker) and every park,
-`TimedTransport` notes when the agent's `/readyz` answered. Which rollout a call belongs to is
-the context variable `current_lane`, set by the rollout's task and inherited by the tasks the
-provider starts for it (the idle-park timer), so no provider internals are touched.
+ResumeActor attempt (and whether it failed for want of a free worker: RESOURCE_EXHAUSTED), every
+park and every revert, `TimedTransport` notes when the agent's `/readyz` answered. Which rollout
+a call belongs to is the context variable `current_lane`, set by the rollout's task and
+inherited by the tasks the provider starts for it (the idle-park timer), so no provider
+internals are touched.
 
 One step's latency then splits into wait-for-worker (first ResumeActor attempt to the attempt
 that got a worker), resume (that attempt to `/readyz` answering) and exec (the rest).
@@ -22,7 +23,7 @@ from typing import Any
 
 from gym_substrate._agent_client import AiohttpTransport, HttpResponse, HttpTransport
 from gym_substrate._errors import NoFreeWorkersError
-from gym_substrate._grpc import ControlAPI
+from gym_substrate._grpc import ControlAPI, Resumed
 from gym_substrate.ateapi import ateapi_pb2 as pb
 
 __all__ = [
@@ -65,6 +66,7 @@ class Instrument:
         self.lanes: dict[int, LaneEvents] = {}
         self.resumes = 0
         self.no_free_worker = 0
+        self.reverts = 0
 
     def _lane(self) -> LaneEvents | None:
         lane = current_lane.get()
@@ -100,7 +102,11 @@ class Instrument:
 
 
 class TimedControl:
-    """A `ControlAPI` that forwards every call and notes resumes and parks per rollout."""
+    """A `ControlAPI` that forwards every call and notes resumes, parks and reverts per rollout.
+
+    It must offer every call of `ControlAPI` (the provider's type check says which), so a new
+    call in the provider is a type error here rather than an AttributeError mid-experiment.
+    """
 
     def __init__(self, inner: ControlAPI, instrument: Instrument) -> None:
         self.inner = inner
@@ -109,25 +115,28 @@ class TimedControl:
     async def create_atespace(self, name: str) -> None:
         await self.inner.create_atespace(name)
 
-    async def create_actor(self, atespace: str, actor_id: str, template: str) -> pb.Actor:
-        return await self.inner.create_actor(atespace, actor_id, template)
+    async def create_actor(self, atespace: str, name: str, template: str) -> pb.Actor:
+        return await self.inner.create_actor(atespace, name, template)
 
-    async def get_actor(self, atespace: str, actor_id: str) -> pb.Actor:
-        return await self.inner.get_actor(atespace, actor_id)
+    async def get_actor(self, atespace: str, name: str) -> pb.Actor:
+        return await self.inner.get_actor(atespace, name)
 
-    async def delete_actor(self, atespace: str, actor_id: str) -> None:
-        await self.inner.delete_actor(atespace, actor_id)
+    async def get_actor_template(self, template: str) -> pb.ActorTemplate:
+        return await self.inner.get_actor_template(template)
+
+    async def delete_actor(self, atespace: str, name: str, *, any_state: bool = False) -> pb.Actor:
+        return await self.inner.delete_actor(atespace, name, any_state=any_state)
 
     async def list_actors(self, atespace: str) -> list[pb.Actor]:
         return await self.inner.list_actors(atespace)
 
-    async def resume_actor(self, atespace: str, actor_id: str) -> pb.Actor:
+    async def resume_actor(self, atespace: str, name: str) -> Resumed:
         lane = self.instrument._lane()
         started = time.monotonic()
         if lane is not None and lane.sub != "waiting":
             lane.sub = "resuming"
         try:
-            actor = await self.inner.resume_actor(atespace, actor_id)
+            answer = await self.inner.resume_actor(atespace, name)
         except NoFreeWorkersError:
             self.instrument.no_free_worker += 1
             if lane is not None:
@@ -139,27 +148,35 @@ class TimedControl:
                 lane.attempts.append((started, time.monotonic(), False))
                 lane.sub = None
             raise
-        self.instrument.resumes += 1
+        # `resumed` is False when the actor was RUNNING already: nothing was moved, no resume.
+        if answer.resumed:
+            self.instrument.resumes += 1
         if lane is not None:
             lane.attempts.append((started, time.monotonic(), True))
             lane.sub = "resuming"
+        return answer
+
+    async def revert_actor(self, atespace: str, name: str) -> pb.Actor:
+        """The provider's `on_crash: revert`: counted, so a run says how often it crashed."""
+        actor = await self.inner.revert_actor(atespace, name)
+        self.instrument.reverts += 1
         return actor
 
-    async def _park(self, mode: str, atespace: str, actor_id: str) -> pb.Actor:
+    async def _park(self, mode: str, atespace: str, name: str) -> pb.Actor:
         started = time.monotonic()
         call = self.inner.pause_actor if mode == "pause" else self.inner.suspend_actor
-        actor = await call(atespace, actor_id)
+        actor = await call(atespace, name)
         ended = time.monotonic()
         lane = self.instrument._lane()
         if lane is not None:
             lane.parks.append((started, ended, mode))
         return actor
 
-    async def pause_actor(self, atespace: str, actor_id: str) -> pb.Actor:
-        return await self._park("pause", atespace, actor_id)
+    async def pause_actor(self, atespace: str, name: str) -> pb.Actor:
+        return await self._park("pause", atespace, name)
 
-    async def suspend_actor(self, atespace: str, actor_id: str) -> pb.Actor:
-        return await self._park("suspend", atespace, actor_id)
+    async def suspend_actor(self, atespace: str, name: str) -> pb.Actor:
+        return await self._park("suspend", atespace, name)
 
 
 class TimedTransport:
