@@ -219,14 +219,19 @@ class _Board:
         return counts
 
 
+async def actor_names(provider: Any, atespace: str) -> set[str]:
+    """The names of the atespace's actors now (ListActors: wakes no one)."""
+    return {a.metadata.name for a in await provider.control.list_actors(atespace)}
+
+
 async def _status_counts(provider: Any, atespace: str, baseline: set[str]) -> dict[str, int]:
-    from gym_substrate._grpc import status_name
+    from gym_substrate._grpc import actor_state
 
     counts = dict.fromkeys(STATUSES, 0)
     for actor in await provider.control.list_actors(atespace):
-        if actor.actor_id in baseline:
+        if actor.metadata.name in baseline:
             continue
-        name = status_name(actor.status)
+        name = actor_state(actor)
         counts[name] = counts.get(name, 0) + 1
     return counts
 
@@ -266,7 +271,7 @@ async def run_arm(
         except Exception as exc:  # ALREADY_EXISTS is success; the rest shows at create
             if "ALREADY_EXISTS" not in str(exc):
                 raise ExperimentError(f"cannot reach the control plane: {exc}") from exc
-        baseline = {a.actor_id for a in await provider.control.list_actors(atespace)}
+        baseline = await actor_names(provider, atespace)
         load_start = os.getloadavg()[0]
         started = time.monotonic()
         deadline = None if config.duration_s is None else started + config.duration_s
@@ -351,7 +356,7 @@ async def run_arm(
                 record.failure = record.failure or failures[-1]
             else:
                 record.close_s = time.monotonic() - c0
-            instrument.take(record.lane)  # close's own suspend is not an idle park
+            instrument.take(record.lane)  # nothing close() did is an idle park
 
         def running() -> bool:
             return deadline is None or time.monotonic() < deadline
@@ -417,11 +422,7 @@ async def run_arm(
                 await sampling
         wall_s = now()
         await sample_once()
-        leaked = sorted(
-            a.actor_id
-            for a in await provider.control.list_actors(atespace)
-            if a.actor_id not in baseline
-        )
+        leaked = sorted(await actor_names(provider, atespace) - baseline)
         for actor_id in leaked:  # report them, but leave the next arm a clean atespace
             with contextlib.suppress(Exception):
                 await provider.delete_actor(actor_id, atespace)
@@ -436,7 +437,9 @@ async def run_arm(
         parks,
         failures,
     )
-    result.summary = summarize(result, target.workers)
+    result.summary = summarize(result, target.slots)
+    # Reverts the provider made of crashed actors (`lifecycle.on_crash: revert`; 0 with fail).
+    result.summary["reverts"] = instrument.reverts
     # The host's other work shows in every figure: a busy machine is slower at everything.
     result.summary["load_avg_1m"] = [load_start, os.getloadavg()[0]]
     return result
@@ -449,8 +452,12 @@ def _q(values: Sequence[float], q: float) -> float | None:
     return percentile(values, q)
 
 
-def summarize(result: ArmResult, workers: int | None) -> dict[str, Any]:
-    """The arm's figures: throughput, latency percentiles, resumes, utilisation, failures."""
+def summarize(result: ArmResult, slots: int | None) -> dict[str, Any]:
+    """The arm's figures: throughput, latency percentiles, resumes, utilisation, failures.
+
+    `slots` is the target's actor slots (workers x actors per worker): utilisation and the
+    concurrency multiple are counted in them.
+    """
     cfg = result.config
     minutes = result.wall_s / 60 if result.wall_s > 0 else None
     ok_rollouts = [r for r in result.rollouts if r.ok]
@@ -459,9 +466,9 @@ def summarize(result: ArmResult, workers: int | None) -> dict[str, Any]:
     resumed = [s for s in result.steps if s.resumed]
     failures = Counter(result.failures)
     utilisation = None
-    if workers:
+    if slots:
         held = [
-            min(sum(x.statuses.get(k, 0) for k in HOLDING_STATUSES), workers) / workers
+            min(sum(x.statuses.get(k, 0) for k in HOLDING_STATUSES), slots) / slots
             for x in result.samples
         ]
         utilisation = mean(held)
@@ -478,8 +485,10 @@ def summarize(result: ArmResult, workers: int | None) -> dict[str, Any]:
         "arm": cfg.name,
         "policy": cfg.policy,
         "rollouts": cfg.rollouts,
-        "workers": workers,
-        "concurrency_x": ratio(cfg.rollouts, workers),
+        "workers": result.target.get("workers"),
+        "actors_per_worker": result.target.get("actors_per_worker"),
+        "slots": slots,
+        "concurrency_x": ratio(cfg.rollouts, slots),
         "steps": cfg.steps,
         "rounds": cfg.rounds,
         "think_s": str(cfg.think),

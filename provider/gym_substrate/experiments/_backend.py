@@ -1,9 +1,13 @@
 """Where an experiment runs: a local backend started for the run, or a cluster from `--config`.
 
 This is the only module of the package that knows how a local backend is started and looked
-into (`local_or_config`, `Target.host_counts`, `Target.host_memory_bytes`), so a change to the
-local package's API is one edit here. Everything else sees provider keyword arguments (the
-`substrate:` block of a Gym config) and the few host figures the probes report.
+into (`local_or_config`, `Target.host_counts`, `Target.host_memory_bytes`, its `ActorRecord`s),
+so a change to the local package's API is one edit here. Everything else sees provider keyword
+arguments (the `substrate:` block of a Gym config) and the few host figures the probes report.
+
+Capacity: a worker holds several actors, so what the experiments count in is the actor slot:
+`workers x actors_per_worker` (`Target.slots`). A local backend gets exactly that pool; on a
+cluster the user says what it has.
 """
 
 from __future__ import annotations
@@ -15,11 +19,14 @@ import os
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gym_substrate.experiments._errors import ExperimentError
 
-__all__ = ["RUNTIMES", "Target", "local_or_config", "merged_kwargs"]
+if TYPE_CHECKING:
+    from gym_substrate.local.control.records import ActorRecord
+
+__all__ = ["RUNTIMES", "Target", "local_or_config", "merged_kwargs", "wait_for_golden"]
 
 RUNTIMES = ("auto", "gvisor", "process")
 # Set in the environment of every process-runtime sandbox (gym_substrate.local.runtimes.process).
@@ -41,11 +48,17 @@ class Target:
     """Provider kwargs plus what the run needs to say about where it ran."""
 
     provider_kwargs: dict[str, Any]
-    where: str  # one line for the output: "local backend, gVisor, 2 workers"
+    where: str  # one line for the output: "local backend, gVisor, 2 workers x 1 actor"
     runtime: str | None  # "gvisor" | "process" on the local backend; None on a cluster
     runtime_reason: str
-    workers: int | None  # worker slots (the local backend's; on a cluster as the user said)
+    workers: int | None  # workers (the local backend's; on a cluster as the user said)
+    actors_per_worker: int = 1  # actors each worker holds at once
     _backend: Any = field(default=None, repr=False)
+
+    @property
+    def slots(self) -> int | None:
+        """Actor slots: how many actors can hold a worker at once (what multiples count in)."""
+        return None if self.workers is None else self.workers * self.actors_per_worker
 
     @property
     def local(self) -> bool:
@@ -62,12 +75,14 @@ class Target:
             "runtime": self.runtime,
             "runtime_reason": self.runtime_reason,
             "workers": self.workers,
+            "actors_per_worker": self.actors_per_worker,
+            "slots": self.slots,
             "atespace": self.atespace,
         }
 
     # ------------------------------------------------------------------ local-only looks
 
-    def _record(self, atespace: str, actor_id: str) -> Any:
+    def _record(self, atespace: str, actor_id: str) -> ActorRecord | None:
         plane = getattr(self._backend, "plane", None)
         return None if plane is None else plane.lookup(atespace, actor_id)
 
@@ -77,7 +92,7 @@ class Target:
         runtime = getattr(self._backend, "runtime", None)
         if record is None or runtime is None:
             return None
-        for handle in (record.handle, getattr(record, "retained_handle", "")):
+        for handle in (record.handle, record.retained_handle):
             if handle:
                 used = await runtime.memory_bytes(handle)
                 if used is not None:
@@ -90,40 +105,36 @@ class Target:
         as (operation, seconds); None on a cluster, whose control plane we cannot look into.
 
         For runs whose provider lives in another process (the Gym driver), where the timed
-        seams of `_instrument` cannot reach: the local backend's own duration histogram is
-        wrapped for the block, so each observation is also kept here.
+        seams of `_instrument` cannot reach: the backend's metrics call each operation
+        listener once per finished operation (failed ones are not reported).
         """
         metrics = getattr(self._backend, "metrics", None)
         if metrics is None:
             yield None
             return
-        inner = metrics.operation_duration
         log: list[tuple[str, float]] = []
 
-        class Child:
-            def __init__(self, operation: str, child: Any) -> None:
-                self.operation, self.child = operation, child
+        def listen(operation: str, seconds: float) -> None:
+            log.append((operation, float(seconds)))
 
-            def observe(self, seconds: float) -> None:
-                log.append((self.operation, float(seconds)))
-                self.child.observe(seconds)
-
-        class Histogram:
-            def labels(self, operation: str, *rest: str) -> Child:
-                return Child(operation, inner.labels(operation, *rest))
-
-        metrics.operation_duration = Histogram()
+        metrics.operation_listeners.append(listen)
         try:
             yield log
         finally:
-            metrics.operation_duration = inner
+            metrics.operation_listeners.remove(listen)
 
     def snapshot_bytes(self, atespace: str, actor_id: str) -> int | None:
-        """Bytes of the actor's latest snapshot on disk (local backend), else None."""
-        record = self._record(atespace, actor_id)
-        if record is None or not record.snapshot_path:
+        """Bytes of the actor's latest snapshot on disk (local backend), else None.
+
+        The latest generation with a completed storage is what a resume restores; its LOCAL
+        folder (a pause's) is preferred over the DURABLE one (a suspend's upload of it).
+        """
+        record: ActorRecord | None = self._record(atespace, actor_id)
+        latest = None if record is None else record.latest()
+        stored = None if latest is None else latest.completed()
+        if stored is None or not stored.path:
             return None
-        return _tree_bytes(Path(record.snapshot_path))
+        return _tree_bytes(Path(stored.path))
 
     def host_counts(self) -> dict[str, int] | None:
         """What this backend has on the host now: processes, netns, links, mounts, snapshots.
@@ -205,9 +216,14 @@ def _count_mounts(state_dir: str, instance: str) -> int:
 
 
 def _count_snapshot_files(folder: Path) -> int:
+    """Snapshot files but the golden ones (`.../atespaces/ate-golden/...`), which stay."""
+    from gym_substrate.local.control.records import GOLDEN_ATESPACE
+
     if not folder.is_dir():
         return 0
-    return sum(1 for path in folder.rglob("*") if path.is_file() and "ate-golden-" not in str(path))
+    return sum(
+        1 for path in folder.rglob("*") if path.is_file() and GOLDEN_ATESPACE not in path.parts
+    )
 
 
 def _load_config(config_path: str) -> dict[str, Any]:
@@ -228,42 +244,109 @@ def _load_config(config_path: str) -> dict[str, Any]:
     return kwargs
 
 
+async def wait_for_golden(kwargs: Mapping[str, Any], limit_s: float = 600.0) -> None:
+    """Wait until the configured template's golden snapshot is built (a new local backend
+    builds it in the background), so no arm's first creates pay for the build."""
+    import asyncio
+
+    from gym_substrate._config import ConnectionConfig, CreateConfig, coerce_section
+    from gym_substrate._errors import SubstrateError
+    from gym_substrate._grpc import ControlClient, create_channel
+
+    conn = coerce_section(ConnectionConfig, kwargs.get("connection"), "connection")
+    template = coerce_section(CreateConfig, kwargs.get("create"), "create").template
+    channel = create_channel(conn)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
+    try:
+        control = ControlClient(channel, conn)
+        while True:
+            try:
+                found = await control.get_actor_template(template)
+            except SubstrateError as exc:
+                raise ExperimentError(f"template {template}: {exc}") from exc
+            golden = found.status.golden_snapshot_status
+            if golden.golden_tag.name:
+                return
+            if golden.error_message:
+                raise ExperimentError(
+                    f"template {template}: its golden snapshot failed: {golden.error_message}"
+                )
+            if loop.time() > deadline:
+                raise ExperimentError(
+                    f"template {template}: no golden snapshot after {limit_s:.0f} s"
+                )
+            await asyncio.sleep(0.1)
+    finally:
+        await channel.close(None)
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'s' if count != 1 else ''}"
+
+
 @contextlib.asynccontextmanager
 async def local_or_config(
-    config_path: str | None, runtime: str = "auto", workers: int = 2
+    config_path: str | None,
+    runtime: str = "auto",
+    workers: int = 2,
+    actors_per_worker: int = 1,
 ) -> AsyncIterator[Target]:
     """A `Target` for the run: the cluster `config_path` describes, else a local backend.
 
-    The local backend gets `workers` slots and `runtime` (`auto` picks gVisor when runsc works
-    here, else the process runtime; the reason is `Target.runtime_reason`); it is stopped, with
-    every sandbox it ran, when the block exits.
+    The local backend gets `workers` workers of `actors_per_worker` actors each and `runtime`
+    (`auto` picks gVisor when runsc works here, else the process runtime; the reason is
+    `Target.runtime_reason`), in a temporary state folder; it is ready when its default
+    template's golden snapshot is, and it is stopped, with every sandbox it ran, when the
+    block exits.
     """
     if workers < 1:
         raise ExperimentError(f"--workers must be >= 1, got {workers}")
+    if actors_per_worker < 1:
+        raise ExperimentError(f"--actors-per-worker must be >= 1, got {actors_per_worker}")
     if runtime not in RUNTIMES:
         raise ExperimentError(f"--runtime {runtime!r}: use one of {', '.join(RUNTIMES)}")
     if config_path is not None:
         kwargs = _load_config(config_path)
-        yield Target(kwargs, f"cluster from {config_path}", None, "--config was given", workers)
+        yield Target(
+            kwargs,
+            f"cluster from {config_path}",
+            None,
+            "--config was given",
+            workers,
+            actors_per_worker,
+        )
         return
-    from gym_substrate.local.backend import local_provider_kwargs
+    import tempfile
+
+    from gym_substrate.local.backend import LocalBackend
     from gym_substrate.local.errors import BackendError
     from gym_substrate.local.runtimes.base import RuntimeFailure
 
     async with contextlib.AsyncExitStack() as stack:
+        state = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gym-substrate-x-")))
         try:
-            kwargs, backend = await stack.enter_async_context(
-                local_provider_kwargs({}, runtime=runtime, workers=workers)
+            backend = LocalBackend(
+                state / "state",
+                runtime=runtime,
+                workers=workers,
+                actors_per_worker=actors_per_worker,
             )
+            await stack.enter_async_context(backend)
         except (BackendError, RuntimeFailure, ValueError) as exc:
             raise ExperimentError(f"cannot start the local backend: {exc}") from exc
+        kwargs = backend.provider_config()
+        kwargs["lifecycle"] = {"ledger": str(state / "ledger.jsonl")}  # private to the run
+        await wait_for_golden(kwargs)
         name = backend.runtime_name
         label = {"gvisor": "gVisor", "process": "process runtime"}.get(name, name)
         yield Target(
             kwargs,
-            f"local backend, {label}, {workers} worker{'s' if workers != 1 else ''}",
+            f"local backend, {label}, {_plural(workers, 'worker')} x "
+            f"{_plural(actors_per_worker, 'actor')}",
             name,
             backend.runtime_reason,
             workers,
+            actors_per_worker,
             backend,
         )

@@ -44,6 +44,9 @@ _STATUS_COLOURS = {
     "PAUSED": "#1565c0",
     "SUSPENDING": "#6d4c41",
     "SUSPENDED": "#90a4ae",
+    "CRASHED": "#000000",
+    "REVERTING": "#ff7043",
+    "DELETING": "#e0e0e0",
 }
 _PHASE_COLOURS = {
     "thinking": "#90caf9",
@@ -104,12 +107,18 @@ def _cdf(ax: Axes, values: Sequence[float], label: str, **style: Any) -> None:
 # ---------------------------------------------------------------------------------- arm
 
 
+def _slots(target: dict[str, Any]) -> int | None:
+    """The actor slots of a run's target (`workers` in results written before the slots were)."""
+    slots = target.get("slots", target.get("workers"))
+    return int(slots) if slots else None
+
+
 def _occupancy(ax: Axes, result: ArmResult, workers: int | None, *, legend: bool = True) -> None:
     t = [s.t_s for s in result.samples]
     layers = [[s.statuses.get(k, 0) for s in result.samples] for k in STATUSES]
     ax.stackplot(t, layers, labels=list(STATUSES), colors=[_STATUS_COLOURS[k] for k in STATUSES])
     if workers:
-        ax.axhline(workers, color="black", linestyle="--", linewidth=1, label="worker slots")
+        ax.axhline(workers, color="black", linestyle="--", linewidth=1, label="actor slots")
     ax.set_ylabel("actors")
     if legend:
         ax.legend(loc="upper right", fontsize=7, ncol=2)
@@ -118,7 +127,7 @@ def _occupancy(ax: Axes, result: ArmResult, workers: int | None, *, legend: bool
 def arm_plots(result: ArmResult, folder: Path) -> Plots:
     """occupancy.png (actors by status and rollouts by phase over time) and step_latency.png."""
     plots = Plots()
-    workers = result.target.get("workers")
+    workers = _slots(result.target)
     title = (
         f"{result.config.name}: {result.config.rollouts} rollouts, policy "
         f"{result.config.policy}, {result.target.get('where', '')}"
@@ -183,7 +192,7 @@ def compare_plot(results: Sequence[ArmResult], path: Path) -> Plots:
         cdf.legend(fontsize=7)
         for row, r in enumerate(results, start=1):
             ax = fig.add_subplot(grid[row, :])
-            _occupancy(ax, r, r.target.get("workers"), legend=row == 1)
+            _occupancy(ax, r, _slots(r.target), legend=row == 1)
             ax.set_title(
                 f"{r.config.name}: {r.config.rollouts} rollouts, policy {r.config.policy}",
                 fontsize=9,

@@ -435,19 +435,20 @@ async def probe_burst(
 
 # ---------------------------------------------------------------------------------- races
 
-_MOVING = ("RESUMING", "PAUSING", "SUSPENDING")
+# On the way somewhere: a DELETING actor is on its way out (GetActor then says NOT_FOUND).
+_MOVING = ("RESUMING", "PAUSING", "SUSPENDING", "REVERTING", "DELETING")
 
 
 async def _settle(provider: Any, atespace: str, actor_id: str, limit_s: float) -> str:
-    """The actor's status once it is no longer moving ("DELETED" when gone, else "STUCK ...")."""
+    """The actor's state once it is no longer moving ("DELETED" when gone, else "STUCK ...")."""
     from gym_substrate._errors import ActorNotFoundError
-    from gym_substrate._grpc import status_name
+    from gym_substrate._grpc import actor_state
 
     deadline = time.monotonic() + limit_s
     name = "UNKNOWN"
     while time.monotonic() < deadline:
         try:
-            name = status_name((await provider.control.get_actor(atespace, actor_id)).status)
+            name = actor_state(await provider.control.get_actor(atespace, actor_id))
         except ActorNotFoundError:
             return "DELETED"
         if name not in _MOVING:
