@@ -1,9 +1,10 @@
 """What every experiment command shares: target options, the output folder, progress, errors.
 
-`target_options` adds `--config/--runtime/--workers`; `run` runs a command's coroutine with an
-`ExperimentError` turned into one line and exit 1; `arm_progress` is the live progress of arms
-(a rich bar on a terminal, a plain line every 10 s on a pipe); `report_files` prints where the
-run's files went. Output goes through `gym_substrate.cli._output` like every other command.
+`target_options` adds `--config/--runtime/--workers/--actors-per-worker`; `run` runs a command's
+coroutine with an `ExperimentError` turned into one line and exit 1; `arm_progress` is the live
+progress of arms (a rich bar on a terminal, a plain line every 10 s on a pipe); `report_files`
+prints where the run's files went. Output goes through `gym_substrate.cli._output` like every
+other command.
 """
 
 from __future__ import annotations
@@ -47,7 +48,12 @@ T = TypeVar("T")
 
 
 def target_options(func: F) -> F:
-    """`--config FILE`, `--runtime`, `--workers`: where the experiment runs."""
+    """`--config FILE`, `--runtime`, `--workers`, `--actors-per-worker`: where it runs.
+
+    Multiples and utilisation count in actor slots, workers x actors per worker; one actor per
+    worker (the default) keeps a worker what the experiments meant by one before workers held
+    several actors.
+    """
     options = [
         click.option(
             "--config",
@@ -69,7 +75,15 @@ def target_options(func: F) -> F:
             type=int,
             default=2,
             show_default=True,
-            help="Worker slots: the local backend's, or the cluster's pool size with --config.",
+            help="Workers: the local backend's, or the cluster's pool size with --config.",
+        ),
+        click.option(
+            "--actors-per-worker",
+            type=int,
+            default=1,
+            show_default=True,
+            help="Actors a worker holds at once (the local backend's; a cluster's worker "
+            "capacity with --config). Actor slots = workers x this.",
         ),
     ]
     for option in reversed(options):
@@ -231,6 +245,7 @@ def run_gym_arms(
     config_file: str | None,
     runtime: str,
     workers: int,
+    actors_per_worker: int,
 ) -> dict[str, Any]:
     """Run the arms through Gym one after the other on one target, then write their files.
 
@@ -241,7 +256,7 @@ def run_gym_arms(
     terminate_as_interrupt()
 
     async def main() -> dict[str, Any]:
-        async with local_or_config(config_file, runtime, workers) as target:
+        async with local_or_config(config_file, runtime, workers, actors_per_worker) as target:
             stderr_note(f"target: {target.where} ({target.runtime_reason})")
             results = []
             with gym_progress() as on_progress:

@@ -54,6 +54,7 @@ def arm(
     config_file: str | None,
     runtime: str,
     workers: int,
+    actors_per_worker: int,
     gym_env: str,
     gym_python: str | None,
     gym_task: str | None,
@@ -79,8 +80,8 @@ def arm(
     gym = GymInputs(gym_env, gym_python, gym_task, replay_rollouts)
     if driver == "gym":
         _gym_arm(
-            ctx, policy, rollouts, think, idle_after_s, seed, config_file, runtime, workers, gym,
-            out, as_json,
+            ctx, policy, rollouts, think, idle_after_s, seed, config_file, runtime, workers,
+            actors_per_worker, gym, out, as_json,
         )  # fmt: skip
         return
     gym.refuse_without_driver()
@@ -101,7 +102,7 @@ def arm(
         raise fail(str(exc)) from exc
 
     async def main() -> dict[str, Any]:
-        async with local_or_config(config_file, runtime, workers) as target:
+        async with local_or_config(config_file, runtime, workers, actors_per_worker) as target:
             note(f"target: {target.where} ({target.runtime_reason})", as_json=as_json)
             with arm_progress() as on_progress:
                 result = await run_arm(config, target, on_progress=on_progress)
@@ -134,6 +135,7 @@ def _gym_arm(
     config_file: str | None,
     runtime: str,
     workers: int,
+    actors_per_worker: int,
     gym: GymInputs,
     out: str | None,
     as_json: bool,
@@ -159,6 +161,7 @@ def _gym_arm(
         config_file=config_file,
         runtime=runtime,
         workers=workers,
+        actors_per_worker=actors_per_worker,
     )
     summary = written["summary"]
     if as_json:

@@ -33,7 +33,8 @@ from gym_substrate.cli._output import emit, emit_json, fail
     "--never-rollouts",
     type=int,
     default=None,
-    help="Concurrent rollouts of the never arm (default: --workers, i.e. 1x the slots).",
+    help="Concurrent rollouts of the never arm (default: the actor slots, --workers x "
+    "--actors-per-worker, i.e. 1x).",
 )
 @click.option("--suspend", "with_suspend", is_flag=True, help="Also run the suspend arm.")
 @target_options
@@ -56,6 +57,7 @@ def compare(
     config_file: str | None,
     runtime: str,
     workers: int,
+    actors_per_worker: int,
     gym_env: str,
     gym_python: str | None,
     gym_task: str | None,
@@ -65,7 +67,7 @@ def compare(
 ) -> None:
     """Run the never arm, then the pause (and suspend) arm, on the same workload.
 
-    never runs at the worker slots (it parks nothing, so more rollouts would only queue); the
+    never runs at the actor slots (it parks nothing, so more rollouts would only queue); the
     parking arms run --rollouts. Prints every figure side by side with the ratios to never and
     writes each arm's folder plus compare.csv, compare.json and compare.png.
     """
@@ -79,7 +81,7 @@ def compare(
     if driver == "gym":
         _gym_compare(
             ctx, rollouts, think, idle_after_s, seed, never_rollouts, with_suspend, config_file,
-            runtime, workers, gym, out, as_json,
+            runtime, workers, actors_per_worker, gym, out, as_json,
         )  # fmt: skip
         return
     gym.refuse_without_driver()
@@ -99,7 +101,8 @@ def compare(
                 seed=seed,
             )
 
-        configs = [arm("never", workers if never_rollouts is None else never_rollouts)]
+        slots = workers * actors_per_worker
+        configs = [arm("never", slots if never_rollouts is None else never_rollouts)]
         configs.append(arm("pause", rollouts))
         if with_suspend:
             configs.append(arm("suspend", rollouts))
@@ -108,7 +111,7 @@ def compare(
         raise fail(str(exc)) from exc
 
     async def main() -> dict[str, Any]:
-        async with local_or_config(config_file, runtime, workers) as target:
+        async with local_or_config(config_file, runtime, workers, actors_per_worker) as target:
             note(f"target: {target.where} ({target.runtime_reason})", as_json=as_json)
             with arm_progress() as on_progress:
                 results = await run_compare(configs, target, on_progress=on_progress)
@@ -140,6 +143,7 @@ def _gym_compare(
     config_file: str | None,
     runtime: str,
     workers: int,
+    actors_per_worker: int,
     gym: GymInputs,
     out: str | None,
     as_json: bool,
@@ -147,7 +151,8 @@ def _gym_compare(
     """The same comparison through Gym: one Gym run per arm, one after the other."""
     from gym_substrate.experiments._compare import compare_rows, write_compare
 
-    policies = [("never", workers if never_rollouts is None else never_rollouts)]
+    slots = workers * actors_per_worker
+    policies = [("never", slots if never_rollouts is None else never_rollouts)]
     policies.append(("pause", rollouts))
     if with_suspend:
         policies.append(("suspend", rollouts))
@@ -169,6 +174,7 @@ def _gym_compare(
         config_file=config_file,
         runtime=runtime,
         workers=workers,
+        actors_per_worker=actors_per_worker,
     )
     arms = data["arms"]
     if as_json:

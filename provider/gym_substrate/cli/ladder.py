@@ -15,6 +15,7 @@ from gym_substrate.cli._output import Column, emit, emit_json, fail
 # CLI option -> LadderPlan field, for the options that shape the plan.
 _PLAN_OPTIONS = {
     "workers": "workers",
+    "actors_per_worker": "actors_per_worker",
     "steps": "steps",
     "rounds": "rounds",
     "think": "think",
@@ -34,7 +35,7 @@ def _multiples(ctx: click.Context, param: click.Parameter, value: str) -> tuple[
         values = tuple(float(v) for v in value.split(",") if v.strip())
     except ValueError:
         raise click.BadParameter(
-            f"{value!r}: expected comma-separated multiples of the worker slots, e.g. 1,2,3,4"
+            f"{value!r}: expected comma-separated multiples of the actor slots, e.g. 1,2,3,4"
         ) from None
     return values
 
@@ -77,7 +78,7 @@ def ladder() -> None:
 @click.option("--idle-after-s", type=float, default=0.1, show_default=True)
 @click.option(
     "--multiples", default="1,2,3,4", show_default=True, callback=_multiples,
-    help="Think arms at these multiples of the worker slots.",
+    help="Think arms at these multiples of the actor slots (workers x actors per worker).",
 )  # fmt: skip
 @click.option(
     "--burn", default="4,8", show_default=True, callback=_multiples,
@@ -194,7 +195,9 @@ def run_stage(
 
     async def main() -> list[dict[str, Any]]:
         results: list[dict[str, Any]] = []
-        async with local_or_config(config_file, runtime, plan.workers) as target:
+        async with local_or_config(
+            config_file, runtime, plan.workers, plan.actors_per_worker
+        ) as target:
             state["target"] = target.describe()
             note(f"target: {target.where} ({target.runtime_reason})", as_json=as_json)
             for stage in todo:

@@ -25,7 +25,7 @@ def _sandboxes(ctx: click.Context, param: click.Parameter, value: str) -> str:
         parsed = float(number)
     except ValueError:
         raise click.BadParameter(
-            f"{value!r}: give a count (8) or a multiple of --workers (4x)"
+            f"{value!r}: give a count (8) or a multiple of the actor slots (4x)"
         ) from None
     if not parsed > 0 or (not text.endswith("x") and not parsed.is_integer()):
         raise click.BadParameter(
@@ -41,7 +41,8 @@ def _sandboxes(ctx: click.Context, param: click.Parameter, value: str) -> str:
     required=True,
     callback=_sandboxes,
     metavar="K|Nx",
-    help="Sandboxes (K) or a multiple of the worker slots (2x, 4x, 8x).",
+    help="Sandboxes (K) or a multiple of the actor slots, --workers x --actors-per-worker "
+    "(2x, 4x, 8x).",
 )
 @click.option(
     "--policy", type=click.Choice(["pause", "suspend"]), default="pause", show_default=True
@@ -69,10 +70,11 @@ def oversub(
     config_file: str | None,
     runtime: str,
     workers: int,
+    actors_per_worker: int,
     out: str | None,
     as_json: bool,
 ) -> None:
-    """Oversubscribe the workers: K sandboxes (K > W) each step with gaps between steps.
+    """Oversubscribe the workers: K sandboxes (K > the actor slots) each step with gaps.
 
     Reports completion (sandboxes that ran every step), step latency and fairness: the slowest
     sandbox's steps per second against the median's (1.0 = perfectly fair).
@@ -83,10 +85,9 @@ def oversub(
     from gym_substrate.experiments._backend import local_or_config
     from gym_substrate.experiments._oversub import progress_plot, sandbox_rows
 
+    slots = workers * actors_per_worker
     count = (
-        max(1, round(float(sandboxes[:-1]) * workers))
-        if sandboxes.endswith("x")
-        else int(sandboxes)
+        max(1, round(float(sandboxes[:-1]) * slots)) if sandboxes.endswith("x") else int(sandboxes)
     )
     try:
         spec = ThinkSpec.parse(think)
@@ -109,7 +110,7 @@ def oversub(
         raise fail(str(exc)) from exc
 
     async def main() -> dict[str, Any]:
-        async with local_or_config(config_file, runtime, workers) as target:
+        async with local_or_config(config_file, runtime, workers, actors_per_worker) as target:
             note(f"target: {target.where} ({target.runtime_reason})", as_json=as_json)
             with arm_progress() as on_progress:
                 result = await run_arm(config, target, on_progress=on_progress)
@@ -134,7 +135,7 @@ def oversub(
                 Column("resumes", justify="right"),
                 Column("failure"),
             ],
-            title=f"oversub: {count} sandboxes on {workers} workers ({count / workers:g}x), "
+            title=f"oversub: {count} sandboxes on {slots} actor slots ({count / slots:g}x), "
             f"{steps} steps, gap {spec} s, policy {policy}",
         )
         note(

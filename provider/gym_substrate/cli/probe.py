@@ -32,6 +32,7 @@ def _probe(
     config_file: str | None,
     runtime: str,
     workers: int,
+    actors_per_worker: int,
     body: Callable[[Any, Callable[[str], None]], Coroutine[Any, Any, Any]],
     plot: Callable[[Any, Path], Any] | None = None,
 ) -> None:
@@ -46,7 +47,7 @@ def _probe(
         raise fail(str(exc)) from exc
 
     async def main() -> Any:
-        async with local_or_config(config_file, runtime, workers) as target:
+        async with local_or_config(config_file, runtime, workers, actors_per_worker) as target:
             note(f"target: {target.where} ({target.runtime_reason})", as_json=as_json)
             with progress.status(f"probe {name}") as status:
                 return await body(target, lambda text: status.update(f"probe {name}: {text}"))
@@ -104,8 +105,8 @@ def probe() -> None:
 @target_options
 @_out_option
 def memory(
-    sizes: list[int], config_file: str | None, runtime: str, workers: int, out: str | None,
-    as_json: bool,
+    sizes: list[int], config_file: str | None, runtime: str, workers: int, actors_per_worker: int,
+    out: str | None, as_json: bool,
 ) -> None:  # fmt: skip
     """Known data survives pause and suspend byte for byte; pause/resume cost against size."""
     from gym_substrate.experiments._plots import lines_plot
@@ -123,7 +124,7 @@ def memory(
         )
 
     _probe(
-        "memory", out, as_json, config_file, runtime, workers,
+        "memory", out, as_json, config_file, runtime, workers, actors_per_worker,
         lambda target, tick: probe_memory(target, sizes, on_progress=tick), plot,
     )  # fmt: skip
 
@@ -133,7 +134,13 @@ def memory(
 @target_options
 @_out_option
 def footprint(
-    mib: int, config_file: str | None, runtime: str, workers: int, out: str | None, as_json: bool
+    mib: int,
+    config_file: str | None,
+    runtime: str,
+    workers: int,
+    actors_per_worker: int,
+    out: str | None,
+    as_json: bool,
 ) -> None:
     """Guest-side against host-side memory of one sandbox, running and paused."""
     from gym_substrate.experiments._plots import bars_plot
@@ -155,7 +162,7 @@ def footprint(
         )
 
     _probe(
-        "footprint", out, as_json, config_file, runtime, workers,
+        "footprint", out, as_json, config_file, runtime, workers, actors_per_worker,
         lambda target, tick: probe_footprint(target, mib, on_progress=tick), plot,
     )  # fmt: skip
 
@@ -165,7 +172,13 @@ def footprint(
 @target_options
 @_out_option
 def burst(
-    count: int, config_file: str | None, runtime: str, workers: int, out: str | None, as_json: bool
+    count: int,
+    config_file: str | None,
+    runtime: str,
+    workers: int,
+    actors_per_worker: int,
+    out: str | None,
+    as_json: bool,
 ) -> None:
     """K creates at once: time to all ready, failures, host counts before/peak/after close."""
     from gym_substrate.experiments._plots import lines_plot
@@ -186,7 +199,7 @@ def burst(
         )
 
     _probe(
-        "burst", out, as_json, config_file, runtime, workers,
+        "burst", out, as_json, config_file, runtime, workers, actors_per_worker,
         lambda target, tick: probe_burst(target, count, on_progress=tick), plot,
     )  # fmt: skip
 
@@ -210,14 +223,14 @@ def burst(
 @_out_option
 def cancelled_pause(
     offsets: list[float], races: str, config_file: str | None, runtime: str, workers: int,
-    out: str | None, as_json: bool,
+    actors_per_worker: int, out: str | None, as_json: bool,
 ) -> None:  # fmt: skip
     """A pause raced by a resume, an exec and a delete: no state lost, nothing stuck."""
     from gym_substrate.experiments._probes import probe_cancelled_pause
 
     names = [r.strip() for r in races.split(",") if r.strip()]
     _probe(
-        "cancelled-pause", out, as_json, config_file, runtime, workers,
+        "cancelled-pause", out, as_json, config_file, runtime, workers, actors_per_worker,
         lambda target, tick: probe_cancelled_pause(
             target, [o / 1000 for o in offsets], names, on_progress=tick
         ),

@@ -3,7 +3,7 @@
 A ladder's plan is fixed by its first stage and kept in `DIR/ladder.json`, so a long ladder can
 be stopped and resumed (`ladder run --stage next`) and every stage uses the same shape:
 
-    stage 1           baseline: never at 1x the worker slots
+    stage 1           baseline: never at 1x the actor slots (workers x actors per worker)
     stages 2..        think arms: the parking policy at each multiple (default 1x, 2x, 3x, 4x)
     last stages       burn arms: no think time, pure churn, at 4x and 8x
 
@@ -60,6 +60,7 @@ class LadderPlan:
     """Everything that shapes a ladder's arms and its stop rules."""
 
     workers: int = 2
+    actors_per_worker: int = 1  # a plan without it (written before workers held several) has 1
     steps: int = 10
     rounds: int = 1
     think: str = "2"
@@ -75,6 +76,8 @@ class LadderPlan:
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ExperimentError(f"--workers must be >= 1, got {self.workers}")
+        if self.actors_per_worker < 1:
+            raise ExperimentError(f"--actors-per-worker must be >= 1, got {self.actors_per_worker}")
         if self.steps < 1 or self.rounds < 1:
             raise ExperimentError("--steps and --rounds must be >= 1")
         if self.policy not in ("pause", "suspend"):
@@ -89,11 +92,16 @@ class LadderPlan:
         if self.max_p95_x <= 0 or self.min_gain < 0:
             raise ExperimentError("--max-p95-x must be > 0 and --min-gain >= 0")
 
+    @property
+    def slots(self) -> int:
+        """Actor slots: what every multiple counts in."""
+        return self.workers * self.actors_per_worker
+
     def stages(self) -> list[Stage]:
         def rollouts(multiple: float) -> int:
-            return max(1, round(multiple * self.workers))
+            return max(1, round(multiple * self.slots))
 
-        out = [Stage(1, "never-1x", "baseline", "never", 1.0, self.workers, self.think)]
+        out = [Stage(1, "never-1x", "baseline", "never", 1.0, self.slots, self.think)]
         for m in sorted(self.multiples):
             out.append(
                 Stage(len(out) + 1, f"{self.policy}-{m:g}x", "think", self.policy, m, rollouts(m),
