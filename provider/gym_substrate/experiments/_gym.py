@@ -15,9 +15,9 @@ anyone, as the synthetic arm samples), every model call at the replay policy (so
 turns and the agent's time between them), every pause and resume the local control plane
 finishes (`Target.operation_log`; not observable on a cluster), and Gym's rollout rows (reward,
 errors). Gym runs in its Python 3.13 environment: `.ci/gym-env`'s chroot (`--gym-env chroot`)
-or a user's own environment (`--gym-python`). Every process the run starts carries a marker in
-its environment, so teardown finds them all, Ray's daemons included, on success, failure and
-Ctrl-C.
+or a user's own environment (`--gym-python`), found and checked by `_gym_env`. Every process
+the run starts carries a marker in its environment, so teardown finds them all, Ray's daemons
+included, on success, failure and Ctrl-C.
 """
 
 from __future__ import annotations
@@ -27,19 +27,29 @@ import contextlib
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gym_substrate.experiments._arm import POLICIES, ArmConfig
 from gym_substrate.experiments._errors import ExperimentError
+from gym_substrate.experiments._gym_env import (
+    GYM_ENVS,
+    MARKER,
+    GymEnv,
+    count_lines,
+    free_port,
+    gym_driver_error,
+    gym_env_path,
+    read_rows,
+    resolve_gym_env,
+    stop_processes,
+)
 from gym_substrate.experiments._think import ThinkSpec
 from gym_substrate.experiments._workload import Workload
 
@@ -52,13 +62,12 @@ __all__ = [
     "default_task",
     "gym_driver_error",
     "gym_env_path",
+    "load_task",
     "resolve_gym_env",
     "run_gym_arm",
 ]
 
 DRIVERS = ("synthetic", "gym")
-GYM_ENVS = ("chroot",)
-MIN_PYTHON = (3, 13)
 AGENT = "terminus_2_sandboxed_agent"
 RESOURCES = "terminal_bench_2_1_resources_server"
 # Servers `gym env start` launches, as <type>/<implementation>; each runs from the prebuilt
@@ -74,12 +83,8 @@ SERVER_CONFIGS = (
     "responses_api_agents/terminus_2_sandboxed_agent/configs/terminus_2_sandboxed_agent.yaml",
     "responses_api_models/openai_model/configs/openai_model.yaml",
 )
-# What Gym's Terminus agent needs beyond nemo-gym (its requirements.txt).
-AGENT_PACKAGES = ("harbor",)
 READY_LINE = "servers ready! Polling"
-MARKER = "GYM_SUBSTRATE_GYM_ARM_RUN"
 DATA = Path(__file__).resolve().parent / "data" / "gym"
-CHECKOUT = Path(__file__).resolve().parents[3]
 # Where the run's folders appear inside the chroot.
 INSIDE_WORK = "/gs/work"
 INSIDE_TASK = "/gs/task"
@@ -91,207 +96,6 @@ def default_task() -> Path:
 
 def default_recording() -> Path:
     return DATA / "hello-terminus.jsonl"
-
-
-def gym_env_path() -> Path | None:
-    """The built NeMo Gym environment (`.ci/gym-env`'s chroot), or None if there is none."""
-    root = Path(os.environ.get("GYM_SUBSTRATE_CACHE") or "/var/cache/gym-substrate")
-    current = root / "gym-chroot" / "current"
-    return current if (current / ".gym-env-complete").is_file() else None
-
-
-def gym_driver_error() -> ExperimentError:
-    """Why the chroot environment cannot be used here, naming the fix."""
-    return ExperimentError(
-        "--driver gym runs NeMo Gym 0.7.0 in its Python 3.13 environment, which is not built "
-        "on this machine: build it from a gym-substrate checkout with `.ci/gym-env build` "
-        "(as root; it prints the environment's path), give your own with --gym-python "
-        "/path/to/python3.13 (a venv with nemo-gym 0.7.0, gym-substrate and harbor), or use "
-        "--driver synthetic"
-    )
-
-
-# ---------------------------------------------------------------------------------- environment
-
-_PROBE = """
-import importlib.metadata as m, json, os, sys
-out = {"python": list(sys.version_info[:3]), "prefix": sys.prefix, "packages": {}}
-for name in ("nemo-gym", "gym-substrate", "harbor"):
-    try:
-        out["packages"][name] = m.version(name)
-    except m.PackageNotFoundError:
-        out["packages"][name] = None
-try:
-    import nemo_gym
-    out["site"] = os.path.dirname(os.path.dirname(nemo_gym.__file__))
-except Exception as exc:
-    out["site"] = None
-    out["nemo_gym_error"] = repr(exc)
-out["substrate"] = any(
-    e.name == "substrate" for e in m.entry_points(group="nemo_gym.sandbox_providers")
-)
-print("PROBE " + json.dumps(out))
-"""
-
-
-@dataclass(frozen=True)
-class GymEnv:
-    """Where Gym runs: `.ci/gym-env`'s chroot, or a Python the user gave."""
-
-    mode: str  # "chroot" | "python"
-    describe: str
-    prefix: str  # the environment's sys.prefix, as Gym's processes see it
-    site: str  # its site-packages (where Gym's server folders are), as they see it
-    runner: Path | None = None  # .ci/gym-env (chroot mode)
-    bin_dir: Path | None = None  # the python's bin folder (python mode)
-    packages: dict[str, str | None] = field(default_factory=dict)
-
-    @property
-    def chroot(self) -> bool:
-        return self.mode == "chroot"
-
-    def argv(
-        self,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str],
-        binds: Sequence[tuple[Path, str]],
-        cwd: str,
-    ) -> list[str]:
-        """The host command line that runs `argv` (`python`, `gym`, ...) in the environment."""
-        if self.runner is not None:
-            cmd = [str(self.runner), "run"]
-            for src, dst in binds:
-                cmd += ["-b", f"{src}:{dst}"]
-            for name, value in env.items():
-                cmd += ["-e", f"{name}={value}"]
-            return [*cmd, "-w", cwd, "--", *argv]
-        assert self.bin_dir is not None
-        head = argv[0]
-        tool = self.bin_dir / head
-        return [str(tool) if tool.exists() else head, *argv[1:]]
-
-    def process_env(self, env: Mapping[str, str]) -> dict[str, str]:
-        """The host-side environment of a process `argv` made."""
-        out = {**os.environ, **env}
-        if self.bin_dir is not None:
-            out["PATH"] = f"{self.bin_dir}{os.pathsep}{out.get('PATH', '')}"
-            out["VIRTUAL_ENV"] = self.prefix
-        return out
-
-
-def _parse_probe(stdout: str) -> dict[str, Any] | None:
-    for line in reversed(stdout.splitlines()):
-        if line.startswith("PROBE "):
-            data: dict[str, Any] = json.loads(line[len("PROBE ") :])
-            return data
-    return None
-
-
-def _check_probe(probe: dict[str, Any], where: str, fix_wheel: str) -> None:
-    version = tuple(probe.get("python") or ())
-    if version < MIN_PYTHON:
-        raise ExperimentError(
-            f"{where}: Python {'.'.join(map(str, version))} is too old; NeMo Gym 0.7.0 needs "
-            f"Python >= {'.'.join(map(str, MIN_PYTHON))}"
-        )
-    packages = probe.get("packages") or {}
-    if not packages.get("nemo-gym") or not probe.get("site"):
-        raise ExperimentError(
-            f"{where}: NeMo Gym is not installed there "
-            f"({probe.get('nemo_gym_error', 'no nemo-gym')}); install nemo-gym==0.7.0 into it"
-        )
-    if not packages.get("gym-substrate") or not probe.get("substrate"):
-        raise ExperimentError(
-            f"{where}: gym-substrate (the `substrate` sandbox provider) is not installed there; "
-            f"{fix_wheel}"
-        )
-    missing = [p for p in AGENT_PACKAGES if not packages.get(p)]
-    if missing:
-        raise ExperimentError(
-            f"{where}: {', '.join(missing)} is missing, which Gym's terminus_2_sandboxed_agent "
-            f"needs (its requirements.txt); pip install {' '.join(missing)} into it"
-        )
-
-
-def resolve_gym_env(gym_env: str = "chroot", gym_python: str | None = None) -> GymEnv:
-    """The environment `--gym-env` / `--gym-python` name, checked: Python >= 3.13 with
-    nemo-gym, gym-substrate and Harbor, else an `ExperimentError` saying what to install."""
-    if gym_python is not None:
-        path = Path(gym_python)
-        if not path.is_file() or not os.access(path, os.X_OK):
-            raise ExperimentError(
-                f"--gym-python {gym_python}: no such executable; give the python3.13 of a "
-                "venv with nemo-gym 0.7.0, gym-substrate and harbor"
-            )
-        try:
-            proc = subprocess.run(
-                [str(path), "-c", _PROBE], capture_output=True, text=True, timeout=120
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise ExperimentError(f"--gym-python {gym_python}: cannot run it: {exc}") from exc
-        probe = _parse_probe(proc.stdout)
-        if probe is None:
-            raise ExperimentError(
-                f"--gym-python {gym_python}: not a Python >= 3.13 that can run NeMo Gym "
-                f"(it said: {(proc.stderr or proc.stdout).strip()[-300:] or 'nothing'})"
-            )
-        where = f"--gym-python {gym_python}"
-        _check_probe(probe, where, "pip install gym-substrate into it")
-        bin_dir = path.parent
-        if not (bin_dir / "gym").exists():
-            raise ExperimentError(f"{where}: Gym's `gym` command is not next to it in {bin_dir}")
-        return GymEnv(
-            "python",
-            f"{where} (Python {'.'.join(map(str, probe['python']))}, "
-            f"nemo-gym {probe['packages']['nemo-gym']})",
-            str(probe["prefix"]),
-            str(probe["site"]),
-            bin_dir=bin_dir,
-            packages=probe["packages"],
-        )
-    if gym_env not in GYM_ENVS:
-        raise ExperimentError(f"--gym-env {gym_env!r}: use chroot, or give --gym-python")
-    chroot = gym_env_path()
-    if chroot is None:
-        raise gym_driver_error()
-    runner = CHECKOUT / ".ci" / "gym-env"
-    if not runner.is_file():
-        raise ExperimentError(
-            f"--gym-env chroot runs commands in {chroot} through `.ci/gym-env run` of a "
-            "gym-substrate checkout, and this installation has none: run from a checkout, or "
-            "give --gym-python /path/to/python3.13"
-        )
-    if os.geteuid() != 0:
-        raise ExperimentError("--gym-env chroot needs root (chroot and mount namespaces)")
-    try:
-        proc = subprocess.run(
-            [str(runner), "run", "--", "python", "-c", _PROBE],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ExperimentError(f"cannot run the Gym chroot {chroot}: {exc}") from exc
-    probe = _parse_probe(proc.stdout)
-    if probe is None:
-        raise ExperimentError(
-            f"the Gym chroot {chroot} did not run Python: {proc.stderr.strip()[-500:]}"
-        )
-    _check_probe(
-        probe,
-        f"the Gym chroot {chroot}",
-        f"install this checkout's wheel with `.ci/gym-env install-wheel {CHECKOUT}`",
-    )
-    return GymEnv(
-        "chroot",
-        f"chroot {chroot.resolve()} (Python {'.'.join(map(str, probe['python']))}, "
-        f"nemo-gym {probe['packages']['nemo-gym']})",
-        str(probe["prefix"]),
-        str(probe["site"]),
-        runner=runner,
-        packages=probe["packages"],
-    )
 
 
 # ---------------------------------------------------------------------------------- config
@@ -418,90 +222,6 @@ def load_task(folder: Path) -> dict[str, Any]:
     return task
 
 
-# ---------------------------------------------------------------------------------- processes
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _marked_pids(marker: str) -> list[int]:
-    """Processes whose environment carries `MARKER=marker`: everything the run started."""
-    needle = f"{MARKER}={marker}".encode()
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as fh:
-                if needle in fh.read().split(b"\0"):
-                    found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
-def stop_processes(procs: Sequence[subprocess.Popen[bytes]], marker: str) -> list[int]:
-    """SIGTERM the run's process groups, then every marked process; SIGKILL what stays.
-
-    Returns the PIDs still alive after SIGKILL (nothing, normally). Blocking on purpose: it
-    runs in `finally` blocks, also while the event loop is being cancelled by Ctrl-C.
-    """
-    for proc in procs:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 15
-    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        pids = [p for p in _marked_pids(marker) if _alive(p)]
-        for proc in procs:
-            if proc.poll() is None:
-                pids.append(proc.pid)
-        if not pids:
-            break
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + wait_s
-        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-            time.sleep(0.2)
-    for proc in procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)
-    return [p for p in _marked_pids(marker) if _alive(p)]
-
-
-def _count_lines(paths: Sequence[Path]) -> int:
-    total = 0
-    for path in paths:
-        with contextlib.suppress(OSError):
-            total += sum(1 for line in path.read_bytes().splitlines() if line.strip())
-    return total
-
-
-def _read_rows(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    if path.is_file():
-        for line in path.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError):
-                row = json.loads(line)
-                if isinstance(row, dict):
-                    rows.append(row)
-    return rows
-
-
 # ---------------------------------------------------------------------------------- the arm
 
 
@@ -568,6 +288,7 @@ async def run_gym_arm(
         Sample,
         StepRecord,
         _status_counts,
+        actor_names,
         summarize,
     )
     from gym_substrate.experiments._backend import merged_kwargs
@@ -583,7 +304,8 @@ async def run_gym_arm(
     if target.runtime == "process":
         raise ExperimentError(
             "--driver gym needs gVisor sandboxes on the local backend (the task writes to /app, "
-            "/tests and /logs of its sandbox, which with the process runtime is this host): "
+            "/tests and /logs of its sandbox, and the process runtime gives a sandbox a "
+            "read-only root but for its working folder and /tmp): "
             f"runsc is not usable here ({target.runtime_reason}); use --runtime gvisor on a host "
             "where runsc works, or --config FILE for a cluster"
         )
@@ -638,7 +360,7 @@ async def run_gym_arm(
             "policy_model_name": store.models[0],
             "skip_venv_if_present": True,
             "uv_venv_dir": f"{inside_work}/venvs",
-            "head_server": {"host": "127.0.0.1", "port": _free_port()},
+            "head_server": {"host": "127.0.0.1", "port": free_port()},
             "nemo_gym_log_dir": f"{inside_work}/logs",
             RESOURCES: {
                 "resources_servers": {
@@ -647,9 +369,9 @@ async def run_gym_arm(
                             "env": {
                                 "EXECD_API_GRACE_SHUTDOWN": "50ms",  # the stock config's
                                 # A task image's root has an empty home; the local template's
-                                # root is this host's, whose ~/.profile would run in every login
-                                # shell (Terminus types into `bash --login`), and under gVisor
-                                # with parking that startup spans many turns.
+                                # Debian root has root's stock dotfiles, which every login shell
+                                # would run (Terminus types into `bash --login`): keep the shell
+                                # as bare as in a task image.
                                 "HOME": "/tmp",
                             }
                         }
@@ -711,7 +433,7 @@ async def run_gym_arm(
             except Exception as exc:  # ALREADY_EXISTS is success
                 if "ALREADY_EXISTS" not in str(exc):
                     raise ExperimentError(f"cannot reach the control plane: {exc}") from exc
-            baseline = {a.actor_id for a in await provider.control.list_actors(atespace)}
+            baseline = await actor_names(provider, atespace)
 
             def report(stage: str, elapsed: float, statuses: dict[str, int]) -> None:
                 if on_progress is None:
@@ -722,7 +444,7 @@ async def run_gym_arm(
                         config.name,
                         stage,
                         elapsed,
-                        _count_lines(done_files()),
+                        count_lines(done_files()),
                         config.rollouts,
                         statuses,
                         phases,
@@ -774,7 +496,7 @@ async def run_gym_arm(
                     counts = dict.fromkeys(PHASES, 0)
                     begun = sum(1 for s in replayer.log if s.turn == 0) + replayer.thinking
                     begun = min(begun, config.rollouts)
-                    finished = min(_count_lines(done_files()), config.rollouts)
+                    finished = min(count_lines(done_files()), config.rollouts)
                     counts["thinking"] = replayer.thinking
                     counts["creating"] = max(0, config.rollouts - begun)
                     counts["executing"] = max(0, begun - finished - replayer.thinking)
@@ -807,11 +529,7 @@ async def run_gym_arm(
             # Gym stops sandboxes on background threads; give the deletes time to land.
             deadline = time.monotonic() + 30
             while True:
-                leaked = sorted(
-                    a.actor_id
-                    for a in await provider.control.list_actors(atespace)
-                    if a.actor_id not in baseline
-                )
+                leaked = sorted(await actor_names(provider, atespace) - baseline)
                 if not leaked or time.monotonic() > deadline:
                     break
                 await asyncio.sleep(0.5)
@@ -824,8 +542,8 @@ async def run_gym_arm(
         shutil.rmtree(scratch, ignore_errors=True)
 
     # 3. What happened, as the synthetic arm's records.
-    rows = _read_rows(work / "rollouts.jsonl")
-    failed_rows = [r for p in sorted(work.glob("rollouts*failures*.jsonl")) for r in _read_rows(p)]
+    rows = read_rows(work / "rollouts.jsonl")
+    failed_rows = [r for p in sorted(work.glob("rollouts*failures*.jsonl")) for r in read_rows(p)]
     for row in failed_rows:
         failures.append(f"rollout {row.get('_ng_failure_class') or 'failed'}")
     for row in rows:
@@ -873,7 +591,8 @@ async def run_gym_arm(
         parks,
         failures,
     )
-    summary = summarize(result, target.workers)
+    summary = summarize(result, target.slots)
+    summary["reverts"] = None  # inside Gym's provider: not seen from here
     summary["rollouts_done"] = len(ok_rows)
     summary["rollouts_per_min"] = len(ok_rows) / (wall_s / 60) if wall_s > 0 else None
     summary["completion"] = len(ok_rows) / config.rollouts
