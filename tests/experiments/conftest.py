@@ -43,13 +43,11 @@ class ThreadBackend:
 
     async def _serve(self) -> None:
         try:
-            from gym_substrate.local.backend import local_provider_kwargs
+            from gym_substrate.experiments._backend import local_or_config
 
-            async with local_provider_kwargs({}, runtime=self.runtime, workers=self.workers) as (
-                kwargs,
-                _backend,
-            ):
-                self.kwargs = kwargs
+            # the experiments' own start: 2 workers x 1 actor, ready once its golden snapshot is
+            async with local_or_config(None, self.runtime, self.workers) as target:
+                self.kwargs = target.provider_kwargs
                 self._up.set()
                 await self._stop.wait()
         finally:

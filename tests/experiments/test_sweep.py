@@ -35,7 +35,7 @@ async def _actors(kwargs: dict[str, Any], other: str) -> dict[str, str]:
 
 async def _live(kwargs: dict[str, Any], atespace: str) -> set[str]:
     async with SubstrateProvider(**kwargs) as provider:
-        return {a.actor_id for a in await provider.control.list_actors(atespace)}
+        return {a.metadata.name for a in await provider.control.list_actors(atespace)}
 
 
 def test_sweep_by_state_and_name_with_confirmation(config: Path) -> None:
