@@ -1,14 +1,19 @@
-"""arm, compare and oversub end to end on a local backend (process runtime, small sizes)."""
+"""arm, compare and oversub end to end on a local backend (process runtime, small sizes), and
+an arm whose sandbox crashes."""
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from gym_substrate.experiments import _plots
+from gym_substrate.experiments import ThinkSpec, Workload, _plots
+from gym_substrate.experiments._arm import ArmConfig, ArmProgress, ArmResult, run_arm
+from gym_substrate.experiments._backend import local_or_config
 
 from .helpers import assert_png, invoke, invoke_json
 
@@ -101,3 +106,45 @@ def test_oversub_reports_completion_and_fairness(config: Path, tmp_path: Path) -
     assert 0 < s["fairness"] <= 1
     assert [r["steps_done"] for r in data["sandboxes"]] == [2, 2, 2, 2]
     assert_png(out / "progress.png")
+
+
+def test_an_arm_goes_on_after_the_provider_reverts_a_crashed_sandbox() -> None:
+    """A sandbox that dies mid-arm makes its actor CRASHED (today's API; a June actor stayed
+    RUNNING behind a router that timed out). With --on-crash revert the provider takes it back
+    to its last durable snapshot (the suspend policy's last park), and the steps after the
+    crash run on the files that snapshot kept; the arm counts the revert, and the crashed
+    actor leaks nothing. The sandbox is stopped from the host, as a lost worker would end it,
+    while the second step's command runs (what that step then reports depends on when the
+    sandbox went: its command killed, or the request sent again after the revert)."""
+    workload = Workload("files", ("mkdir -p proj && echo ok > proj/f", "sleep 1 && cat proj/f"))
+
+    async def main() -> ArmResult:
+        async with local_or_config(None, "process", 1) as target:
+            backend: Any = target._backend
+            kills: list[asyncio.Task[None]] = []
+
+            def on_progress(progress: ArmProgress) -> None:
+                if kills or progress.steps_done != 1 or progress.phases["executing"] != 1:
+                    return
+                (record,) = [
+                    r for r in backend.plane.state.actors.values() if r.atespace == target.atespace
+                ]
+                if record.state == "RUNNING" and record.handle:
+                    kills.append(asyncio.ensure_future(backend.runtime.stop(record.handle)))
+
+            config = ArmConfig(
+                "suspend", 1, 4, ThinkSpec.parse("0.2"), workload, idle_after_s=0.05,
+                on_crash="revert", sample_interval_s=0.05,
+            )  # fmt: skip
+            result = await run_arm(config, target, on_progress=on_progress)
+            assert kills, "the sandbox was never stopped during the second step"
+            await kills[0]
+            return result
+
+    result = asyncio.run(main())
+    s = result.summary
+
+    assert s["reverts"] == 1
+    assert [step.step for step in result.steps] == [0, 1, 2, 3]  # the rollout was not given up
+    assert [(step.failure, step.return_code) for step in result.steps[2:]] == [("", 0), ("", 0)]
+    assert s["leaked_actors"] == 0

@@ -206,6 +206,7 @@ def gym_arms(
     think: Any,
     idle_after_s: float,
     seed: int,
+    on_crash: str | None,
     out: str | None,
     folder_prefix: str,
 ) -> tuple[list[Any], Any, Path]:
@@ -226,6 +227,7 @@ def gym_arms(
                 recording=gym.recording,
                 idle_after_s=idle_after_s,
                 seed=seed,
+                on_crash=on_crash,
             )
             for policy, rollouts in arms
         ]
@@ -369,6 +371,14 @@ def arm_options(*, rollouts: int = 4, steps: int = 5, think: str = "2") -> Calla
                 help="Start no new step after this many seconds (default: run every step).",
             ),
             click.option("--seed", type=int, default=0, show_default=True, help="Think-time seed."),
+            click.option(
+                "--on-crash",
+                type=click.Choice(["fail", "revert"]),
+                default=None,
+                help="The provider's lifecycle.on_crash: fail ends a rollout whose sandbox "
+                "crashed; revert takes it back to its last durable snapshot and goes on "
+                "(default: the config's, else fail).",
+            ),
         ]
         for option in reversed(options):
             func = option(func)

@@ -51,6 +51,7 @@ def arm(
     idle_after_s: float,
     duration_s: float | None,
     seed: int,
+    on_crash: str | None,
     config_file: str | None,
     runtime: str,
     workers: int,
@@ -80,8 +81,8 @@ def arm(
     gym = GymInputs(gym_env, gym_python, gym_task, replay_rollouts)
     if driver == "gym":
         _gym_arm(
-            ctx, policy, rollouts, think, idle_after_s, seed, config_file, runtime, workers,
-            actors_per_worker, gym, out, as_json,
+            ctx, policy, rollouts, think, idle_after_s, seed, on_crash, config_file, runtime,
+            workers, actors_per_worker, gym, out, as_json,
         )  # fmt: skip
         return
     gym.refuse_without_driver()
@@ -96,6 +97,7 @@ def arm(
             idle_after_s=idle_after_s,
             duration_s=duration_s,
             seed=seed,
+            on_crash=on_crash,
         )
         folder = make_out_dir(out, f"arm-{policy}")
     except ExperimentError as exc:
@@ -132,6 +134,7 @@ def _gym_arm(
     think: Any,
     idle_after_s: float,
     seed: int,
+    on_crash: str | None,
     config_file: str | None,
     runtime: str,
     workers: int,
@@ -150,6 +153,7 @@ def _gym_arm(
         think=think,
         idle_after_s=idle_after_s,
         seed=seed,
+        on_crash=on_crash,
         out=out,
         folder_prefix=f"arm-gym-{policy}",
     )

@@ -52,6 +52,7 @@ def compare(
     idle_after_s: float,
     duration_s: float | None,
     seed: int,
+    on_crash: str | None,
     never_rollouts: int | None,
     with_suspend: bool,
     config_file: str | None,
@@ -80,8 +81,8 @@ def compare(
     gym = GymInputs(gym_env, gym_python, gym_task, replay_rollouts)
     if driver == "gym":
         _gym_compare(
-            ctx, rollouts, think, idle_after_s, seed, never_rollouts, with_suspend, config_file,
-            runtime, workers, actors_per_worker, gym, out, as_json,
+            ctx, rollouts, think, idle_after_s, seed, on_crash, never_rollouts, with_suspend,
+            config_file, runtime, workers, actors_per_worker, gym, out, as_json,
         )  # fmt: skip
         return
     gym.refuse_without_driver()
@@ -99,6 +100,7 @@ def compare(
                 idle_after_s=idle_after_s,
                 duration_s=duration_s,
                 seed=seed,
+                on_crash=on_crash,
             )
 
         slots = workers * actors_per_worker
@@ -138,6 +140,7 @@ def _gym_compare(
     think: Any,
     idle_after_s: float,
     seed: int,
+    on_crash: str | None,
     never_rollouts: int | None,
     with_suspend: bool,
     config_file: str | None,
@@ -163,6 +166,7 @@ def _gym_compare(
         think=think,
         idle_after_s=idle_after_s,
         seed=seed,
+        on_crash=on_crash,
         out=out,
         folder_prefix="compare-gym",
     )

@@ -40,6 +40,7 @@ from gym_substrate.experiments._vocab import HOLDING_STATUSES, PHASES, STATUSES
 from gym_substrate.experiments._workload import Workload
 
 __all__ = [
+    "CRASH_POLICIES",
     "HOLDING_STATUSES",
     "PHASES",
     "POLICIES",
@@ -55,6 +56,7 @@ __all__ = [
 ]
 
 POLICIES = ("never", "pause", "suspend")
+CRASH_POLICIES = ("fail", "revert")
 
 
 @dataclass(frozen=True)
@@ -73,12 +75,17 @@ class ArmConfig:
     exec_timeout_s: float = 120.0
     seed: int = 0
     sample_interval_s: float = 1.0
+    on_crash: str | None = None  # the provider's lifecycle.on_crash; None: the config's
 
     def __post_init__(self) -> None:
         if not self.name:
             object.__setattr__(self, "name", self.policy)
         if self.policy not in POLICIES:
             raise ExperimentError(f"--policy {self.policy!r}: use one of {', '.join(POLICIES)}")
+        if self.on_crash is not None and self.on_crash not in CRASH_POLICIES:
+            raise ExperimentError(
+                f"--on-crash {self.on_crash!r}: use one of {', '.join(CRASH_POLICIES)}"
+            )
         for label, value in (
             ("--rollouts", self.rollouts),
             ("--steps", self.steps),
@@ -185,8 +192,17 @@ class ArmResult:
 # ---------------------------------------------------------------------------------- failures
 
 
-def _exec_failure(return_code: int, error_type: str | None) -> tuple[str, bool]:
-    """(failure kind, whether the sandbox is unusable) for an exec result; ("", False) if ok."""
+def _exec_failure(
+    return_code: int, error_type: str | None, *, reverted: bool = False, revert: bool = False
+) -> tuple[str, bool]:
+    """(failure kind, whether the sandbox is unusable) for an exec result; ("", False) if ok.
+
+    Under `on_crash: revert` (`revert`) a sandbox failure does not end the rollout: if the
+    actor crashed, the provider reverts it at the next call (or did during this one:
+    `reverted`) and the rollout goes on from its last durable snapshot.
+    """
+    if error_type == "sandbox" and (reverted or revert):
+        return ("exec crashed, reverted" if reverted else "exec sandbox"), False
     if error_type:
         return f"exec {error_type}", error_type != "timeout"
     if return_code != 0:
@@ -245,10 +261,11 @@ async def run_arm(
     """Run one arm on `target` and return its raw records and summary."""
     from gym_substrate.types import SandboxSpec
 
-    kwargs = merged_kwargs(
-        target.provider_kwargs,
-        lifecycle={"idle_policy": config.policy, "idle_after_s": config.idle_after_s},
-    )
+    lifecycle: dict[str, Any] = {"idle_policy": config.policy, "idle_after_s": config.idle_after_s}
+    if config.on_crash is not None:
+        lifecycle["on_crash"] = config.on_crash
+    kwargs = merged_kwargs(target.provider_kwargs, lifecycle=lifecycle)
+    revert = kwargs["lifecycle"].get("on_crash") == "revert"
     atespace = target.atespace
     instrument = Instrument()
     board = _Board(config.rollouts)
@@ -315,11 +332,15 @@ async def run_arm(
                 )
             except Exception as exc:
                 kind, broken = _exc_kind("exec", exc), True
+                events = take(lane)
             else:
                 code = result.return_code
-                kind, broken = _exec_failure(code, result.error_type)
+                events = take(lane)
+                kind, broken = _exec_failure(
+                    code, result.error_type, reverted=bool(events.reverts), revert=revert
+                )
             s1 = time.monotonic()
-            split = Instrument.split(take(lane), s0, s1)
+            split = Instrument.split(events, s0, s1)
             steps.append(
                 StepRecord(
                     arm=config.name,

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gym_substrate.experiments._arm import POLICIES, ArmConfig
+from gym_substrate.experiments._arm import CRASH_POLICIES, POLICIES, ArmConfig
 from gym_substrate.experiments._errors import ExperimentError
 from gym_substrate.experiments._gym_env import (
     GYM_ENVS,
@@ -127,6 +127,7 @@ class GymArmConfig(ArmConfig):
         name: str = "",
         idle_after_s: float = 0.1,
         seed: int = 0,
+        on_crash: str | None = None,
     ) -> GymArmConfig:
         from gym_substrate.experiments._rollouts import load_rollouts
 
@@ -157,6 +158,7 @@ class GymArmConfig(ArmConfig):
             name=name,
             idle_after_s=idle_after_s,
             seed=seed,
+            on_crash=on_crash,
             task=task_dir,
             recording=path,
             store=store,
@@ -171,6 +173,10 @@ class GymArmConfig(ArmConfig):
             raise ExperimentError(f"--rollouts must be >= 1, got {self.rollouts}")
         if not self.idle_after_s > 0:
             raise ExperimentError(f"--idle-after-s must be > 0, got {self.idle_after_s}")
+        if self.on_crash is not None and self.on_crash not in CRASH_POLICIES:
+            raise ExperimentError(
+                f"--on-crash {self.on_crash!r}: use one of {', '.join(CRASH_POLICIES)}"
+            )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -180,6 +186,7 @@ class GymArmConfig(ArmConfig):
             "rollouts": self.rollouts,
             "think": str(self.think),
             "idle_after_s": self.idle_after_s,
+            "on_crash": self.on_crash,
             "seed": self.seed,
             "task": str(self.task),
             "recording": str(self.recording),
@@ -347,6 +354,7 @@ async def run_gym_arm(
                 "idle_policy": config.policy,
                 "idle_after_s": config.idle_after_s,
                 "ledger": f"{inside_work}/ledger.jsonl",
+                **({} if config.on_crash is None else {"on_crash": config.on_crash}),
             },
         )
         create = dict(kwargs.get("create") or {})

@@ -46,6 +46,7 @@ class LaneEvents:
     attempts: list[tuple[float, float, bool]] = field(default_factory=list)  # ResumeActor
     ready: list[float] = field(default_factory=list)  # /readyz answered 200
     parks: list[tuple[float, float, str]] = field(default_factory=list)  # pause/suspend
+    reverts: list[float] = field(default_factory=list)  # RevertActor answered (on_crash: revert)
     sub: str | None = None  # "waiting" (no free worker) | "resuming" | None
 
 
@@ -81,8 +82,8 @@ class Instrument:
     def take(self, lane: int) -> LaneEvents:
         """The events of `lane` so far; its lists start empty again (the sub-phase stays)."""
         events = self.lanes.setdefault(lane, LaneEvents())
-        taken = LaneEvents(events.attempts, events.ready, events.parks, events.sub)
-        events.attempts, events.ready, events.parks = [], [], []
+        taken = LaneEvents(events.attempts, events.ready, events.parks, events.reverts, events.sub)
+        events.attempts, events.ready, events.parks, events.reverts = [], [], [], []
         return taken
 
     @staticmethod
@@ -160,6 +161,9 @@ class TimedControl:
         """The provider's `on_crash: revert`: counted, so a run says how often it crashed."""
         actor = await self.inner.revert_actor(atespace, name)
         self.instrument.reverts += 1
+        lane = self.instrument._lane()
+        if lane is not None:
+            lane.reverts.append(time.monotonic())
         return actor
 
     async def _park(self, mode: str, atespace: str, name: str) -> pb.Actor:
