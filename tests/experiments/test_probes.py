@@ -62,10 +62,14 @@ def test_probe_footprint_on_the_local_backend(tmp_path: Path) -> None:
 
 
 def test_probe_burst_returns_the_host_to_its_baseline(tmp_path: Path) -> None:
+    """Also: one worker holding three actors (today's capacity model) takes the whole burst."""
     code, data = invoke_json(
-        "probe", "burst", "--count", "3", "--runtime", "process", "--out", str(tmp_path / "b")
-    )
+        "probe", "burst", "--count", "3", "--runtime", "process", "--workers", "1",
+        "--actors-per-worker", "3", "--out", str(tmp_path / "b"),
+    )  # fmt: skip
     assert code == 0
+    assert data["target"]["where"] == "local backend, process runtime, 1 worker x 3 actors"
+    assert (data["target"]["workers"], data["target"]["slots"]) == (1, 3)
     assert data["verdict"] == "PASS", data["line"]
     assert data["figures"]["ready"] == 3
     assert data["figures"]["failures"] == 0
