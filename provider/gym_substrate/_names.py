@@ -10,9 +10,7 @@ from __future__ import annotations
 import re
 
 __all__ = [
-    "ACTOR_DOMAIN",
     "TARGET_ACTOR_HEADER",
-    "actor_host",
     "is_dns_label",
     "parse_ref",
     "target_actor",
@@ -20,10 +18,6 @@ __all__ = [
 
 # The router routes on this header (atenet, since 2026-08-31); Host reaches the actor unchanged.
 TARGET_ACTOR_HEADER = "ate-target-actor"
-
-# June-era Host routing. Kept only for the local backend's router, which still routes on it
-# until its rewrite lands; the provider no longer sends it.
-ACTOR_DOMAIN = "actors.resources.substrate.ate.dev"
 
 # fullmatch, never `match` with `$`: `$` also matches before a trailing newline.
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -47,8 +41,3 @@ def parse_ref(value: object) -> tuple[str, str] | None:
 def target_actor(atespace: str, name: str) -> str:
     """The `ate-target-actor` value that routes a request to actor `name` of `atespace`."""
     return f"{atespace}/{name}"
-
-
-def actor_host(actor_id: str, atespace: str) -> str:
-    """June-era router Host `<actor>.<atespace>.<ACTOR_DOMAIN>` (local backend's router only)."""
-    return f"{actor_id}.{atespace}.{ACTOR_DOMAIN}"
