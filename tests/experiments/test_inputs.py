@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -161,3 +162,24 @@ def test_shipped_gym_recording_replays_terminus_turns() -> None:
         [{"role": "user", "content": f"(protocol)\n{prompt}\n\nCurrent terminal state:\n$ "}]
     )
     assert [r.rollout_id for r in config.store.candidates(live)] == ["hello-terminus-1"]
+
+
+def test_gym_environment_whose_provider_does_not_import_is_refused() -> None:
+    """A wheel installed --no-deps (as `.ci/gym-env install-wheel` does) can lack a newer
+    dependency; the environment check says so before Gym starts, not Gym's provider later."""
+    from gym_substrate.experiments._gym_env import _check_probe
+
+    probe = {
+        "python": [3, 13, 14],
+        "packages": {"nemo-gym": "0.7.0", "gym-substrate": "0.1.0", "harbor": "0.22.0"},
+        "site": "/opt/gym/lib/python3.13/site-packages",
+        "substrate": True,
+        "substrate_error": "ModuleNotFoundError: No module named 'grpc_reflection'",
+    }
+    message = (
+        "the Gym chroot: gym-substrate is installed there but does not import "
+        "(ModuleNotFoundError: No module named 'grpc_reflection'); pip install the missing "
+        "package into it"
+    )
+    with pytest.raises(ExperimentError, match=f"^{re.escape(message)}$"):
+        _check_probe(probe, "the Gym chroot", "install the wheel")

@@ -1,9 +1,10 @@
 """Fixtures for the `gym` tests: the real NeMo Gym 0.7.0 in a chroot, against a local backend.
 
 - `gym_chroot` (session): `.ci/gym-env build` (the cached Debian chroot with Python 3.13 and
-  nemo-gym 0.7.0), `.ci/gym-env install-wheel <this checkout>`, and the Python packages Gym's
-  sandboxed agents list in their requirements.txt (`harbor`, `mini-swe-agent`), installed into
-  the chroot's /opt/gym once (idempotent: skipped when the versions are already there).
+  nemo-gym 0.7.0), `.ci/gym-env install-wheel <this checkout>`, the Python packages Gym's
+  sandboxed agents list in their requirements.txt (`harbor`, `mini-swe-agent`) and those of our
+  own dependencies that nemo-gym lacks (the wheel goes in --no-deps), installed into the
+  chroot's /opt/gym once (idempotent: skipped when they are already there).
 - `backend` (session): `gym-substrate local up --daemon --json` on the host with the gVisor
   runtime when runsc works here, else the process runtime (the reason is recorded and printed;
   GYM_SUBSTRATE_GYM_RUNTIME=gvisor|process forces one, without fallback);
@@ -38,6 +39,7 @@ from gym_helpers import (
     HERE,
     NOTES,
     ON_CI,
+    PROVIDER_PACKAGES,
     REPO,
     TIMINGS,
     Backend,
@@ -69,20 +71,23 @@ def _cache_root() -> Path:
 
 
 def _ensure_agent_packages(chroot: Path) -> str:
-    """pip install harbor / mini-swe-agent into /opt/gym unless these versions are there."""
+    """pip install harbor / mini-swe-agent (these versions) and our dependencies that nemo-gym
+    lacks (any version) into /opt/gym unless they are there."""
+    packages = (*AGENT_PACKAGES, *PROVIDER_PACKAGES)
     probe = (
         "import importlib.metadata as m, json, sys\n"
-        "want = dict(a.split('==') for a in sys.argv[1:])\n"
+        "want = dict((a.split('==') + [''])[:2] for a in sys.argv[1:])\n"
         "have = {}\n"
         "for n in want:\n"
         "    try: have[n] = m.version(n)\n"
         "    except m.PackageNotFoundError: have[n] = None\n"
-        "print(json.dumps([n + '==' + v for n, v in want.items() if have[n] != v]))\n"
+        "print(json.dumps([n + ('==' + v if v else '') for n, v in want.items()\n"
+        "                  if have[n] is None or (v and have[n] != v)]))\n"
     )
 
     def missing() -> list[str]:
         proc = subprocess.run(
-            run_argv(["python", "-c", probe, *AGENT_PACKAGES]),
+            run_argv(["python", "-c", probe, *packages]),
             capture_output=True,
             text=True,
             timeout=120,
@@ -113,7 +118,7 @@ def _ensure_agent_packages(chroot: Path) -> str:
         if proc.returncode != 0:
             pytest.fail(
                 f"pip install {' '.join(todo)} inside the chroot failed (Gym's terminus and "
-                f"mini-swe-agent servers need them):\n{proc.stderr[-4000:]}",
+                f"mini-swe-agent servers, and our provider, need them):\n{proc.stderr[-4000:]}",
                 pytrace=False,
             )
     return "installed " + " ".join(todo)
@@ -144,7 +149,10 @@ def gym_chroot() -> Iterator[Path]:
     TIMINGS["install-wheel"] = time.monotonic() - started
     stamp = _wheel_stamp(chroot)
     started = time.monotonic()
-    NOTES.append(f"agent packages ({', '.join(AGENT_PACKAGES)}): {_ensure_agent_packages(chroot)}")
+    NOTES.append(
+        f"packages ({', '.join((*AGENT_PACKAGES, *PROVIDER_PACKAGES))}): "
+        f"{_ensure_agent_packages(chroot)}"
+    )
     TIMINGS["agent packages"] = time.monotonic() - started
     yield chroot
     # The chroot is shared by every checkout on this machine: if another one installed its wheel

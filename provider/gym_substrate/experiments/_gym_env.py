@@ -84,6 +84,10 @@ except Exception as exc:
 out["substrate"] = any(
     e.name == "substrate" for e in m.entry_points(group="nemo_gym.sandbox_providers")
 )
+try:
+    import gym_substrate.nemo
+except ImportError as exc:
+    out["substrate_error"] = f"{type(exc).__name__}: {exc}"
 print("PROBE " + json.dumps(out))
 """
 
@@ -159,6 +163,12 @@ def _check_probe(probe: dict[str, Any], where: str, fix_wheel: str) -> None:
         raise ExperimentError(
             f"{where}: gym-substrate (the `substrate` sandbox provider) is not installed there; "
             f"{fix_wheel}"
+        )
+    if probe.get("substrate_error"):
+        # e.g. a wheel installed --no-deps (as .ci/gym-env does) without a newer dependency
+        raise ExperimentError(
+            f"{where}: gym-substrate is installed there but does not import "
+            f"({probe['substrate_error']}); pip install the missing package into it"
         )
     missing = [p for p in AGENT_PACKAGES if not packages.get(p)]
     if missing:
