@@ -2,8 +2,9 @@
 (`nemo_gym/sandbox/shell.py`, driven through a PTY of the test as a user's terminal would),
 its `AsyncSandbox.pty` API (`nemo_gym/sandbox/api.py`) and
 `exec(preserve_background_services=True)`, against our provider and the local backend (gVisor
-when runsc works here). Every request crosses the backend's router, which cuts requests at 10 s
-as Substrate's does (real: cmd/atenet/internal/router/xds.go)."""
+when runsc works here). Every request crosses the backend's router, which names the actor by
+`ate-target-actor` and gives a request 5 minutes, as atenet does since its route timeout went
+from 10 s to 5 min (/work/shared/reference/substrate-current.md, "The router")."""
 
 from __future__ import annotations
 
