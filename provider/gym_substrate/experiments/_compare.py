@@ -1,7 +1,7 @@
 """`compare`: the never arm against the pause (and suspend) arm on the same workload.
 
-The seed's pause-against-never comparison: `never` runs at the worker slots (parking nothing,
-it cannot use more rollouts than workers without queueing them), the parking arms run
+The seed's pause-against-never comparison: `never` runs at the actor slots (parking nothing,
+it cannot use more rollouts than slots without queueing them), the parking arms run
 oversubscribed, and the ratios say what parking buys. Arms run one after the other on the same
 target, so they never compete for workers.
 """
@@ -42,6 +42,7 @@ FIGURES: list[tuple[str, str]] = [
     ("completion", "completion (0-1)"),
     ("fairness", "fairness (slowest/median)"),
     ("failures", "failures"),
+    ("reverts", "reverts of crashed actors"),
     ("leaked_actors", "leaked actors"),
 ]
 RATIO_KEYS = ("rollouts_per_min", "steps_per_min", "step_p95_s", "worker_utilisation")
