@@ -2,7 +2,7 @@
 
 Why: a rollout's sandbox sits idle while the policy model thinks, and Substrate can park it and
 give its worker to another rollout. These experiments answer the operator's questions about
-that: how many rollouts fit on W workers (`arm`, `compare`, `oversub`, `ladder`), what parking
+that: how many rollouts fit on W actor slots (`arm`, `compare`, `oversub`, `ladder`), what parking
 costs and whether a host or sandbox class is sound (`probe`), and they need no model to do it
 (`replay_policy`, an OpenAI-compatible server replaying recorded rollouts).
 
