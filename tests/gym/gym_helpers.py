@@ -153,7 +153,8 @@ def backend_actors(backend: Backend) -> list[dict[str, Any]]:
 
 
 def _actor_key(actor: dict[str, Any]) -> str:
-    return str(actor.get("actor_id") or actor.get("id") or actor.get("actor") or actor)
+    """`atespace/name` of a `local status --json` actor row."""
+    return f"{actor['atespace']}/{actor['actor']}"
 
 
 @contextlib.contextmanager
