@@ -1,10 +1,10 @@
 """Fixtures for the `gym` tests: the real NeMo Gym 0.7.0 in a chroot, against a local backend.
 
 - `gym_chroot` (session): `.ci/gym-env build` (the cached Debian chroot with Python 3.13 and
-  nemo-gym 0.7.0), `.ci/gym-env install-wheel <this checkout>`, the Python packages Gym's
-  sandboxed agents list in their requirements.txt (`harbor`, `mini-swe-agent`) and those of our
-  own dependencies that nemo-gym lacks (the wheel goes in --no-deps), installed into the
-  chroot's /opt/gym once (idempotent: skipped when they are already there).
+  nemo-gym 0.7.0), `.ci/gym-env install-wheel <this checkout>` (our wheel --no-deps, plus the
+  requirements Gym has no version of), and the Python packages Gym's sandboxed agents list in
+  their requirements.txt (`harbor`, `mini-swe-agent`), installed into the chroot's /opt/gym once
+  (idempotent: skipped when they are already there).
 - `backend` (session): `gym-substrate local up --daemon --json` on the host with the gVisor
   runtime when runsc works here, else the process runtime (the reason is recorded and printed;
   GYM_SUBSTRATE_GYM_RUNTIME=gvisor|process forces one, without fallback);
@@ -39,7 +39,6 @@ from gym_helpers import (
     HERE,
     NOTES,
     ON_CI,
-    PROVIDER_PACKAGES,
     REPO,
     TIMINGS,
     Backend,
@@ -71,9 +70,8 @@ def _cache_root() -> Path:
 
 
 def _ensure_agent_packages(chroot: Path) -> str:
-    """pip install harbor / mini-swe-agent (these versions) and our dependencies that nemo-gym
-    lacks (any version) into /opt/gym unless they are there."""
-    packages = (*AGENT_PACKAGES, *PROVIDER_PACKAGES)
+    """pip install harbor / mini-swe-agent (these versions) into /opt/gym unless they are there."""
+    packages = AGENT_PACKAGES
     probe = (
         "import importlib.metadata as m, json, sys\n"
         "want = dict((a.split('==') + [''])[:2] for a in sys.argv[1:])\n"
@@ -150,7 +148,7 @@ def gym_chroot() -> Iterator[Path]:
     stamp = _wheel_stamp(chroot)
     started = time.monotonic()
     NOTES.append(
-        f"packages ({', '.join((*AGENT_PACKAGES, *PROVIDER_PACKAGES))}): "
+        f"agent packages ({', '.join(AGENT_PACKAGES)}): "
         f"{_ensure_agent_packages(chroot)}"
     )
     TIMINGS["agent packages"] = time.monotonic() - started

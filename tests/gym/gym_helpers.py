@@ -30,7 +30,6 @@ T = "/t"
 AGENT_PACKAGES = ("harbor==0.22.0", "mini-swe-agent==2.1.0")
 # Our own dependencies that nemo-gym does not bring: `.ci/gym-env install-wheel` installs the
 # wheel --no-deps (Gym's versions win). Unpinned: pip picks the release of the chroot's grpcio.
-PROVIDER_PACKAGES = ("grpcio-reflection",)
 ON_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
 # Printed at the end of the run (conftest.pytest_terminal_summary).
 TIMINGS: dict[str, float] = {}
