@@ -3,7 +3,7 @@
 `FakeProvider` implements the NeMo Gym protocol in-process: each sandbox is a temporary folder
 and each exec a real `/bin/sh -c` in it, so commands behave like commands (files persist within
 an episode); `handler` lets a test script a result or raise. `Operator` talks to a backend's
-ateapi over gRPC as an operator would (ListActors, SuspendActor, DeleteActor).
+ateapi over gRPC as an operator would (ListActors, DeleteActor).
 """
 
 from __future__ import annotations
@@ -143,15 +143,14 @@ class Operator:
                 pb.ListActorsRequest(atespace=self.atespace, page_size=100, page_token=token),
                 timeout=30,
             )
-            names.extend(actor.actor_id for actor in response.actors)
+            names.extend(actor.metadata.name for actor in response.actors)
             token = response.next_page_token
             if not token:
                 return names
 
     def delete_behind_the_providers_back(self, actor_id: str) -> None:
-        ref = pb.ActorRef(atespace=self.atespace, name=actor_id)
-        self._stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref), timeout=60)
-        self._stub.DeleteActor(pb.DeleteActorRequest(actor_ref=ref), timeout=60)
+        ref = pb.ObjectRef(atespace=self.atespace, name=actor_id)
+        self._stub.DeleteActor(pb.DeleteActorRequest(actor=ref, any_state=True), timeout=60)
 
     def close(self) -> None:
         self._channel.close()

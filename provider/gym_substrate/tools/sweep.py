@@ -6,7 +6,8 @@ actor it made; by default sweep deletes those past their `ttl_s` or whose creati
 gone. `everything`, `name` (a glob on the actor id) and `states` select instead from the live
 listing of the atespace (ListActors), ledger or not. Nothing outside the configured atespace is
 ever touched: ledger entries made in another atespace are left alone. Deletion reuses the
-provider's own close path (suspend first, wait out transitions, NOT_FOUND is done).
+provider's own close path (one DeleteActor with `any_state`, retried through transient codes;
+NOT_FOUND is done).
 """
 
 from __future__ import annotations
@@ -19,7 +20,16 @@ from typing import Any
 
 __all__ = ["STATES", "SweepResult", "SweepTarget", "delete_targets", "find_targets", "sweep_actors"]
 
-STATES = ("RUNNING", "RESUMING", "PAUSING", "PAUSED", "SUSPENDING", "SUSPENDED")
+STATES = (
+    "RUNNING",
+    "RESUMING",
+    "PAUSING",
+    "PAUSED",
+    "SUSPENDING",
+    "SUSPENDED",
+    "CRASHED",
+    "REVERTING",
+)
 
 
 @dataclass
@@ -56,7 +66,7 @@ async def find_targets(
     states: Collection[str] | None = None,
 ) -> list[SweepTarget]:
     """What a sweep would delete, in the provider's configured atespace only."""
-    from gym_substrate._grpc import status_name
+    from gym_substrate._grpc import actor_state
     from gym_substrate._ledger import Ledger
 
     atespace = provider.connection.atespace
@@ -65,14 +75,15 @@ async def find_targets(
     if everything or name is not None or wanted:
         reason = _selection(everything, name, wanted)
         for found in await provider.control.list_actors(atespace):
-            if (found.atespace or atespace) != atespace:
+            actor_id = found.metadata.name
+            if (found.metadata.atespace or atespace) != atespace:
                 continue
-            state = status_name(found.status)
-            if name is not None and not fnmatch.fnmatchcase(found.actor_id, name):
+            state = actor_state(found)
+            if name is not None and not fnmatch.fnmatchcase(actor_id, name):
                 continue
             if wanted and state not in wanted:
                 continue
-            targets.append(SweepTarget(found.actor_id, atespace, reason, state))
+            targets.append(SweepTarget(actor_id, atespace, reason, state))
         return targets
     if provider.lifecycle.ledger is None:
         return targets
