@@ -14,6 +14,7 @@ wrong; `control.crash(...)` crashes an actor as a worker whose ateom restarted d
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import uuid
@@ -401,7 +402,8 @@ class FakeAgents:
     the fake raises that timeout instead of the 503.
 
     Commands are not run: `echo X` prints X, `exit N` exits N, anything else prints nothing.
-    Every submission of a job id is counted, so a test can prove a command ran once. Jobs live
+    A command `hold NAME` stays in flight until the test sets `holds[NAME]`. Every submission of
+    a job id is counted, so a test can prove a command ran once. Jobs live
     in the agent of one boot: a revert (or a suspend) loses them.
     """
 
@@ -414,6 +416,9 @@ class FakeAgents:
         self.routed: list[str] = []  # the ate-target-actor of every request
         self.router_resumes = 0
         self._faults: deque[int] = deque()
+        # `hold NAME` commands: the submission sets held[NAME], then waits for holds[NAME]
+        self.holds: dict[str, asyncio.Event] = {}
+        self.held: dict[str, asyncio.Event] = {}
 
     def fail(self, status: int, times: int = 1) -> None:
         """The next `times` requests get this status from the router, before the agent."""
@@ -468,6 +473,10 @@ class FakeAgents:
             return _json(200, {"status": "ok", "actor_id": actor_id, "boot_id": actor.boot})
         if path == "/v1/exec" and method == "POST":
             job = json.loads(body or b"{}")
+            text = job["command"] if isinstance(job["command"], str) else job["command"][-1]
+            if text.startswith("hold ") and text[5:] in self.holds:
+                self.held.setdefault(text[5:], asyncio.Event()).set()
+                await self.holds[text[5:]].wait()
             key = (actor.boot, job["id"])
             if key not in self.jobs:
                 self.runs[job["id"]] += 1
