@@ -36,13 +36,10 @@ from gym_substrate._snapshot import (
     SandboxSnapshot,
     SnapshotCapabilities,
     SnapshotScope,
-    borrowers,
-    from_tag,
-    get_tag,
     parse_snapshot,
     snapshot_name,
-    wait_ready,
 )
+from gym_substrate._tags import borrowers, from_tag, get_tag, wait_ready
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.types import SandboxHandle, SandboxSpec
 
