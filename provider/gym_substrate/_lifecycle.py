@@ -456,23 +456,38 @@ class ManagedActor:
 
     # ------------------------------------------------------------------ park
 
-    async def _park(self, mode: PauseMode) -> None:
+    async def _park(self, mode: PauseMode) -> pb.Actor:
+        """PauseActor or SuspendActor through transient codes; a refusal from a CRASHED actor
+        is `ActorCrashedError` (with `on_crash: fail` the sandbox is then known CRASHED)."""
         control, actor = self.services.control, self.actor
 
-        async def attempt() -> Any:
-            if mode == "pause":
-                return await control.pause_actor(actor.atespace, actor.actor_id)
-            return await control.suspend_actor(actor.atespace, actor.actor_id)
+        async def attempt() -> pb.Actor:
+            try:
+                if mode == "pause":
+                    return await control.pause_actor(actor.atespace, actor.actor_id)
+                return await control.suspend_actor(actor.atespace, actor.actor_id)
+            except ControlPlaneError as exc:
+                if _may_be_crashed(exc):
+                    await self._raise_if_crashed()
+                raise
 
-        parked = await retry_target(
-            attempt,
-            is_transient_control,
-            self.services.retry,
-            what=f"{mode.capitalize()}Actor {actor.actor_id}",
-        )
+        try:
+            parked = await retry_target(
+                attempt,
+                is_transient_control,
+                self.services.retry,
+                what=f"{mode.capitalize()}Actor {actor.actor_id}",
+            )
+        except ActorCrashedError as exc:
+            if self.services.on_crash == "fail":  # with revert, the next call reverts it
+                self._publish(status="CRASHED", pod_ip="")
+                self._enter(Lifecycle.CRASHED)
+                self.crash = exc.crash_message
+            raise
         self.lost_workload = None
         self._publish(status=actor_state(parked), pod_ip="")
         self._enter(Lifecycle.PARKED)
+        return parked
 
     async def park(self, mode: PauseMode) -> None:
         """Pause or suspend now (an explicit `pause()` call), freeing the worker."""
@@ -505,32 +520,7 @@ class ManagedActor:
                 )
             if before is not None:
                 before()
-            control, actor = self.services.control, self.actor
-
-            async def suspend() -> pb.Actor:
-                try:
-                    return await control.suspend_actor(actor.atespace, actor.actor_id)
-                except ControlPlaneError as exc:
-                    if _may_be_crashed(exc):
-                        await self._raise_if_crashed()
-                    raise
-
-            try:
-                parked = await retry_target(
-                    suspend,
-                    is_transient_control,
-                    self.services.retry,
-                    what=f"SuspendActor {actor.actor_id}",
-                )
-            except ActorCrashedError as exc:
-                if self.services.on_crash == "fail":  # with revert, the next call reverts it
-                    self._publish(status="CRASHED", pod_ip="")
-                    self._enter(Lifecycle.CRASHED)
-                    self.crash = exc.crash_message
-                raise
-            self.lost_workload = None
-            self._publish(status=actor_state(parked), pod_ip="")
-            self._enter(Lifecycle.PARKED)
+            parked = await self._park("suspend")
             yield parked
 
     def cancel_idle(self) -> None:
