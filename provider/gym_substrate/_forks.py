@@ -50,7 +50,6 @@ if TYPE_CHECKING:
     from gym_substrate._ledger import LedgerRecorder
     from gym_substrate._lifecycle import ManagedActor
     from gym_substrate._pty import SubstratePtySession
-    from gym_substrate._retry import RetryPolicy as _Policy
 
 __all__ = ["FORK_MAX", "SnapshotMethods", "SnapshotSource"]
 
@@ -95,7 +94,7 @@ class SnapshotMethods:
         connection: ConnectionConfig
         create_config: CreateConfig
         lifecycle: LifecycleConfig
-        _retry: _Policy
+        _retry: RetryPolicy
         _record: LedgerRecorder
         _ptys: dict[tuple[str, str], weakref.WeakSet[SubstratePtySession]]
 
@@ -180,11 +179,14 @@ class SnapshotMethods:
                     f"a snapshot named {ref} already exists: pass another name, or "
                     "delete_snapshot() that one first"
                 ) from exc
-            except (SubstrateError, OSError) as exc:
-                await self._record.snapshot(
-                    "snapshot_failed", actor.atespace, tag_name, error=str(exc)
-                )
-                if isinstance(exc, SnapshotError):
+            except BaseException as exc:  # cancelled too: a tag may be left, sweep deletes it
+                with contextlib.suppress(BaseException):
+                    await asyncio.shield(
+                        self._record.snapshot(
+                            "snapshot_failed", actor.atespace, tag_name, error=repr(exc)
+                        )
+                    )
+                if isinstance(exc, SnapshotError) or not isinstance(exc, SubstrateError | OSError):
                     raise
                 raise SnapshotError(f"could not snapshot sandbox {actor.actor_id}: {exc}") from exc
         current = managed.actor
