@@ -346,3 +346,19 @@ def test_a_snapshot_reference_is_plain_data() -> None:
     assert not again.keeps_memory
     with pytest.raises(ValueError, match="must be 'atespace/tag'"):
         SandboxSnapshot("just-a-name")
+
+
+async def test_a_child_keeps_the_source_env_and_workdir_with_the_spec_on_top(
+    tmp_path: Path,
+) -> None:
+    control = FakeControl()
+    async with _provider(control, tmp_path) as p:
+        source = await p.create(SandboxSpec(workdir="/w", env={"A": "1", "B": "source"}))
+        snap = await p.snapshot(source)
+        child = await p.create(SandboxSpec(env={"B": "child", "C": "3"}), snapshot=snap)
+        assert child.raw.workdir == "/w"
+        assert dict(child.raw.env) == {"A": "1", "B": "child", "C": "3"}
+        moved = await p.create(SandboxSpec(workdir="/elsewhere"), snapshot=snap)
+        assert (moved.raw.workdir, dict(moved.raw.env)) == ("/elsewhere", {"A": "1", "B": "source"})
+        for h in (child, moved, source):
+            await p.close(h)
