@@ -338,6 +338,25 @@ def test_the_capability_is_declared_the_gym_way() -> None:
     assert provider.validate_snapshots() is None
 
 
+@pytest.mark.parametrize("protocol", [SupportsSandboxSnapshot, SupportsSandboxFork])
+def test_the_provider_takes_every_call_the_protocols_describe(protocol: type) -> None:
+    import inspect
+
+    for name, member in vars(protocol).items():
+        if name.startswith("_") or not inspect.isfunction(member):
+            continue
+        ours = getattr(SubstrateProvider, name)
+        assert inspect.iscoroutinefunction(ours) == inspect.iscoroutinefunction(member), name
+        theirs = list(inspect.signature(member).parameters.values())
+        mine = list(inspect.signature(ours).parameters.values())
+        assert [(p.name, p.kind, p.default) for p in mine[: len(theirs)]] == [
+            (p.name, p.kind, p.default) for p in theirs
+        ], name
+        assert all(
+            p.kind == p.KEYWORD_ONLY and p.default is not p.empty for p in mine[len(theirs) :]
+        )
+
+
 def test_a_snapshot_reference_is_plain_data() -> None:
     snap = SandboxSnapshot("gym/base", source="gym-1", fidelity="ROOTFS", env={"A": "1"})
     again = pickle.loads(pickle.dumps(snap))
