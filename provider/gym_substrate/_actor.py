@@ -46,6 +46,7 @@ class SubstrateActor:
     status: str = "UNKNOWN"
     pod_ip: str = ""
     boot_id: str | None = None
+    snapshot: str | None = None  # the snapshot (`atespace/tag`) it was created from, if any
 
     @property
     def target(self) -> str:

@@ -109,6 +109,23 @@ def _template_ref(path: str, value: Any) -> str:
     return text
 
 
+def _snapshot_ref(path: str, value: Any) -> str:
+    text = _string(path, str(value) if _is_snapshot(value) else value)
+    if parse_ref(text) is None:
+        raise _fail(
+            path,
+            "expected a snapshot as 'atespace/tag' (two DNS labels: a-z, 0-9, '-'), as "
+            f"snapshot() returns it, got {text!r}",
+        )
+    return text
+
+
+def _is_snapshot(value: Any) -> bool:
+    from gym_substrate._snapshot import SandboxSnapshot
+
+    return isinstance(value, SandboxSnapshot)
+
+
 def _atespace(path: str, value: Any) -> str:
     text = _string(path, value)
     if not is_dns_label(text):
@@ -437,6 +454,8 @@ class ProviderOptions:
 
     template: str | None = None
     atespace: str | None = None
+    # A snapshot (`atespace/tag`) to start from instead of the template's golden snapshot.
+    from_snapshot: str | None = None
     # Accepted for Gym's stock configs (an OpenSandbox option); an actor gets its worker pool's
     # resources, so it is ignored with one warning per process.
     resource_requests: Mapping[str, Any] | None = None
@@ -447,7 +466,7 @@ class ProviderOptions:
             return cls()
         if not isinstance(options, Mapping):
             raise TypeError(f"provider_options must be a mapping, got {type(options).__name__}")
-        allowed = ("atespace", "resource_requests", "template")
+        allowed = ("atespace", "from_snapshot", "resource_requests", "template")
         unknown = sorted(str(k) for k in options if k not in allowed)
         if unknown:
             raise ValueError(
@@ -460,10 +479,18 @@ class ProviderOptions:
             _template_ref("provider_options.template", template)
         if atespace is not None:
             _atespace("provider_options.atespace", atespace)
+        snapshot = options.get("from_snapshot")
+        if snapshot is not None:
+            snapshot = _snapshot_ref("provider_options.from_snapshot", snapshot)
         requests = options.get("resource_requests")
         if requests is not None and not isinstance(requests, Mapping):
             raise TypeError(
                 "provider_options.resource_requests must be a mapping (e.g. {cpu: 2}), got "
                 f"{type(requests).__name__}"
             )
-        return cls(template=template, atespace=atespace, resource_requests=requests)
+        return cls(
+            template=template,
+            atespace=atespace,
+            from_snapshot=snapshot,
+            resource_requests=requests,
+        )

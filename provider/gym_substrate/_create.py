@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
+from typing import Literal
 
 from gym_substrate import _exec
 from gym_substrate._actor import SubstrateActor
@@ -41,6 +43,7 @@ __all__ = [
     "create_actor",
     "ensure_atespace",
     "prepare",
+    "snapshot_wanted",
     "validate_spec",
 ]
 
@@ -86,11 +89,39 @@ def _warn_once(what: str) -> None:
         )
 
 
+def snapshot_wanted(spec: SandboxSpec, options: ProviderOptions, snapshot: object) -> object:
+    """The snapshot to start from (`create(snapshot=...)` or `provider_options.from_snapshot`),
+    or None; `SubstrateCreateError` when the two name different ones."""
+    given = (spec.provider_options or {}).get("from_snapshot")
+    if snapshot is None:
+        return given  # a SandboxSnapshot or an `atespace/tag` string (checked), or None
+    if options.from_snapshot is not None and options.from_snapshot != str(snapshot):
+        raise SubstrateCreateError(
+            f"create(snapshot={str(snapshot)!r}) and provider_options.from_snapshot="
+            f"{options.from_snapshot!r} name different snapshots; pass one of them"
+        )
+    return snapshot
+
+
 def choose_template(
-    spec: SandboxSpec, options: ProviderOptions, config: CreateConfig
+    spec: SandboxSpec, options: ProviderOptions, config: CreateConfig, snapshot_template: str = ""
 ) -> tuple[str, str]:
     """(`atespace/name`, where it was configured): `provider_options.template`, else the
-    image's mapped template, else the default."""
+    image's mapped template, else the default; a snapshot's own template (when known) wins over
+    the default and must agree with any template asked for."""
+    if snapshot_template:
+        asked = None
+        if options.template is not None:
+            asked = (options.template, "provider_options.template")
+        elif spec.image is not None and spec.image in config.image_templates:
+            asked = (config.image_templates[spec.image], f"create.image_templates[{spec.image!r}]")
+        if asked is not None and asked[0] != snapshot_template:
+            raise SubstrateCreateError(
+                f"the snapshot was taken under ActorTemplate {snapshot_template}, and a sandbox "
+                f"made from it runs under the same one, not {asked[0]} ({asked[1]}); leave the "
+                "template out, or take the snapshot from a sandbox of that template"
+            )
+        return snapshot_template, "the snapshot's template"
     if options.template is not None:
         return options.template, "provider_options.template"
     if spec.image is not None:
@@ -189,12 +220,18 @@ async def ensure_atespace(
 async def create_actor(
     control: ControlAPI, actor: SubstrateActor, policy: RetryPolicy, deadline: float
 ) -> None:
-    """CreateActor with the client-chosen id, retried through transient codes and no free
-    capacity until `deadline`; an earlier landed attempt (ALREADY_EXISTS) is success."""
+    """CreateActor with the client-chosen id (from `actor.snapshot` when set), retried through
+    transient codes and no free capacity until `deadline`; an earlier landed attempt
+    (ALREADY_EXISTS) is success."""
 
     async def attempt() -> None:
         try:
-            await control.create_actor(actor.atespace, actor.actor_id, actor.template)
+            if actor.snapshot is None:  # (wrappers of ControlAPI may predate source_tag)
+                await control.create_actor(actor.atespace, actor.actor_id, actor.template)
+            else:
+                await control.create_actor(
+                    actor.atespace, actor.actor_id, actor.template, source_tag=actor.snapshot
+                )
         except AlreadyExistsError:
             found = template_of(await control.get_actor(actor.atespace, actor.actor_id))
             if found != actor.template:
@@ -211,8 +248,26 @@ async def create_actor(
     )
 
 
+def _snapshot_hint(exc: BaseException, ref: str) -> str:
+    """What to do about a CreateActor(source_tag) refusal (upstream's messages)."""
+    text = str(exc)
+    if "must be taken from an actor with ActorTemplate uid" in text:
+        return (
+            f"snapshot {ref} was taken under another ActorTemplate; create from it with the "
+            "template of the sandbox it was taken from (provider_options.template)"
+        )
+    if "Tag not found" in text:
+        return f"snapshot {ref} was deleted meanwhile"
+    if "not published outside its Atespace" in text:
+        return "create it in the snapshot's atespace, or take the snapshot with scope='published'"
+    return ""
+
+
 def _no_capacity(exc: BaseException) -> bool:
     return isinstance(exc, RetryError) and isinstance(exc.cause, NoFreeWorkersError)
+
+
+Defaults = Literal["replace", "merge", "keep"]
 
 
 async def prepare(
@@ -223,11 +278,15 @@ async def prepare(
     deadline: float,
     ready_timeout_s: float,
     shell: str,
+    defaults: Defaults = "replace",
+    base: tuple[str | None, Mapping[str, str]] | None = None,
 ) -> None:
     """CreateActor, the first resume, then the workdir and the sandbox's recorded defaults.
 
-    All of it within `deadline` (`ready_timeout_s` after create() began): no free capacity
-    (RESOURCE_EXHAUSTED) is waited out until then.
+    `defaults`: `replace` records the actor's workdir and env (a fresh sandbox); `keep` records
+    nothing (a sandbox from a snapshot keeps the source's record); `merge` records the source's
+    (`base`, else read from the sandbox) with the actor's on top. All of it within `deadline`
+    (`ready_timeout_s` after create() began): no free capacity is waited out until then.
     """
     actor = managed.actor
     try:
@@ -235,7 +294,13 @@ async def prepare(
     except SubstrateCreateError:
         raise
     except SubstrateError as exc:
-        raise SubstrateCreateError(f"could not create actor {actor.actor_id}: {exc}") from exc
+        if actor.snapshot is None:
+            raise SubstrateCreateError(f"could not create actor {actor.actor_id}: {exc}") from exc
+        hint = _snapshot_hint(exc, actor.snapshot)
+        raise SubstrateCreateError(
+            f"could not create actor {actor.actor_id} from snapshot {actor.snapshot}: {exc}"
+            + (f" ({hint})" if hint else "")
+        ) from exc
 
     def not_ready(why: object) -> str:
         return f"actor {actor.actor_id} did not become ready within {ready_timeout_s:g} s: {why}"
@@ -251,10 +316,13 @@ async def prepare(
         raise SubstrateCreateVerificationError(not_ready(exc)) from exc
     except (AgentError, ActorCrashedError) as exc:
         raise SubstrateCreateVerificationError(not_ready(exc)) from exc
-    if actor.workdir or actor.env:
-        result = await _exec.store_defaults(
-            managed, shell=shell, workdir=actor.workdir, env=actor.env
-        )
+    workdir, env = actor.workdir, dict(actor.env)
+    if defaults == "merge":
+        wd, base_env = base if base is not None else await _exec.load_defaults(managed, shell=shell)
+        workdir, env = workdir or wd, {**base_env, **env}
+        managed.remember_defaults(workdir, env)
+    if defaults != "keep" and (workdir or env):
+        result = await _exec.store_defaults(managed, shell=shell, workdir=workdir, env=env)
         if result.return_code != 0:
             raise SubstrateCreateError(
                 f"could not create workdir {actor.workdir} and record the sandbox's env: "

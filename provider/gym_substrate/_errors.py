@@ -28,6 +28,9 @@ only by `_agent_client.AgentClient`) are the single crossing points; both chain 
     │                                              (gym_substrate.stack.scripts)
     ├── RetryError                                 a retry deadline ran out (chained to the cause)
     ├── CloseError (+ RuntimeError)                close() could not delete the actor
+    ├── SnapshotError                              a snapshot could not be taken, found or deleted
+    │   ├── SnapshotBusyError                      calls were in flight in the source sandbox
+    │   └── SnapshotInUseError                     live sandboxes still borrow it (`.borrowers`)
     └── SubstrateCreateError (+ SandboxCreateError)
         └── SubstrateCreateVerificationError (+ SandboxCreateVerificationError)
 """
@@ -59,6 +62,9 @@ __all__ = [
     "ProviderClosedError",
     "RetryError",
     "RouterError",
+    "SnapshotBusyError",
+    "SnapshotError",
+    "SnapshotInUseError",
     "SubstrateCreateError",
     "SubstrateCreateVerificationError",
     "SubstrateError",
@@ -183,6 +189,23 @@ class RetryError(SubstrateError):
 
 class CloseError(SubstrateError, RuntimeError):
     """`close()` could not bring the actor to deletion (recorded in the ledger)."""
+
+
+class SnapshotError(SubstrateError):
+    """A snapshot could not be taken, found, used or deleted; the message says which and why."""
+
+
+class SnapshotBusyError(SnapshotError):
+    """Commands, transfers or PTY calls were in flight in the sandbox: no snapshot was taken."""
+
+
+class SnapshotInUseError(SnapshotError):
+    """Live sandboxes were created from the snapshot and have not suspended away from it yet:
+    deleting it would strand them. `borrowers` names them (`atespace/name`)."""
+
+    def __init__(self, message: str, *, borrowers: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.borrowers = borrowers
 
 
 class SubstrateCreateError(SubstrateError, SandboxCreateError):

@@ -41,6 +41,9 @@ __all__ = [
     "crash_message",
     "create_channel",
     "state_name",
+    "tag_fidelity",
+    "tag_ready",
+    "tag_uri",
     "template_of",
     "worker_address",
 ]
@@ -107,6 +110,36 @@ def worker_address(actor: pb.Actor) -> str:
     return str(ips[0]) if ips else ""
 
 
+def _durable(snapshot: pb.Snapshot) -> pb.SnapshotStorage | None:
+    for stored in snapshot.storage:
+        if stored.durability == pb.SNAPSHOT_DURABILITY_DURABLE:
+            return stored
+    return None
+
+
+def tag_ready(tag: pb.Tag) -> bool:
+    """The tag's copy is COMPLETED: actors can be created from it."""
+    stored = _durable(tag.status.snapshot)
+    return stored is not None and stored.status == pb.SNAPSHOT_STORAGE_STATUS_COMPLETED
+
+
+def tag_fidelity(tag: pb.Tag) -> str:
+    """What the tag's snapshot holds: `MEMORY`, `ROOTFS` (files only), `VOLUMES` or `UNKNOWN`."""
+    stored = _durable(tag.status.snapshot)
+    if stored is None or not stored.fidelity:
+        return "UNKNOWN"
+    try:
+        return pb.SnapshotFidelity.Name(stored.fidelity).removeprefix("SNAPSHOT_FIDELITY_")
+    except ValueError:  # a newer server's level
+        return "UNKNOWN"
+
+
+def tag_uri(tag: pb.Tag) -> str:
+    """Where the tag's snapshot is stored ("" while unknown): borrowers point at it."""
+    stored = _durable(tag.status.snapshot)
+    return stored.object.snapshot_uri if stored is not None else ""
+
+
 class Resumed(NamedTuple):
     """ResumeActor's answer: the actor, and False when it was already RUNNING."""
 
@@ -117,11 +150,14 @@ class Resumed(NamedTuple):
 class ControlAPI(Protocol):
     """The ateapi calls the provider makes: `ControlClient`, or an in-memory fake in tests.
 
-    Templates are `atespace/name` strings, as in the YAML.
+    Templates and tags are `atespace/name` strings, as in the YAML; an empty atespace in a
+    List call lists every atespace.
     """
 
     async def create_atespace(self, name: str) -> None: ...
-    async def create_actor(self, atespace: str, name: str, template: str) -> pb.Actor: ...
+    async def create_actor(
+        self, atespace: str, name: str, template: str, *, source_tag: str | None = None
+    ) -> pb.Actor: ...
     async def get_actor(self, atespace: str, name: str) -> pb.Actor: ...
     async def resume_actor(self, atespace: str, name: str) -> Resumed: ...
     async def suspend_actor(self, atespace: str, name: str) -> pb.Actor: ...
@@ -132,6 +168,12 @@ class ControlAPI(Protocol):
     ) -> pb.Actor: ...
     async def list_actors(self, atespace: str) -> list[pb.Actor]: ...
     async def get_actor_template(self, template: str) -> pb.ActorTemplate: ...
+    async def create_tag(
+        self, atespace: str, name: str, source_actor: str, *, published: bool = False
+    ) -> pb.Tag: ...
+    async def get_tag(self, atespace: str, name: str) -> pb.Tag: ...
+    async def list_tags(self, atespace: str) -> list[pb.Tag]: ...
+    async def delete_tag(self, atespace: str, name: str) -> pb.Tag: ...
 
 
 def _ref(atespace: str, name: str) -> pb.ObjectRef:
@@ -204,11 +246,15 @@ class ControlClient:
             pb.CreateAtespaceRequest(atespace=atespace),
         )
 
-    async def create_actor(self, atespace: str, name: str, template: str) -> pb.Actor:
+    async def create_actor(
+        self, atespace: str, name: str, template: str, *, source_tag: str | None = None
+    ) -> pb.Actor:
         actor = pb.Actor(
             metadata=pb.ResourceMetadata(atespace=atespace, name=name),
             actor_template=_template_ref(template),
         )
+        if source_tag is not None:
+            actor.source_tag.CopyFrom(_template_ref(source_tag))
         created: pb.Actor = await self._call(
             "CreateActor", self._stub.CreateActor, pb.CreateActorRequest(actor=actor)
         )
@@ -262,20 +308,23 @@ class ControlClient:
         return actor
 
     async def list_actors(self, atespace: str) -> list[pb.Actor]:
-        actors: list[pb.Actor] = []
+        return await self._list("ListActors", pb.ListActorsRequest, atespace, "actors")
+
+    async def _list(self, method: str, request: Any, atespace: str, field: str) -> list[Any]:
+        found: list[Any] = []
         token = ""
         while True:
             resp = await self._call(
-                "ListActors",
-                self._stub.ListActors,
+                method,
+                getattr(self._stub, method),
                 # 1000 is the server's largest page (it coerces larger ones down).
-                pb.ListActorsRequest(atespace=atespace, page_size=1000, page_token=token),
+                request(atespace=atespace, page_size=1000, page_token=token),
             )
             # A short or empty page with a token is not the end: only an empty token is.
-            actors.extend(resp.actors)
+            found.extend(getattr(resp, field))
             token = resp.next_page_token
             if not token:
-                return actors
+                return found
 
     async def get_actor_template(self, template: str) -> pb.ActorTemplate:
         found: pb.ActorTemplate = await self._call(
@@ -284,3 +333,31 @@ class ControlClient:
             pb.GetActorTemplateRequest(actor_template=_template_ref(template)),
         )
         return found
+
+    async def create_tag(
+        self, atespace: str, name: str, source_actor: str, *, published: bool = False
+    ) -> pb.Tag:
+        tag = pb.Tag(
+            metadata=pb.ResourceMetadata(atespace=atespace, name=name),
+            scope=pb.TAG_SCOPE_PUBLISHED if published else pb.TAG_SCOPE_ATESPACE,
+            source_actor=_ref(atespace, source_actor),
+        )
+        created: pb.Tag = await self._call(
+            "CreateTag", self._stub.CreateTag, pb.CreateTagRequest(tag=tag)
+        )
+        return created
+
+    async def get_tag(self, atespace: str, name: str) -> pb.Tag:
+        found: pb.Tag = await self._call(
+            "GetTag", self._stub.GetTag, pb.GetTagRequest(tag=_ref(atespace, name))
+        )
+        return found
+
+    async def list_tags(self, atespace: str) -> list[pb.Tag]:
+        return await self._list("ListTags", pb.ListTagsRequest, atespace, "tags")
+
+    async def delete_tag(self, atespace: str, name: str) -> pb.Tag:
+        deleted: pb.Tag = await self._call(
+            "DeleteTag", self._stub.DeleteTag, pb.DeleteTagRequest(tag=_ref(atespace, name))
+        )
+        return deleted

@@ -1,10 +1,13 @@
-"""An append-only record of the actors a provider created, so none is lost for good.
+"""An append-only record of the actors and snapshots a provider created, so none is lost for good.
 
-Substrate has no server-side TTL and nothing deletes an idle actor, so a crashed trainer leaves
-actors holding snapshots (and, if running, workers) forever. Each provider appends one JSON line
-per event (`created`, `deleted`, `close_failed`) under an advisory lock; `gym-substrate sweep`
-folds the file into the set of live actors and deletes those past their TTL or whose creating
-process is gone. Appends are tiny and line-atomic, so concurrent trainers can share one file.
+Substrate has no server-side TTL and nothing deletes an idle actor or a tag, so a crashed trainer
+leaves actors holding snapshots (and, if running, workers) forever, and snapshots (tags) holding
+storage. Each provider appends one JSON line per event under an advisory lock: for actors
+`created`, `deleted`, `close_failed`; for snapshots (lines with a `tag` key) `snapshot` (written
+before CreateTag, so a reply lost on the way back still leaves a record), `snapshot_failed` and
+`snapshot_deleted`. `gym-substrate sweep` folds the file into the live actors and snapshots and
+deletes those past their TTL (and actors whose creating process is gone). Appends are tiny and
+line-atomic, so concurrent trainers can share one file.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Ledger", "LedgerEntry", "LedgerRecorder"]
+__all__ = ["Ledger", "LedgerEntry", "LedgerRecorder", "SnapshotEntry"]
 
 log = logging.getLogger("gym_substrate.ledger")
 
@@ -56,6 +59,30 @@ class LedgerEntry:
         return False
 
 
+@dataclass
+class SnapshotEntry:
+    """The folded state of one snapshot (tag) in the ledger."""
+
+    tag: str
+    atespace: str
+    api: str
+    source: str
+    created_at: float
+    ttl_s: float | None
+    pid: int
+    host: str
+    template: str = ""
+    state: str = "snapshot"  # snapshot | snapshot_failed | snapshot_deleted
+    error: str = ""
+
+    @property
+    def ref(self) -> str:
+        return f"{self.atespace}/{self.tag}"
+
+    def expired(self, now: float) -> bool:
+        return self.ttl_s is not None and now > self.created_at + self.ttl_s
+
+
 class Ledger:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
@@ -80,22 +107,51 @@ class Ledger:
         except OSError as exc:  # the ledger must never break a rollout
             log.warning("could not write ledger %s: %s", self.path, exc)
 
-    def entries(self) -> dict[tuple[str, str, str], LedgerEntry]:
-        """Fold the ledger into one entry per (api, atespace, actor_id)."""
-        result: dict[tuple[str, str, str], LedgerEntry] = {}
+    def _records(self, kind: str) -> list[tuple[tuple[str, str, str], dict[str, Any]]]:
+        """The ledger's readable lines of one kind (`actor_id` or `tag`), keyed by
+        (api, atespace, name), in order."""
         try:
             text = self.path.read_text()
         except FileNotFoundError:
-            return result
+            return []
+        found = []
         for number, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
                 rec = json.loads(line)
-                key = (rec["api"], rec["atespace"], rec["actor_id"])
+                if ("tag" in rec) != (kind == "tag"):
+                    continue
+                found.append(((rec["api"], rec["atespace"], rec[kind]), rec))
             except (ValueError, KeyError, TypeError):
                 log.warning("%s:%d: skipping unreadable ledger line", self.path, number)
-                continue
+        return found
+
+    def snapshots(self) -> dict[tuple[str, str, str], SnapshotEntry]:
+        """Fold the ledger into one entry per snapshot: (api, atespace, tag)."""
+        result: dict[tuple[str, str, str], SnapshotEntry] = {}
+        for key, rec in self._records("tag"):
+            if rec.get("event") == "snapshot":
+                result[key] = SnapshotEntry(
+                    tag=str(rec["tag"]),
+                    atespace=str(rec["atespace"]),
+                    api=str(rec["api"]),
+                    source=str(rec.get("source", "")),
+                    created_at=float(rec.get("time", 0.0)),
+                    ttl_s=rec.get("ttl_s"),
+                    pid=int(rec.get("pid", 0)),
+                    host=str(rec.get("host", "")),
+                    template=str(rec.get("template", "")),
+                )
+            elif key in result:
+                result[key].state = str(rec.get("event"))
+                result[key].error = str(rec.get("error", ""))
+        return result
+
+    def entries(self) -> dict[tuple[str, str, str], LedgerEntry]:
+        """Fold the ledger into one entry per actor: (api, atespace, actor_id)."""
+        result: dict[tuple[str, str, str], LedgerEntry] = {}
+        for key, rec in self._records("actor_id"):
             if rec.get("event") == "created":
                 result[key] = LedgerEntry(
                     actor_id=rec["actor_id"],
@@ -123,6 +179,13 @@ class LedgerRecorder:
 
     ledger: Ledger | None
     api: str
+
+    async def snapshot(self, event: str, atespace: str, tag: str, **extra: Any) -> None:
+        """A snapshot event (`snapshot`, `snapshot_failed`, `snapshot_deleted`)."""
+        if self.ledger is not None:
+            await asyncio.to_thread(
+                self.ledger.append, event, api=self.api, atespace=atespace, tag=tag, **extra
+            )
 
     async def __call__(self, event: str, actor: Any, **extra: Any) -> None:
         if self.ledger is not None:

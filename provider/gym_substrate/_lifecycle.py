@@ -31,6 +31,7 @@ from gym_substrate._errors import (
     ActorNotFoundError,
     ControlPlaneError,
     NoFreeWorkersError,
+    SnapshotBusyError,
     SubstrateError,
     TransientControlPlaneError,
 )
@@ -455,23 +456,38 @@ class ManagedActor:
 
     # ------------------------------------------------------------------ park
 
-    async def _park(self, mode: PauseMode) -> None:
+    async def _park(self, mode: PauseMode) -> pb.Actor:
+        """PauseActor or SuspendActor through transient codes; a refusal from a CRASHED actor
+        is `ActorCrashedError` (with `on_crash: fail` the sandbox is then known CRASHED)."""
         control, actor = self.services.control, self.actor
 
-        async def attempt() -> Any:
-            if mode == "pause":
-                return await control.pause_actor(actor.atespace, actor.actor_id)
-            return await control.suspend_actor(actor.atespace, actor.actor_id)
+        async def attempt() -> pb.Actor:
+            try:
+                if mode == "pause":
+                    return await control.pause_actor(actor.atespace, actor.actor_id)
+                return await control.suspend_actor(actor.atespace, actor.actor_id)
+            except ControlPlaneError as exc:
+                if _may_be_crashed(exc):
+                    await self._raise_if_crashed()
+                raise
 
-        parked = await retry_target(
-            attempt,
-            is_transient_control,
-            self.services.retry,
-            what=f"{mode.capitalize()}Actor {actor.actor_id}",
-        )
+        try:
+            parked = await retry_target(
+                attempt,
+                is_transient_control,
+                self.services.retry,
+                what=f"{mode.capitalize()}Actor {actor.actor_id}",
+            )
+        except ActorCrashedError as exc:
+            if self.services.on_crash == "fail":  # with revert, the next call reverts it
+                self._publish(status="CRASHED", pod_ip="")
+                self._enter(Lifecycle.CRASHED)
+                self.crash = exc.crash_message
+            raise
         self.lost_workload = None
         self._publish(status=actor_state(parked), pod_ip="")
         self._enter(Lifecycle.PARKED)
+        return parked
 
     async def park(self, mode: PauseMode) -> None:
         """Pause or suspend now (an explicit `pause()` call), freeing the worker."""
@@ -480,6 +496,32 @@ class ManagedActor:
             self.check_open()
             if self._state is not Lifecycle.PARKED:
                 await self._park(mode)
+
+    @contextlib.asynccontextmanager
+    async def suspended(self, before: Callable[[], None] | None = None) -> AsyncIterator[pb.Actor]:
+        """Suspend the actor (a paused one has its node-local snapshot uploaded, without waking)
+        and keep it SUSPENDED while the block runs: calls that arrive meanwhile wait, then resume
+        it as they would after an idle park.
+
+        A call in flight (a command, a transfer, a PTY request) is `SnapshotBusyError`: nothing
+        is suspended, so no snapshot can catch a command half-way. `before` runs once the
+        sandbox is known to be idle, under the lock (the provider detaches PTY sessions there).
+        """
+        self.cancel_idle()
+        async with self.lock:
+            self.check_open()
+            if self._state is Lifecycle.CRASHED:
+                raise self._crashed_error(self.crash or "")
+            if self.inflight:
+                raise SnapshotBusyError(
+                    f"sandbox {self.actor.actor_id} has {self.inflight} call(s) in flight "
+                    "(commands, file transfers or PTY requests): a snapshot now would catch them "
+                    "half-way. Wait for them to finish, then snapshot it"
+                )
+            if before is not None:
+                before()
+            parked = await self._park("suspend")
+            yield parked
 
     def cancel_idle(self) -> None:
         if self._idle_task is not None:

@@ -21,13 +21,13 @@ import math
 import time
 import uuid
 import weakref
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from gym_substrate import _capabilities, _create, _exec, _pty, _shared, _transfer
+from gym_substrate import _capabilities, _create, _exec, _shared, _transfer
 from gym_substrate._actor import DELETED, PARKED_STATUSES, Descriptor, SubstrateActor, gym_status
-from gym_substrate._agent_client import AgentClient, HttpTransport
+from gym_substrate._agent_client import HttpTransport
 from gym_substrate._config import (
     ConnectionConfig,
     CreateConfig,
@@ -39,7 +39,6 @@ from gym_substrate._config import (
 )
 from gym_substrate._errors import (
     ActorNotFoundError,
-    AgentResponseError,
     CloseError,
     ConfigError,
     ControlPlaneError,
@@ -49,19 +48,20 @@ from gym_substrate._errors import (
     UnsupportedServerError,
 )
 from gym_substrate._exec import SANDBOX_RUNTIME_RETURN_CODE
+from gym_substrate._forks import SnapshotMethods
 from gym_substrate._grpc import ControlAPI, actor_state, template_of, worker_address
 from gym_substrate._ledger import Ledger, LedgerRecorder
 from gym_substrate._lifecycle import ActorServices, ManagedActor
 from gym_substrate._metrics import METRICS, serve_metrics
 from gym_substrate._names import TARGET_ACTOR_HEADER
 from gym_substrate._pty import SubstratePtySession
+from gym_substrate._pty_methods import PtyMethods
 from gym_substrate._retry import RetryPolicy
+from gym_substrate._snapshot import SandboxSnapshot
 from gym_substrate.types import (
     SandboxEndpoint,
     SandboxExecResult,
     SandboxHandle,
-    SandboxPtyError,
-    SandboxPtySpec,
     SandboxSpec,
     SandboxStatus,
 )
@@ -73,7 +73,7 @@ log = logging.getLogger("gym_substrate.provider")
 T = TypeVar("T")
 
 
-class SubstrateProvider(_capabilities.ComposeCapabilities):
+class SubstrateProvider(SnapshotMethods, PtyMethods, _capabilities.ComposeCapabilities):
     """NeMo Gym sandbox provider `substrate` (entry point `nemo_gym.sandbox_providers`).
 
     Keywords are the sub-keys of the YAML `substrate:` block: `connection`, `create`, `exec`,
@@ -126,6 +126,7 @@ class SubstrateProvider(_capabilities.ComposeCapabilities):
         self._actors: dict[tuple[str, str], ManagedActor] = {}
         # PTY sessions by sandbox, so that pause() can detach them.
         self._ptys: dict[tuple[str, str], weakref.WeakSet[SubstratePtySession]] = {}
+        self._init_snapshots()
         self._closed = False
 
     def __repr__(self) -> str:
@@ -211,31 +212,31 @@ class SubstrateProvider(_capabilities.ComposeCapabilities):
     # ------------------------------------------------------------------ create
 
     @_shared.holding
-    async def create(self, spec: SandboxSpec) -> SandboxHandle:
+    async def create(
+        self, spec: SandboxSpec, *, snapshot: SandboxSnapshot | str | None = None
+    ) -> SandboxHandle:
         """Create an actor, resume it onto a worker, wait for its agent, record workdir and env.
 
         All within the ready timeout (no free capacity is waited out until then). `spec.files`
         are left to the caller (Gym's facade uploads them after `create()`). A June-era server
         is refused with `UnsupportedServerError` before anything is made.
+
+        With `snapshot` (or `provider_options={"from_snapshot": "atespace/tag"}`) the sandbox
+        starts from that snapshot: its files, processes and memory, and the workdir and env of
+        the sandbox it was taken from (`spec.workdir`/`spec.env` are applied on top).
         """
         started = time.monotonic()
         options = _create.validate_spec(spec)
-        template, source = _create.choose_template(spec, options, self.create_config)
+        wanted = _create.snapshot_wanted(spec, options, snapshot)
         atespace = options.atespace or self.connection.atespace
         ready_timeout = float(spec.ready_timeout_s or self.create_config.ready_timeout_s)
         deadline = started + ready_timeout
-        actor = SubstrateActor(
-            actor_id=f"gym-{uuid.uuid4().hex}",
-            atespace=atespace,
-            template=template,
-            workdir=spec.workdir,
-            env=dict(spec.env or {}),
-        )
         res = self._resources()  # fail fast (ProviderClosedError) before anything is allocated
-        managed = ManagedActor(actor, self._shared_services())
-        handle = SandboxHandle(sandbox_id=actor.actor_id, provider_name=self.name, raw=actor)
-        managed.attach(handle)
         try:
+            origin = None if wanted is None else await self._snapshot_source(wanted, atespace)
+            template, source = _create.choose_template(
+                spec, options, self.create_config, origin.template if origin else ""
+            )
             try:
                 await _create.check_template(
                     res.control, template, source, res.known_templates, self._retry, deadline
@@ -257,11 +258,33 @@ class SubstrateProvider(_capabilities.ComposeCapabilities):
         except (SubstrateCreateError, UnsupportedServerError):
             METRICS.failures.labels("create").inc()
             raise
+        defaults: _create.Defaults = "replace"
+        workdir, env = spec.workdir, dict(spec.env or {})
+        if origin is not None and (workdir or env):
+            defaults = "merge"  # the source's, with the spec's on top
+        elif origin is not None:
+            defaults, workdir, env = "keep", origin.workdir, dict(origin.env or {})
+        actor = SubstrateActor(
+            actor_id=f"gym-{uuid.uuid4().hex}",
+            atespace=atespace,
+            template=template,
+            workdir=workdir,
+            env=env,
+            snapshot=origin.ref if origin else None,
+        )
+        managed = ManagedActor(actor, self._shared_services())
+        handle = SandboxHandle(sandbox_id=actor.actor_id, provider_name=self.name, raw=actor)
+        managed.attach(handle)
         ttl = spec.ttl_s if spec.ttl_s is not None else self.lifecycle.ttl_s
         # Recorded before CreateActor: a reply lost on the way back still leaves a ledger entry
         # that `sweep` can act on, even if this process dies right after.
         await self._record(
-            "created", actor, ttl_s=ttl, template=template, metadata=dict(spec.metadata or {})
+            "created",
+            actor,
+            ttl_s=ttl,
+            template=template,
+            metadata=dict(spec.metadata or {}),
+            **({"snapshot": origin.ref} if origin else {}),
         )
         self._actors[(atespace, actor.actor_id)] = managed
         try:
@@ -272,6 +295,8 @@ class SubstrateProvider(_capabilities.ComposeCapabilities):
                 deadline=deadline,
                 ready_timeout_s=ready_timeout,
                 shell=self.exec_config.shell,
+                defaults=defaults,
+                base=(origin.workdir, origin.env) if origin and origin.env is not None else None,
             )
         except BaseException as exc:
             METRICS.failures.labels("create").inc()
@@ -285,6 +310,8 @@ class SubstrateProvider(_capabilities.ComposeCapabilities):
                     f"could not prepare actor {actor.actor_id}: {exc}"
                 ) from exc
             raise
+        if origin is not None and defaults == "keep" and origin.env is None:
+            managed.defaults_known = False  # the sandbox's own record says (read on first use)
         managed.mark_created()
         managed.schedule_idle()  # the model may think before its first command, too
         METRICS.creates.inc()
@@ -470,125 +497,6 @@ class SubstrateProvider(_capabilities.ComposeCapabilities):
     def _key(managed: ManagedActor) -> tuple[str, str]:
         return (managed.actor.atespace, managed.actor.actor_id)
 
-    def _pty_call(self, managed: ManagedActor) -> _pty.PtyCall:
-        """Session calls as provider calls: resume a parked sandbox, retry router glitches."""
-
-        async def call(request: Callable[[AgentClient], Awaitable[T]], what: str) -> T:
-            self._lease.calls += 1
-            try:
-                async with managed.active():
-                    return await managed.call_agent(request, what=what)
-            finally:
-                self._lease.calls -= 1
-                await self._lease.after_call()
-
-        return call
-
-    def _track(self, managed: ManagedActor, session: SubstratePtySession) -> SubstratePtySession:
-        self._ptys.setdefault(self._key(managed), weakref.WeakSet()).add(session)
-        return session
-
-    @_shared.holding
-    async def create_pty(self, handle: SandboxHandle, spec: SandboxPtySpec) -> SubstratePtySession:
-        """Open a terminal in the sandbox (Gym's `SupportsSandboxPty`).
-
-        `spec.command` runs under `/bin/sh -c`; None is an interactive shell (bash when the
-        sandbox has it). The sandbox's env and workdir apply as for `exec()`; `rows`/`cols` are
-        set before the process starts. `ValueError` for a spec the sandbox cannot honour (a
-        size out of 1..65535, an unknown user), `SandboxPtyError` when no terminal could be
-        opened.
-        """
-        managed = self._managed(handle)
-        if spec.env is not None and not isinstance(spec.env, Mapping):
-            raise ValueError(f"env must be a mapping of names to values, got {spec.env!r}")
-        if spec.cwd is not None and not isinstance(spec.cwd, str):
-            raise ValueError(f"cwd must be a path, got {spec.cwd!r}")
-        session_id = f"gp-{uuid.uuid4().hex}"
-        async with managed.active():
-            actor = await self._with_defaults(managed)
-            body = _pty.pty_request(
-                spec,
-                cwd=_exec.resolve_path(spec.cwd, actor.workdir) if spec.cwd else actor.workdir,
-                env={**actor.env, **(spec.env or {})},
-                session_id=session_id,
-            )
-            try:
-                state = await managed.call_agent(
-                    lambda agent: agent.pty_create(body), what=f"PTY {session_id}: create"
-                )
-            except AgentResponseError as exc:
-                if exc.status == 400:  # an unknown user, a path the agent refuses
-                    raise ValueError(str(exc)) from exc
-                raise _pty.session_error(session_id, exc) from exc
-            except (SubstrateError, OSError) as exc:
-                raise SandboxPtyError(
-                    f"could not open a PTY in sandbox {actor.actor_id}: {exc}"
-                ) from exc
-        if state["state"] == "failed":
-            raise SandboxPtyError(f"the PTY command could not start: {state['error']}")
-        session = SubstratePtySession(
-            self._pty_call(managed),
-            state,
-            owned=True,
-            poll_wait_s=self.exec_config.poll_wait_s,
-            sandbox_id=actor.actor_id,
-        )
-        return self._track(managed, session)
-
-    @_shared.holding
-    async def attach_pty(
-        self,
-        handle: SandboxHandle,
-        session_id: str,
-        *,
-        takeover: bool = True,
-        since: int | None = None,
-    ) -> SubstratePtySession:
-        """Attach to a session by id (Gym's `SupportsSandboxPtyAttach`), here or from another
-        process: sessions live in the sandbox's agent, across pause and resume.
-
-        `since` replays output from that byte offset of the terminal (0: all still kept; None:
-        live output only). Holders are known per process: `takeover` evicts this process's
-        other session objects for the id; without it, attaching to one held here raises.
-        Closing an attached session only lets go of it.
-        """
-        if not isinstance(session_id, str) or not session_id:
-            raise ValueError(f"session_id must be a non-empty string, got {session_id!r}")
-        if since is not None and (isinstance(since, bool) or not isinstance(since, int)):
-            raise ValueError(f"since must be a byte offset (an int >= 0) or None, got {since!r}")
-        if since is not None and since < 0:
-            raise ValueError(f"since must be >= 0, got {since}")
-        managed = self._managed(handle)
-        call = self._pty_call(managed)
-        try:
-            state = await call(lambda agent: agent.pty_get(session_id), f"PTY {session_id}: attach")
-        except (SubstrateError, OSError) as exc:
-            raise _pty.session_error(session_id, exc) from exc
-        if since is not None and since > state["stdout_offset"]:
-            raise ValueError(
-                f"since {since} is past the {state['stdout_offset']} bytes the session produced"
-            )
-        holders = [
-            s
-            for s in self._ptys.get(self._key(managed), ())
-            if s.session_id == session_id and not s.closed and not s.detached
-        ]
-        if holders and not takeover:
-            raise SandboxPtyError(
-                f"PTY session {session_id} is already attached here; pass takeover=True"
-            )
-        for holder in holders:
-            holder.take_over()
-        session = SubstratePtySession(
-            call,
-            state,
-            owned=False,
-            poll_wait_s=self.exec_config.poll_wait_s,
-            sandbox_id=managed.actor.actor_id,
-            since=since,
-        )
-        return self._track(managed, session)
-
     async def _check_in_sandbox(self, handle: SandboxHandle, script: str) -> SandboxExecResult:
         return await self.exec(handle, script, timeout_s=60)
 
@@ -651,6 +559,7 @@ class SubstrateProvider(_capabilities.ComposeCapabilities):
         except SubstrateError as exc:
             raise CloseError(f"could not delete actor {managed.actor.actor_id}: {exc}") from exc
         self._forget(managed)
+        await self._after_close(managed.actor)
 
     async def delete_actor(self, actor_id: str, atespace: str | None = None) -> None:
         """Delete an actor by id (one a crashed trainer left, say) the way `close()` does."""

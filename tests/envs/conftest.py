@@ -1,5 +1,5 @@
 """Fixtures for the env's end-to-end tests: the local backend on its own thread, and ateapi
-calls made over gRPC exactly as an operator would make them (ListActors, Suspend, Delete)."""
+calls made over gRPC exactly as an operator would make them (ListActors, DeleteActor)."""
 
 from __future__ import annotations
 

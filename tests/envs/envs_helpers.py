@@ -3,7 +3,7 @@
 `FakeProvider` implements the NeMo Gym protocol in-process: each sandbox is a temporary folder
 and each exec a real `/bin/sh -c` in it, so commands behave like commands (files persist within
 an episode); `handler` lets a test script a result or raise. `Operator` talks to a backend's
-ateapi over gRPC as an operator would (ListActors, SuspendActor, DeleteActor).
+ateapi over gRPC as an operator would (ListActors, DeleteActor).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 
 import grpc
 
+from gym_substrate._snapshot import SandboxSnapshot
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
 from gym_substrate.envs._backend import BackgroundBackend
@@ -44,6 +45,7 @@ class FakeProvider:
     handler: Handler | None = None
     specs: list[SandboxSpec] = field(default_factory=list)
     open: dict[str, str] = field(default_factory=dict)
+    snapshots: dict[str, str] = field(default_factory=dict)  # ref -> a copy of the folder
     closed: list[str] = field(default_factory=list)
     calls: list[ExecCall] = field(default_factory=list)
     aclosed: int = 0
@@ -54,8 +56,27 @@ class FakeProvider:
         self._counter += 1
         sandbox_id = f"fake-{self._counter}"
         self.specs.append(spec)
-        self.open[sandbox_id] = tempfile.mkdtemp(prefix="sandbox-", dir=self.root)
+        folder = self.open[sandbox_id] = tempfile.mkdtemp(prefix="sandbox-", dir=self.root)
+        source = (spec.provider_options or {}).get("from_snapshot")
+        if source is not None:
+            shutil.copytree(self.snapshots[str(source)], folder, dirs_exist_ok=True)
         return SandboxHandle(sandbox_id=sandbox_id, provider_name=self.name, raw=None)
+
+    async def snapshot(self, handle: SandboxHandle, *, name: str | None = None) -> SandboxSnapshot:
+        """A copy of the sandbox's folder (files only: a fake has no memory to keep)."""
+        self._counter += 1
+        ref = f"fake/{name or f'snap-{self._counter}'}"
+        copy = tempfile.mkdtemp(prefix="snapshot-", dir=self.root)
+        shutil.copytree(self.open[handle.sandbox_id], copy, dirs_exist_ok=True)
+        self.snapshots[ref] = copy
+        return SandboxSnapshot(ref, source=handle.sandbox_id, fidelity="ROOTFS")
+
+    async def delete_snapshot(
+        self, snapshot: SandboxSnapshot | str, *, force: bool = False
+    ) -> None:
+        folder = self.snapshots.pop(str(snapshot), None)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
     async def exec(
         self,
@@ -143,15 +164,14 @@ class Operator:
                 pb.ListActorsRequest(atespace=self.atespace, page_size=100, page_token=token),
                 timeout=30,
             )
-            names.extend(actor.actor_id for actor in response.actors)
+            names.extend(actor.metadata.name for actor in response.actors)
             token = response.next_page_token
             if not token:
                 return names
 
     def delete_behind_the_providers_back(self, actor_id: str) -> None:
-        ref = pb.ActorRef(atespace=self.atespace, name=actor_id)
-        self._stub.SuspendActor(pb.SuspendActorRequest(actor_ref=ref), timeout=60)
-        self._stub.DeleteActor(pb.DeleteActorRequest(actor_ref=ref), timeout=60)
+        ref = pb.ObjectRef(atespace=self.atespace, name=actor_id)
+        self._stub.DeleteActor(pb.DeleteActorRequest(actor=ref, any_state=True), timeout=60)
 
     def close(self) -> None:
         self._channel.close()

@@ -14,6 +14,7 @@ wrong; `control.crash(...)` crashes an actor as a worker whose ateom restarted d
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import uuid
@@ -65,6 +66,24 @@ class FakeActor:
     boot: str = field(default_factory=lambda: uuid.uuid4().hex)
     version: int = 1
     crash: str = ""
+    source_tag: str = ""
+    borrowing: bool = False  # still on its source tag's snapshot (no suspend of its own yet)
+    suspended_once: bool = False  # holds a durable snapshot of its own
+
+    @property
+    def ref(self) -> str:
+        return f"{self.atespace}/{self.name}"
+
+
+@dataclass
+class FakeTag:
+    atespace: str
+    name: str
+    source: str
+    published: bool
+    template: str
+    completed: bool = True
+    fidelity: int = pb.SNAPSHOT_FIDELITY_MEMORY
 
     @property
     def ref(self) -> str:
@@ -82,6 +101,7 @@ class FakeControl:
         self.workers = workers
         self.templates = dict(templates or {"default/sandbox": READY})
         self.actors: dict[tuple[str, str], FakeActor] = {}
+        self.tags: dict[tuple[str, str], FakeTag] = {}
         self.atespaces: set[str] = set()
         self.calls: Counter[str] = Counter()
         self._faults: dict[str, deque[tuple[grpc.StatusCode, str]]] = {}
@@ -120,13 +140,22 @@ class FakeControl:
             status.worker_assignment.worker_pod_ips.append("10.0.0.1")
         if actor.crash:
             status.crash.message = actor.crash
-        return pb.Actor(
+        if actor.borrowing:
+            status.snapshots.add(owner=pb.SNAPSHOT_OWNER_TAG, generation=1).storage.add(
+                durability=pb.SNAPSHOT_DURABILITY_DURABLE,
+                status=pb.SNAPSHOT_STORAGE_STATUS_COMPLETED,
+            ).object.snapshot_uri = f"mem://tags/{actor.source_tag}"
+        view = pb.Actor(
             metadata=pb.ResourceMetadata(
                 atespace=actor.atespace, name=actor.name, version=actor.version
             ),
             actor_template=pb.ObjectRef(atespace=ts, name=tn),
             status=status,
         )
+        if actor.source_tag:
+            sa, _, sn = actor.source_tag.partition("/")
+            view.source_tag.CopyFrom(pb.ObjectRef(atespace=sa, name=sn))
+        return view
 
     def _set(self, actor: FakeActor, state: int) -> None:
         actor.state = state
@@ -167,8 +196,28 @@ class FakeControl:
             golden.error_message = state
         return found
 
-    async def create_actor(self, atespace: str, name: str, template: str) -> pb.Actor:
+    async def create_actor(
+        self, atespace: str, name: str, template: str, *, source_tag: str | None = None
+    ) -> pb.Actor:
         self._enter("CreateActor")
+        fail = grpc.StatusCode.FAILED_PRECONDITION
+        if source_tag is not None:
+            tag = self.tags.get(tuple(source_tag.split("/", 1)))  # type: ignore[arg-type]
+            if tag is None:
+                raise _error("CreateActor", fail, "Tag not found")
+            if not tag.published and tag.atespace != atespace:
+                raise _error("CreateActor", fail, "Tag is not published outside its Atespace")
+            if not tag.completed:
+                raise _error(
+                    "CreateActor", fail, "source Tag is still being created or failed creation"
+                )
+            if tag.template != template:
+                raise _error(
+                    "CreateActor",
+                    fail,
+                    "source Tag must be taken from an actor with ActorTemplate uid "
+                    f'"uid-{tag.template}"',
+                )
         if atespace not in self.atespaces:
             raise _error(
                 "CreateActor", grpc.StatusCode.FAILED_PRECONDITION, f"Atespace {atespace} not found"
@@ -184,6 +233,8 @@ class FakeControl:
                 "CreateActor", grpc.StatusCode.ALREADY_EXISTS, f"Actor {name} already exists"
             )
         actor = self.actors[(atespace, name)] = FakeActor(atespace, name, template)
+        if source_tag is not None:
+            actor.source_tag, actor.borrowing = source_tag, True
         return self._view(actor)
 
     async def get_actor(self, atespace: str, name: str) -> pb.Actor:
@@ -221,6 +272,7 @@ class FakeControl:
         self._enter("SuspendActor")
         actor = self._get("SuspendActor", atespace, name)
         if actor.state in (RUNNING, PAUSED):
+            actor.borrowing, actor.suspended_once = False, True  # its own durable snapshot now
             self._set(actor, SUSPENDED)
         elif actor.state != SUSPENDED:
             want = "ACTOR_STATE_RUNNING or ACTOR_STATE_PAUSED"
@@ -266,7 +318,70 @@ class FakeControl:
 
     async def list_actors(self, atespace: str) -> list[pb.Actor]:
         self._enter("ListActors")
-        return [self._view(a) for a in self.actors.values() if a.atespace == atespace]
+        return [self._view(a) for a in self.actors.values() if atespace in ("", a.atespace)]
+
+    # ---------------------------------------------------------------- tags
+
+    def _tag_view(self, tag: FakeTag) -> pb.Tag:
+        view = pb.Tag(
+            metadata=pb.ResourceMetadata(atespace=tag.atespace, name=tag.name),
+            scope=pb.TAG_SCOPE_PUBLISHED if tag.published else pb.TAG_SCOPE_ATESPACE,
+            source_actor=pb.ObjectRef(atespace=tag.atespace, name=tag.source),
+        )
+        view.metadata.create_time.seconds = 1_700_000_000
+        stored = view.status.snapshot.storage.add(
+            durability=pb.SNAPSHOT_DURABILITY_DURABLE,
+            status=pb.SNAPSHOT_STORAGE_STATUS_COMPLETED
+            if tag.completed
+            else pb.SNAPSHOT_STORAGE_STATUS_IN_PROGRESS,
+            fidelity=tag.fidelity,  # type: ignore[arg-type]
+        )
+        stored.object.snapshot_uri = f"mem://tags/{tag.ref}"
+        view.status.snapshot.owner = pb.SNAPSHOT_OWNER_TAG
+        return view
+
+    def _tag(self, method: str, atespace: str, name: str) -> FakeTag:
+        tag = self.tags.get((atespace, name))
+        if tag is None:
+            raise _error(method, grpc.StatusCode.NOT_FOUND, f"Tag {atespace}/{name} not found")
+        return tag
+
+    async def create_tag(
+        self, atespace: str, name: str, source_actor: str, *, published: bool = False
+    ) -> pb.Tag:
+        self._enter("CreateTag")
+        actor = self._get("CreateTag", atespace, source_actor)
+        if actor.state != SUSPENDED:
+            raise _error(
+                "CreateTag",
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"Actor {actor.ref} must be ACTOR_STATE_SUSPENDED to be tagged "
+                f"(got: {_name(actor.state)})",
+            )
+        if (atespace, name) in self.tags:
+            raise _error(
+                "CreateTag",
+                grpc.StatusCode.ALREADY_EXISTS,
+                f"Tag {atespace}/{name} already exists; delete it and create it again to retry",
+            )
+        tag = self.tags[(atespace, name)] = FakeTag(
+            atespace, name, source_actor, published, actor.template
+        )
+        return self._tag_view(tag)
+
+    async def get_tag(self, atespace: str, name: str) -> pb.Tag:
+        self._enter("GetTag")
+        return self._tag_view(self._tag("GetTag", atespace, name))
+
+    async def list_tags(self, atespace: str) -> list[pb.Tag]:
+        self._enter("ListTags")
+        return [self._tag_view(t) for t in self.tags.values() if atespace in ("", t.atespace)]
+
+    async def delete_tag(self, atespace: str, name: str) -> pb.Tag:
+        self._enter("DeleteTag")
+        tag = self._tag("DeleteTag", atespace, name)
+        del self.tags[(atespace, name)]
+        return self._tag_view(tag)
 
 
 def _json(status: int, body: Any) -> HttpResponse:
@@ -287,7 +402,8 @@ class FakeAgents:
     the fake raises that timeout instead of the 503.
 
     Commands are not run: `echo X` prints X, `exit N` exits N, anything else prints nothing.
-    Every submission of a job id is counted, so a test can prove a command ran once. Jobs live
+    A command `hold NAME` stays in flight until the test sets `holds[NAME]`. Every submission of
+    a job id is counted, so a test can prove a command ran once. Jobs live
     in the agent of one boot: a revert (or a suspend) loses them.
     """
 
@@ -300,6 +416,9 @@ class FakeAgents:
         self.routed: list[str] = []  # the ate-target-actor of every request
         self.router_resumes = 0
         self._faults: deque[int] = deque()
+        # `hold NAME` commands: the submission sets held[NAME], then waits for holds[NAME]
+        self.holds: dict[str, asyncio.Event] = {}
+        self.held: dict[str, asyncio.Event] = {}
 
     def fail(self, status: int, times: int = 1) -> None:
         """The next `times` requests get this status from the router, before the agent."""
@@ -354,6 +473,10 @@ class FakeAgents:
             return _json(200, {"status": "ok", "actor_id": actor_id, "boot_id": actor.boot})
         if path == "/v1/exec" and method == "POST":
             job = json.loads(body or b"{}")
+            text = job["command"] if isinstance(job["command"], str) else job["command"][-1]
+            if text.startswith("hold ") and text[5:] in self.holds:
+                self.held.setdefault(text[5:], asyncio.Event()).set()
+                await self.holds[text[5:]].wait()
             key = (actor.boot, job["id"])
             if key not in self.jobs:
                 self.runs[job["id"]] += 1

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -81,7 +82,8 @@ def test_sweep_with_the_control_plane_down_says_why(tmp_path: Path) -> None:
     assert result.exit_code == 1, result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
     assert "sweep failed" in result.output
-    assert "ListActors: UNAVAILABLE" in result.output
+    # the first call (the server's API check, then ListActors) is what could not connect
+    assert ": UNAVAILABLE: " in result.output
 
 
 @pytest.mark.cluster
@@ -126,4 +128,72 @@ async def test_sweep_deletes_expired_and_orphaned_ledger_actors(stack: Stack) ->
         (alive.sandbox_id, "--all", True)
     ]
     assert await stack.actors() == []
+    await p.aclose()
+
+
+async def _sweep_cli(config: Path, *args: str) -> tuple[int, list[dict[str, object]], str]:
+    """The command as a user runs it (in a thread: it runs its own event loop)."""
+    result = await asyncio.to_thread(
+        CliRunner().invoke, main, ["sweep", "--config", str(config), *args, "--json"]
+    )
+    start = result.output.find("[")
+    rows = json.loads(result.output[start:]) if start >= 0 else []
+    return result.exit_code, rows, result.output
+
+
+async def test_sweep_removes_left_behind_snapshots_and_refuses_one_in_use(
+    stack: Stack, tmp_path: Path
+) -> None:
+    import grpc
+
+    from gym_substrate import SnapshotError
+
+    kwargs = stack.kwargs()
+    config = tmp_path / "sweep.yaml"
+    config.write_text(json.dumps({"sandbox": {"substrate": kwargs}}))
+    p = stack.provider()
+    source = await p.create(SandboxSpec())
+    await p.snapshot(source, name="expired", ttl_s=0.01)
+    await p.snapshot(source, name="kept", ttl_s=3600)
+    in_use = await p.snapshot(source, name="in-use", ttl_s=0.01)
+    child = await p.create(SandboxSpec(), snapshot=in_use)
+    # A snapshot() that died after CreateTag landed: the tag is there, the ledger says failed.
+    stack.grpc_proxy.inject("CreateTag", grpc.StatusCode.INTERNAL, "boom", after_forward=True)
+    with pytest.raises(SnapshotError, match="boom"):
+        await p.snapshot(source, name="half-made")
+    await asyncio.sleep(0.05)
+
+    def names(rows: list[Any]) -> set[tuple[str, str]]:
+        return {(r.kind, r.name) for r in rows}
+
+    assert names(await sweep_actors(kwargs, dry_run=True)) == {
+        ("snapshot", "expired"),
+        ("snapshot", "in-use"),
+        ("snapshot", "half-made"),
+    }
+    results = {r.name: r for r in await sweep_actors(kwargs)}
+    assert results["expired"].deleted
+    assert results["half-made"].deleted
+    assert not results["in-use"].deleted
+    assert f"in use by live sandboxes gym/{child.sandbox_id}" in results["in-use"].error
+    assert {s.name for s in await p.list_snapshots()} == {"kept", "in-use"}
+
+    # --snapshots: every snapshot the ledger recorded, whatever its TTL; still never one in use
+    code, rows, output = await _sweep_cli(config, "--snapshots", "--name", "in-*", "--yes")
+    assert code == 1, output
+    assert [(r["kind"], r["name"], r["deleted"]) for r in rows] == [("snapshot", "in-use", False)]
+    assert child.sandbox_id in str(rows[0]["error"])
+    code, rows, _ = await _sweep_cli(config, "--snapshots", "--dry-run")
+    assert {r["name"] for r in rows} == {"kept", "in-use"}
+    await p.close(child)
+    code, rows, output = await _sweep_cli(config, "--snapshots", "--all", "--yes")
+    assert code == 0, output
+    assert {(r["name"], r["deleted"]) for r in rows} == {("kept", True), ("in-use", True)}
+    assert await p.list_snapshots() == []
+    bad = CliRunner().invoke(
+        main, ["sweep", "--config", str(config), "--snapshots", "--state", "PAUSED"]
+    )
+    assert bad.exit_code == 2
+    assert "--state selects actors" in bad.output
+    await p.close(source)
     await p.aclose()

@@ -28,6 +28,10 @@ from gym_substrate.cli._output import Column, console, emit, emit_json, fail, pr
             "gym_substrate.cli.bench:agent",
             "The sandbox agent on loopback: latency, throughput, transfer, start-up, RSS.",
         ),
+        "fork": (
+            "gym_substrate.cli.bench_fork:fork",
+            "Forks on gVisor against a fresh create and a 10-step prefix replay.",
+        ),
     },
 )
 def bench() -> None:

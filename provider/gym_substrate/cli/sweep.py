@@ -1,4 +1,5 @@
-"""`gym-substrate sweep`: delete actors left behind, by ledger, name or state (one atespace)."""
+"""`gym-substrate sweep`: delete actors and snapshots left behind, by ledger, name or state
+(one atespace)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,13 @@ def _states(ctx: click.Context, param: click.Parameter, value: str | None) -> li
             f"{', '.join(STATES)}, comma-separated"
         )
     return states
+
+
+def _row(result: Any) -> dict[str, Any]:
+    row = dict(result.__dict__)
+    if result.kind == "actor":
+        row["actor_id"] = result.name  # the key scripts read before snapshots were swept too
+    return row
 
 
 @click.command("sweep")
@@ -54,6 +62,12 @@ def _states(ctx: click.Context, param: click.Parameter, value: str | None) -> li
     metavar="STATE[,STATE]",
     help="Actors of the atespace in these states (e.g. PAUSED,SUSPENDED).",
 )
+@click.option(
+    "--snapshots",
+    is_flag=True,
+    help="Snapshots (tags) instead of actors: every one the ledger recorded, or with --all or "
+    "--name the atespace's. One that live sandboxes still borrow is refused.",
+)
 @click.option("--dry-run", is_flag=True, help="List what would be deleted; delete nothing.")
 @click.option("--yes", is_flag=True, help="Delete without asking (--all, --name, --state ask).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
@@ -62,27 +76,34 @@ def sweep(
     everything: bool,
     pattern: str | None,
     states: list[str] | None,
+    snapshots: bool,
     dry_run: bool,
     yes: bool,
     as_json: bool,
 ) -> None:
-    """Delete actors a provider left behind, never outside the configured atespace.
+    """Delete actors and snapshots a provider left behind, never outside the configured atespace.
 
-    Without a selection: ledger actors past ttl_s, orphaned, or whose close failed. With --all,
-    --name or --state (which combine): the atespace's live actors that match, after a
-    confirmation unless --yes.
+    Without a selection: ledger actors past ttl_s, orphaned, or whose close failed, then ledger
+    snapshots past ttl_s or whose snapshot() failed. With --all, --name or --state (which
+    combine): the atespace's live actors that match, after a confirmation unless --yes. With
+    --snapshots: snapshots only (the ledger's, or with --all/--name the atespace's). A snapshot
+    that live sandboxes were made from and have not suspended away from is never deleted: it is
+    reported, naming them.
     """
+    if snapshots and states:
+        raise click.UsageError("--state selects actors; it cannot be combined with --snapshots")
     from gym_substrate import SubstrateProvider
     from gym_substrate._errors import ConfigError, SubstrateError
     from gym_substrate._yaml import load_substrate_block
     from gym_substrate.tools.sweep import SweepResult, delete_targets, find_targets
 
-    selecting = everything or pattern is not None or bool(states)
+    selecting = everything or pattern is not None or bool(states) or snapshots
+    what = "snapshot(s)" if snapshots else "actor(s)"
 
     async def plan(kwargs: dict[str, Any]) -> tuple[str, list[Any]]:
         async with SubstrateProvider(**kwargs) as provider:
             targets = await find_targets(
-                provider, everything=everything, name=pattern, states=states
+                provider, everything=everything, name=pattern, states=states, snapshots=snapshots
             )
             return provider.connection.atespace, targets
 
@@ -99,14 +120,12 @@ def sweep(
         kwargs = load_substrate_block(config_file)
         atespace, targets = asyncio.run(plan(kwargs))
         if dry_run or not targets:
-            results = [
-                SweepResult(t.actor_id, t.atespace, t.reason, False, "dry run") for t in targets
-            ]
+            results = [t.skipped("dry run") for t in targets]
         else:
             if selecting and not yes:
                 try:
                     go = click.confirm(
-                        f"Delete {len(targets)} actor(s) of atespace {atespace} "
+                        f"Delete {len(targets)} {what} of atespace {atespace} "
                         f"({targets[0].reason})?",
                         err=True,
                     )
@@ -114,24 +133,27 @@ def sweep(
                     go = False
                 if not go:
                     raise fail(
-                        f"nothing deleted: {len(targets)} actor(s) matched; answer y, or pass "
+                        f"nothing deleted: {len(targets)} {what} matched; answer y, or pass "
                         "--yes to delete without asking (--dry-run lists them)"
                     )
             results = asyncio.run(delete(kwargs, targets))
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
+    except ValueError as exc:  # e.g. a sweep of the golden atespace's snapshots
+        raise click.UsageError(str(exc)) from exc
     except SubstrateError as exc:  # e.g. ateapi unreachable while listing the atespace
         raise click.ClickException(f"sweep failed, nothing more was deleted: {exc}") from exc
     emit(
-        [r.__dict__ for r in results],
+        [_row(r) for r in results],
         [
-            Column("actor_id", "actor"),
+            Column("kind"),
+            Column("name"),
             Column("atespace"),
             Column("reason"),
             Column("deleted", fmt=lambda v: "yes" if v else "no"),
             Column("error"),
         ],
-        title=f"gym-substrate sweep ({len(results)} actor(s)){' - dry run' if dry_run else ''}",
+        title=f"gym-substrate sweep ({len(results)} found){' - dry run' if dry_run else ''}",
         as_json=as_json,
     )
     if any(not r.deleted for r in results) and not dry_run:

@@ -8,6 +8,7 @@ Gymnasium versions call; registering twice does nothing.
 
 from __future__ import annotations
 
+from gym_substrate.envs._episode import EnvSnapshot
 from gym_substrate.envs.env import ENV_ID, SandboxEnv, build_observation
 from gym_substrate.envs.rewards import (
     ExitCodeReward,
@@ -21,6 +22,7 @@ from gym_substrate.envs.rewards import (
 
 __all__ = [
     "ENV_ID",
+    "EnvSnapshot",
     "ExitCodeReward",
     "FileCreatedReward",
     "RewardFn",

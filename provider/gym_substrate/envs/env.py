@@ -14,22 +14,22 @@ from __future__ import annotations
 import copy
 import logging
 import math
-import os
 import shlex
 import time
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final
 
 import gymnasium as gym
 from gymnasium.envs.registration import EnvSpec
 
-from gym_substrate.envs._loop import LoopThread
+from gym_substrate.envs._episode import EnvSnapshot, episode_of
+from gym_substrate.envs._runtime import Runtime, SandboxProviderLike, finalize
 from gym_substrate.envs._spaces import UnicodeText, sanitize
 from gym_substrate.envs.rewards import RewardFn, TerminationFn
 
 if TYPE_CHECKING:
-    from gym_substrate.types import SandboxExecResult, SandboxHandle, SandboxSpec
+    from gym_substrate._snapshot import SandboxSnapshot
 
 __all__ = [
     "ACTION_MAX_LENGTH",
@@ -52,31 +52,6 @@ MIN_OBS_LENGTH: Final = 64
 """Smallest `max_obs_length`: room for some head, some tail and the cut marker."""
 TIMEOUT_EXIT_CODE: Final = 124
 """Exit code reported when a command outlived `step_timeout_s` (as coreutils `timeout` does)."""
-EXEC_GRACE_S: Final = 60.0
-"""How long past `step_timeout_s` the env waits for the provider before declaring an env error."""
-RELEASE_TIMEOUT_S: Final = 120.0
-FINALIZE_TIMEOUT_S: Final = 10.0
-
-
-class SandboxProviderLike(Protocol):
-    """The part of NeMo Gym's `SandboxProvider` protocol the env drives."""
-
-    async def create(self, spec: SandboxSpec) -> SandboxHandle: ...
-
-    async def exec(
-        self,
-        handle: SandboxHandle,
-        command: str,
-        *,
-        cwd: str | None = None,
-        env: dict[str, str] | None = None,
-        timeout_s: int | float | None = None,
-        user: str | int | None = None,
-    ) -> SandboxExecResult: ...
-
-    async def close(self, handle: SandboxHandle) -> None: ...
-
-    async def aclose(self) -> None: ...
 
 
 def _cut_marker(cut: int) -> str:
@@ -160,118 +135,6 @@ def _provider_config(provider: Mapping[Any, Any]) -> dict[str, Any]:
     if bad:
         raise TypeError(f"provider config keys must be strings, got {bad!r}")
     return copy.deepcopy(dict(config))
-
-
-class _Runtime:
-    """What an env must release: its loop thread, its provider and its current sandbox.
-
-    Kept apart from the env so a `weakref.finalize` can release them without referencing the env.
-    """
-
-    def __init__(self, config: dict[str, Any] | None, instance: SandboxProviderLike | None):
-        self.loop = LoopThread()
-        self.config = config
-        self.owns_provider = instance is None
-        # Built now so a bad config fails in the constructor, naming the YAML path; building a
-        # SubstrateProvider does no I/O (its channel and pool are made in the loop on first use).
-        self.provider: SandboxProviderLike | None = (
-            instance if instance is not None else _build_provider(config or {})
-        )
-        self.handle: SandboxHandle | None = None
-        self.pid = os.getpid()
-
-    def _adopt_process(self) -> None:
-        """After a fork, forget what belongs to the parent: its sandbox and its provider state."""
-        pid = os.getpid()
-        if pid == self.pid:
-            return
-        self.pid = pid
-        self.handle = None  # the parent's sandbox: not ours to use or to close
-        if self.owns_provider:
-            self.provider = None  # rebuilt here, bound to this process's loop
-
-    def require_handle(self) -> SandboxHandle:
-        """The current sandbox; raises when a forked copy tries to use its parent's."""
-        self._adopt_process()
-        if self.handle is None:
-            raise RuntimeError(
-                "this episode's sandbox belongs to the process that started it; call reset()"
-            )
-        return self.handle
-
-    async def _provider(self) -> SandboxProviderLike:
-        if self.provider is None:
-            self.provider = _build_provider(self.config or {})
-        return self.provider
-
-    def create(self, spec: SandboxSpec) -> SandboxHandle:
-        self._adopt_process()
-
-        async def _create() -> SandboxHandle:
-            return await (await self._provider()).create(spec)
-
-        self.handle = self.loop.run(_create())
-        return self.handle
-
-    def exec(
-        self,
-        command: str,
-        *,
-        cwd: str | None,
-        env: dict[str, str] | None,
-        timeout_s: float,
-    ) -> SandboxExecResult:
-        handle = self.require_handle()
-
-        async def _exec() -> SandboxExecResult:
-            provider = await self._provider()
-            return await provider.exec(handle, command, cwd=cwd, env=env, timeout_s=timeout_s)
-
-        return self.loop.run(_exec(), timeout=timeout_s + EXEC_GRACE_S)
-
-    def release(self, timeout: float = RELEASE_TIMEOUT_S) -> None:
-        """Close the current sandbox, if any. Raises what the provider raised."""
-        self._adopt_process()
-        handle, self.handle = self.handle, None
-        if handle is None or self.provider is None:
-            return
-        provider = self.provider
-        self.loop.run(provider.close(handle), timeout=timeout)
-
-    def shutdown(self, timeout: float = RELEASE_TIMEOUT_S) -> None:
-        """Release the sandbox, close an owned provider, stop the loop. Never raises."""
-        if self.loop.closed:
-            return
-        if not self.loop.started:
-            # Never used in this process (e.g. built in a parent and pickled to a worker): there
-            # is nothing of ours to release here, and a forked copy's handle is the parent's.
-            self.handle = None
-            self.loop.close()
-            return
-        try:
-            self.release(timeout)
-        except Exception as exc:
-            logger.warning("SandboxEnv: releasing the sandbox failed (it may be leaked): %s", exc)
-        provider = self.provider
-        if self.owns_provider and provider is not None:
-            try:
-                self.loop.run(provider.aclose(), timeout=timeout)
-            except Exception as exc:
-                logger.warning("SandboxEnv: closing the provider failed: %s", exc)
-        self.loop.close()
-
-
-def _build_provider(config: dict[str, Any]) -> SandboxProviderLike:
-    from gym_substrate.nemo import SubstrateProvider
-
-    return SubstrateProvider(**config)
-
-
-def _finalize(runtime: _Runtime) -> None:
-    # Garbage collection or interpreter exit: release, but never hold the process up for long.
-    if runtime.handle is not None and runtime.loop.started:
-        logger.warning("SandboxEnv was not closed; releasing its sandbox now")
-    runtime.shutdown(timeout=FINALIZE_TIMEOUT_S)
 
 
 class SandboxEnv(gym.Env[str, str]):
@@ -388,14 +251,15 @@ class SandboxEnv(gym.Env[str, str]):
                 kwargs=dict(self._init_kwargs),
             )
 
-        self._runtime = _Runtime(config, instance)
-        self._finalizer = weakref.finalize(self, _finalize, self._runtime)
+        self._runtime = Runtime(config, instance)
+        self._finalizer = weakref.finalize(self, finalize, self._runtime)
         self._closed = False
         self._in_episode = False
         self._ended_as: str | None = None
         self._step_count = 0
         self._task: Any = ""
         self._last_render: str | None = None
+        self._last_observation = READY_OBSERVATION
 
     # -- pickling: by constructor, so a worker process builds its own loop and provider -------
     def __reduce__(self) -> tuple[Any, ...]:
@@ -416,10 +280,14 @@ class SandboxEnv(gym.Env[str, str]):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[str, dict[str, Any]]:
-        """Release any previous sandbox and create a fresh one for a new episode.
+        """Release any previous sandbox and start an episode in a new one.
 
-        `options={"task": ...}` passes the task to the reward and termination functions. The
-        seed only seeds `np_random`: a sandbox's behaviour cannot be replayed from it.
+        `options={"task": ...}` passes the task to the reward and termination functions.
+        `options={"snapshot": snap}` starts from a snapshot instead of a fresh sandbox: one from
+        `snapshot()` continues that episode (same step count, task, last observation, and copies
+        of the reward and termination functions' state); a provider's plain sandbox snapshot
+        starts a new episode (step 0, `task` as given) on that sandbox's state. The seed only
+        seeds `np_random`: a sandbox's behaviour cannot be replayed from it.
         """
         super().reset(seed=seed)
         self._check_open()
@@ -427,28 +295,83 @@ class SandboxEnv(gym.Env[str, str]):
             options = {}
         if not isinstance(options, Mapping):
             raise TypeError(f"reset(options=...) must be a mapping or None, got {options!r}")
-        unknown = sorted(set(options) - {"task"})
+        unknown = sorted(set(options) - {"task", "snapshot"})
         if unknown:
-            raise ValueError(f"reset(options=...) has unknown keys {unknown}; allowed: ['task']")
-        task = options.get("task", "")
+            raise ValueError(
+                f"reset(options=...) has unknown keys {unknown}; allowed: ['snapshot', 'task']"
+            )
+        episode = None
+        if options.get("snapshot") is not None:
+            episode = episode_of(
+                options["snapshot"],
+                options,
+                reward_fn=self.reward_fn,
+                termination_fn=self.termination_fn,
+                max_episode_steps=self.max_episode_steps,
+            )
+        task = episode.task if episode is not None else options.get("task", "")
 
         self._in_episode = False
         self._release_quietly()
         from gym_substrate.types import SandboxSpec
 
-        spec = SandboxSpec(
-            image=self.image,
-            provider_options={"template": self.template} if self.template else {},
+        provider_options: dict[str, Any] = {"template": self.template} if self.template else {}
+        if episode is not None:
+            provider_options["from_snapshot"] = episode.snapshot
+        handle = self._runtime.create(
+            SandboxSpec(image=self.image, provider_options=provider_options)
         )
-        handle = self._runtime.create(spec)
         self._task = task
         self._step_count = 0
         self._ended_as = None
-        self.reward_fn.reset(task)
-        self.termination_fn.reset(task)
+        observation = READY_OBSERVATION
+        info: dict[str, Any] = {"sandbox_id": handle.sandbox_id, "task": copy.deepcopy(task)}
+        if episode is not None and episode.resume is not None:
+            observation, self.reward_fn, self.termination_fn = episode.resume
+            self._step_count = episode.step
+            info.update(step=episode.step, snapshot=episode.snapshot.ref)
+        else:
+            self.reward_fn.reset(task)
+            self.termination_fn.reset(task)
+            if episode is not None:
+                info["snapshot"] = episode.snapshot.ref
         self._in_episode = True
-        self._last_render = READY_OBSERVATION
-        return READY_OBSERVATION, {"sandbox_id": handle.sandbox_id, "task": copy.deepcopy(task)}
+        self._last_observation = observation
+        self._last_render = observation
+        return observation, info
+
+    def snapshot(self, *, name: str | None = None) -> EnvSnapshot:
+        """Snapshot the episode in progress: the sandbox (files, processes, memory) and the env's
+        side (step count, task, last observation, copies of the reward and termination
+        functions' state). `reset(options={"snapshot": snap})`, in this env or any env built the
+        same way (it pickles, e.g. into `AsyncVectorEnv` workers), continues from this step.
+
+        This episode goes on in its own sandbox (the next step resumes it). The snapshot lasts
+        until `delete_snapshot()` (or `gym-substrate sweep`), independent of this env.
+        """
+        self._check_open()
+        if not self._in_episode:
+            raise RuntimeError(
+                "snapshot() needs an episode in progress: call reset() first"
+                if self._ended_as is None
+                else f"this episode has ended ({self._ended_as}) and its sandbox was released; "
+                "snapshot() an episode before its last step"
+            )
+        snap = self._runtime.snapshot(name)
+        return EnvSnapshot.of(
+            snap,
+            step=self._step_count,
+            task=self._task,
+            observation=self._last_observation,
+            reward_fn=self.reward_fn,
+            termination_fn=self.termination_fn,
+        )
+
+    def delete_snapshot(self, snapshot: SandboxSnapshot | str, *, force: bool = False) -> None:
+        """Delete a snapshot (refused while sandboxes made from it still run on it, unless
+        `force`); one already gone is done."""
+        self._check_open()
+        self._runtime.delete_snapshot(snapshot, force)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Run `action` in the sandbox; the class docstring describes the observation and `info`."""
@@ -516,6 +439,7 @@ class SandboxEnv(gym.Env[str, str]):
         terminated = bool(self.termination_fn(obs, info, self._task))
         truncated = self._step_count >= self.max_episode_steps
         self._last_render = f"$ {action}\n{obs}\n[exit code {exit_code}]"
+        self._last_observation = obs
         if terminated or truncated:
             self._in_episode = False
             self._ended_as = "terminated" if terminated else "truncated"

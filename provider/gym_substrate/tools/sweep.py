@@ -1,12 +1,20 @@
-"""Delete actors that rollouts left behind (the library behind `gym-substrate sweep`).
+"""Delete actors and snapshots that rollouts left behind (the library behind `gym-substrate sweep`).
 
-Substrate never deletes an idle actor and has no TTL, so a trainer that crashed (or was killed
-between create and close) leaks actors and their snapshots. The provider's ledger records every
-actor it made; by default sweep deletes those past their `ttl_s` or whose creating process is
-gone. `everything`, `name` (a glob on the actor id) and `states` select instead from the live
-listing of the atespace (ListActors), ledger or not. Nothing outside the configured atespace is
-ever touched: ledger entries made in another atespace are left alone. Deletion reuses the
-provider's own close path (suspend first, wait out transitions, NOT_FOUND is done).
+Substrate never deletes an idle actor or a tag and has no TTL, so a trainer that crashed (or was
+killed between create and close) leaks actors, and the snapshots (tags) it took keep their
+storage. The provider's ledger records every actor and snapshot it made. By default sweep deletes
+the ledger's actors past their `ttl_s` or whose creating process is gone, then its snapshots past
+their `ttl_s` or whose snapshot() failed half-way (a snapshot outliving its process is kept: it
+may be a checkpoint to restart from). `everything`, `name` (a glob) and `states` select instead
+from the live listing of the atespace, ledger or not; with `snapshots` the sweep is of snapshots
+only: every one the ledger recorded, or with `everything`/`name` the atespace's tags.
+
+A snapshot that live sandboxes were made from and have not suspended away from yet is never
+deleted (that would strand them): its result is a refusal that names them. Nothing outside the
+configured atespace is ever touched: ledger entries made in another atespace are left alone.
+Actors go first, so a sweep that deletes a snapshot's last borrowers can delete it too. Deletion
+reuses the provider's own paths (one DeleteActor with `any_state`, retried through transient
+codes; `delete_snapshot`, which checks for borrowers; NOT_FOUND is done).
 """
 
 from __future__ import annotations
@@ -17,30 +25,56 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["STATES", "SweepResult", "SweepTarget", "delete_targets", "find_targets", "sweep_actors"]
+__all__ = [
+    "STATES",
+    "SweepResult",
+    "SweepTarget",
+    "delete_targets",
+    "find_targets",
+    "sweep_actors",
+]
 
-# every ActorState but UNSPECIFIED, as `_grpc.actor_state` spells them
 STATES = (
-    "RUNNING", "RESUMING", "PAUSING", "PAUSED", "SUSPENDING", "SUSPENDED", "CRASHED",
-    "REVERTING", "DELETING",
-)  # fmt: skip
+    "RUNNING",
+    "RESUMING",
+    "PAUSING",
+    "PAUSED",
+    "SUSPENDING",
+    "SUSPENDED",
+    "CRASHED",
+    "REVERTING",
+)
+GOLDEN_ATESPACE = "ate-golden"  # templates' golden tags: theirs, never swept
 
 
 @dataclass
 class SweepResult:
-    actor_id: str
+    name: str  # the actor's id, or the snapshot's tag name
     atespace: str
     reason: str
     deleted: bool
     error: str = ""
+    kind: str = "actor"  # actor | snapshot
+
+    @property
+    def actor_id(self) -> str:
+        return self.name
 
 
 @dataclass(frozen=True)
 class SweepTarget:
-    actor_id: str
+    name: str
     atespace: str
     reason: str
     state: str = ""
+    kind: str = "actor"
+
+    @property
+    def actor_id(self) -> str:
+        return self.name
+
+    def skipped(self, why: str) -> SweepResult:
+        return SweepResult(self.name, self.atespace, self.reason, False, why, self.kind)
 
 
 def _selection(everything: bool, name: str | None, states: Collection[str] | None) -> str:
@@ -58,8 +92,22 @@ async def find_targets(
     everything: bool = False,
     name: str | None = None,
     states: Collection[str] | None = None,
+    snapshots: bool = False,
 ) -> list[SweepTarget]:
-    """What a sweep would delete, in the provider's configured atespace only."""
+    """What a sweep would delete, in the provider's configured atespace only (actors first)."""
+    if snapshots:
+        if states:
+            raise ValueError("--state selects actors; it cannot be combined with --snapshots")
+        return await _snapshot_targets(provider, everything=everything, name=name)
+    targets = await _actor_targets(provider, everything=everything, name=name, states=states)
+    if not (everything or name is not None or states):
+        targets += _ledger_snapshots(provider, every=False)
+    return targets
+
+
+async def _actor_targets(
+    provider: Any, *, everything: bool, name: str | None, states: Collection[str] | None
+) -> list[SweepTarget]:
     from gym_substrate._grpc import actor_state
     from gym_substrate._ledger import Ledger
 
@@ -69,15 +117,15 @@ async def find_targets(
     if everything or name is not None or wanted:
         reason = _selection(everything, name, wanted)
         for found in await provider.control.list_actors(atespace):
-            meta = found.metadata
-            if (meta.atespace or atespace) != atespace:
+            actor_id = found.metadata.name
+            if (found.metadata.atespace or atespace) != atespace:
                 continue
             state = actor_state(found)
-            if name is not None and not fnmatch.fnmatchcase(meta.name, name):
+            if name is not None and not fnmatch.fnmatchcase(actor_id, name):
                 continue
             if wanted and state not in wanted:
                 continue
-            targets.append(SweepTarget(meta.name, atespace, reason, state))
+            targets.append(SweepTarget(actor_id, atespace, reason, state))
         return targets
     if provider.lifecycle.ledger is None:
         return targets
@@ -99,32 +147,85 @@ async def find_targets(
     return targets
 
 
+def _ledger_snapshots(provider: Any, *, every: bool) -> list[SweepTarget]:
+    """The ledger's snapshots in the atespace: past their TTL or failed half-way (`every`: all
+    it recorded and did not delete)."""
+    from gym_substrate._ledger import Ledger
+
+    if provider.lifecycle.ledger is None:
+        return []
+    atespace, now = provider.connection.atespace, time.time()
+    targets = []
+    for entry in Ledger(provider.lifecycle.ledger).snapshots().values():
+        if entry.api != provider.connection.api or entry.atespace != atespace:
+            continue
+        if entry.state == "snapshot_failed":
+            reason = "snapshot() failed half-way"
+        elif entry.state != "snapshot":
+            continue
+        elif entry.expired(now):
+            reason = f"past ttl_s {entry.ttl_s:g}"
+        elif every:
+            reason = f"taken by process {entry.pid} of {entry.source}"
+        else:
+            continue
+        targets.append(SweepTarget(entry.tag, atespace, reason, kind="snapshot"))
+    return targets
+
+
+async def _snapshot_targets(
+    provider: Any, *, everything: bool, name: str | None
+) -> list[SweepTarget]:
+    atespace = provider.connection.atespace
+    if atespace == GOLDEN_ATESPACE:
+        raise ValueError(
+            f"atespace {GOLDEN_ATESPACE} holds the templates' golden snapshots: they are the "
+            "templates' to delete, never swept"
+        )
+    if not (everything or name is not None):
+        return _ledger_snapshots(provider, every=True)
+    reason = _selection(everything, name, None)
+    return [
+        SweepTarget(snap.name, atespace, reason, kind="snapshot")
+        for snap in await provider.list_snapshots()
+        if name is None or fnmatch.fnmatchcase(snap.name, name)
+    ]
+
+
+async def _delete_one(provider: Any, target: SweepTarget) -> SweepResult:
+    from gym_substrate._errors import SnapshotInUseError
+
+    try:
+        if target.kind == "snapshot":
+            await provider.delete_snapshot(f"{target.atespace}/{target.name}")
+        else:
+            await provider.delete_actor(target.name, target.atespace)
+    except SnapshotInUseError as exc:
+        return target.skipped(
+            f"refused: in use by live sandboxes {', '.join(exc.borrowers)} (made from it and "
+            "not suspended since): deleting it would strand them; close them first"
+        )
+    except Exception as exc:  # report every one, keep going
+        return target.skipped(str(exc))
+    return SweepResult(target.name, target.atespace, target.reason, True, kind=target.kind)
+
+
 async def delete_targets(
     provider: Any,
     targets: list[SweepTarget],
     *,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> list[SweepResult]:
-    """Delete each target through the provider's close path; report every one, keep going."""
+    """Delete each target through the provider (actors first); report every one, keep going."""
     results: list[SweepResult] = []
-    for done, target in enumerate(targets, start=1):
+    ordered = sorted(targets, key=lambda t: t.kind != "actor")
+    for done, target in enumerate(ordered, start=1):
         if target.atespace != provider.connection.atespace:  # belt and braces
-            results.append(
-                SweepResult(
-                    target.actor_id, target.atespace, target.reason, False, "other atespace"
-                )
-            )
-            continue
-        try:
-            await provider.delete_actor(target.actor_id, target.atespace)
-        except Exception as exc:  # report every actor, keep going
-            results.append(
-                SweepResult(target.actor_id, target.atespace, target.reason, False, str(exc))
-            )
+            results.append(target.skipped("other atespace"))
         else:
-            results.append(SweepResult(target.actor_id, target.atespace, target.reason, True))
+            results.append(await _delete_one(provider, target))
         if on_progress is not None:
-            on_progress(done, len(targets))
+            on_progress(done, len(ordered))
     return results
 
 
@@ -135,17 +236,18 @@ async def sweep_actors(
     dry_run: bool = False,
     name: str | None = None,
     states: Collection[str] | None = None,
+    snapshots: bool = False,
 ) -> list[SweepResult]:
-    """Delete expired/orphaned ledger actors, or the atespace's actors the selection picks."""
+    """Delete expired/orphaned ledger actors and snapshots, or what the selection picks."""
     from gym_substrate import SubstrateProvider
 
     provider = SubstrateProvider(**provider_kwargs)
     try:
-        targets = await find_targets(provider, everything=everything, name=name, states=states)
+        targets = await find_targets(
+            provider, everything=everything, name=name, states=states, snapshots=snapshots
+        )
         if dry_run:
-            return [
-                SweepResult(t.actor_id, t.atespace, t.reason, False, "dry run") for t in targets
-            ]
+            return [t.skipped("dry run") for t in targets]
         return await delete_targets(provider, targets)
     finally:
         await provider.aclose()

@@ -66,9 +66,16 @@ def test_methods_match_protocol_signatures(protocol: type) -> None:
         ours = getattr(SubstrateProvider, name)
         assert inspect.iscoroutinefunction(ours) == inspect.iscoroutinefunction(member), name
         theirs_sig, ours_sig = inspect.signature(member), inspect.signature(ours)
-        assert [(p.name, p.kind, p.default) for p in ours_sig.parameters.values()] == [
-            (p.name, p.kind, p.default) for p in theirs_sig.parameters.values()
-        ], name
+        theirs_params = [(p.name, p.kind, p.default) for p in theirs_sig.parameters.values()]
+        ours_params = list(ours_sig.parameters.values())
+        # Gym's parameters exactly, then only optional keyword-only ones of our own (such as
+        # create's `snapshot=`): every call Gym makes binds the same way.
+        assert [(p.name, p.kind, p.default) for p in ours_params][: len(theirs_params)] == (
+            theirs_params
+        ), name
+        for extra in ours_params[len(theirs_params) :]:
+            assert extra.kind == extra.KEYWORD_ONLY, (name, extra.name)
+            assert extra.default is not extra.empty, (name, extra.name)
         params = theirs_sig.parameters.values()
         args = [object()] * sum(p.kind == p.POSITIONAL_OR_KEYWORD for p in params)
         required = {p.name: object() for p in params if p.kind == p.KEYWORD_ONLY}
@@ -114,6 +121,25 @@ async def test_async_facade_end_to_end(stack: Stack, tmp_path: Path) -> None:
     await other.disconnect()
     await box.stop()
     assert await box.status() == base.SandboxStatus.STOPPED
+    assert await stack.actors() == []
+
+
+async def test_gym_facade_starts_a_sandbox_from_a_snapshot(stack: Stack, tmp_path: Path) -> None:
+    """A snapshot taken through the provider is a `provider_options` entry to Gym's facade."""
+    provider = SubstrateProvider(**stack.kwargs())
+    source = AsyncSandbox(provider, owns_provider=False)
+    await source.start(base.SandboxSpec(workdir=str(tmp_path / "w"), env={"K": "v"}))
+    await source.exec("echo before > state.txt")
+    snap = await provider.snapshot(source._handle)
+    child = AsyncSandbox(provider, owns_provider=False)
+    await child.start(base.SandboxSpec(provider_options={"from_snapshot": snap.ref}))
+    r = await child.exec("cat state.txt; echo $K; pwd")
+    assert (r.return_code, r.stdout) == (0, f"before\nv\n{tmp_path / 'w'}\n")
+    assert (await source.exec("cat state.txt")).stdout == "before\n"  # resumed transparently
+    await child.stop()
+    await provider.delete_snapshot(snap)
+    await source.stop()
+    await provider.aclose()
     assert await stack.actors() == []
 
 
