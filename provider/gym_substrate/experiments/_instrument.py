@@ -116,8 +116,10 @@ class TimedControl:
     async def create_atespace(self, name: str) -> None:
         await self.inner.create_atespace(name)
 
-    async def create_actor(self, atespace: str, name: str, template: str) -> pb.Actor:
-        return await self.inner.create_actor(atespace, name, template)
+    async def create_actor(
+        self, atespace: str, name: str, template: str, *, source_tag: str | None = None
+    ) -> pb.Actor:
+        return await self.inner.create_actor(atespace, name, template, source_tag=source_tag)
 
     async def get_actor(self, atespace: str, name: str) -> pb.Actor:
         return await self.inner.get_actor(atespace, name)
@@ -130,6 +132,20 @@ class TimedControl:
 
     async def list_actors(self, atespace: str) -> list[pb.Actor]:
         return await self.inner.list_actors(atespace)
+
+    async def create_tag(
+        self, atespace: str, name: str, source_actor: str, *, published: bool = False
+    ) -> pb.Tag:
+        return await self.inner.create_tag(atespace, name, source_actor, published=published)
+
+    async def get_tag(self, atespace: str, name: str) -> pb.Tag:
+        return await self.inner.get_tag(atespace, name)
+
+    async def list_tags(self, atespace: str) -> list[pb.Tag]:
+        return await self.inner.list_tags(atespace)
+
+    async def delete_tag(self, atespace: str, name: str) -> pb.Tag:
+        return await self.inner.delete_tag(atespace, name)
 
     async def resume_actor(self, atespace: str, name: str) -> Resumed:
         lane = self.instrument._lane()
