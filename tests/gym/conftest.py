@@ -147,10 +147,7 @@ def gym_chroot() -> Iterator[Path]:
     TIMINGS["install-wheel"] = time.monotonic() - started
     stamp = _wheel_stamp(chroot)
     started = time.monotonic()
-    NOTES.append(
-        f"agent packages ({', '.join(AGENT_PACKAGES)}): "
-        f"{_ensure_agent_packages(chroot)}"
-    )
+    NOTES.append(f"agent packages ({', '.join(AGENT_PACKAGES)}): {_ensure_agent_packages(chroot)}")
     TIMINGS["agent packages"] = time.monotonic() - started
     yield chroot
     # The chroot is shared by every checkout on this machine: if another one installed its wheel
