@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import sys
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from local_helpers import RUNTIMES, late_workload, make_actor, workload_actor
+from local_helpers import RUNTIMES, late_workload, make_actor, poll, workload_actor
 from router_fakes import target
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
@@ -43,7 +44,7 @@ def _ref(name: str) -> pb.ObjectRef:
 
 
 async def _state(stub: Any, name: str) -> int:
-    actor = (await stub.GetActor(pb.GetActorRequest(actor=_ref(name)))).actor
+    actor = await stub.GetActor(pb.GetActorRequest(actor=_ref(name)))
     return int(actor.status.state)
 
 
@@ -55,6 +56,21 @@ async def _get(
     async with http.get(url, headers=headers) as response:
         body = await response.read()
         return response.status, body, response.headers, time.monotonic() - started
+
+
+async def _port_open(backend: LocalBackend, name: str, port: int) -> bool:
+    """True when the actor's own address answers TCP on ``port``."""
+    assert backend.plane is not None
+    record = backend.plane.lookup("t", name)
+    if record is None or not record.address:
+        return False
+    host = record.address.rsplit(":", 1)[0] if record.address.count(":") == 1 else record.address
+    try:
+        _, writer = await asyncio.open_connection(host, port)
+    except OSError:
+        return False
+    writer.close()
+    return True
 
 
 def _resume_rpcs(backend: LocalBackend, code: str) -> float:
@@ -167,6 +183,9 @@ async def test_a_dead_workload_is_502_then_its_crashed_actor_is_503_until_revert
     assert backend.runtime is not None
     record = backend.plane.lookup("t", "dies")
     assert record is not None
+    # the backend's watchdog would notice the death too (test_fidelity_control covers it):
+    # stopped, so that the request is what finds it
+    await backend.plane.recovery.stop_watchdog()
     await backend.runtime.stop(record.handle)  # the workload dies behind the plane's back
     url = f"{backend.router_url}/readyz"
     status, body, _, _ = await _get(http, url, target("t/dies"))
@@ -224,21 +243,28 @@ async def test_connect_reaches_another_port_of_the_actor(stub: Any, backend: Loc
     """real: CONNECT with `ate-target-actor` on the outer request reaches the port of its
     authority (ingress/ingress.go@18d1c266, api-guide read_file id 71263312555), and each
     request inside is routed on its own; a port nobody listens on is atunnel's 502."""
+    # under the process runtime the actor shares the host's network: its own address, and a
+    # port nobody else takes
+    other = random.randint(20000, 40000)
+    here = '"${SANDBOX_AGENT_HOST:-0.0.0.0}"'
     both = (
         "/bin/sh",
         "-c",
-        f'"{sys.executable}" "{_ECHO}" --host 0.0.0.0 --port 9090 & '
-        f'exec "{sys.executable}" "{_ECHO}" --host 0.0.0.0 --port 80',
+        f'"{sys.executable}" "{_ECHO}" --host {here} --port {other} & '
+        f'exec "{sys.executable}" "{_ECHO}" --host {here} --port "${{PORT:-80}}"',
     )
     await workload_actor(stub, backend, "ports", both)
     await stub.ResumeActor(pb.ResumeActorRequest(actor=_ref("ports")))
+    # the probe watches port 80 only: the other server may still be starting
+    await poll(lambda: _port_open(backend, "ports", other), bool, f"the actor's port {other}")
     reader, writer = await asyncio.open_connection("127.0.0.1", backend.router_port)
     try:
         writer.write(
-            b"CONNECT ports:9090 HTTP/1.1\r\nHost: ports:9090\r\nate-target-actor: t/ports\r\n\r\n"
+            f"CONNECT ports:{other} HTTP/1.1\r\nHost: ports:{other}\r\n"
+            "ate-target-actor: t/ports\r\n\r\n".encode()
         )
         assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200 ")
-        writer.write(b"GET /on-9090 HTTP/1.1\r\nHost: inner\r\n\r\n")
+        writer.write(b"GET /on-the-other-port HTTP/1.1\r\nHost: inner\r\n\r\n")
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 20)
         assert head.startswith(b"HTTP/1.1 200 "), head
     finally:

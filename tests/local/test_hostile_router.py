@@ -32,7 +32,6 @@ from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.local import LocalBackend
 from gym_substrate.local.backend import ADMIN_BODY_LIMIT
 from gym_substrate.local.router import HEAD_TIMEOUT_S
-from gym_substrate.local.templates import MAX_YAML_DEPTH
 
 
 def _request(target_: str, host: str | None, ref: str | None = "t/a") -> bytes:
@@ -265,7 +264,7 @@ async def test_admin_body_over_the_limit_is_413_and_does_not_stall_proxying(
     def admin_upload() -> bytes:
         with socket.create_connection(("127.0.0.1", backend.admin_port), timeout=60) as sock:
             sock.sendall(
-                b"POST /_local/templates HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"POST /_local/images HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                 b"Transfer-Encoding: chunked\r\n\r\n"
             )
             piece = b"a: " + b"x" * (256 * 1024 - 4) + b"\n"
@@ -307,7 +306,7 @@ async def test_admin_body_over_the_limit_is_413_and_does_not_stall_proxying(
 
 
 async def test_admin_declared_length_over_the_limit_is_413_at_once(backend: LocalBackend) -> None:
-    raw = b"POST /_local/templates HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n" % (
+    raw = b"POST /_local/images HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n" % (
         8 << 20
     )
     answer = await exchange(backend.admin_port, raw)
@@ -315,16 +314,18 @@ async def test_admin_declared_length_over_the_limit_is_413_at_once(backend: Loca
     assert str(ADMIN_BODY_LIMIT).encode() in body_of(answer)
 
 
-async def test_admin_yaml_nested_5000_deep_is_400_naming_the_limit(backend: LocalBackend) -> None:
+async def test_admin_json_nested_5000_deep_is_400(backend: LocalBackend) -> None:
+    """An image registration nested far deeper than its two keys is a 400 saying what to send,
+    never the parser's recursion error as a 500."""
     async with aiohttp.ClientSession() as http:
-        for deep in ("[" * 5000 + "]" * 5000, "".join(" " * i + "a:\n" for i in range(1000))):
+        for deep in ("[" * 5000 + "]" * 5000, '{"a":' * 5000 + "1" + "}" * 5000):
             async with http.post(
-                f"{backend.admin_url}/_local/templates", data=deep.encode()
+                f"{backend.admin_url}/_local/images", data=deep.encode()
             ) as response:
                 assert response.status == 400
                 error = (await response.json())["error"]
                 assert error["code"] == "bad_request"
-                assert f"more than {MAX_YAML_DEPTH} levels" in error["message"]
+                assert '{"name":' in error["message"]
 
 
 async def test_router_fuzzing_finds_nothing() -> None:

@@ -39,11 +39,16 @@ async def read_limited(request: web.BaseRequest, limit: int) -> bytes | None:
 
 
 def json_error(status: int, code: str, message: str) -> web.Response:
-    return web.Response(
+    response = web.Response(
         status=status,
         text=json.dumps({"error": {"code": code, "message": message}}),
         content_type="application/json",
     )
+    if status == 413:
+        # the rest of the body was not read: on this connection it would be taken for the
+        # next request's head
+        response.force_close()
+    return response
 
 
 class AdminServer:

@@ -514,7 +514,10 @@ class LocalBackend:
         if body is None:
             return json_error(413, "too_large", f"the body is limited to {ADMIN_BODY_LIMIT} bytes")
         try:
-            data = json.loads(body)
+            try:
+                data = json.loads(body)
+            except RecursionError:  # nested deeper than the parser goes: not a registration
+                data = None
             if not isinstance(data, dict) or set(data) != {"name", "directory"}:
                 raise ValueError('send {"name": "<image name>", "directory": "<absolute folder>"}')
             if not all(isinstance(v, str) for v in data.values()):

@@ -697,6 +697,8 @@ class ProcessRuntime:
         env.update(
             {
                 "SANDBOX_AGENT_ACTOR_ID": actor.actor_id,
+                # the actor shares the host's network: its own address, for servers it starts
+                "SANDBOX_AGENT_HOST": ip,
                 "SANDBOX_AGENT_PORT": str(port),
                 "PORT": str(port),
                 INSTANCE_ENV: self.config.instance,
