@@ -237,8 +237,6 @@ def test_kubeconfig_and_context_are_checked_with_the_fix(tmp_path: Path) -> None
 
 
 def _crd_schema(kind: str) -> dict[str, Any]:
-    if not CRD_DIR.is_dir():
-        pytest.skip(f"Substrate CRD schemas not found at {CRD_DIR} (shared/ beside the clone)")
     for path in CRD_DIR.glob("ate.dev_*.yaml"):
         doc = yaml.safe_load(path.read_text())
         if doc["spec"]["names"]["kind"] == kind:
@@ -247,26 +245,20 @@ def _crd_schema(kind: str) -> dict[str, Any]:
     raise AssertionError(kind)
 
 
-def test_prebuilt_template_is_awaited_by_the_provider_and_fits_the_crd() -> None:
-    """Ready means the golden snapshot exists (real:
-    cmd/atecontroller/internal/controllers/actortemplate_controller.go sets condition Ready);
-    the provider waits for it through the annotations, which stay out of the name's hash."""
+def test_existing_templates_and_pool_use_the_configured_images() -> None:
+    """Target existing pins everything in its config: the workload image as given, the agent
+    image on its volume, the worker image in the pool (which fits our WorkerPool schema)."""
     cfg = load_stack_file(stack_file(REPO, "existing"))
     (wl,) = cfg.workloads
-    tmpl = objects.prebuilt_actor_template(cfg, wl)
-    jsonschema.validate(tmpl, _crd_schema("ActorTemplate"))
-    assert tmpl["metadata"]["annotations"] == {
-        "pulumi.com/waitFor": "condition=Ready",
-        "pulumi.com/timeoutSeconds": "300",
-    }
-    assert tmpl["spec"]["containers"][0]["image"] == wl.agent_image
-    plain = objects.actor_template(cfg, wl, image=str(wl.agent_image))
-    assert plain["metadata"]["name"] == tmpl["metadata"]["name"]
-    assert "annotations" not in plain["metadata"]
+    assert cfg.agent.image is not None
     assert cfg.existing is not None
-    jsonschema.validate(
-        objects.worker_pool(cfg, cfg.existing.ateom_image), _crd_schema("WorkerPool")
-    )
+    tmpl = objects.actor_template(cfg, wl, image=wl.image, agent_image=cfg.agent.image)
+    assert tmpl["containers"][0]["image"] == wl.image
+    assert tmpl["volumes"][0]["image"]["reference"] == cfg.agent.image
+    assert tmpl["sandboxConfig"]["configName"] == "gvisor-default"
+    pool = objects.worker_pool(cfg, cfg.existing.worker_image)
+    jsonschema.validate(pool, _crd_schema("WorkerPool"))
+    assert pool["spec"]["workerImage"] == cfg.existing.worker_image
 
 
 def test_render_existing_writes_templates_and_no_scripts(tmp_path: Path) -> None:
@@ -278,11 +270,16 @@ def test_render_existing_writes_templates_and_no_scripts(tmp_path: Path) -> None
     kinds = [
         yaml.safe_load(Path(f).read_text())["kind"] for f in report["files"] if "/kubernetes/" in f
     ]
-    assert kinds.count("ActorTemplate") == 1
+    assert "ActorTemplate" not in kinds  # templates are ateapi resources now, not objects
     assert "SandboxConfig" not in kinds
     assert "WorkerPool" in kinds
+    (template,) = [f for f in report["files"] if "/templates/" in f]
+    message = yaml.safe_load(Path(template).read_text())
+    assert message["metadata"]["atespace"] == "gym"
+    assert Path(template).name == f"00-gym-{message['metadata']['name']}.yaml"
     assert not (tmp_path / "scripts").exists()
     assert not (tmp_path / "kind-config.yaml").exists()
+    assert not (tmp_path / "substrate-install.yaml").exists()
     assert report["skipped"] == [
         "SandboxConfig gvisor-default, the ate-system namespace and the CA bundle: the "
         "cluster's Substrate install provides them (the stack only reads them)"

@@ -126,6 +126,8 @@ class ExistingConfig:
     address: str  # where the NodePorts answer (a node, or 127.0.0.1 through a tunnel)
     worker_image: str  # the WorkerPool's worker (ateom) image, as the platform's release has it
     database: DatabaseConfig = DatabaseConfig()
+    # The ClusterTrustBundle whose PEM clients pin: the servicedns signer's live bundle.
+    ca_bundle: str = "servicedns.podcert.ate.dev:identity:primary-bundle"
 
 
 @dataclass(frozen=True)
@@ -408,6 +410,7 @@ def parse_existing(top: Section, target: str) -> ExistingConfig | None:
             "`<registry>/ateom-gvisor:<tag>@sha256:<64 hex>` (docs/upgrade.md: `crane digest`)",
         ),
         database=_database(e),
+        ca_bundle=e.string("caBundle", ExistingConfig.ca_bundle),
     )
     e.done()
     return cfg

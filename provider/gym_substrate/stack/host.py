@@ -246,8 +246,8 @@ def wipe_script(cfg: StackConfig) -> str:
         "  docker builder prune -af\n"
         "fi\n"
         f"rm -rf {p.scratch}\n"
-        'rm -rf "$WORKDIR/substrate" "$WORKDIR/rendered" "$WORKDIR/src" "$KUBECONFIG" '
-        f'"{p.token_file}" "$WORKDIR/kind-config.yaml" "$WORKDIR/registry-created"\n'
+        'rm -rf "$WORKDIR/substrate" "$WORKDIR/substrate-install.yaml" "$WORKDIR/src" '
+        f'"$KUBECONFIG" "{p.token_file}" "$WORKDIR/kind-config.yaml" "$WORKDIR/registry-created"\n'
         "exit 0\n"
     )
 

@@ -226,7 +226,7 @@ class Atespace(dyn.Resource, module="gymsubstrate", name="Atespace"):
         )
 
 
-def token_source(auth_mode: str, *, file: str | None = None, value: Any = None) -> Any:
+def token_source(auth_mode: str, *, file: Any = None, value: Any = None) -> Any:
     """The connection's `token` entry for the stack's auth mode (None in mtls mode): a file
     (kind), a value (a borrowed host's `clientToken`, a secret), else $SUBSTRATE_TOKEN."""
     if auth_mode != "jwt":
