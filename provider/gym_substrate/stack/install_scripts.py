@@ -205,7 +205,10 @@ def microvm_assets_script(cfg: StackConfig) -> str:
         'ARCH=$(go env GOARCH)\nASSETS="bin/microvm-assets/$ARCH"\n'
         '[ -d "$ASSETS" ] || bash hack/microvm-assets/assemble.sh\n'
         "kubectl -n ate-system port-forward svc/rustfs 19000:9000 >/dev/null 2>&1 &\n"
-        "PF=$!\ntrap 'kill $PF' EXIT\nsleep 3\n"
+        "PF=$!\ntrap 'kill $PF 2>/dev/null || true' EXIT\nsleep 3\n"
+        'kill -0 "$PF" 2>/dev/null || { echo "kubectl port-forward to svc/rustfs in ate-system '
+        "failed: staging the microVM assets needs the install's object store (rustfs, which "
+        "the kind profile deploys: manifests/ate-install/kind/rustfs.yaml)\" >&2; exit 1; }\n"
         "export AWS_ACCESS_KEY_ID=rustfsadmin AWS_SECRET_ACCESS_KEY=rustfsadmin "
         "AWS_REGION=us-east-1\n"
         "for f in cloud-hypervisor virtiofsd vmlinux rootfs.img configuration-clh.toml; do\n"
