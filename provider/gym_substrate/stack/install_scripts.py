@@ -208,7 +208,7 @@ def microvm_assets_script(cfg: StackConfig) -> str:
         "PF=$!\ntrap 'kill $PF 2>/dev/null || true' EXIT\nsleep 3\n"
         'kill -0 "$PF" 2>/dev/null || { echo "kubectl port-forward to svc/rustfs in ate-system '
         "failed: staging the microVM assets needs the install's object store (rustfs, which "
-        "the kind profile deploys: manifests/ate-install/kind/rustfs.yaml)\" >&2; exit 1; }\n"
+        'the kind profile deploys: manifests/ate-install/kind/rustfs.yaml)" >&2; exit 1; }\n'
         "export AWS_ACCESS_KEY_ID=rustfsadmin AWS_SECRET_ACCESS_KEY=rustfsadmin "
         "AWS_REGION=us-east-1\n"
         "for f in cloud-hypervisor virtiofsd vmlinux rootfs.img configuration-clh.toml; do\n"
