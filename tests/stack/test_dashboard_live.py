@@ -199,7 +199,8 @@ async def _short_run(local: LocalApi, metrics_port: int, tmp: Path) -> None:
         plane = local.backend.plane
         assert plane is not None
         record = plane.state.actors[f"gym/{actor}"]
-        os.kill(int(str(record.handle).split(":")[0]), signal.SIGKILL)
+        runtime: Any = local.backend.runtime  # the process runtime keeps each sandbox's pid
+        os.kill(int(runtime._entry(record.handle)["pid"]), signal.SIGKILL)
         deadline = time.monotonic() + 30
         while plane.state.actors[f"gym/{actor}"].state != "CRASHED":
             assert time.monotonic() < deadline, "the killed sandbox never became CRASHED"
