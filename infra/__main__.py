@@ -8,11 +8,12 @@ Nothing else happens here: objects, scripts and the components that wire them co
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pulumi
 from pulumi.runtime import config as runtime_config
 
-from gym_substrate.stack import objects
+from gym_substrate.stack import objects, observability
 from gym_substrate.stack.components import (
     Access,
     ActorTemplates,
@@ -43,6 +44,8 @@ from gym_substrate.stack.config import (
     parse_config_values,
 )
 from gym_substrate.stack.runner import Runner
+from gym_substrate.stack.template_components import ateapi_connection
+from gym_substrate.stack.templates import token_source
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,13 +58,48 @@ except ConfigError as exc:
     raise pulumi.RunError(str(exc)) from None
 
 
-def _existing(cfg: StackConfig) -> tuple[ExistingCluster, ActorTemplates]:
+def _templates(
+    runner: Runner | None,
+    connection: pulumi.Output[dict[str, Any]],
+    agent_image: pulumi.Input[str],
+    after: list[pulumi.Resource],
+    cluster: pulumi.Resource | None,
+) -> ActorTemplates:
+    return ActorTemplates(
+        "templates",
+        TemplatesArgs(
+            runner=runner,
+            connection=connection,
+            atespace=cfg.templates.atespace,
+            ready_timeout_s=cfg.templates.ready_timeout_s,
+            agent_image=agent_image,
+            after=tuple(after),
+            cluster=cluster,
+            workloads=tuple(WorkloadTemplate.from_config(cfg, wl) for wl in cfg.workloads),
+        ),
+    )
+
+
+def _export(
+    api: str, router: str, ui: str, ca_pem: pulumi.Output[str], templates: ActorTemplates
+) -> pulumi.Output[dict[str, str]]:
+    pulumi.export("substrateVersion", cfg.substrate.version if cfg.substrate.prebuilt else None)
+    pulumi.export("apiAddress", api)
+    pulumi.export("routerUrl", router)
+    pulumi.export("grafanaUrl", ui if cfg.observability.enabled else None)
+    pulumi.export("caPem", ca_pem)
+    pulumi.export("templates", templates.names)
+    return templates.names
+
+
+def _existing(cfg: StackConfig) -> dict[str, Any]:
     """A cluster that already runs Substrate: only what this project adds, and no command."""
     try:
         kubeconfig, context = existing_kubeconfig(cfg)
     except ConfigError as exc:
         raise pulumi.RunError(str(exc)) from None
     assert cfg.existing is not None
+    assert cfg.agent.image is not None
     cluster = ExistingCluster(
         "cluster", ExistingArgs.from_config(cfg, kubeconfig=kubeconfig, context=context)
     )
@@ -69,43 +107,32 @@ def _existing(cfg: StackConfig) -> tuple[ExistingCluster, ActorTemplates]:
     pool = WorkerPool(
         "pool",
         PoolArgs.from_config(
-            cfg, None, provider=kube, runtime=cluster, ateom_image=cfg.existing.ateom_image
+            cfg, None, provider=kube, after=(cluster,), worker_image=cfg.existing.worker_image
         ),
     )
-    templates = ActorTemplates(
-        "templates",
-        TemplatesArgs(
-            runner=None,
-            provider=kube,
-            agent=None,
-            pool_ready=pool.ready,
-            install=cluster,
-            cluster=cluster,
-            namespace=cfg.pool.namespace,
-            workloads=tuple(WorkloadTemplate.from_config(cfg, wl) for wl in cfg.workloads),
-        ),
+    access = Access("access", ObjectsArgs(kube, cluster, tuple(objects.nodeport_services(cfg))))
+    address = cfg.existing.address
+    api = f"{address}:{cfg.access.api_node_port}"
+    # jwt: the operator's token (`kubectl create token`), read from SUBSTRATE_TOKEN where
+    # `pulumi` runs, so it never enters the state.
+    connection = ateapi_connection(
+        api=api, ca_pem=cluster.ca_pem, token=token_source(cfg.substrate.auth_mode)
     )
-    Access("access", ObjectsArgs(kube, cluster, tuple(objects.nodeport_services(cfg))))
+    templates = _templates(None, connection, cfg.agent.image, [pool.ready, access], None)
     if cfg.observability.enabled:
         Observability(
-            "observability", ObjectsArgs(kube, cluster, tuple(objects.observability_objects(cfg)))
+            "observability",
+            ObjectsArgs(kube, cluster, tuple(observability.observability_objects(cfg))),
         )
-    return cluster, templates
-
-
-if cfg.target == "existing":
-    assert cfg.existing is not None
-    existing, templates = _existing(cfg)
-    api = f"{cfg.existing.address}:{cfg.access.api_node_port}"
-    router = f"http://{cfg.existing.address}:{cfg.access.router_node_port}"
-    ui = f"http://{cfg.existing.address}:{cfg.access.grafana_node_port}"
-    pulumi.export("apiAddress", api)
-    pulumi.export("routerUrl", router)
-    pulumi.export("grafanaUrl", ui if cfg.observability.enabled else None)
-    pulumi.export("caPem", existing.ca_pem)
-    pulumi.export("templates", templates.names)
-    # jwt: the token is the operator's (`kubectl create token`), read from SUBSTRATE_TOKEN.
-    provider_config = pulumi.Output.all(existing.ca_pem, templates.names).apply(
+    router = f"http://{address}:{cfg.access.router_node_port}"
+    names = _export(
+        api, router, f"http://{address}:{cfg.access.grafana_node_port}", cluster.ca_pem, templates
+    )
+    pulumi.export(
+        "database",
+        {"mode": cfg.existing.database.mode, "address": cfg.existing.database.address},
+    )
+    provider_config = pulumi.Output.all(cluster.ca_pem, names).apply(
         lambda v: objects.to_yaml(
             objects.provider_config(
                 cfg, api=api, router=router, ca_pem=v[0], templates=v[1], token_file=None
@@ -113,7 +140,16 @@ if cfg.target == "existing":
         )
     )
     pulumi.export("providerConfig", provider_config)
-else:
+    return {
+        "cluster": cluster,
+        "pool": pool,
+        "templates": templates,
+        "ca_pem": cluster.ca_pem,
+        "provider_config": provider_config,
+    }
+
+
+def _kind_or_host(cfg: StackConfig) -> dict[str, Any]:
     runner = Runner(cwd=str(REPO_ROOT))
     host: BorrowedHost | None = None
     if cfg.host is not None:
@@ -132,45 +168,54 @@ else:
     pool = WorkerPool(
         "pool",
         PoolArgs.from_config(
-            cfg, runner, provider=kube, runtime=runtime, ateom_image=install.ateom_image
+            cfg,
+            runner,
+            provider=kube,
+            after=(install, runtime),
+            worker_image=install.worker_image,
         ),
     )
     agent = AgentImage(
         "agent", AgentImageArgs.from_config(cfg, runner, repo_root=REPO_ROOT, cluster=cluster)
     )
-    templates = ActorTemplates(
-        "templates",
-        TemplatesArgs(
-            runner=runner,
-            provider=kube,
-            agent=agent,
-            pool_ready=pool.ready,
-            install=install,
-            cluster=cluster,
-            namespace=cfg.pool.namespace,
-            workloads=tuple(WorkloadTemplate.from_config(cfg, wl) for wl in cfg.workloads),
-        ),
+    access = Access("access", ObjectsArgs(kube, install, tuple(objects.nodeport_services(cfg))))
+    api = f"127.0.0.1:{cfg.access.api_node_port}"
+    ssh = None
+    if host is not None and cfg.host is not None:
+        # The API NodePort answers on the host's loopback: the templates tunnel over SSH, with
+        # the host key the host's first step recorded (or the configured one).
+        ssh = pulumi.Output.all(
+            pulumi.Config(PROJECT).require_secret("sshPrivateKey"),
+            host.prep_root.knownHostKey,
+        ).apply(
+            lambda v: {
+                "host": cfg.host.address,  # type: ignore[union-attr]
+                "port": cfg.host.port,  # type: ignore[union-attr]
+                "user": cfg.host.user,  # type: ignore[union-attr]
+                "privateKey": v[0],
+                "hostKey": cfg.host.host_key or v[1],  # type: ignore[union-attr]
+            }
+        )
+    token = token_source(
+        cfg.substrate.auth_mode, file=install.token_file, value=install.client_token
     )
-    Access("access", ObjectsArgs(kube, install, tuple(objects.nodeport_services(cfg))))
+    connection = ateapi_connection(api=api, ca_pem=install.ca_pem, token=token, ssh=ssh)
+    templates = _templates(runner, connection, agent.image, [pool.ready, access, agent], cluster)
     if cfg.observability.enabled:
         Observability(
-            "observability", ObjectsArgs(kube, install, tuple(objects.observability_objects(cfg)))
+            "observability",
+            ObjectsArgs(kube, install, tuple(observability.observability_objects(cfg))),
         )
 
-    api = f"127.0.0.1:{cfg.access.api_node_port}"
     router = f"http://127.0.0.1:{cfg.access.router_node_port}"
     pulumi.export("kubeconfig", cluster.kubeconfig)
-    pulumi.export("apiAddress", api)
-    pulumi.export("routerUrl", router)
-    pulumi.export(
-        "grafanaUrl",
-        f"http://127.0.0.1:{cfg.access.grafana_node_port}" if cfg.observability.enabled else None,
+    names = _export(
+        api, router, f"http://127.0.0.1:{cfg.access.grafana_node_port}", install.ca_pem, templates
     )
-    pulumi.export("caPem", install.ca_pem)
-    pulumi.export("templates", templates.names)
+    pulumi.export("workerImage", install.worker_image)
     # jwt on kind: the token file the install's client-token step wrote (and printed) on this
     # machine; on a host the token itself is exported as `clientToken` instead.
-    provider_config = pulumi.Output.all(install.ca_pem, templates.names, install.token_file).apply(
+    provider_config = pulumi.Output.all(install.ca_pem, names, install.token_file).apply(
         lambda v: objects.to_yaml(
             objects.provider_config(
                 cfg, api=api, router=router, ca_pem=v[0], templates=v[1], token_file=v[2]
@@ -188,3 +233,16 @@ else:
         pulumi.export(
             "sshTunnel", f"ssh -N {forwards} -p {cfg.host.port} {cfg.host.user}@{cfg.host.address}"
         )
+    return {
+        "cluster": cluster,
+        "install": install,
+        "pool": pool,
+        "agent": agent,
+        "templates": templates,
+        "ca_pem": install.ca_pem,
+        "provider_config": provider_config,
+    }
+
+
+# The program's parts, by name (the component tests read them).
+parts = _existing(cfg) if cfg.target == "existing" else _kind_or_host(cfg)

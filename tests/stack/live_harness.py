@@ -99,16 +99,14 @@ class KwokCluster:
         return False
 
 
-def kwok_cluster(base: Path, bin_dir: Path) -> Iterator[KwokCluster]:
-    """Start a test cluster with Substrate's CRDs and stand-ins; stop it afterwards and fail if
-    any of its processes is left."""
-    if not (CRD_DIR / "ate.dev_actortemplates.yaml").is_file():
-        # Test data beside the checkout, not something set-up builds: a skip, as for the CRD
-        # schema tests (../shared/substrate-crds/README.md), on CI too.
-        pytest.skip(f"Substrate's CRDs are not at {CRD_DIR} (../shared/substrate-crds)")
+def kwok_cluster(base: Path, bin_dir: Path, ca: Path | None = None) -> Iterator[KwokCluster]:
+    """Start a test cluster with the WorkerPool/SandboxConfig CRDs (the repo's, written from
+    upstream's types) and stand-ins of what a Substrate install leaves, publishing `ca` as its
+    servicedns trust bundle; stop it afterwards and fail if any of its processes is left."""
     script = str(REPO / ".ci" / "test-cluster")
+    extra = ["--ca", str(ca)] if ca is not None else []
     up = subprocess.run(
-        [script, "up", "--dir", str(base), "--nodes", "3", "--substrate", str(CRD_DIR)],
+        [script, "up", "--dir", str(base), "--nodes", "3", "--substrate", str(CRD_DIR), *extra],
         capture_output=True,
         text=True,
         timeout=600,

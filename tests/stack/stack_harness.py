@@ -22,16 +22,20 @@ from gym_substrate.stack.config import StackConfig, load_stack_file, stack_file
 
 REPO = Path(__file__).resolve().parents[2]
 STACKS = ("kind-gvisor", "kind-microvm", "host-gvisor", "host-microvm")
-CRD_DIR = REPO.parent / "shared" / "substrate-crds"
-ATEOM = "localhost:5001/ateom-gvisor@sha256:" + "a" * 64
+# Our WorkerPool and SandboxConfig schemas, written from upstream's pkg/api/v1alpha1 types.
+CRD_DIR = REPO / "manifests" / "crds"
+WORKER = "ghcr.io/agent-substrate/substrate/ateom-gvisor:v0.3.0@sha256:" + "a" * 64
 AGENT = "localhost:5001/gym-substrate/sandbox-agent@sha256:" + "b" * 64
-DERIVED = "localhost:5001/gym-substrate/python@sha256:" + "c" * 64
 PINNED = "python@sha256:" + "d" * 64
+SOURCE = "/home/op/.gym-substrate/substrate-gvisor/substrate"
 CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\n"
 KUBECONFIG = "apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n"
 # Our dynamic provider's step resource (gym_substrate.stack.commands) and its file copy.
 COMMAND = "pulumi-python:dynamic/gymsubstrate:Command"
 COPY = "pulumi-python:dynamic/gymsubstrate:CopyToHost"
+# Our ateapi resources (gym_substrate.stack.templates).
+TEMPLATE = "pulumi-python:dynamic/gymsubstrate:ActorTemplate"
+ATESPACE = "pulumi-python:dynamic/gymsubstrate:Atespace"
 SSH_KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nfake\n-----END OPENSSH PRIVATE KEY-----\n"
 
 
@@ -81,8 +85,10 @@ class StackRun:
 
 
 def _stdout(name: str, inputs: dict[str, Any]) -> str:
-    if name == "build":
-        return ATEOM + "\n"
+    if name == "substrate-source":
+        return SOURCE + "\n"
+    if name == "worker-image":
+        return WORKER + "\n"
     if name == "kubeconfig":
         return KUBECONFIG
     if name == "ca":
@@ -90,9 +96,6 @@ def _stdout(name: str, inputs: dict[str, Any]) -> str:
     if name == "agent-image":
         return AGENT + "\n"
     if name.startswith("image-"):
-        create = str(inputs.get("create", ""))
-        if "COPY --from" in create:
-            return json.dumps({"workload": PINNED, "image": DERIVED}) + "\n"
         return PINNED + "\n"
     if name == "microvm-assets":
         return json.dumps(
@@ -130,6 +133,12 @@ def run_stack(
             outputs = dict(args.inputs)
             if args.typ == COMMAND:
                 outputs["stdout"] = printed.get(args.name, _stdout(args.name, args.inputs))
+            if args.typ == TEMPLATE:
+                meta = args.inputs["template"]["metadata"]
+                outputs["ref"] = f"{meta['atespace']}/{meta['name']}"
+                outputs["goldenTag"] = "ate-golden/golden-uid"
+            if args.typ == ATESPACE:
+                outputs["adopted"] = False
             return f"{args.name}-id", outputs
 
         def call(self, args: pm.MockCallArgs) -> dict[str, Any]:
@@ -205,15 +214,15 @@ def _run_program(
         program_globals.update(
             runpy.run_path(str(REPO / "infra" / "__main__.py"), run_name="__main__")
         )
-        g = program_globals
-        kubeconfig = g["cluster"].kubeconfig
+        parts = program_globals["parts"]
+        kubeconfig = parts["cluster"].kubeconfig
         checks = {
             "kubeconfig": kubeconfig,
-            "ca": g["install"].ca_pem,
-            "templates": g["templates"].names,
-            "ateom": g["install"].ateom_image,
-            "agent": g["agent"].image,
-            "providerConfig": g["provider_config"],
+            "ca": parts["ca_pem"],
+            "templates": parts["templates"].names,
+            "worker": parts["install"].worker_image,
+            "agent": parts["agent"].image,
+            "providerConfig": parts["provider_config"],
         }
 
         def keep(values: dict[str, Any]) -> None:

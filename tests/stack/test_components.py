@@ -2,7 +2,8 @@
 
 Verified here (and only here, since no Pulumi engine runs on CI): which resources each stack
 registers, their parents, the dependency edges that order `up` and `destroy`, that secrets stay
-secret, and that host stacks carry their destroy-time commands.
+secret, that host stacks carry their destroy-time commands, and what the ActorTemplate resources
+are given (the engine-level create/replace/delete runs in test_existing_live.py).
 """
 
 from __future__ import annotations
@@ -17,14 +18,16 @@ import pytest
 import yaml
 from stack_harness import (
     AGENT,
-    ATEOM,
+    ATESPACE,
     CA_PEM,
     COPY,
-    DERIVED,
     KUBECONFIG,
+    PINNED,
     SECRET_SIG,
     SIG_KEY,
     STACKS,
+    TEMPLATE,
+    WORKER,
     StackRun,
     plain_occurrences,
     run_stack,
@@ -98,30 +101,36 @@ def test_components_and_children(stack: str) -> None:
     assert {
         "kind-create",
         "kubeconfig",
-        "build",
+        "substrate-source",
         "install",
+        "worker-image",
         "ca",
+        "client-token",
         "pool-ready",
         "agent-image",
         "image-python",
-        "ready-python",
     } <= commands
+    assert not {"build", "ready-python"} & commands  # the June steps are gone
+    (template,) = run.of_type(TEMPLATE)
+    (atespace,) = run.of_type(ATESPACE)
+    assert (template.name, atespace.name) == ("template-python", "atespace")
+    assert not run.of_type("kubernetes:ate.dev/v1alpha1:ActorTemplate")
     parents = {
         "kind-create": "KindCluster",
         "kubeconfig": "KindCluster",
         "kind": "KindCluster",
         "local-registry-hosting": "KindCluster",
-        "build": "SubstrateInstall",
+        "substrate-source": "SubstrateInstall",
         "install": "SubstrateInstall",
+        "worker-image": "SubstrateInstall",
         "ca": "SubstrateInstall",
-        "sandbox-config": "Runtime",
         "worker-pool": "WorkerPool",
         "pool-ready": "WorkerPool",
         "namespace": "WorkerPool",
         "agent-image": "AgentImage",
         "image-python": "ActorTemplates",
         "template-python": "ActorTemplates",
-        "ready-python": "ActorTemplates",
+        "atespace": "ActorTemplates",
         "nodeports": "Access",
         "prometheus-grafana": "Observability",
     }
@@ -132,35 +141,39 @@ def test_components_and_children(stack: str) -> None:
             "sshd-priority": "BorrowedHost",
             "wipe": "BorrowedHost",
             "agent-source": "AgentImage",
+            "client-token-value": "SubstrateInstall",
         }
     for child, owner in parents.items():
         assert _parent(run, child) == owner, child
     if stack.endswith("microvm"):
         assert {"kvm-node-label", "microvm-assets"} <= commands
         assert _parent(run, "microvm-assets") == "Runtime"
+        assert _parent(run, "sandbox-config") == "Runtime"
     else:
+        # gVisor: the release's installer applies `gvisor-default`; the stack adds none.
         assert not {"kvm-node-label", "microvm-assets"} & commands
+        assert not run.of_type("kubernetes:ate.dev/v1alpha1:SandboxConfig")
 
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_ordering(stack: str) -> None:
     run = _run(stack)
-    # install after cluster; templates after pool, install and image.
-    _depends(run, "build", "cluster")
-    _depends(run, "install", "build")
-    _depends(run, "template-python", "pool-ready", "substrate", "agent")
-    _depends(run, "ready-python", "template-python")
-    _depends(run, "worker-pool", "runtime", "namespace")
+    _depends(run, "substrate-source", "cluster")
+    _depends(run, "install", "substrate-source")
+    _depends(run, "worker-image", "install")
+    _depends(run, "ca", "install")
+    # Templates go through ateapi on its NodePort, once the pool's workers are ready and the
+    # agent image exists; so destroy deletes them before the pool and the uninstall.
+    _depends(run, "template-python", "pool-ready", "access", "agent", "atespace")
+    _depends(run, "atespace", "pool-ready", "access")
+    _depends(run, "worker-pool", "install", "namespace")
     _depends(run, "pool-ready", "worker-pool")
-    _depends(run, "sandbox-config", "substrate")
     _depends(run, "nodeports", "substrate")
     _depends(run, "prometheus-grafana", "substrate")
     _depends(run, "kubeconfig", "kind-create")
-    # Every Kubernetes object goes through the cluster's explicit provider.
+    if stack.endswith("microvm"):
+        _depends(run, "sandbox-config", "substrate", "microvm-assets")
     provider = run.by_name("kind")
-    for reg in run.registrations:
-        if reg.typ.startswith("kubernetes:"):
-            assert reg.inputs is not None
     assert provider.typ == "pulumi:providers:kubernetes"
     assert provider.inputs["context"] == f"kind-substrate-{stack.split('-')[1]}"
 
@@ -175,6 +188,7 @@ def test_host_destroy_commands(stack: str) -> None:
     wipe = run.by_name("wipe").inputs
     assert "kind delete cluster" in wipe["delete"]
     assert "docker volume rm" in wipe["delete"]
+    assert "substrate-install.yaml" in wipe["delete"]
     _depends(run, "wipe", "prep-root", "install-tools", "sshd-priority")
     # Every cluster step depends on the wipe step, so destroy deletes them first, then wipes,
     # then reverts the host: the host is left as found.
@@ -194,7 +208,11 @@ def test_kind_destroy_commands(stack: str) -> None:
     assert "kind create cluster" in create["create"]
     assert "kind delete cluster" in create["delete"]
     assert "docker rm -f kind-registry" in create["delete"]
-    assert "kubectl delete crd" in run.by_name("install").inputs["delete"]
+    install = run.by_name("install").inputs
+    # The release's own installer and uninstaller, with the same SubstrateInstall document.
+    assert "go run ./cmd/ate-setup deploy ate-system --config" in install["create"]
+    assert "go run ./cmd/ate-setup delete ate-system --config" in install["delete"]
+    assert "kubectl delete" not in install["delete"]
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -207,14 +225,16 @@ def test_secrets_stay_secret(stack: str) -> None:
     provider = run.by_name("kind").raw
     assert secret_occurrences(provider, "kind: Config") == 1
     assert plain_occurrences(provider, "kind: Config") == 0
+    # The templates' connection is a secret output (a token or an SSH key may be in it).
+    for name in ("template-python", "atespace"):
+        assert "connection" in run.by_name(name).secret_outputs, name
     if stack.startswith("host"):
         remote = run.commands(remote=True) + run.of_type(COPY)
+        remote += run.of_type(TEMPLATE) + run.of_type(ATESPACE)
         assert remote
         for reg in remote:
-            assert secret_occurrences(reg.raw, "OPENSSH PRIVATE KEY") == 1, reg.name
+            assert secret_occurrences(reg.raw, "OPENSSH PRIVATE KEY") >= 1, reg.name
             assert plain_occurrences(reg.raw, "OPENSSH PRIVATE KEY") == 0, reg.name
-            connection = reg.raw["connection"]
-            assert (connection["user"], connection["host"]) == ("ubuntu", "192.0.2.10")
 
 
 def test_secret_check_sees_plain_text() -> None:
@@ -225,24 +245,35 @@ def test_secret_check_sees_plain_text() -> None:
 @pytest.mark.parametrize("stack", STACKS)
 def test_outputs_and_provider_config(stack: str) -> None:
     run = _run(stack)
-    assert run.outputs["ateom"] == ATEOM.strip()
+    assert run.outputs["worker"] == WORKER
     assert run.outputs["agent"] == AGENT
     assert run.outputs["ca"] == CA_PEM
     (ref,) = run.outputs["templates"].values()
-    namespace, name = ref.split("/")
+    atespace, name = ref.split("/")
     template = run.by_name("template-python").inputs
-    assert namespace == "sandboxes"
-    assert template["metadata"]["name"] == name
-    assert template["spec"]["containers"][0]["image"] == DERIVED
+    assert atespace == "gym"
+    assert template["template"]["metadata"] == {"atespace": "gym", "name": name}
+    (container,) = template["template"]["containers"]
+    assert container["image"] == PINNED  # the workload, pinned by the image step, untouched
+    assert template["template"]["volumes"][0]["image"]["reference"] == AGENT
+    assert template["readyTimeoutSeconds"] == (600 if stack.endswith("microvm") else 300)
+    conn = template["connection"]
+    if conn.get(SIG_KEY) == SECRET_SIG:  # a host's carries the SSH key: sent as a secret
+        conn = conn["value"]
+    assert (conn["api"], conn["serverName"], conn["caPem"]) == (
+        "127.0.0.1:30443",
+        "api.ate-system.svc",
+        CA_PEM,
+    )
     pool = run.by_name("worker-pool").inputs
-    assert pool["spec"]["ateomImage"] == ATEOM.strip()
+    assert pool["spec"]["workerImage"] == WORKER
+    assert pool["spec"]["replicas"] == 2
     doc = yaml.safe_load(run.outputs["providerConfig"])["sandbox"]["substrate"]
     assert doc["connection"]["tls"]["ca_pem"] == CA_PEM
+    assert doc["connection"]["api"] == "127.0.0.1:30443"
+    assert doc["connection"]["router"] == "http://127.0.0.1:30080"
     assert doc["create"]["template"] == ref
     assert doc["create"]["image_templates"] == {"python:3.12-slim": ref}
-    exported = run.globals
-    assert exported["api"] == "127.0.0.1:30443"
-    assert exported["router"] == "http://127.0.0.1:30080"
     if stack.startswith("host"):
         copy = run.by_name("agent-source")
         assert copy.inputs["remoteDir"] == "/var/tmp/gym-substrate-substrate-gvisor/src".replace(
@@ -250,12 +281,21 @@ def test_outputs_and_provider_config(stack: str) -> None:
         )
         _depends(run, "agent-source", "agent-source-dir")
         _depends(run, "agent-image", "agent-source", "agent-lockfile")
+        # The API answers on the host's loopback: the templates go through an SSH tunnel.
+        assert conn["ssh"]["host"] == "192.0.2.10"
+        assert conn["ssh"]["user"] == "ubuntu"
+        assert conn["token"] == {"value": "ok"}  # the client token the host printed
+    else:
+        assert "ssh" not in conn
+        written = str(Path.home() / ".gym-substrate" / f"substrate-{stack.split('-')[1]}")
+        assert conn["token"] == {"file": f"{written}/ate-client.token"}
 
 
 def test_microvm_sandbox_config_uses_staged_asset_checksums() -> None:
     run = _run("kind-microvm")
     spec = run.by_name("sandbox-config").inputs["spec"]
     assert spec["sandboxClass"] == "microvm"
+    assert spec["pauseImage"].startswith("registry.k8s.io/pause:3.10.2@sha256:")
     assert list(spec["assets"]) == ["arm64"]  # only the arch the assets were built for
     assert spec["assets"]["arm64"]["virtiofsd"]["sha256"] == "e" * 64
     _depends(run, "sandbox-config", "microvm-assets")
@@ -268,14 +308,15 @@ def test_invalid_config_fails_before_any_resource() -> None:
         run_stack("kind-gvisor", {"gym-substrate:runtime": "kata"})
     with pytest.raises(pulumi.RunError, match=r"gym-substrate:cluster.kvm: runtime 'microvm'"):
         run_stack("kind-microvm", {"gym-substrate:cluster": {"name": "x", "kvm": False}})
+    with pytest.raises(pulumi.RunError, match=r"gym-substrate:substrate.version: 'main' is not"):
+        run_stack("kind-gvisor", {"gym-substrate:substrate": {"version": "main"}})
 
 
 @pytest.mark.parametrize(
     ("stack", "step", "printed"),
     [
         ("kind-gvisor", "image-python", ""),
-        ("kind-gvisor", "image-python", "pushed\n"),
-        ("kind-gvisor", "image-python", '{"workload": "python@sha256:..."}\n'),
+        ("kind-gvisor", "worker-image", ""),
         ("kind-microvm", "microvm-assets", ""),
         ("kind-microvm", "microvm-assets", "[1, 2]\n"),
         ("kind-microvm", "microvm-assets", '{"arch": "arm64", "virtiofsd": "00"}\n'),
@@ -293,26 +334,23 @@ def test_a_step_that_prints_nothing_parseable_names_the_step(
     assert repr(printed.strip()) in message
 
 
-def test_image_volume_mode_pins_the_workload_only() -> None:
-    newer = {"repo": "https://github.com/agent-substrate/substrate.git", "commit": "f" * 40}
-    run = run_stack(
-        "kind-gvisor",
-        {"gym-substrate:agent": {"mount": "image-volume"}, "gym-substrate:substrate": newer},
+def test_a_source_build_uses_ko_and_the_commit() -> None:
+    source = {"source": {"commit": "f" * 40}}
+    run = run_stack("kind-gvisor", {"gym-substrate:substrate": source})
+    assert (
+        "ko build --base-import-paths ./cmd/ateom-gvisor"
+        in (run.by_name("worker-image").inputs["create"])
     )
-    create = run.by_name("image-python").inputs["create"]
-    assert "COPY --from" not in create
-    assert "docker pull" in create
-    spec = run.by_name("template-python").inputs["spec"]
-    assert spec["volumes"][0]["image"]["reference"] == AGENT
+    assert "f" * 40 in run.by_name("substrate-source").inputs["create"]
+    assert "ko:\n  dockerRepo: localhost:5001" in run.by_name("install").inputs["create"]
 
 
-def test_kind_jwt_provider_config_names_the_token_file_the_step_wrote() -> None:
-    run = run_stack("kind-gvisor", {"gym-substrate:substrate": {"authMode": "jwt"}})
-    written = str(Path.home() / ".gym-substrate" / "substrate-gvisor" / "ate-client.token")
+def test_mtls_sends_no_token() -> None:
+    run = run_stack("kind-gvisor", {"gym-substrate:substrate": {"authMode": "mtls"}})
+    assert "token" not in run.by_name("template-python").inputs["connection"]
+    assert not [r for r in run.registrations if r.name == "client-token"]
     doc = yaml.safe_load(run.outputs["providerConfig"])["sandbox"]["substrate"]
-    assert doc["connection"]["token"] == {"file": written}
-    assert run.globals["install"].client_token is None
-    assert not [r for r in run.registrations if r.name == "client-token-value"]
+    assert "token" not in doc["connection"]
 
 
 def test_component_args_carry_what_the_component_reads_not_the_stack_config() -> None:
@@ -324,14 +362,14 @@ def test_component_args_carry_what_the_component_reads_not_the_stack_config() ->
 
 
 def test_host_jwt_exports_the_client_token_as_a_secret() -> None:
-    run = run_stack("host-gvisor", {"gym-substrate:substrate": {"authMode": "jwt"}})
+    run = _run("host-gvisor")
     _depends(run, "client-token", "install")
     import datetime
 
     today = datetime.datetime.now(datetime.UTC).date().isoformat()
     assert today in run.by_name("client-token").inputs["triggers"]
     assert "stdout" in run.by_name("client-token-value").secret_outputs
-    token = run.globals["install"].client_token
+    token = run.globals["parts"]["install"].client_token
     assert token is not None
     doc = yaml.safe_load(run.outputs["providerConfig"])["sandbox"]["substrate"]
     assert doc["connection"]["token"] == {"env": "SUBSTRATE_TOKEN"}

@@ -12,6 +12,7 @@ import pytest
 from stack_harness import STACKS, stack_config, stack_values
 
 from gym_substrate.stack.config import (
+    SUBSTRATE_VERSION,
     ConfigError,
     StackConfig,
     load_stack_file,
@@ -34,8 +35,13 @@ def test_every_stack_file_validates(stack: str) -> None:
     assert (cfg.host is not None) == (target == "host")
     assert cfg.sandbox_config_name == ("gvisor-default" if runtime == "gvisor" else "microvm")
     assert cfg.templates.ready_timeout_s == (600 if runtime == "microvm" else 300)
-    # Defaults fit eight 1 CPU / 4 GiB actors.
-    assert (cfg.pool.replicas, cfg.pool.cpu, cfg.pool.memory) == (8, "1", "4Gi")
+    # Eight sandboxes of 1 CPU / 4 GiB, four to a worker of 4 CPU / 16 GiB: two workers.
+    assert (cfg.pool.sandboxes, cfg.pool.per_worker, cfg.pool.replicas) == (8, 4, 2)
+    assert (cfg.pool.sandbox_cpu, cfg.pool.sandbox_memory) == ("1000m", "4096Mi")
+    assert cfg.substrate.version == SUBSTRATE_VERSION
+    assert cfg.substrate.prebuilt
+    ateapi = f"ghcr.io/agent-substrate/substrate/ateapi:{SUBSTRATE_VERSION}"
+    assert cfg.substrate.image("ateapi") == ateapi
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -67,17 +73,15 @@ def test_missing_workloads_names_key_and_fix() -> None:
 
 
 def test_tag_where_digest_required() -> None:
-    raw, secrets = _raw("kind-gvisor")
-    raw["templates"]["pauseImage"] = "registry.k8s.io/pause:3.10.2"
+    raw, secrets = _raw("kind-microvm")
+    raw["pool"]["pauseImage"] = "registry.k8s.io/pause:3.10.2"
     msg = _error(raw, secrets)
     assert msg == (
-        "gym-substrate:templates.pauseImage: 'registry.k8s.io/pause:3.10.2' is a tag, but a "
+        "gym-substrate:pool.pauseImage: 'registry.k8s.io/pause:3.10.2' is a tag, but a "
         "digest is required. Fix: pin it as `<image>@sha256:<64 hex>` (get the digest with "
         "`docker buildx imagetools inspect <image>`)"
     )
-    raw["templates"]["pauseImage"] = load_stack_file(
-        Path(__file__).resolve().parents[2] / "infra/stacks/Pulumi.kind-gvisor.yaml"
-    ).templates.pause_image
+    del raw["pool"]["pauseImage"]
     raw["cluster"]["nodeImage"] = "kindest/node:v1.36.0"
     assert _error(raw, secrets).startswith("gym-substrate:cluster.nodeImage: 'kindest/node:")
 
@@ -129,14 +133,22 @@ def test_host_key_is_a_known_hosts_key_or_absent() -> None:
 @pytest.mark.parametrize(
     ("section", "key", "value", "needle"),
     [
-        ("pool", "replicas", -1, "gym-substrate:pool.replicas: expected an integer"),
+        ("pool", "sandboxes", -1, "gym-substrate:pool.sandboxes: expected an integer"),
+        ("pool", "perWorker", 0, "gym-substrate:pool.perWorker: expected an integer in [1, 64]"),
         ("pool", "cpu", "one", "gym-substrate:pool.cpu: 'one' is not a Kubernetes quantity"),
         ("pool", "name", "Sandbox_Pool", "gym-substrate:pool.name: 'Sandbox_Pool' is not a DNS"),
         # A trailing newline is not part of a DNS label (a `match` with `$` let it through).
         ("pool", "namespace", "sandboxes\n", "gym-substrate:pool.namespace: 'sandboxes\\n' is"),
-        ("substrate", "commit", "main", "gym-substrate:substrate.commit: 'main' is not a full"),
+        ("substrate", "version", "main", "gym-substrate:substrate.version: 'main' is not a rel"),
+        ("substrate", "version", "0.3.0", "gym-substrate:substrate.version: '0.3.0' is not a re"),
+        ("substrate", "version", "v0.3", "gym-substrate:substrate.version: 'v0.3' is not a rel"),
+        ("substrate", "version", "f" * 40, "gym-substrate:substrate.version: ffffffffffff... is"),
+        ("substrate", "images", "ghcr.io/x/y:v1", "gym-substrate:substrate.images: 'ghcr.io/x/y"),
+        ("substrate", "repo", "$(rm)", "gym-substrate:substrate.repo: '$(rm)' is not a git URL"),
         ("substrate", "authMode", "oidc", "gym-substrate:substrate.authMode: unknown value"),
-        ("agent", "mount", "bind", "gym-substrate:agent.mount: unknown value 'bind'"),
+        ("agent", "args", "--port 80", "gym-substrate:agent.args: expected a list of strings"),
+        ("templates", "storageLocation", "gs://b", "gym-substrate:templates.storageLocation: 'gs"),
+        ("templates", "atespace", "Gym", "gym-substrate:templates.atespace: 'Gym' is not a DNS"),
         ("access", "apiNodePort", 80, "gym-substrate:access.apiNodePort: expected an integer in"),
         ("access", "routerNodePort", 30443, "gym-substrate:access: node ports collide"),
         (
@@ -151,7 +163,7 @@ def test_host_key_is_a_known_hosts_key_or_absent() -> None:
             ["http://x"],
             "gym-substrate:observability.providerTargets: expected host:port",
         ),
-        ("pool", "replicaz", 3, "gym-substrate:pool.replicaz: is not a known key"),
+        ("pool", "sandboxez", 3, "gym-substrate:pool.sandboxez: is not a known key"),
         ("cluster", "workdir", "state", "gym-substrate:cluster.workdir: 'state' is not an abs"),
         ("cluster", "workdir", "~/my dir", "gym-substrate:cluster.workdir: '~/my dir' is not"),
     ],
@@ -227,12 +239,86 @@ def test_malformed_stack_file_is_a_config_error(tmp_path: Path, text: str, needl
     assert "Fix:" in str(info.value)
 
 
-def test_image_volume_needs_a_substrate_that_has_them() -> None:
+def test_a_release_tag_is_required_and_source_is_the_escape_hatch() -> None:
+    """`substrate.version` takes release tags only; an unreleased commit goes in
+    `substrate.source`, which builds the images (and so excludes `version` and `images`)."""
     raw, secrets = _raw("kind-gvisor")
-    raw["agent"]["mount"] = "image-volume"
+    raw["substrate"]["version"] = "v0.2.0-rc.1"
+    assert StackConfig.from_mapping(raw, secrets=secrets).substrate.version == "v0.2.0-rc.1"
+    for bad in ("v0.3.0-beta", "release-0.3", "v0.03.0", "latest"):
+        raw["substrate"]["version"] = bad
+        msg = _error(raw, secrets)
+        assert msg.startswith(f"gym-substrate:substrate.version: {bad!r} is not a release tag")
+        assert "Fix: pin a release from https://github.com/agent-substrate/substrate/" in msg
+    del raw["substrate"]["version"]
+    del raw["substrate"]["images"]
+    raw["substrate"]["source"] = {"commit": "a" * 40}
+    cfg = StackConfig.from_mapping(raw, secrets=secrets)
+    assert cfg.substrate.source is not None
+    assert not cfg.substrate.prebuilt
+    assert cfg.substrate.checkout == "a" * 40
+    assert cfg.substrate.source.repo == cfg.substrate.repo
+    raw["substrate"]["source"] = {"commit": "main"}
+    assert _error(raw, secrets).startswith(
+        "gym-substrate:substrate.source.commit: 'main' is not a full commit id. Fix: pin the "
+        "commit by its 40-character hash"
+    )
+    raw["substrate"]["source"] = {"commit": "a" * 40}
+    raw["substrate"]["version"] = "v0.3.0"
+    assert _error(raw, secrets).startswith(
+        "gym-substrate:substrate.version: is not used with `substrate.source`"
+    )
+    raw, secrets = _raw("host-gvisor")
+    raw["substrate"]["source"] = {"commit": "a" * 40, "path": "/src/substrate"}
+    del raw["substrate"]["version"], raw["substrate"]["images"]
+    assert _error(raw, secrets).startswith(
+        "gym-substrate:substrate.source.path: a local checkout cannot be used on a borrowed host"
+    )
+
+
+@pytest.mark.parametrize(
+    ("section", "key", "value", "needle"),
+    [
+        (
+            "substrate",
+            "commit",
+            "86e138f628e419426be5ac9bbc68507e8333a4c4",
+            "gym-substrate:substrate.commit: was replaced by `substrate.version`, a release tag",
+        ),
+        ("substrate", "path", "/src", "gym-substrate:substrate.path: moved under `substrate.so"),
+        ("pool", "replicas", 8, "gym-substrate:pool.replicas: was replaced by `pool.sandboxes`"),
+        ("agent", "mount", "derived-image", "gym-substrate:agent.mount: was removed: the agent"),
+        ("templates", "pauseImage", "x", "gym-substrate:templates.pauseImage: moved: the pause"),
+    ],
+)
+def test_keys_of_the_june_stacks_say_what_replaced_them(
+    section: str, key: str, value: Any, needle: str
+) -> None:
+    raw, secrets = _raw("kind-gvisor")
+    raw[section][key] = value
     msg = _error(raw, secrets)
-    assert msg.startswith("gym-substrate:agent.mount: 'image-volume' needs an ActorTemplate")
-    assert "86e138f6" in msg
-    assert "derived-image" in msg
-    raw["substrate"]["commit"] = "f" * 40
-    assert StackConfig.from_mapping(raw, secrets=secrets).agent.mount == "image-volume"
+    assert msg.startswith(needle), msg
+    assert ". Fix: " in msg
+
+
+def test_the_pool_is_sized_by_the_worker_capacity_model() -> None:
+    """A worker's capacity is its ateom container's limits; each template asks for one share
+    (cpu / perWorker, memory / perWorker), so perWorker actors fit on a worker, and the pool
+    runs enough workers for `sandboxes` of them."""
+    raw, secrets = _raw("kind-gvisor")
+    raw["pool"].update(sandboxes=10, perWorker=3, cpu="2", memory="3Gi")
+    pool = StackConfig.from_mapping(raw, secrets=secrets).pool
+    assert (pool.replicas, pool.sandbox_cpu, pool.sandbox_memory) == (4, "666m", "1024Mi")
+    raw["pool"].update(sandboxes=0)
+    assert StackConfig.from_mapping(raw, secrets=secrets).pool.replicas == 0
+    raw["pool"].update(sandboxes=8, perWorker=8, cpu="500m")
+    msg = _error(raw, secrets)
+    assert msg.startswith(
+        "gym-substrate:pool.perWorker: 8 sandboxes on a worker of cpu 500m and memory 3Gi "
+        "leave 62m and 384Mi each; a sandbox needs at least 100m and 256Mi. Fix: raise"
+    )
+    raw, secrets = _raw("kind-gvisor")
+    raw["pool"]["pauseImage"] = "registry.k8s.io/pause@sha256:" + "a" * 64
+    assert _error(raw, secrets).startswith(
+        "gym-substrate:pool.pauseImage: is only used by the microVM SandboxConfig"
+    )

@@ -49,10 +49,15 @@ def test_the_shipped_existing_stack_validates() -> None:
     assert cfg.existing is not None
     assert cfg.existing.kubeconfig == "~/.kube/config"
     assert cfg.existing.context is None
-    assert re.fullmatch(r"[a-z0-9.]+/[a-z0-9/-]+@sha256:[0-9a-f]{64}", cfg.existing.ateom_image)
+    assert re.fullmatch(
+        r"[a-z0-9.]+/[a-z0-9/-]+:v[0-9.]+@sha256:[0-9a-f]{64}", cfg.existing.worker_image
+    )
+    assert cfg.existing.database.mode == "bundled"
+    assert cfg.substrate.version == "v0.3.0"
+    assert cfg.substrate.auth_mode == "jwt"
     (wl,) = cfg.workloads
-    assert wl.image == "python:3.12-slim"
-    assert re.fullmatch(r"[a-z0-9.]+/[a-z0-9/-]+@sha256:[0-9a-f]{64}", str(wl.agent_image))
+    assert re.fullmatch(r"[a-z0-9./-]+@sha256:[0-9a-f]{64}", wl.image)
+    assert re.fullmatch(r"[a-z0-9./-]+@sha256:[0-9a-f]{64}", str(cfg.agent.image))
 
 
 @pytest.mark.parametrize(
@@ -65,23 +70,29 @@ def test_the_shipped_existing_stack_validates() -> None:
         ("a b@sha256:" + "a" * 64, "is not `<name>@sha256:<64 lower-case hex>`"),
     ],
 )
-def test_ateom_image_must_be_pinned_by_digest(value: str, problem: str) -> None:
+def test_worker_image_must_be_pinned_by_digest(value: str, problem: str) -> None:
     raw = _raw()
-    raw["existing"]["ateomImage"] = value
+    raw["existing"]["workerImage"] = value
     msg = _error(raw)
-    assert msg.startswith(f"gym-substrate:existing.ateomImage: {value!r} {problem}")
+    assert msg.startswith(f"gym-substrate:existing.workerImage: {value!r} {problem}")
     assert "Fix: pin it as `<image>@sha256:<64 hex>`" in msg
 
 
-def test_workload_agent_image_is_required_and_pinned() -> None:
+def test_agent_image_is_required_and_pinned_and_workloads_are_digests() -> None:
     raw = _raw()
-    del raw["workloads"][0]["agentImage"]
+    del raw["agent"]["image"]
     msg = _error(raw)
-    assert msg.startswith("gym-substrate:workloads[0].agentImage: is required but missing. Fix: ")
-    assert "sandbox agent at /opt/sandbox-agent/sandbox-agent" in msg
-    raw["workloads"][0]["agentImage"] = "registry.example.com/python:3.12"
+    assert msg.startswith("gym-substrate:agent.image: is required but missing. Fix: ")
+    assert "prebuilt sandbox-agent image" in msg
+    raw["agent"]["image"] = "registry.example.com/sandbox-agent:1"
     assert _error(raw).startswith(
-        "gym-substrate:workloads[0].agentImage: 'registry.example.com/python:3.12' is a tag"
+        "gym-substrate:agent.image: 'registry.example.com/sandbox-agent:1' is a tag"
+    )
+    raw = _raw()
+    raw["workloads"][0]["image"] = "python:3.12-slim"
+    assert _error(raw).startswith(
+        "gym-substrate:workloads[0].image: 'python:3.12-slim' is not pinned by digest, and "
+        "target 'existing' resolves nothing"
     )
 
 
@@ -89,7 +100,7 @@ def test_workload_agent_image_is_required_and_pinned() -> None:
     ("key", "fix"),
     [
         ("address", "set `existing.address` to a node's address"),
-        ("ateomImage", "set `existing.ateomImage` to the ateom image your Substrate install runs"),
+        ("workerImage", "set `existing.workerImage` to the worker image your Substrate release"),
     ],
 )
 def test_required_existing_keys(key: str, fix: str) -> None:
@@ -115,6 +126,10 @@ def test_required_existing_keys(key: str, fix: str) -> None:
             "gym-substrate:existing.extra: is not a known key",
         ),
         (
+            lambda r: r["existing"].update(ateomImage="x" + DIGEST),
+            "gym-substrate:existing.ateomImage: was renamed `existing.workerImage`",
+        ),
+        (
             lambda r: r.update(cluster={"name": "x"}),
             "gym-substrate:cluster: is not used with target 'existing'",
         ),
@@ -123,13 +138,34 @@ def test_required_existing_keys(key: str, fix: str) -> None:
             "gym-substrate:substrate.repo: is not used with target 'existing'",
         ),
         (
+            lambda r: r["substrate"].update(source={"commit": "a" * 40}),
+            "gym-substrate:substrate.source: is not used with target 'existing'",
+        ),
+        (
             lambda r: r.pop("existing"),
             "gym-substrate:existing: is required but missing",
         ),
         (
-            lambda r: r["agent"].update(image="registry.example.com/agent" + DIGEST),
-            "gym-substrate:agent.image: is only used with target 'existing' and "
-            "`agent.mount: image-volume`",
+            lambda r: r["existing"]["database"].update(mode="sqlite"),
+            "gym-substrate:existing.database.mode: unknown value 'sqlite'. Fix: set "
+            "`existing.database.mode` to one of: bundled, external",
+        ),
+        (
+            lambda r: r["existing"]["database"].update(mode="external"),
+            "gym-substrate:existing.database.address: is required but missing. Fix: set "
+            "`existing.database.address` to the host:port of the PostgreSQL",
+        ),
+        (
+            lambda r: r["existing"]["database"].update(mode="external", address="db"),
+            "gym-substrate:existing.database.address: 'db' is not host:port",
+        ),
+        (
+            lambda r: r["existing"]["database"].update(address="db:5432"),
+            "gym-substrate:existing.database.address: is only used with `mode: external`",
+        ),
+        (
+            lambda r: r["pool"].update(pauseImage="x" + DIGEST),
+            "gym-substrate:pool.pauseImage: is only used by the microVM SandboxConfig",
         ),
     ],
 )
@@ -139,31 +175,23 @@ def test_existing_mistakes_name_the_key(mutate: Any, needle: str) -> None:
     assert needle in _error(raw)
 
 
+def test_external_database_is_recorded() -> None:
+    raw = _raw()
+    raw["existing"]["database"] = {"mode": "external", "address": "db.internal:5432"}
+    cfg = StackConfig.from_mapping(raw)
+    assert cfg.existing is not None
+    assert cfg.existing.database.address == "db.internal:5432"
+
+
 def test_existing_only_keys_are_refused_elsewhere() -> None:
     raw, secrets = parse_config_values(stack_values("kind-gvisor"))
     raw["existing"] = {"address": "10.0.0.5"}
     with pytest.raises(ConfigError, match=r"^gym-substrate:existing: is only used with target"):
         StackConfig.from_mapping(raw, secrets=secrets)
     del raw["existing"]
-    raw["workloads"][0]["agentImage"] = "x" + DIGEST
-    with pytest.raises(ConfigError, match=r"workloads\[0\]\.agentImage: is only used with"):
+    raw["agent"]["image"] = "x" + DIGEST
+    with pytest.raises(ConfigError, match=r"agent\.image: is only used with target 'existing'"):
         StackConfig.from_mapping(raw, secrets=secrets)
-
-
-def test_image_volume_needs_the_agent_image_and_pinned_workloads() -> None:
-    raw = _raw()
-    raw["substrate"]["commit"] = "f" * 40  # a Substrate with image volumes
-    raw["agent"]["mount"] = "image-volume"
-    assert _error(raw).startswith("gym-substrate:agent.image: is required but missing")
-    raw["agent"]["image"] = "registry.example.com/sandbox-agent" + DIGEST
-    assert "workloads[0].agentImage: is not used with `agent.mount: image-volume`" in _error(raw)
-    del raw["workloads"][0]["agentImage"]
-    assert "workloads[0].image: 'python:3.12-slim' is not pinned by digest" in _error(raw)
-    raw["workloads"][0]["image"] = "python" + DIGEST
-    cfg = StackConfig.from_mapping(raw)
-    tmpl = objects.prebuilt_actor_template(cfg, cfg.workloads[0])
-    assert tmpl["spec"]["containers"][0]["image"] == "python" + DIGEST
-    assert tmpl["spec"]["volumes"][0]["image"]["reference"] == raw["agent"]["image"]
 
 
 def _kubeconfig(path: Path, current: str | None, contexts: list[str]) -> Path:
@@ -209,8 +237,6 @@ def test_kubeconfig_and_context_are_checked_with_the_fix(tmp_path: Path) -> None
 
 
 def _crd_schema(kind: str) -> dict[str, Any]:
-    if not CRD_DIR.is_dir():
-        pytest.skip(f"Substrate CRD schemas not found at {CRD_DIR} (shared/ beside the clone)")
     for path in CRD_DIR.glob("ate.dev_*.yaml"):
         doc = yaml.safe_load(path.read_text())
         if doc["spec"]["names"]["kind"] == kind:
@@ -219,26 +245,20 @@ def _crd_schema(kind: str) -> dict[str, Any]:
     raise AssertionError(kind)
 
 
-def test_prebuilt_template_is_awaited_by_the_provider_and_fits_the_crd() -> None:
-    """Ready means the golden snapshot exists (real:
-    cmd/atecontroller/internal/controllers/actortemplate_controller.go sets condition Ready);
-    the provider waits for it through the annotations, which stay out of the name's hash."""
+def test_existing_templates_and_pool_use_the_configured_images() -> None:
+    """Target existing pins everything in its config: the workload image as given, the agent
+    image on its volume, the worker image in the pool (which fits our WorkerPool schema)."""
     cfg = load_stack_file(stack_file(REPO, "existing"))
     (wl,) = cfg.workloads
-    tmpl = objects.prebuilt_actor_template(cfg, wl)
-    jsonschema.validate(tmpl, _crd_schema("ActorTemplate"))
-    assert tmpl["metadata"]["annotations"] == {
-        "pulumi.com/waitFor": "condition=Ready",
-        "pulumi.com/timeoutSeconds": "300",
-    }
-    assert tmpl["spec"]["containers"][0]["image"] == wl.agent_image
-    plain = objects.actor_template(cfg, wl, image=str(wl.agent_image))
-    assert plain["metadata"]["name"] == tmpl["metadata"]["name"]
-    assert "annotations" not in plain["metadata"]
+    assert cfg.agent.image is not None
     assert cfg.existing is not None
-    jsonschema.validate(
-        objects.worker_pool(cfg, cfg.existing.ateom_image), _crd_schema("WorkerPool")
-    )
+    tmpl = objects.actor_template(cfg, wl, image=wl.image, agent_image=cfg.agent.image)
+    assert tmpl["containers"][0]["image"] == wl.image
+    assert tmpl["volumes"][0]["image"]["reference"] == cfg.agent.image
+    assert tmpl["sandboxConfig"]["configName"] == "gvisor-default"
+    pool = objects.worker_pool(cfg, cfg.existing.worker_image)
+    jsonschema.validate(pool, _crd_schema("WorkerPool"))
+    assert pool["spec"]["workerImage"] == cfg.existing.worker_image
 
 
 def test_render_existing_writes_templates_and_no_scripts(tmp_path: Path) -> None:
@@ -250,11 +270,16 @@ def test_render_existing_writes_templates_and_no_scripts(tmp_path: Path) -> None
     kinds = [
         yaml.safe_load(Path(f).read_text())["kind"] for f in report["files"] if "/kubernetes/" in f
     ]
-    assert kinds.count("ActorTemplate") == 1
+    assert "ActorTemplate" not in kinds  # templates are ateapi resources now, not objects
     assert "SandboxConfig" not in kinds
     assert "WorkerPool" in kinds
+    (template,) = [f for f in report["files"] if "/templates/" in f]
+    message = yaml.safe_load(Path(template).read_text())
+    assert message["metadata"]["atespace"] == "gym"
+    assert Path(template).name == f"00-gym-{message['metadata']['name']}.yaml"
     assert not (tmp_path / "scripts").exists()
     assert not (tmp_path / "kind-config.yaml").exists()
+    assert not (tmp_path / "substrate-install.yaml").exists()
     assert report["skipped"] == [
         "SandboxConfig gvisor-default, the ate-system namespace and the CA bundle: the "
         "cluster's Substrate install provides them (the stack only reads them)"

@@ -1,17 +1,27 @@
-"""The `existing` stack under the real Pulumi engine, against a real Kubernetes API server.
+"""The `existing` stack under the real Pulumi engine, against a real Kubernetes API server and a
+real current-API ateapi.
 
 The Pulumi CLI, its Python language host and the Kubernetes provider are the Go builds from
-`.ci/build-tools`, with a file backend and passphrase secrets; the cluster is
-`.ci/test-cluster`'s etcd, kube-apiserver, controller manager, scheduler and kwok nodes, with
-Substrate's CRDs at the pinned commit, so the API server validates every object we create
-against Substrate's own schemas. What does not run is Substrate itself: the stand-ins the script
-documents (the ate-system namespace, SandboxConfig, CA bundle, API/router pods, and a loop that
-marks templates Ready as ate-controller does; real:
-cmd/atecontroller/internal/controllers/actortemplate_controller.go).
+`.ci/build-tools`, with a file backend and passphrase secrets. Kubernetes objects (namespace,
+WorkerPool, NodePorts, Prometheus, Grafana) go to `.ci/test-cluster`'s etcd, kube-apiserver,
+controller manager, scheduler and kwok nodes, with the repo's WorkerPool and SandboxConfig CRDs
+(written from upstream's pkg/api/v1alpha1 types), so the API server validates every object.
+
+Templates are ateapi resources now (CreateActorTemplate; there is no ActorTemplate CRD), and
+the only current ateapi that runs here is the local backend's: `local_ateapi` starts one (TLS,
+jwt auth, the process runtime, its Debian image and static agent as the workload and agent
+images) in this process. The two meet where a cluster's would: the stack dials ateapi at
+`existing.address:access.apiNodePort`; kwok runs no kube-proxy, so that address is free, and
+the local backend listens there itself (its router on the router NodePort's); the test cluster
+publishes the local backend's CA as the servicedns trust bundle, so the stack pins the CA it
+reads from the cluster, as on a real one; the token is the local backend's, in SUBSTRATE_TOKEN
+as an operator exports it. The local backend's workers carry the pool's `workload` label, as
+atecontroller's syncer copies a WorkerPool's labels onto its Worker records.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,16 +30,21 @@ from typing import Any
 import pytest
 import yaml
 from live_harness import CONTEXT, KwokCluster, Pulumi, kwok_cluster, pulumi_project, toolchain
-from stack_harness import REPO
+from local_ateapi import LocalApi, local_ateapi
+from test_kind_live import free_node_port
 
 from gym_substrate.stack import objects
-from gym_substrate.stack.config import load_stack_file, stack_file
+from gym_substrate.stack.config import PAUSE_IMAGE
 
 pytestmark = [pytest.mark.pulumi_cli, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 STACK = "existing"
-IMAGE = "python:3.12-slim"  # the shipped stack file's workload: the providerConfig key
-READS = {("read", "ate-system"), ("read", "sandbox-config"), ("read", "ca-bundle")}
+READS = {
+    ("read", "ate-system"),
+    ("read", "sandbox-config"),
+    ("read", "ca-bundle"),
+    ("read", "postgres"),
+}
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +53,38 @@ def bin_dir() -> Path:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, bin_dir: Path) -> Iterator[KwokCluster]:
-    yield from kwok_cluster(tmp_path_factory.mktemp("cluster"), bin_dir)
+def ports() -> tuple[int, int]:
+    api = free_node_port()
+    router = next(p for p in range(api + 1, 32767) if p != api and _free(p))
+    return api, router
+
+
+def _free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory: pytest.TempPathFactory, ports: tuple[int, int]) -> Iterator[LocalApi]:
+    api, router = ports
+    with local_ateapi(
+        tmp_path_factory.mktemp("ateapi"), api_port=api, router_port=router
+    ) as backend:
+        yield backend
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, bin_dir: Path, local: LocalApi
+) -> Iterator[KwokCluster]:
+    assert local.backend.ca_file is not None
+    yield from kwok_cluster(tmp_path_factory.mktemp("cluster"), bin_dir, ca=local.backend.ca_file)
 
 
 def _resources(cli: Pulumi) -> list[dict[str, Any]]:
@@ -82,138 +127,176 @@ def test_a_wrong_context_stops_preview_naming_the_key(bin_dir: Path, tmp_path: P
     assert "kubernetes:" not in out
 
 
-def test_existing_stack_up_holds_still_updates_in_place_and_destroys(
-    cluster: KwokCluster, bin_dir: Path, tmp_path: Path
-) -> None:
-    """preview creates nothing; up creates the pool, the template (awaited Ready), NodePorts,
-    Prometheus and Grafana (Deployments Available on kwok nodes) and exports a providerConfig the
-    provider accepts; a second up changes nothing; a replica change updates the WorkerPool and
-    the dashboard ConfigMap in place (same uid); destroy removes all of ours and nothing of
-    Substrate's."""
-    cli = pulumi_project(tmp_path, bin_dir, STACK)
+def _configure(cli: Pulumi, cluster: KwokCluster, local: LocalApi, ports: tuple[int, int]) -> None:
+    api, router = ports
     cli.config("existing.kubeconfig", str(cluster.kubeconfig))
     cli.config("existing.context", CONTEXT)
-    cli.config("pool.replicas", "2")
-    cfg = load_stack_file(stack_file(REPO, STACK))
+    cli.config("access.apiNodePort", str(api))
+    cli.config("access.routerNodePort", str(router))
+    cli.config("pool.sandboxes", "4")
+    cli.config("pool.perWorker", "2")
+    # The local backend's SandboxConfig, images and snapshot folder; it enforces no limits and
+    # refuses templates that ask for them.
+    cli.config("pool.sandboxConfig", "gvisor")
+    cli.config("agent.image", local.agent_image)
+    cli.config("workloads[0].image", local.workload_image)
+    cli.config("templates.storageLocation", f"file://localhost{local.snapshots}/")
+    cli.config("templates.resources", "false")
+    cli.config("templates.readyTimeoutSeconds", "120")
+    # The operator exports the token (`kubectl create token ate-client`); here, the local
+    # backend's, read by our ActorTemplate provider in the engine's process, never stored.
+    cli.extra_env = {"SUBSTRATE_TOKEN": local.token()}
+
+
+def test_existing_stack_creates_keeps_replaces_and_deletes_its_template(
+    cluster: KwokCluster,
+    local: LocalApi,
+    ports: tuple[int, int],
+    bin_dir: Path,
+    tmp_path: Path,
+) -> None:
+    """preview creates nothing; up creates the pool (validated by the API server against our
+    schema), the NodePorts, Prometheus and Grafana on the cluster and, through the local
+    backend's ateapi with the cluster's CA and the token, the atespace and the template, awaited
+    until its golden tag exists; the providerConfig it exports creates a sandbox that runs a
+    command; a second up changes nothing; a workload change replaces the template (the new one
+    created before the old one is deleted) and a pool change updates the WorkerPool in place;
+    destroy deletes the template and the atespace it made, and nothing of Substrate's."""
+    cli = pulumi_project(tmp_path, bin_dir, STACK)
+    _configure(cli, cluster, local, ports)
+    # What the operator's install made that the stack names: the local backend's SandboxConfig.
+    gvisor = {
+        "apiVersion": "ate.dev/v1alpha1",
+        "kind": "SandboxConfig",
+        "metadata": {"name": "gvisor"},
+        "spec": {"sandboxClass": "gvisor", "pauseImage": PAUSE_IMAGE},
+    }
+    manifest = tmp_path / "sandboxconfig.yaml"
+    manifest.write_text(yaml.safe_dump(gvisor))
+    cluster.kubectl("apply", "-f", str(manifest))
+    before = set(local.templates())
 
     # preview: everything is a create, the install's objects are reads, nothing is applied.
     steps = cli.steps(cli.run("preview", "--json", step="preview").stdout)
     assert set(steps) >= READS, steps
-    creates = {name for op, name in steps if op == "create"}
     assert {op for op, _ in steps} == {"create", "read"}, steps
+    creates = {name for op, name in steps if op == "create"}
     assert {
         "worker-pool",
         "template-python",
+        "atespace",
         "namespace:sandboxes",
         "nodeports:ate-system/api-nodeport",
-        "nodeports:ate-system/router-nodeport",
-        "prometheus-grafana:gym-observability/prometheus",
-        "prometheus-grafana:gym-observability/grafana",
         "prometheus-grafana:gym-observability/grafana-dashboards",
     } <= creates, creates
     assert not cluster.exists("namespace", "sandboxes")
+    assert set(local.templates()) == before
 
     up = cli.run("up", "--yes", "--skip-preview", step="up")
     print(up.stdout)  # the real `pulumi up` output, kept in the test log
-    assert "created" in up.stdout
-
-    # Outputs: the providerConfig the NeMo Gym provider reads, pinned to the cluster's CA.
-    from gym_substrate.nemo import SubstrateProvider
-
     outputs = json.loads(cli.run("stack", "output", "--json", "--show-secrets").stdout)
-    ca_pem = (cluster.dir / "servicedns-ca.pem").read_text()
-    assert outputs["caPem"].strip() == ca_pem.strip()
-    assert outputs["apiAddress"] == "127.0.0.1:30443"
-    assert outputs["routerUrl"] == "http://127.0.0.1:30080"
-    assert outputs["grafanaUrl"] == "http://127.0.0.1:30300"
-    template_ref = outputs["templates"][IMAGE]
-    namespace, template = template_ref.split("/")
-    block = yaml.safe_load(outputs["providerConfig"])["sandbox"]["substrate"]
-    assert block["connection"]["tls"] == {"ca_pem": ca_pem, "server_name": "api.ate-system.svc"}
-    assert block["create"] == {"template": template_ref, "image_templates": {IMAGE: template_ref}}
-    provider = SubstrateProvider(**block)
-    assert provider.connection.api == "127.0.0.1:30443"
-
-    # What the API server accepted (validated against Substrate's CRDs).
-    live = cluster.get("-n", namespace, "actortemplate", template)
-    (workload,) = cfg.workloads
-    expected = objects.prebuilt_actor_template(cfg, workload)["spec"]
-    # The API server fills in the CRD's defaults (snapshotsConfig.onCommit/onPause: Full);
-    # server-side apply leaves them out of Pulumi's diff, as the no-change `up` below shows.
-    expected["snapshotsConfig"] |= {"onCommit": "Full", "onPause": "Full"}
-    assert live["spec"] == expected
-    assert live["spec"]["containers"][0]["image"] == workload.agent_image
-    assert live["status"]["phase"] == "Ready"
-    pool = cluster.get("-n", namespace, "workerpool", "sandbox-pool")
-    assert pool["spec"]["replicas"] == 2
-    assert cfg.existing is not None
-    assert pool["spec"]["ateomImage"] == cfg.existing.ateom_image
-    assert pool["spec"]["sandboxConfigName"] == "gvisor-default"
-    api_svc = cluster.get("-n", "ate-system", "service", "api-nodeport")
-    assert api_svc["spec"]["ports"][0]["nodePort"] == 30443
-    for name in ("prometheus", "grafana"):
-        dep = cluster.get("-n", "gym-observability", "deployment", name)
-        assert dep["status"].get("availableReplicas") == 1, dep["status"]
-    pods = cluster.get("-n", "gym-observability", "pods")["items"]
-    assert {p["status"]["phase"] for p in pods} == {"Running"}
-    assert all(p["spec"]["nodeName"].startswith("node-") for p in pods)  # kwok's fake nodes
-
-    # The provider waited for Ready before recording the template: the state holds the status.
+    ref = outputs["templates"][local.workload_image]
+    assert ref.startswith("gym/python-")
+    record = local.templates()[ref]
+    assert record.golden_tag  # awaited: `up` returned after the golden snapshot existed
+    assert "gym" in local.atespaces()
+    assert outputs["caPem"].strip() == local.ca_pem.strip()
+    assert outputs["database"] == {"mode": "bundled", "address": None}
     resources = _resources(cli)
-    (state_template,) = _of_type(resources, "kubernetes:ate.dev/v1alpha1:ActorTemplate")
-    conditions = state_template["outputs"]["status"]["conditions"]
-    assert {"type": "Ready", "status": "True"}.items() <= conditions[0].items()
-    # The kubeconfig is referenced by path: no credential of the cluster is in the state.
+    (state_template,) = _of_type(resources, "pulumi-python:dynamic/gymsubstrate:ActorTemplate")
+    assert state_template["outputs"]["goldenTag"].startswith("ate-golden/")
+    assert local.token() not in json.dumps(resources)  # read from the environment, not stored
     key = (cluster.dir / "clusters" / "gym-substrate" / "pki" / "admin.key").read_text()
     assert key.strip().splitlines()[1] not in json.dumps(resources)
 
+    pool = cluster.get("-n", "sandboxes", "workerpool", "sandbox-pool")
+    assert pool["spec"]["replicas"] == 2
+    assert pool["spec"]["sandboxClasses"] == [{"name": "gvisor", "configRef": {"name": "gvisor"}}]
+    for name in ("prometheus", "grafana"):
+        dep = cluster.get("-n", "gym-observability", "deployment", name)
+        assert dep["status"].get("availableReplicas") == 1, dep["status"]
+
+    # The providerConfig works as it is: a sandbox from the template runs a command.
+    block = yaml.safe_load(outputs["providerConfig"])["sandbox"]["substrate"]
+    assert block["create"] == {
+        "template": ref,
+        "image_templates": {local.workload_image: ref},
+    }
+    assert block["connection"]["token"] == {"env": "SUBSTRATE_TOKEN"}
+    echoed = asyncio.run(_run_a_sandbox(block, local, tmp_path))
+    assert echoed == "hello from the stack's template\n"
+
     # A second up changes nothing (--expect-no-changes fails the update on any change).
     again = cli.run("up", "--yes", "--skip-preview", "--expect-no-changes", step="up (no changes)")
-    assert "unchanged" in again.stdout
     assert "updated" not in again.stdout
+    assert set(local.templates()) == before | {ref}
 
-    # A replica change updates in place: the same objects (uid), no replace anywhere.
-    before = {
-        "pool": pool["metadata"]["uid"],
-        "dashboards": cluster.get("-n", "gym-observability", "configmap", "grafana-dashboards")[
-            "metadata"
-        ]["uid"],
-    }
-    cli.config("pool.replicas", "3")
+    # A workload change replaces the template, new before old; a pool change is in place.
+    uid = pool["metadata"]["uid"]
+    cli.config("workloads[0].env.EXTRA", "1")
+    cli.config("pool.sandboxes", "6")
     steps = cli.steps(cli.run("preview", "--json", step="preview (change)").stdout)
-    assert set(steps) - READS == {
-        ("update", "worker-pool"),
-        ("update", "prometheus-grafana:gym-observability/grafana-dashboards"),
-    }, steps
-    cli.run("up", "--yes", "--skip-preview", step="up (change)")
-    pool = cluster.get("-n", namespace, "workerpool", "sandbox-pool")
-    dashboards = cluster.get("-n", "gym-observability", "configmap", "grafana-dashboards")
-    assert pool["spec"]["replicas"] == 3
-    assert '"query": "3"' in dashboards["data"]["sandbox-lifecycle.json"]
-    assert (pool["metadata"]["uid"], dashboards["metadata"]["uid"]) == (
-        before["pool"],
-        before["dashboards"],
+    changed = set(steps) - READS
+    assert ("replace", "template-python") in changed, steps
+    assert ("update", "worker-pool") in changed, steps
+    assert not {name for op, name in changed if op == "replace"} - {"template-python"}, steps
+    change = cli.run("up", "--yes", "--skip-preview", step="up (change)")
+    print(change.stdout)
+    # Pulumi's default replace order: the new template first, the old one deleted after.
+    lines = change.stdout.splitlines()
+    created = next(i for i, ln in enumerate(lines) if "template-python created replacement" in ln)
+    deleted = next(i for i, ln in enumerate(lines) if "template-python deleted original" in ln)
+    assert created < deleted, change.stdout
+    outputs = json.loads(cli.run("stack", "output", "--json", "--show-secrets").stdout)
+    new_ref = outputs["templates"][local.workload_image]
+    assert new_ref != ref
+    assert set(local.templates()) == before | {new_ref}  # the old one was deleted
+    assert (
+        new_ref
+        in yaml.safe_load(outputs["providerConfig"])["sandbox"]["substrate"]["create"]["template"]
     )
+    pool = cluster.get("-n", "sandboxes", "workerpool", "sandbox-pool")
+    assert (pool["spec"]["replicas"], pool["metadata"]["uid"]) == (3, uid)
 
-    # destroy: every object of ours is gone; what Substrate's install owns is untouched.
+    # destroy: the template and the atespace the stack made are gone from ateapi, every object
+    # of ours from the cluster; what Substrate's install owns is untouched.
     cli.run("destroy", "--yes", step="destroy")
     assert _resources(cli) == []
+    assert set(local.templates()) == before
+    assert "gym" not in local.atespaces()
     for gone in (
         ("namespace", "sandboxes"),
         ("namespace", "gym-observability"),
         ("-n", "ate-system", "service", "api-nodeport"),
-        ("-n", "ate-system", "service", "router-nodeport"),
         ("clusterrole", "gym-substrate-prometheus"),
-        ("clusterrolebinding", "gym-substrate-prometheus"),
     ):
         assert not cluster.exists(*gone), gone
-    assert cluster.get("actortemplates", "-A")["items"] == []
     assert cluster.get("workerpools", "-A")["items"] == []
     for kept in (
         ("namespace", "ate-system"),
-        ("sandboxconfig", "gvisor-default"),
+        ("sandboxconfig", "gvisor"),
         ("clustertrustbundle", objects.CA_BUNDLE),
+        ("-n", "ate-system", "statefulset", "postgres"),
         ("-n", "ate-system", "deployment", "ate-api-server"),
     ):
         assert cluster.exists(*kept), kept
     print("timings (s):", cli.timings)
+
+
+async def _run_a_sandbox(block: dict[str, Any], local: LocalApi, tmp_path: Path) -> str:
+    import os
+
+    from gym_substrate.nemo import SubstrateProvider
+    from gym_substrate.types import SandboxSpec
+
+    os.environ["SUBSTRATE_TOKEN"] = local.token()
+    provider = SubstrateProvider(**block, lifecycle={"ledger": str(tmp_path / "ledger.jsonl")})
+    try:
+        handle = await provider.create(SandboxSpec(image=local.workload_image))
+        try:
+            result = await provider.exec(handle, "echo hello from the stack\\'s template")
+        finally:
+            await provider.close(handle)
+    finally:
+        await provider.aclose()
+    return str(result.stdout)

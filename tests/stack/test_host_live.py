@@ -10,12 +10,16 @@ byte prep-root records and revert-root restores, and, for the cluster part, what
 test runs for real (every step's script, kubectl, the Kubernetes provider on this machine
 reaching the host's API address, the install manifests applied and awaited on a test cluster).
 Fakes: on the host's PATH, the kind stack's recording fakes (tests/stack/kind_fakes/: kind as a
-.ci/test-cluster, docker, ko, go, the clone, with the stand-in Substrate tree) behind
+.ci/test-cluster, docker, the clone of the release's tree, the release's installer `go run
+./cmd/ate-setup`, with our stand-in release tree) behind
 tests/stack/host_fakes/, which adds what kind's port mapping gives a real host (the API on the
 host's address) and kind's inline kubeconfig; in the tool folder, stand-ins for kind, ko and Go
 (tests/stack/host_standins/; kubectl is real). What systemd would do when started is absent: the
 test host runs no systemd, so systemctl works on unit files and ignores start, stop, restart and
-show (SYSTEMD_OFFLINE, as in a chroot).
+show (SYSTEMD_OFFLINE, as in a chroot). ateapi is the kind test's recording fake
+(kind_fakes/ateapi_fake.py), started in the host's network namespace on the host's loopback,
+where the API NodePort answers on a real host; the stack's ActorTemplate resource reaches it
+through its SSH tunnel, with the CA the test cluster publishes and the client token.
 """
 
 from __future__ import annotations
@@ -39,8 +43,9 @@ from ci_policy import missing
 from live_harness import BUILD_STATIC, pulumi_project, toolchain
 from netns_host import CACHE, DROP, NETNS, NS_IP, VERSION, NetnsHost, netns_host
 from stack_harness import CRD_DIR, REPO
+from test_kind_live import FakeApi, fake_env, make_tls
 
-from gym_substrate.stack.config import SUBSTRATE_COMMIT
+from gym_substrate.stack.config import SUBSTRATE_VERSION
 
 pytestmark = [pytest.mark.pulumi_cli, pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -73,21 +78,17 @@ def fakes(tmp_path_factory: pytest.TempPathFactory) -> Fakes:
 def test_host(tmp_path_factory: pytest.TempPathFactory, fakes: Fakes) -> Iterator[NetnsHost]:
     bin_dir = toolchain()
     tools = Path(os.path.realpath(bin_dir)).parents[1]
+    # The CA the test cluster publishes and ateapi's certificate: where the host user reads them.
+    make_tls(fakes.state / "tls")
     env = {
         "PATH": f"{HOST_FAKES}:{KIND_FAKES}:/usr/local/bin:/usr/bin:/bin",
-        "FAKE_LOG": str(fakes.log),
-        "FAKE_STATE": str(fakes.state),
-        "GS_TEST_CLUSTER": str(REPO / ".ci" / "test-cluster"),
+        **fake_env(fakes.state, fakes.log, fakes.state / "tls" / "ca.pem"),
         "GS_TEST_CLUSTER_BIN": str(bin_dir),  # the host has no Go to build them with
         "GS_KIND_FAKES": str(KIND_FAKES),
         "GS_API_LISTEN": f"{NS_IP}:6443",  # host.apiPort
-        # The stand-in Substrate tree: the test host's user could not read the mirror's files.
-        "GS_SUBSTRATE_MIRROR": "/nonexistent-mirror",
-        "GS_SUBSTRATE_CRDS": str(CRD_DIR),
-        "GS_SUBSTRATE_COMMIT": SUBSTRATE_COMMIT,
     }
     if not (CRD_DIR / "ate.dev_workerpools.yaml").is_file():
-        missing(f"no Substrate CRDs at {CRD_DIR} (../shared/substrate-crds) for the stand-in tree")
+        missing(f"no WorkerPool CRD at {CRD_DIR} for the stand-in release tree")
     base = tmp_path_factory.mktemp("test-host")
     gen = netns_host(base, binds=(REPO, tools, CRD_DIR, fakes.state), env=env, owned=(fakes.state,))
     try:
@@ -205,10 +206,16 @@ def test_the_host_stack_goes_up_on_the_test_host_and_destroy_reverts_it_byte_for
     machine reaches the cluster at the host's address; `pulumi destroy` uninstalls, deletes the
     cluster, runs wipe then revert-root, and the host's packages, users, groups, unit links, sshd
     config and every file under /etc, /usr/local, /home and /root are as before. (Our own design:
-    the Borrowed-host guide in docs/infra.md; the install order checked is the one
-    test_kind_live.py checks, real: manifests/ate-install/kind and its generated overlay.)"""
+    the Borrowed-host guide in docs/infra.md; the install steps checked are the ones
+    test_kind_live.py checks: the release's installer, ate-setup, with its SubstrateInstall
+    document.)"""
     start = time.monotonic()
     bin_dir = toolchain()
+    tls = fakes.state / "tls"
+    api = FakeApi(
+        "127.0.0.1:30443", tls / "server.crt", tls / "server.key", tmp_path / "ateapi.jsonl",
+        netns=NETNS,
+    )  # fmt: skip
     cli = pulumi_project(tmp_path, bin_dir, STACK)
     # The agent image step copies agent/ and uv.lock beside Pulumi.yaml to the host.
     shutil.copytree(REPO / "agent", cli.project / "agent", ignore=shutil.ignore_patterns("build"))
@@ -241,8 +248,9 @@ def test_the_host_stack_goes_up_on_the_test_host_and_destroy_reverts_it_byte_for
         steps = [s["urn"].rsplit("::", 1)[-1] for s in json.loads(preview)["steps"]]
         host_steps = ["prep-root", "tools-dir", "tools-bundle", "install-tools", "sshd-priority"]
         assert [n for n in steps if n in host_steps] == host_steps, steps
-        assert {"wipe", "kind-create", "install", "agent-image", "ready-python"} <= set(steps)
+        assert {"wipe", "kind-create", "install", "agent-image", "template-python"} <= set(steps)
         assert fakes.calls() == [], "preview ran a step"
+        assert api.calls() == [], "preview called ateapi"
         up = cli.run("up", "--yes", "--skip-preview", step="up")
         print(up.stdout)
         restore |= _sysctl_keys(root)
@@ -280,11 +288,12 @@ def test_the_host_stack_goes_up_on_the_test_host_and_destroy_reverts_it_byte_for
         calls = fakes.calls()
         order = [
             "kind create cluster --name substrate-gvisor",
-            "git clone --filter=blob:none https://github.com/agent-substrate/substrate.git",
-            "ko resolve -f -",
-            "kubectl apply --server-side --force-conflicts -f manifests/ate-install/generated",
-            "kubectl -n sandboxes rollout status deployment/sandbox-pool-deployment",
-            "kubectl -n sandboxes wait --for=condition=Ready actortemplate/python-",
+            "git clone --filter=blob:none --no-checkout "
+            "https://github.com/agent-substrate/substrate.git",
+            "go run ./cmd/ate-setup deploy ate-system --config",
+            "kubectl apply --server-side -f manifests/ate-install/generated",
+            f"docker pull ghcr.io/agent-substrate/substrate/ateom-gvisor:{SUBSTRATE_VERSION}",
+            "kubectl -n sandboxes get workerpool/sandbox-pool",
         ]
         at = [_first(calls, prefix) for prefix in order]
         assert at == sorted(at), list(zip(order, at, strict=True))
@@ -295,19 +304,29 @@ def test_the_host_stack_goes_up_on_the_test_host_and_destroy_reverts_it_byte_for
         ref = outputs["templates"]["python:3.12-slim"]
         assert block["create"] == {"template": ref, "image_templates": {"python:3.12-slim": ref}}
         assert outputs["sshTunnel"].endswith(f"gym@{NS_IP}")
+        (doc_file,) = (fakes.state / "ate-setup").glob("deploy-*.yaml")
+        assert yaml.safe_load(doc_file.read_text())["images"]["tag"] == SUBSTRATE_VERSION
+        # The template went to ateapi through the SSH tunnel, with the host's client token.
+        rpc = api.calls()
+        assert [c["method"] for c in rpc][:2] == ["CreateAtespace", "CreateActorTemplate"]
+        assert all(c["bearer"] for c in rpc)
+        created = rpc[1]["request"]["actorTemplate"]["metadata"]
+        assert f"{created['atespace']}/{created['name']}" == ref
 
         destroy = cli.run("destroy", "--yes", step="destroy")
         print(destroy.stdout)
         calls = fakes.calls()
-        assert _first(calls, "kubectl delete crd workerpools.ate.dev") < _first(
+        assert _first(calls, "go run ./cmd/ate-setup delete ate-system --config") < _first(
             calls, "kind delete cluster --name substrate-gvisor"
         )
+        assert [c["method"] for c in api.calls()][-2:] == ["DeleteActorTemplate", "DeleteAtespace"]
         assert cli.run("stack", "export").stdout.count('"urn"') == 0
         after = host_state(root)
         assert {k: _sysctl(k) for k in watched} == before_sysctl
         assert after == before, "the host differs after destroy:\n" + _diff(before, after)
         print("timings (s):", cli.timings, "total:", round(time.monotonic() - start, 1))
     finally:
+        api.stop()
         restore |= _sysctl_keys(root)
         for key in sorted(restore & kernel.keys()):
             if _sysctl(key) != kernel[key]:

@@ -1,11 +1,12 @@
-"""Kubernetes object builders: field by field, against the CRDs and Kubernetes' schemas."""
+"""What the stack creates, field by field: Kubernetes objects against our schemas (written from
+upstream's pkg/api/v1alpha1 types) and Kubernetes' own, ActorTemplate messages against the ateapi
+proto, the installer's SubstrateInstall document against its documented keys."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -13,17 +14,16 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from stack_harness import AGENT, CA_PEM, CRD_DIR, DERIVED, PINNED, STACKS, stack_config
+from stack_harness import AGENT, CA_PEM, CRD_DIR, PINNED, STACKS, WORKER, stack_config
 
-from gym_substrate.stack import objects
-from gym_substrate.stack.config import StackConfig
+from gym_substrate.stack import objects, observability
+from gym_substrate.stack.ateapi import template_message
+from gym_substrate.stack.config import SourceConfig, StackConfig
 
 K8S_VERSION = "1.36.0"
 
 
 def _crd_schema(kind: str) -> dict[str, Any]:
-    if not CRD_DIR.is_dir():
-        pytest.skip(f"Substrate CRD schemas not found at {CRD_DIR} (shared/ beside the clone)")
     for path in CRD_DIR.glob("ate.dev_*.yaml"):
         for doc in yaml.safe_load_all(path.read_text()):
             if doc and doc["spec"]["names"]["kind"] == kind:
@@ -33,8 +33,8 @@ def _crd_schema(kind: str) -> dict[str, Any]:
 
 
 def _strict(schema: Any) -> Any:
-    """The API server prunes unknown fields silently (Pulumi would apply a template that lost its
-    agent volume); validate as `kubectl --validate=strict` does: unknown fields are errors."""
+    """The API server prunes unknown fields silently (a misspelt field would just vanish);
+    validate as `kubectl --validate=strict` does: unknown fields are errors."""
     if isinstance(schema, dict):
         out = {k: _strict(v) for k, v in schema.items()}
         if (
@@ -55,7 +55,9 @@ def _validate_crd(obj: dict[str, Any]) -> None:
 
 
 def _template(cfg: StackConfig, **kw: Any) -> dict[str, Any]:
-    return objects.actor_template(cfg, cfg.workloads[0], image=kw.pop("image", DERIVED), **kw)
+    return objects.actor_template(
+        cfg, cfg.workloads[0], image=kw.pop("image", PINNED), agent_image=kw.pop("agent", AGENT)
+    )
 
 
 # --- WorkerPool ------------------------------------------------------------------------------
@@ -64,130 +66,163 @@ def _template(cfg: StackConfig, **kw: Any) -> dict[str, Any]:
 @pytest.mark.parametrize("stack", STACKS)
 def test_worker_pool_fields_and_schema(stack: str) -> None:
     cfg = stack_config(stack)
-    pool = objects.worker_pool(cfg, "localhost:5001/ateom@sha256:" + "a" * 64)
+    pool = objects.worker_pool(cfg, WORKER)
     _validate_crd(pool)
-    assert pool["metadata"]["name"] == "sandbox-pool"
-    assert pool["metadata"]["namespace"] == "sandboxes"
-    assert pool["metadata"]["labels"]["workload"] == "sandbox"
     spec = pool["spec"]
-    assert spec["replicas"] == 8
-    assert spec["ateomImage"].endswith("a" * 64)
-    assert spec["sandboxClass"] == cfg.runtime
-    assert spec["sandboxConfigName"] == cfg.sandbox_config_name
-    assert spec["template"]["resources"]["limits"] == {"cpu": "1", "memory": "4Gi"}
+    assert spec["replicas"] == cfg.pool.replicas == 2
+    assert spec["workerImage"] == WORKER
+    assert spec["sandboxClasses"] == [
+        {"name": cfg.runtime, "configRef": {"name": cfg.sandbox_config_name}}
+    ]
+    # The worker's limits are the capacity its perWorker sandboxes share.
+    assert spec["template"]["resources"]["limits"] == {"cpu": "4", "memory": "16Gi"}
+    assert spec["template"]["resources"]["requests"] == {"cpu": "1000m", "memory": "16Gi"}
+    assert pool["metadata"]["labels"]["workload"] == "sandbox"
+    assert "ateomImage" not in spec
 
 
 def test_worker_pool_requests_never_exceed_limits() -> None:
     cfg = stack_config("kind-gvisor")
-    small = dataclasses.replace(cfg, pool=dataclasses.replace(cfg.pool, cpu="100m", memory="256Mi"))
-    res = objects.worker_pool(small, "x@sha256:" + "a" * 64)["spec"]["template"]["resources"]
-    assert res["requests"] == {"cpu": "100m", "memory": "256Mi"}
-    res = objects.worker_pool(cfg, "x@sha256:" + "a" * 64)["spec"]["template"]["resources"]
-    assert res["requests"] == {"cpu": "250m", "memory": "512Mi"}
-
-
-def test_worker_pool_comes_from_manifests() -> None:
-    """The manifest is the one source: a field added there reaches the built object."""
-    manifest = yaml.safe_load((objects.manifests_dir() / "workerpool.yaml").read_text())
-    built = objects.worker_pool(stack_config("kind-gvisor"), "x@sha256:" + "a" * 64)
-    assert (
-        built["metadata"]["labels"]["app.kubernetes.io/part-of"]
-        == (manifest["metadata"]["labels"]["app.kubernetes.io/part-of"])
+    small = dataclasses.replace(
+        cfg, pool=dataclasses.replace(cfg.pool, cpu="500m", memory="1Gi", per_worker=2)
     )
-    assert (
-        built["spec"]["template"]["resources"]["requests"]
-        == (manifest["spec"]["template"]["resources"]["requests"])
-    )
+    resources = objects.worker_pool(small, WORKER)["spec"]["template"]["resources"]
+    assert resources["requests"] == {"cpu": "250m", "memory": "1Gi"}
+    assert resources["limits"] == {"cpu": "500m", "memory": "1Gi"}
 
 
-# --- ActorTemplate ---------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("stack", STACKS)
-def test_actor_template_fields_and_schema(stack: str) -> None:
-    cfg = stack_config(stack)
-    tmpl = _template(cfg)
-    _validate_crd(tmpl)
-    spec = tmpl["spec"]
-    (c,) = spec["containers"]
-    assert c["image"] == DERIVED
-    assert "@sha256:" in c["image"]
-    assert c["command"] == ["/opt/sandbox-agent/sandbox-agent", "--host", "0.0.0.0", "--port", "80"]
-    assert c["readyz"] == {"httpGet": {"path": "/readyz", "port": 80}}
-    assert {"name": "HOME", "value": "/root"} in c["env"]
-    assert {"name": "PYTHONUNBUFFERED", "value": "1"} in c["env"]
-    assert spec["workerSelector"] == {"matchLabels": {"workload": "sandbox"}}
-    assert spec["sandboxClass"] == cfg.runtime
-    assert spec["pauseImage"].startswith("registry.k8s.io/pause:3.10.2@sha256:")
-    name = tmpl["metadata"]["name"]
-    assert re.fullmatch(r"python-[0-9a-f]{10}", name)
-    assert spec["snapshotsConfig"]["location"] == f"gs://ate-snapshots/sandboxes/{name}/"
-
-
-def test_template_name_changes_with_content_only() -> None:
-    cfg = stack_config("kind-gvisor")
-    a = _template(cfg)
-    assert _template(cfg)["metadata"]["name"] == a["metadata"]["name"]
-    other = _template(cfg, image=DERIVED.replace("c" * 64, "f" * 64))
-    assert other["metadata"]["name"] != a["metadata"]["name"]
-    env = dataclasses.replace(
-        cfg, templates=dataclasses.replace(cfg.templates, env=(("HOME", "/home/x"),))
-    )
-    assert _template(env)["metadata"]["name"] != a["metadata"]["name"]
-
-
-def test_image_volume_form_is_rejected_by_the_pinned_crd() -> None:
-    """Why derived-image is the default: the pinned ActorTemplate has no image volumes."""
-    cfg = stack_config("kind-gvisor")
-    vol = dataclasses.replace(cfg, agent=dataclasses.replace(cfg.agent, mount="image-volume"))
-    tmpl = _template(vol, image=PINNED, agent_image=AGENT)
-    assert tmpl["spec"]["volumes"] == [
-        {"name": "sandbox-agent", "image": {"reference": AGENT, "pullPolicy": "IfNotPresent"}}
+def test_the_schema_refuses_what_the_types_refuse() -> None:
+    """Written from workerpool_types.go (id 70182249026): one sandbox class of gvisor|microvm,
+    a non-empty worker image, no negative replicas, and no June-era `ateomImage`."""
+    pool = objects.worker_pool(stack_config("kind-gvisor"), WORKER)
+    mutations = [
+        lambda p: p["spec"].update(ateomImage=WORKER),
+        lambda p: p["spec"].update(workerImage=""),
+        lambda p: p["spec"].update(replicas=-1),
+        lambda p: p["spec"].update(sandboxClasses=[]),
+        lambda p: p["spec"]["sandboxClasses"].append({"name": "microvm"}),
+        lambda p: p["spec"]["sandboxClasses"][0].update(name="kata"),
+        lambda p: p["spec"].pop("sandboxClasses"),
     ]
-    assert tmpl["spec"]["containers"][0]["volumeMounts"] == [
-        {"name": "sandbox-agent", "mountPath": "/opt/sandbox-agent", "subPath": "opt/sandbox-agent"}
-    ]
-    with pytest.raises(jsonschema.ValidationError, match="'image' was unexpected"):
-        _validate_crd(tmpl)
-
-
-def test_crd_validation_rejects_a_typo() -> None:
-    pool = objects.worker_pool(stack_config("kind-gvisor"), "x@sha256:" + "a" * 64)
-    pool["spec"]["replica"] = pool["spec"].pop("replicas")
-    with pytest.raises(jsonschema.ValidationError):
-        _validate_crd(pool)
+    for mutate in mutations:
+        broken = copy.deepcopy(pool)
+        mutate(broken)
+        with pytest.raises(jsonschema.ValidationError):
+            _validate_crd(broken)
 
 
 # --- SandboxConfig ---------------------------------------------------------------------------
 
 
-def test_gvisor_sandbox_config_matches_the_pinned_substrate() -> None:
-    built = objects.sandbox_config(stack_config("kind-gvisor"))
-    _validate_crd(built)
-    upstream = yaml.safe_load((CRD_DIR / "example-sandboxconfig-gvisor.yaml").read_text())
-    assert built["spec"] == upstream["spec"]
-    assert built["metadata"]["name"] == upstream["metadata"]["name"] == "gvisor-default"
-
-
 def test_microvm_sandbox_config_lists_every_kata_asset() -> None:
-    sums = {k: format(i, "x") * 64 for i, k in enumerate(objects.MICROVM_ASSET_FILES, 1)}
-    built = objects.sandbox_config(stack_config("kind-microvm"), asset_sha256=sums)
-    _validate_crd(built)
-    assert built["metadata"]["name"] == "microvm"
-    assert built["spec"]["sandboxClass"] == "microvm"
-    for arch in ("amd64", "arm64"):
-        assets = built["spec"]["assets"][arch]
-        assert set(assets) == {
-            "cloud-hypervisor",
-            "virtiofsd",
-            "kata-kernel",
-            "kata-image",
-            "kata-config",
-        }
-        assert assets["kata-kernel"] == {
-            "url": "gs://ate-snapshots/kata-assets/vmlinux",
-            "sha256": sums["kata-kernel"],
-        }
+    cfg = stack_config("kind-microvm")
+    sums = {"arch": "arm64"} | {k: "e" * 64 for k in objects.MICROVM_ASSET_FILES}
+    sc = objects.sandbox_config(cfg, asset_sha256=sums)
+    _validate_crd(sc)
+    assert sc["metadata"]["name"] == "microvm"
+    assert sc["spec"]["sandboxClass"] == "microvm"
+    assert sc["spec"]["pauseImage"] == cfg.pool.pause_image
+    assert list(sc["spec"]["assets"]) == ["arm64"]
+    assets = sc["spec"]["assets"]["arm64"]
+    assert set(assets) == set(objects.MICROVM_ASSET_FILES)
+    assert assets["kata-kernel"] == {
+        "url": "gs://ate-snapshots/kata-assets/vmlinux",
+        "sha256": "e" * 64,
+    }
+    broken = copy.deepcopy(sc)
+    broken["spec"]["pauseImage"] = "registry.k8s.io/pause:3.10.2"
+    with pytest.raises(jsonschema.ValidationError):
+        _validate_crd(broken)  # upstream's CEL rule self.contains('@'), as a pattern here
+    with pytest.raises(ValueError, match="runtime microvm only"):
+        objects.sandbox_config(stack_config("kind-gvisor"))
+
+
+# --- ActorTemplate (an ateapi message) -------------------------------------------------------
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_actor_template_is_an_ateapi_message(stack: str) -> None:
+    """The workload image untouched, the agent on a digest-pinned image volume, probed on
+    /readyz, one worker share of resources, the pool's selector and SandboxConfig; it parses as
+    the proto's ActorTemplate with no unknown field."""
+    cfg = stack_config(stack)
+    tmpl = _template(cfg)
+    message = template_message(tmpl)
+    assert message.metadata.atespace == "gym"
+    assert tmpl["metadata"]["name"].startswith("python-")
+    (c,) = tmpl["containers"]
+    assert c["image"] == PINNED
+    assert c["command"] == ["/opt/sandbox-agent/sandbox-agent"]
+    assert c["args"] == ["--host", "0.0.0.0", "--port", "80"]
+    assert c["wakeupProbe"] == {"httpGet": {"path": "/readyz", "port": 80}, "timeoutSeconds": 30}
+    assert c["volumeMounts"] == [{"name": "sandbox-agent", "mountPath": "/opt/sandbox-agent"}]
+    assert tmpl["volumes"] == [{"name": "sandbox-agent", "image": {"reference": AGENT}}]
+    assert {"name": "PYTHONUNBUFFERED", "value": "1"} in c["env"]
+    assert {"name": "HOME", "value": "/root"} in c["env"]
+    assert tmpl["workerSelector"] == {"matchLabels": {"workload": "sandbox"}}
+    assert tmpl["sandboxConfig"] == {
+        "sandboxClass": f"SANDBOX_CLASS_{cfg.runtime.upper()}",
+        "configName": cfg.sandbox_config_name,
+    }
+    assert tmpl["resources"] == {
+        "limits": [{"name": "cpu", "quantity": "1000m"}, {"name": "memory", "quantity": "4096Mi"}]
+    }
+    assert tmpl["snapshotConfig"] == {
+        "storageLocation": f"gs://ate-snapshots/gym/{tmpl['metadata']['name']}/"
+    }
+    assert objects.template_ref(tmpl) == f"gym/{tmpl['metadata']['name']}"
+
+
+def test_template_name_changes_with_content_only() -> None:
+    cfg = stack_config("kind-gvisor")
+    one, two = _template(cfg), _template(cfg)
+    assert one == two
+    other = _template(cfg, image=PINNED.replace("d" * 64, "f" * 64))
+    assert other["metadata"]["name"] != one["metadata"]["name"]
+    no_limits = dataclasses.replace(
+        cfg, templates=dataclasses.replace(cfg.templates, resources=False)
+    )
+    bare = _template(no_limits)
+    assert "resources" not in bare
+    assert bare["metadata"]["name"] != one["metadata"]["name"]
+    waited = dataclasses.replace(
+        cfg, templates=dataclasses.replace(cfg.templates, ready_timeout_s=999)
+    )
+    assert _template(waited) == one  # how long `up` waits is not part of the template
+
+
+def test_an_unknown_template_field_is_refused() -> None:
+    from google.protobuf import json_format
+
+    tmpl = _template(stack_config("kind-gvisor"))
+    tmpl["containers"][0]["readyz"] = {"httpGet": {"path": "/readyz"}}  # the June field
+    with pytest.raises(json_format.ParseError, match="readyz"):
+        template_message(tmpl)
+
+
+# --- The installer's document ------------------------------------------------------------------
+
+
+def test_install_document_names_the_release_images() -> None:
+    """Keys from docs/operator-install.md@0b343ddc's settings table, nested as it says."""
+    cfg = stack_config("kind-gvisor")
+    doc = objects.install_document(cfg)
+    assert doc["apiVersion"] == "install.ate.dev/v1alpha1"
+    assert doc["kind"] == "SubstrateInstall"
+    assert doc["images"] == {"repo": "ghcr.io/agent-substrate/substrate", "tag": "v0.3.0"}
+    assert doc["kindCluster"] == {"enabled": True, "name": "substrate-gvisor"}
+    assert doc["context"] == "kind-substrate-gvisor"
+    assert doc["namespace"] == "ate-system"
+    assert doc["atenet"]["egress"]["credentialProvider"] == '{"name":"k8s.io"}'
+    assert "ko" not in doc
+    # No database setting: the bundled in-cluster PostgreSQL (planPostgres, steps/postgres.go).
+    assert not any(k.startswith("ateapi") for k in doc)
+    source = dataclasses.replace(
+        cfg, substrate=dataclasses.replace(cfg.substrate, source=SourceConfig(commit="a" * 40))
+    )
+    built = objects.install_document(source)
+    assert "images" not in built
+    assert built["ko"] == {"dockerRepo": "localhost:5001"}
 
 
 # --- core objects ----------------------------------------------------------------------------
@@ -198,7 +233,7 @@ def _core_objects(cfg: StackConfig) -> list[dict[str, Any]]:
         objects.pool_namespace(cfg),
         objects.local_registry_hosting(cfg),
         *objects.nodeport_services(cfg),
-        *objects.observability_objects(cfg),
+        *observability.observability_objects(cfg),
     ]
 
 
@@ -251,7 +286,7 @@ def test_prometheus_scrapes_substrate_pods_and_the_provider() -> None:
         cfg,
         observability=dataclasses.replace(cfg.observability, provider_targets=("172.18.0.1:9464",)),
     )
-    prom = yaml.safe_load(objects.prometheus_config(cfg))
+    prom = yaml.safe_load(observability.prometheus_config(cfg))
     substrate, provider = prom["scrape_configs"]
     assert substrate["kubernetes_sd_configs"] == [
         {"role": "pod", "namespaces": {"names": ["ate-system"]}}
@@ -265,7 +300,7 @@ def test_prometheus_scrapes_substrate_pods_and_the_provider() -> None:
 
 def test_grafana_provisions_the_dashboard_on_its_node_port() -> None:
     cfg = stack_config("kind-gvisor")
-    objs = {(o["kind"], o["metadata"]["name"]): o for o in objects.observability_objects(cfg)}
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in observability.observability_objects(cfg)}
     dash = json.loads(objs[("ConfigMap", "grafana-dashboards")]["data"]["sandbox-lifecycle.json"])
     assert dash["title"] == "Sandbox lifecycle"
     svc = objs[("Service", "grafana")]
@@ -287,7 +322,7 @@ def test_provider_config_block(auth: str) -> None:
         api="127.0.0.1:30443",
         router="http://127.0.0.1:30080",
         ca_pem=CA_PEM,
-        templates={"python:3.12-slim": "sandboxes/p-1"},
+        templates={"python:3.12-slim": "gym/p-1"},
         token_file="/t/token",
     )
     block = yaml.safe_load(objects.to_yaml(doc))["sandbox"]["substrate"]
@@ -297,8 +332,8 @@ def test_provider_config_block(auth: str) -> None:
     assert conn["atespace"] == "gym"
     assert conn["tls"] == {"ca_pem": CA_PEM, "server_name": "api.ate-system.svc"}
     assert block["create"] == {
-        "template": "sandboxes/p-1",
-        "image_templates": {"python:3.12-slim": "sandboxes/p-1"},
+        "template": "gym/p-1",
+        "image_templates": {"python:3.12-slim": "gym/p-1"},
     }
     if auth == "jwt":
         assert conn["token"] == {"file": "/t/token"}
@@ -318,7 +353,7 @@ def test_provider_config_matches_the_shipped_provider_config() -> None:
         api="a:1",
         router="http://r",
         ca_pem=CA_PEM,
-        templates={"python:3.12-slim": "ns/t"},
+        templates={"python:3.12-slim": "gym/t"},
         token_file="/t",
     )["sandbox"]["substrate"]
 
@@ -348,11 +383,11 @@ def test_the_provider_accepts_the_emitted_block(auth: str, tmp_path: Path) -> No
         api="127.0.0.1:30443",
         router="http://127.0.0.1:30080",
         ca_pem=CA_PEM,
-        templates={"python:3.12-slim": "sandboxes/p-1"},
+        templates={"python:3.12-slim": "gym/p-1"},
         token_file=str(token),
     )
     block = yaml.safe_load(objects.to_yaml(doc))["sandbox"]["substrate"]
     provider = SubstrateProvider(**block)
     assert provider.connection.api == "127.0.0.1:30443"
-    assert provider.create_config.image_templates == {"python:3.12-slim": "sandboxes/p-1"}
+    assert provider.create_config.image_templates == {"python:3.12-slim": "gym/p-1"}
     assert (provider.connection.token is not None) == (auth == "jwt")

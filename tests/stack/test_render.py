@@ -35,11 +35,22 @@ def test_render_writes_every_static_object(stack: str, tmp_path: Path) -> None:
             kubernetes_validate.validate(obj, "1.36.0", strict=True)
     assert {"WorkerPool", "Service", "Namespace", "ConfigMap", "Deployment"} <= set(kinds)
     pool = kinds["WorkerPool"]
-    assert pool["spec"]["ateomImage"] == (  # type: ignore[index]
-        f"ko://github.com/agent-substrate/substrate/cmd/ateom-{stack.split('-')[1]}"
+    runtime = stack.split("-")[1]
+    assert pool["spec"]["workerImage"] == (  # type: ignore[index]
+        f"ghcr.io/agent-substrate/substrate/ateom-{runtime}:v0.3.0"
     )
-    assert ("SandboxConfig" in kinds) == stack.endswith("gvisor")
-    assert any("ActorTemplate" in s for s in report["skipped"])
+    # gVisor's SandboxConfig is the release's (its installer applies it); microVM's is skipped.
+    assert "SandboxConfig" not in kinds
+    assert "ActorTemplate" not in kinds
+    assert any("ActorTemplates are created through ateapi" in s for s in report["skipped"])
+    assert any("SandboxConfig" in s for s in report["skipped"]) == (runtime == "microvm")
+    (template,) = (tmp_path / "templates").glob("*.yaml")
+    message = yaml.safe_load(template.read_text())
+    assert message["containers"][0]["image"] == "python:3.12-slim"
+    assert message["volumes"][0]["name"] == "sandbox-agent"
+    install = yaml.safe_load((tmp_path / "substrate-install.yaml").read_text())
+    assert install["kind"] == "SubstrateInstall"
+    assert install["images"]["tag"] == "v0.3.0"
     assert (tmp_path / "SKIPPED.txt").read_text().count("- ") == len(report["skipped"])
     dash = json.loads((tmp_path / "dashboards" / "sandbox-lifecycle.json").read_text())
     assert dash["title"] == "Sandbox lifecycle"
@@ -48,7 +59,9 @@ def test_render_writes_every_static_object(stack: str, tmp_path: Path) -> None:
     host_steps = {"00-host-prep-root.sh", "96-host-revert-root.sh", "95-host-wipe.sh"}
     written = {f.name for f in (tmp_path / "scripts").iterdir()}
     assert (host_steps <= written) == stack.startswith("host")
-    assert "21-substrate-install.sh" in written
+    assert {"20-substrate-source.sh", "21-substrate-install.sh", "90-substrate-uninstall.sh"} <= (
+        written
+    )
 
 
 def test_render_table_output_and_stack_file(tmp_path: Path) -> None:

@@ -17,8 +17,8 @@ import pytest
 import yaml
 from stack_harness import STACKS, stack_config
 
-from gym_substrate.stack import host, scripts
-from gym_substrate.stack.config import StackConfig
+from gym_substrate.stack import host, install_scripts, scripts
+from gym_substrate.stack.config import SourceConfig, StackConfig
 
 TOOLS = (
     "docker",
@@ -261,173 +261,126 @@ def test_host_kubeconfig_points_at_the_host(fakes: Fakes) -> None:
 def _src(cfg: StackConfig, fakes: Fakes) -> Path:
     src = fakes.root / "home" / ".gym-substrate" / cfg.cluster.name / "substrate"
     (src / ".git").mkdir(parents=True, exist_ok=True)
+    (src / "cmd" / "ate-setup").mkdir(parents=True, exist_ok=True)
     return src
 
 
-@pytest.mark.parametrize(
-    ("auth", "overlay"),
-    [("mtls", "manifests/ate-install/kind"), ("jwt", "manifests/ate-install/kind-jwt")],
-)
-def test_build_resolves_the_overlay_and_prints_the_ateom_image(
-    fakes: Fakes, auth: str, overlay: str
+def _with_source(cfg: StackConfig, **source: str) -> StackConfig:
+    return dataclasses.replace(
+        cfg, substrate=dataclasses.replace(cfg.substrate, source=SourceConfig(**source))
+    )
+
+
+def test_source_checks_out_the_release_tag(fakes: Fakes) -> None:
+    """The release's source tree (its manifests and ate-setup) at the tag; cloned once."""
+    cfg = stack_config("kind-gvisor")
+    fakes.handler("git", 'case "$*" in *"rev-parse -q --verify"*) exit 1;; esac\n')
+    proc = fakes.run(install_scripts.source_script(cfg))
+    src = fakes.root / "home" / ".gym-substrate" / "substrate-gvisor" / "substrate"
+    assert proc.stdout == f"{src}\n"
+    calls = fakes.calls("git")
+    assert calls[0] == (
+        "git clone --filter=blob:none --no-checkout "
+        f"https://github.com/agent-substrate/substrate.git {src}"
+    )
+    assert f"git -C {src} fetch --filter=blob:none origin refs/tags/v0.3.0:refs/tags/v0.3.0" in (
+        calls
+    )
+    assert calls[-1].endswith("checkout --detach -f v0.3.0^{commit}")
+
+
+def test_source_builds_take_the_commit_and_check_a_local_checkout(
+    fakes: Fakes, tmp_path: Path
 ) -> None:
-    cfg = stack_config("kind-gvisor")
-    cfg = dataclasses.replace(cfg, substrate=dataclasses.replace(cfg.substrate, auth_mode=auth))
-    _src(cfg, fakes)
-    fakes.handler(
-        "ko",
-        'case "$1" in build) echo "localhost:5001/ateom-gvisor@sha256:abc";; '
-        'resolve) echo "kind: Deployment";; esac\n',
-    )
-    fakes.handler("git", f'[ "$3" = rev-parse ] && echo {cfg.substrate.commit}; exit 0\n')
-    proc = fakes.run(scripts.substrate_build_script(cfg))
-    assert proc.stdout == "localhost:5001/ateom-gvisor@sha256:abc\n"
-    calls = fakes.calls()
-    assert f"kubectl kustomize {overlay} --load-restrictor LoadRestrictionsNone" in calls
-    assert "ko resolve -f -" in calls
-    assert "ko build --base-import-paths ./cmd/ateom-gvisor" in calls
-    assert any(
-        c.startswith("git -C ") and f"checkout --detach {cfg.substrate.commit}" in c for c in calls
-    )
-    rendered = fakes.root / "home" / ".gym-substrate" / "substrate-gvisor" / "rendered"
-    assert (rendered / "substrate.yaml").read_text() == "kind: Deployment\n"
-
-
-def test_build_refuses_a_local_checkout_at_another_commit(fakes: Fakes, tmp_path: Path) -> None:
-    cfg = stack_config("kind-gvisor")
+    cfg = _with_source(stack_config("kind-gvisor"), commit="c" * 40)
+    fakes.run(install_scripts.source_script(cfg))
+    assert fakes.calls("git")[-1].endswith(f"checkout --detach -f {'c' * 40}^{{commit}}")
     local = tmp_path / "checkout"
     (local / ".git").mkdir(parents=True)
-    cfg = dataclasses.replace(cfg, substrate=dataclasses.replace(cfg.substrate, path=str(local)))
+    cfg = _with_source(stack_config("kind-gvisor"), commit="c" * 40, path=str(local))
     fakes.handler("git", "echo 0000000000000000000000000000000000000000\n")
-    proc = fakes.run(scripts.substrate_build_script(cfg), ok=False)
-    assert f"but substrate.commit is {cfg.substrate.commit}" in proc.stderr
-    assert not fakes.calls("ko")
+    proc = fakes.run(install_scripts.source_script(cfg), ok=False)
+    assert f"but substrate.source.commit is {'c' * 40}" in proc.stderr
 
 
-def _install_handlers(fakes: Fakes, *, secrets_exist: bool) -> None:
-    fakes.handler(
-        "kubectl",
-        (
-            'case "$*" in\n'
-            '  *"get secret service-dns-ca-pool -o jsonpath"*) echo e30= ;;\n'
-            f'  *"get secret"*) exit {0 if secrets_exist else 1} ;;\n'
-            '  *"get --raw"*) echo \'{"issuer":"https://issuer.example"}\' ;;\n'
-            '  *"--dry-run=client"*) echo "kind: Namespace" ;;\n'
-            "esac\nexit 0\n"
-        ),
-    )
-    fakes.handler(
-        "jq",
-        'cat >/dev/null; case "$*" in *issuer*) echo https://issuer.example;; '
-        "*) echo Zm9v;; esac\n",
-    )
-    fakes.handler("openssl", "cat >/dev/null; echo PEM\n")
-
-
-def test_install_follows_the_documented_order_with_every_wait(fakes: Fakes) -> None:
+def test_install_runs_the_release_installer_with_its_document(fakes: Fakes) -> None:
+    """`ate-setup deploy ate-system --config <SubstrateInstall>` from the release's tree (it
+    waits for its own rollouts); nothing of ours runs in between."""
     cfg = stack_config("kind-gvisor")
-    _src(cfg, fakes)
-    _install_handlers(fakes, secrets_exist=False)
-    proc = fakes.run(scripts.substrate_install_script(cfg))
+    src = _src(cfg, fakes)
+    fakes.handler("go", 'if [ "$1" = run ]; then pwd > "$FAKE_DIR/cwd"; fi\n')
+    proc = fakes.run(install_scripts.install_script(cfg))
     assert proc.stdout == "installed\n"
-    calls = [c for c in fakes.calls() if c.split()[0] in {"kubectl", "go"}]
-    order = [
-        "kubectl apply --server-side --force-conflicts -f manifests/ate-install/generated",
-        "kubectl wait --for=condition=Established",
-        "kubectl apply -f manifests/ate-install/sandboxconfig-validation.yaml",
-        "kubectl create namespace ate-system",
-        "kubectl wait --for=jsonpath={.status.phase}=Active namespace/ate-system",
-        "go run ./cmd/kubectl-ate admin make-jwt-pool --name session-id-jwt-pool",
-        "go run ./cmd/kubectl-ate admin make-ca-pool --name session-id-ca-pool",
-        "make-ca-pool --name service-dns-ca-pool",
-        "make-ca-pool --name pod-identity-ca-pool",
-        "create secret generic valkey-ca-certs",
-        "create configmap ate-api-server-envvars",
-        "podcert.yaml",
-        "rollout status deployment/podcertificate-controller",
-        "get clustertrustbundle podidentity.podcert.ate.dev:identity:primary-bundle",
-        "get clustertrustbundle servicedns.podcert.ate.dev:identity:primary-bundle",
-        "rendered/substrate.yaml",
-        "rollout status deployment/ate-api-server-deployment",
-        "rollout status deployment/ate-controller",
-        "rollout status deployment/atenet-router",
-        "rollout status statefulset/valkey-cluster",
-        "rollout status daemonset/atelet",
-        "wait --for=condition=complete job/valkey-cluster-init",
-        "wait --for=condition=complete job/rustfs-bucket-init",
-        "rollout status deployment/dns",
-        "rollout status deployment/rustfs",
-    ]
-    positions = [_index(calls, needle) for needle in order]
-    assert positions == sorted(positions), list(zip(order, positions, strict=True))
-    envvars = calls[_index(calls, "create configmap ate-api-server-envvars")]
-    assert "ATE_API_K8SJWT_ISSUER=https://issuer.example" in envvars
-    assert "ATE_API_REDIS_ADDRESS=valkey-cluster.ate-system.svc:6379" in envvars
+    doc_path = src.parent / "substrate-install.yaml"
+    assert fakes.calls() == [f"go run ./cmd/ate-setup deploy ate-system --config {doc_path}"]
+    assert (fakes.root / "cwd").read_text().strip() == str(src)
+    doc = yaml.safe_load(doc_path.read_text())
+    assert doc["kind"] == "SubstrateInstall"
+    assert doc["images"] == {"repo": "ghcr.io/agent-substrate/substrate", "tag": "v0.3.0"}
+    fakes.handler("go", "echo 'Error: deploy ate-system: rollout timed out' >&2; exit 1\n")
+    proc = fakes.run(install_scripts.install_script(cfg), ok=False)
+    assert "rollout timed out" in proc.stderr
 
 
-def test_install_rerun_keeps_existing_secret_pools(fakes: Fakes) -> None:
+def test_uninstall_is_the_release_uninstaller_and_best_effort(fakes: Fakes) -> None:
     cfg = stack_config("kind-gvisor")
-    _src(cfg, fakes)
-    _install_handlers(fakes, secrets_exist=True)
-    fakes.run(scripts.substrate_install_script(cfg))
-    assert not fakes.calls("go")
-    assert not any("valkey-ca-certs" in c and "create" in c for c in fakes.calls())
+    src = _src(cfg, fakes)
+    doc_path = src.parent / "substrate-install.yaml"
+    fakes.run(install_scripts.uninstall_script(cfg))
+    assert not fakes.calls("go")  # never installed: no document, nothing to uninstall
+    doc_path.write_text("kind: SubstrateInstall\n")
+    fakes.run(install_scripts.uninstall_script(cfg))
+    assert fakes.calls("go") == [f"go run ./cmd/ate-setup delete ate-system --config {doc_path}"]
+    assert not doc_path.exists()
+    assert not [c for c in fakes.calls("kubectl") if "delete" in c]
+    doc_path.write_text("kind: SubstrateInstall\n")
+    fakes.handler("kubectl", "exit 1\n")  # the cluster is gone already
+    fakes.run(install_scripts.uninstall_script(cfg))
+    assert len(fakes.calls("go")) == 1
 
 
-def test_install_fails_when_a_trust_bundle_never_appears(fakes: Fakes) -> None:
+def test_worker_image_is_the_release_image_pinned_by_digest(fakes: Fakes) -> None:
     cfg = stack_config("kind-gvisor")
-    _src(cfg, fakes)
-    fakes.handler("kubectl", 'case "$*" in *clustertrustbundle*) exit 1;; esac\n')
-    fakes.handler("sleep", "exit 0\n")
-    (fakes.bin / "sleep").write_text("#!/bin/sh\nexit 0\n")
-    (fakes.bin / "sleep").chmod(0o755)
-    proc = fakes.run(scripts.substrate_install_script(cfg), ok=False)
-    assert "did not appear in 120 s" in proc.stderr
-    assert not any("rendered/substrate.yaml" in c for c in fakes.calls())
+    image = "ghcr.io/agent-substrate/substrate/ateom-gvisor"
+    fakes.handler(
+        "docker",
+        f'case "$1" in inspect) echo "{image}@sha256:{"a" * 64}";; esac\n',
+    )
+    proc = fakes.run(install_scripts.worker_image_script(cfg))
+    assert proc.stdout == f"{image}:v0.3.0@sha256:{'a' * 64}\n"
+    assert fakes.calls("docker")[0] == f"docker pull {image}:v0.3.0"
+    fakes.handler("docker", "exit 0\n")
+    proc = fakes.run(install_scripts.worker_image_script(cfg), ok=False)
+    assert f"no registry digest for {image}:v0.3.0" in proc.stderr
+    built = _with_source(cfg, commit="c" * 40)
+    _src(built, fakes)
+    fakes.handler("ko", 'echo "localhost:5001/ateom-gvisor@sha256:beef"\n')
+    proc = fakes.run(install_scripts.worker_image_script(built))
+    assert proc.stdout == "localhost:5001/ateom-gvisor@sha256:beef\n"
+    assert "ko build --base-import-paths ./cmd/ateom-gvisor" in fakes.calls()
 
 
-def test_delete_is_best_effort_and_removes_crds_and_valkey_pvcs(fakes: Fakes) -> None:
+def test_ca_is_the_live_servicedns_bundle(fakes: Fakes) -> None:
     cfg = stack_config("kind-gvisor")
-    fakes.run(scripts.substrate_delete_script(cfg))
-    calls = fakes.calls("kubectl")
-    assert any("delete crd workerpools.ate.dev actortemplates.ate.dev" in c for c in calls)
-    assert any("delete pvc" in c for c in calls)
-    # Found left behind by the live run (tests/stack/test_kind_live.py): the trust bundles.
-    assert any("delete clustertrustbundle podidentity.podcert.ate.dev" in c for c in calls)
-    fakes.handler("kubectl", "exit 1\n")  # cluster already gone
-    fakes.run(scripts.substrate_delete_script(cfg))
+    fakes.handler("kubectl", "printf 'PEM-A'\n")
+    assert fakes.run(install_scripts.ca_script(cfg)).stdout == "PEM-A\n"
+    (call,) = fakes.calls("kubectl")
+    assert "-l podcert.ate.dev/canarying=live" in call
+    assert '@.spec.signerName=="servicedns.podcert.ate.dev/identity"' in call
+    fakes.handler("kubectl", "exit 0\n")
+    proc = fakes.run(install_scripts.ca_script(cfg), ok=False)
+    assert "no live ClusterTrustBundle for servicedns.podcert.ate.dev/identity" in proc.stderr
 
 
 # --- images and waits ------------------------------------------------------------------------
 
 
-def test_derived_image_is_built_from_the_pinned_workload(fakes: Fakes) -> None:
-    cfg = stack_config("kind-gvisor")
-    agent = "localhost:5001/gym-substrate/sandbox-agent@sha256:" + "b" * 64
-    fakes.handler(
-        "docker",
-        (
-            'case "$1" in\n'
-            '  inspect) case "$*" in *localhost:5001/gym-substrate/python:*) '
-            'echo "localhost:5001/gym-substrate/python@sha256:cafe";; '
-            '*) echo "python@sha256:beef";; esac ;;\n'
-            '  build) cat > "$FAKE_DIR/Dockerfile" ;;\n'
-            "esac\n"
-        ),
-    )
-    proc = fakes.run(scripts.derived_image_script(cfg, "python", "python:3.12-slim", agent))
-    assert proc.stdout == (
-        '{"workload": "python@sha256:beef", '
-        '"image": "localhost:5001/gym-substrate/python@sha256:cafe"}\n'
-    )
-    assert (fakes.root / "Dockerfile").read_text() == (
-        "FROM python@sha256:beef\n"
-        f"COPY --from={agent} /opt/sandbox-agent/sandbox-agent "
-        "/opt/sandbox-agent/sandbox-agent\n"
-    )
-    calls = fakes.calls("docker")
-    assert calls[0] == "docker pull python:3.12-slim"
-    assert any(c.startswith("docker push localhost:5001/gym-substrate/python:") for c in calls)
+def test_workload_image_is_pinned_and_left_untouched(fakes: Fakes) -> None:
+    fakes.handler("docker", 'case "$1" in inspect) echo "python@sha256:beef";; esac\n')
+    proc = fakes.run(scripts.pinned_workload_script("python:3.12-slim"))
+    assert proc.stdout == "python@sha256:beef\n"
+    assert fakes.calls("docker")[0] == "docker pull python:3.12-slim"
+    assert not [c for c in fakes.calls("docker") if c.startswith(("docker build", "docker push"))]
 
 
 def test_agent_image_uses_the_agent_build(fakes: Fakes, tmp_path: Path) -> None:
@@ -464,19 +417,6 @@ def test_agent_image_fails_without_a_binary(fakes: Fakes, tmp_path: Path) -> Non
     )
     assert "agent build produced no binary (got: nowhere)" in proc.stderr
     assert not fakes.calls("docker")
-
-
-def test_template_wait_times_out_with_a_message(fakes: Fakes) -> None:
-    cfg = stack_config("kind-microvm")
-    fakes.handler("kubectl", 'case "$*" in *wait*) exit 1;; esac\n')
-    proc = fakes.run(scripts.template_wait_script(cfg, "python-0123456789"), ok=False)
-    assert "template python-0123456789 not Ready after 600s" in proc.stderr
-    assert (
-        "kubectl -n sandboxes wait --for=condition=Ready actortemplate/python-0123456789 "
-        "--timeout=600s"
-    ) in fakes.calls()
-    fakes.handler("kubectl", "exit 0\n")
-    assert fakes.run(scripts.template_wait_script(cfg, "t")).stdout == "t\n"
 
 
 def test_tree_hash_follows_agent_sources(tmp_path: Path) -> None:
@@ -672,23 +612,25 @@ def test_install_tools_pins_versions() -> None:
     assert os.linesep in s
 
 
-def test_pool_wait_waits_for_the_controller_to_create_the_deployment(fakes: Fakes) -> None:
+def test_pool_wait_waits_until_every_worker_is_ready(fakes: Fakes) -> None:
     counter = fakes.root / "gets"
     fakes.handler(
         "kubectl",
         (
-            f'case "$*" in *"get deployment"*) echo x >> "{counter}"; '
-            f'[ "$(wc -l < "{counter}")" -ge 3 ];; esac\n'
+            f'case "$*" in *"get workerpool/sandbox-pool"*) echo x >> "{counter}"; '
+            f'[ "$(wc -l < "{counter}")" -ge 3 ] && echo 2 || echo 1;; esac\n'
         ),
     )
     (fakes.bin / "sleep").write_text("#!/bin/sh\nexit 0\n")
     (fakes.bin / "sleep").chmod(0o755)
-    fakes.run(scripts.pool_wait_script(stack_config("kind-gvisor")))
+    proc = fakes.run(scripts.pool_wait_script(stack_config("kind-gvisor")))
+    assert proc.stdout == "sandbox-pool\n"
     calls = fakes.calls("kubectl")
-    assert len([c for c in calls if "get deployment/sandbox-pool-deployment" in c]) == 3
-    assert calls[-1] == (
-        "kubectl -n sandboxes rollout status deployment/sandbox-pool-deployment --timeout=300s"
-    )
+    assert len(calls) == 3
+    assert "jsonpath={.status.readyReplicas}" in calls[0]
+    fakes.handler("kubectl", "echo 1\n")
+    proc = fakes.run(scripts.pool_wait_script(stack_config("kind-gvisor")), ok=False)
+    assert "WorkerPool sandboxes/sandbox-pool: 1 of 2 workers ready after 300 s" in proc.stderr
 
 
 def test_microvm_hosts_get_the_asset_build_tools() -> None:
@@ -712,7 +654,7 @@ def test_client_token_is_never_readable_by_others(fakes: Fakes) -> None:
     stale.parent.mkdir(parents=True, exist_ok=True)
     stale.write_text("old")
     stale.chmod(0o644)
-    proc = fakes.run(scripts.token_script(cfg))
+    proc = fakes.run(install_scripts.token_script(cfg))
     token_file = Path(proc.stdout.strip())
     assert token_file == Path(target)
     assert token_file.read_text() == "secret-token\n"

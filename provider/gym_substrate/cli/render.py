@@ -30,7 +30,7 @@ __all__ = ["render"]
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the written files as JSON.")
 def render(stack: str | None, stack_file_path: Path | None, out: Path, as_json: bool) -> None:
-    """Write the Kubernetes objects, kind config and scripts a stack applies."""
+    """Write the Kubernetes objects, ActorTemplate messages, installer document and scripts."""
     if (stack is None) == (stack_file_path is None):
         raise click.UsageError("give exactly one of --stack or --stack-file")
     path = stack_file_path or shipped_stack_file(stack or "")

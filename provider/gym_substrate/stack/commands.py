@@ -316,6 +316,9 @@ class Command(dyn.Resource, module="gymsubstrate", name="Command"):
 
     stdout: pulumi.Output[str]
     stderr: pulumi.Output[str]
+    # Remote steps: the host key the host showed (or the configured one), which later
+    # connections to the same host require (the templates' SSH tunnel among them).
+    knownHostKey: pulumi.Output[str]
 
     def __init__(
         self,

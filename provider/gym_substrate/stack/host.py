@@ -66,9 +66,20 @@ _BACKUPS = ("/etc/passwd-", "/etc/group-", "/etc/shadow-", "/etc/gshadow-")
 _BINARIES = ("/usr/local/bin/kind", "/usr/local/bin/kubectl", "/usr/local/bin/ko", "/usr/local/go")
 _SERVICES = ("docker", "containerd", "ssh", "sshd")
 # What the cluster steps leave in the SSH user's home by default: kubectl's discovery cache, Go's
-# module and build caches (`ko build`, `go run`), pip's (the static agent build), Docker's CLI
-# config. Those that did not exist are removed at revert (Go's module cache is read-only: sudo).
-_HOME_PATHS = (".kube", "go", ".docker", ".cache", ".cache/go-build", ".cache/pip", ".cache/ko")
+# module and build caches (`go run` of the release's installer, `ko build`), the installer's
+# records of each run (ate-setup writes them under the user cache dir: docs/operator-install.md,
+# "Install runs record what they used"), pip's (the static agent build), Docker's CLI config.
+# Those that did not exist are removed at revert (Go's module cache is read-only: sudo).
+_HOME_PATHS = (
+    ".kube",
+    "go",
+    ".docker",
+    ".cache",
+    ".cache/go-build",
+    ".cache/pip",
+    ".cache/ko",
+    ".cache/ate-setup",
+)
 
 
 def prep_root_script(cfg: StackConfig) -> str:
@@ -246,8 +257,8 @@ def wipe_script(cfg: StackConfig) -> str:
         "  docker builder prune -af\n"
         "fi\n"
         f"rm -rf {p.scratch}\n"
-        'rm -rf "$WORKDIR/substrate" "$WORKDIR/rendered" "$WORKDIR/src" "$KUBECONFIG" '
-        f'"{p.token_file}" "$WORKDIR/kind-config.yaml" "$WORKDIR/registry-created"\n'
+        'rm -rf "$WORKDIR/substrate" "$WORKDIR/substrate-install.yaml" "$WORKDIR/src" '
+        f'"$KUBECONFIG" "{p.token_file}" "$WORKDIR/kind-config.yaml" "$WORKDIR/registry-created"\n'
         "exit 0\n"
     )
 

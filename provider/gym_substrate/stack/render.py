@@ -1,9 +1,13 @@
 """Write what a stack would apply, without Pulumi or a cluster (`gym-substrate render`).
 
-For GitOps users and for review. Objects that need a value only `pulumi up` produces (image
-digests, the ateom image, staged microVM asset checksums) are rendered where a stand-in keeps
-them meaningful (the WorkerPool keeps Substrate's own `ko://` reference, which `ko resolve`
-replaces) and listed as skipped otherwise, so nothing silently differs from what Pulumi applies.
+For GitOps users and for review: the Kubernetes objects (`kubernetes/`), the ActorTemplate
+messages the stack creates through ateapi (`templates/`, in the proto's JSON mapping that
+`kubectl ate create actor-template -f` reads), the release installer's SubstrateInstall document
+and the shell steps. Values only `pulumi up` produces are written in a form that says what they
+stand for: the WorkerPool names the release's worker image by tag (the `worker-image` step pins
+it to its digest), a kind or host template names the workload by its configured tag and the
+agent image as built at `up` (so its name's hash differs from the one `up` creates); what cannot
+be written at all (the microVM SandboxConfig's checksums) is listed in SKIPPED.txt.
 """
 
 from __future__ import annotations
@@ -15,8 +19,8 @@ from typing import Any
 
 import yaml
 
-from gym_substrate.stack import host, objects, scripts
-from gym_substrate.stack.config import StackConfig, stack_file
+from gym_substrate.stack import host, install_scripts, objects, observability, scripts
+from gym_substrate.stack.config import StackConfig, WorkloadConfig, stack_file
 
 __all__ = ["STACKS", "render_stack", "shipped_stack_file"]
 
@@ -52,42 +56,53 @@ def render_stack(cfg: StackConfig, out: Path) -> tuple[list[Path], list[str]]:
 
     if cfg.existing is not None:
         return written, _render_existing(cfg, write)
-    ko_ateom = f"ko://github.com/agent-substrate/substrate/cmd/ateom-{cfg.runtime}"
+    s = cfg.substrate
+    worker = (
+        s.image(f"ateom-{cfg.runtime}")
+        if s.prebuilt
+        else f"ko://github.com/agent-substrate/substrate/cmd/ateom-{cfg.runtime}"
+    )
     objs: list[dict[str, Any]] = [objects.local_registry_hosting(cfg), objects.pool_namespace(cfg)]
-    if cfg.runtime == "gvisor":
-        objs.append(objects.sandbox_config(cfg))
-    else:
+    if cfg.runtime == "microvm":
         skipped.append(
-            "SandboxConfig microvm: its asset sha256 values come from staging the "
-            "kata assets at `pulumi up`"
+            f"SandboxConfig {cfg.sandbox_config_name}: its asset sha256 values come from staging "
+            "the kata assets at `pulumi up`"
         )
-    objs.append(objects.worker_pool(cfg, ko_ateom))
+    objs.append(objects.worker_pool(cfg, worker))
     objs.extend(objects.nodeport_services(cfg))
     if cfg.observability.enabled:
-        objs.extend(objects.observability_objects(cfg))
+        objs.extend(observability.observability_objects(cfg))
     for i, obj in enumerate(objs):
         write(f"kubernetes/{_file_name(i, obj)}", yaml.safe_dump(obj, sort_keys=False))
-    for wl in cfg.workloads:
-        skipped.append(
-            f"ActorTemplate for workload {wl.name!r}: its name and image carry the "
-            "digests of images built at `pulumi up`"
-        )
+    registry = f"localhost:{cfg.cluster.registry_port}"
+    agent = f"{registry}/gym-substrate/sandbox-agent@sha256:<built at up>"
+    _write_templates(cfg, write, lambda wl: (wl.image, agent))
+    skipped.append(
+        "ActorTemplates are created through ateapi at `pulumi up` with the workload pinned by "
+        "digest and the agent image as built then; templates/ shows them with the configured "
+        "tag, so their names (a hash of the content) differ from the created ones"
+    )
     if cfg.observability.enabled:
-        write("dashboards/sandbox-lifecycle.json", json.dumps(objects.dashboard(cfg), indent=2))
+        write(
+            "dashboards/sandbox-lifecycle.json", json.dumps(observability.dashboard(cfg), indent=2)
+        )
     write("kind-config.yaml", yaml.safe_dump(scripts.kind_config(cfg), sort_keys=False))
+    write("substrate-install.yaml", yaml.safe_dump(objects.install_document(cfg), sort_keys=False))
     steps: dict[str, str] = {}
     if cfg.host is not None:
         steps["00-host-prep-root.sh"] = host.prep_root_script(cfg)
         steps["01-host-install-tools.sh"] = host.install_tools_script(cfg)
         steps["02-host-sshd-priority.sh"] = host.sshd_priority_script(cfg)
     steps["10-kind-create.sh"] = scripts.kind_create_script(cfg)
-    steps["20-substrate-build.sh"] = scripts.substrate_build_script(cfg)
-    steps["21-substrate-install.sh"] = scripts.substrate_install_script(cfg)
+    steps["20-substrate-source.sh"] = install_scripts.source_script(cfg)
+    steps["21-substrate-install.sh"] = install_scripts.install_script(cfg)
+    steps["22-worker-image.sh"] = install_scripts.worker_image_script(cfg)
+    steps["23-ca.sh"] = install_scripts.ca_script(cfg)
     if cfg.runtime == "microvm":
-        steps["30-runtime-node-label.sh"] = scripts.node_label_script(cfg)
-        steps["31-runtime-microvm-assets.sh"] = scripts.microvm_assets_script(cfg)
+        steps["30-runtime-node-label.sh"] = install_scripts.node_label_script(cfg)
+        steps["31-runtime-microvm-assets.sh"] = install_scripts.microvm_assets_script(cfg)
     steps["40-pool-wait.sh"] = scripts.pool_wait_script(cfg)
-    steps["90-substrate-delete.sh"] = scripts.substrate_delete_script(cfg)
+    steps["90-substrate-uninstall.sh"] = install_scripts.uninstall_script(cfg)
     steps["91-kind-delete.sh"] = scripts.kind_delete_script(cfg)
     if cfg.host is not None:
         steps["95-host-wipe.sh"] = host.wipe_script(cfg)
@@ -98,21 +113,40 @@ def render_stack(cfg: StackConfig, out: Path) -> tuple[list[Path], list[str]]:
     return written, skipped
 
 
+def _write_templates(
+    cfg: StackConfig,
+    write: Callable[[str, str], None],
+    images: Callable[[WorkloadConfig], tuple[str, str]],
+) -> None:
+    for i, wl in enumerate(cfg.workloads):
+        image, agent = images(wl)
+        message = objects.actor_template(cfg, wl, image=image, agent_image=agent)
+        meta = message["metadata"]
+        write(
+            f"templates/{i:02d}-{meta['atespace']}-{meta['name']}.yaml",
+            yaml.safe_dump(message, sort_keys=False),
+        )
+
+
 def _render_existing(cfg: StackConfig, write: Callable[[str, str], None]) -> list[str]:
-    """Target `existing` pins every image in its config, so every object it applies renders,
-    templates included; there is no kind config and no script."""
+    """Target `existing` pins every image in its config, so every object and template it
+    creates renders exactly; there is no kind config, installer document or script."""
     assert cfg.existing is not None
+    assert cfg.agent.image is not None
+    agent = cfg.agent.image
     objs: list[dict[str, Any]] = [
         objects.pool_namespace(cfg),
-        objects.worker_pool(cfg, cfg.existing.ateom_image),
-        *(objects.prebuilt_actor_template(cfg, wl) for wl in cfg.workloads),
+        objects.worker_pool(cfg, cfg.existing.worker_image),
         *objects.nodeport_services(cfg),
     ]
     if cfg.observability.enabled:
-        objs.extend(objects.observability_objects(cfg))
-        write("dashboards/sandbox-lifecycle.json", json.dumps(objects.dashboard(cfg), indent=2))
+        objs.extend(observability.observability_objects(cfg))
+        write(
+            "dashboards/sandbox-lifecycle.json", json.dumps(observability.dashboard(cfg), indent=2)
+        )
     for i, obj in enumerate(objs):
         write(f"kubernetes/{_file_name(i, obj)}", yaml.safe_dump(obj, sort_keys=False))
+    _write_templates(cfg, write, lambda wl: (wl.image, agent))
     skipped = [
         f"SandboxConfig {cfg.sandbox_config_name}, the ate-system namespace and the CA bundle: "
         "the cluster's Substrate install provides them (the stack only reads them)"
