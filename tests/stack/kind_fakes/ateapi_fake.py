@@ -7,7 +7,7 @@ the test cluster publishes as the servicedns trust bundle (so the stack's own `c
 it), and records every call with whether it carried a bearer token. It implements only what the
 stack calls: CreateAtespace / DeleteAtespace, CreateActorTemplate (stored; its golden tag is
 "built" at once), GetActorTemplate, DeleteActorTemplate; anything else is UNIMPLEMENTED. The
-real server's behaviour is tested against the local backend (test_templates.py,
+real server's behaviour is tested against the local backend (test_stack_templates.py,
 test_existing_live.py); this fake only lets the install's wiring run end to end.
 
     python ateapi_fake.py --listen 127.0.0.1:30443 --cert s.crt --key s.key --log calls.jsonl
