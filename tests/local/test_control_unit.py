@@ -4,7 +4,7 @@ A fake runtime makes the failure paths (a restore that fails, a checkpoint that 
 that vanished while the control plane was down, a golden tag that belongs to someone else)
 deterministic and the clock injectable; the real runtimes are covered by the gRPC suites
 (test_fidelity_control.py, test_fidelity_resources.py). Each test says which upstream
-behaviour it pins (/work/notes/upstream-actors.md, upstream-resources.md).
+behaviour it pins, as the gRPC suites' docstrings cite it.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Real: a Worker carries its pod's IPs (`Worker.ips`, set when the syncer creates 
 resume workflow copies them onto the actor's `status.worker_assignment.worker_pod_ips` when it
 binds the worker and marks the actor RESUMING (`workerAssignmentFrom`, kagent:controlapi/
 workflow_resume.go@2559ec02; ateapi.proto@2179589f WorkerAssignment); traffic reaches the actor
-on port 80 of that IP (/work/notes/upstream-router.md). With one actor per worker (the test
-backends' default), the worker's IP is the actor's own.
+on port 80 of that IP (cmd/atenet/internal/router/ingress/ingress.go@18d1c266). With one
+actor per worker (the test backends' default), the worker's IP is the actor's own.
 """
 
 from __future__ import annotations

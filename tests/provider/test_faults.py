@@ -30,7 +30,7 @@ TRANSIENT = [
     grpc.StatusCode.ABORTED,
     grpc.StatusCode.DEADLINE_EXCEEDED,
 ]
-# No free capacity, as ateapi answers it (/work/notes/upstream-actors.md §10).
+# No free capacity, as ateapi answers it (pinned by tests/local/test_fidelity_control.py).
 NO_ROOM = (grpc.StatusCode.RESOURCE_EXHAUSTED, "no worker has room for the actor")
 
 
