@@ -26,15 +26,11 @@ import asyncio
 import base64
 import collections
 import contextlib
-import fcntl
 import logging
 import os
 import secrets
-import shutil
 import signal
-import struct
 import subprocess
-import termios
 import time
 from typing import Any
 
@@ -44,6 +40,7 @@ from ._errors import ApiError
 from ._output import OffsetStream
 from ._procfs import outside_group
 from ._requests import PtySpec
+from ._terminal import interactive_shell, popen, set_size
 from ._users import Credentials, resolve_user
 from .contract import PtyState
 
@@ -57,72 +54,6 @@ _READ_SIZE = 64 * 1024
 _DRAIN_GRACE_S = 0.1
 _FINAL_DRAIN_BYTES = 1024 * 1024
 _DEFAULT_TERM = "xterm-256color"
-
-
-def _set_size(fd: int, rows: int, cols: int) -> None:
-    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-
-
-def _take_terminal() -> None:
-    """In the child, after setsid and the user switch: make the PTY the controlling terminal.
-
-    Without it the line discipline has no foreground process group, so a typed Ctrl-C (or a
-    resize's SIGWINCH) reaches no one. A runtime that refuses it still gets a working session.
-    """
-    with contextlib.suppress(OSError):
-        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
-
-def _interactive_shell(path: str) -> str:
-    """bash when the sandbox has it (on PATH), else /bin/sh (blocking: run it in a thread)."""
-    return shutil.which("bash", path=path) or "/bin/sh"
-
-
-def _popen(
-    spec: PtySpec,
-    argv: list[str],
-    env: dict[bytes, bytes],
-    creds: Credentials | None,
-    ends: list[tuple[int, int]],
-) -> subprocess.Popen[bytes]:
-    """Start the session's process on a new terminal or on three pipes.
-
-    Every fd opened is appended to `ends` as a (parent end, child end) pair: stdin first,
-    then stdout and stderr (a terminal is one pair), so the caller can close them all if the
-    spawn fails, or the child's ends once it started.
-    """
-    kwargs: dict[str, Any] = creds.popen_kwargs() if creds is not None else {}
-    if spec.pty:
-        ends.append(os.openpty())
-        master, slave = ends[0]
-        _set_size(master, spec.rows, spec.cols)
-        return subprocess.Popen(
-            argv,
-            stdin=slave,
-            stdout=slave,
-            stderr=slave,
-            cwd=spec.cwd,
-            env=env,
-            start_new_session=True,
-            preexec_fn=_take_terminal,
-            **kwargs,
-        )
-    stdin_r, stdin_w = os.pipe()
-    ends.append((stdin_w, stdin_r))
-    out_r, out_w = os.pipe()
-    ends.append((out_r, out_w))
-    err_r, err_w = os.pipe()
-    ends.append((err_r, err_w))
-    return subprocess.Popen(
-        argv,
-        stdin=stdin_r,
-        stdout=out_w,
-        stderr=err_w,
-        cwd=spec.cwd,
-        env=env,
-        start_new_session=True,
-        **kwargs,
-    )
 
 
 class PtySession:
@@ -434,7 +365,7 @@ class PtyManager:
             argv = [spec.shell]
         else:
             path = os.fsdecode(env.get(b"PATH", DEFAULT_PATH.encode()))
-            argv = [await loop.run_in_executor(None, _interactive_shell, path)]
+            argv = [await loop.run_in_executor(None, interactive_shell, path)]
         if spec.pty and not any(name == "TERM" for name, _ in spec.env):
             env[b"TERM"] = _DEFAULT_TERM.encode()
         # No await from here on: check, insert and spawn are one step on the loop.
@@ -468,7 +399,7 @@ class PtyManager:
         # The parent's ends first, then the child's: (parent, child) pairs.
         ends: list[tuple[int, int]] = []
         try:
-            proc = _popen(spec, argv, env, creds, ends)
+            proc = popen(spec, argv, env, creds, ends)
         except Exception as exc:
             for pair in ends:
                 for fd in pair:
@@ -544,7 +475,7 @@ class PtyManager:
             raise _ended(session, "a resize")
         if session.master >= 0:
             with contextlib.suppress(OSError):  # the terminal was just hung up
-                _set_size(session.master, rows, cols)
+                set_size(session.master, rows, cols)
         session.rows, session.cols = rows, cols  # pipe mode: recorded, nothing to size
 
     def signal(self, session: PtySession, name: str) -> None:
