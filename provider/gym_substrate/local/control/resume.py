@@ -90,13 +90,17 @@ class Resume:
                 f"ACTOR_STATE_{record.state}, want ACTOR_STATE_SUSPENDED or ACTOR_STATE_PAUSED)",
             )
         placement = plane.pool.place(record.key, selectors)
-        return plane.state.save(
-            record,
-            state=RESUMING,
-            worker=placement.worker.meta.name,
-            slot=placement.slot,
-            worker_epoch=placement.worker.epoch,
-        )
+        try:
+            return plane.state.save(
+                record,
+                state=RESUMING,
+                worker=placement.worker.meta.name,
+                slot=placement.slot,
+                worker_epoch=placement.worker.epoch,
+            )
+        except BaseException:  # not recorded (a full state folder): the slot goes back
+            plane.pool.release(placement.slot, record.key)
+            raise
 
     def _source(
         self, record: ActorRecord, template: TemplateRecord
