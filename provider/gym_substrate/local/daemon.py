@@ -36,6 +36,7 @@ __all__ = [
     "list_images",
     "pid_alive",
     "spawn",
+    "start_output",
     "stop",
     "wait_until_serving",
 ]
@@ -74,13 +75,36 @@ def spawn(
         argv += ["--actors-per-worker", str(actors_per_worker)]
     argv += (["--suspend-on-stop"] if suspend_on_stop else []) + (["--tls"] if tls else [])
     with open(folder / "backend.log", "ab") as log_file:
-        return subprocess.Popen(
+        # where this start's output begins: an error quotes only its own lines
+        offset = log_file.tell()
+        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        log_file.write(f"--- gym-substrate local up --daemon, {started} ---\n".encode())
+        log_file.flush()
+        proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    _LOG_OFFSETS[proc.pid] = offset
+    return proc
+
+
+# pid -> the size of backend.log before that start wrote to it
+_LOG_OFFSETS: dict[int, int] = {}
+
+
+def start_output(folder: Path, pid: int) -> str:
+    """What the start of ``pid`` wrote to `backend.log` (its last 3000 characters): never the
+    lines of an earlier start in the same folder."""
+    try:
+        with open(folder / "backend.log", "rb") as fh:
+            fh.seek(_LOG_OFFSETS.get(pid, 0))
+            text = fh.read().decode(errors="replace")
+    except OSError as exc:
+        return f"(cannot read {folder / 'backend.log'}: {exc})"
+    return text[-3000:]
 
 
 def wait_until_serving(folder: Path, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
@@ -92,8 +116,9 @@ def wait_until_serving(folder: Path, proc: subprocess.Popen[bytes]) -> dict[str,
         if info is not None and info.get("pid") == proc.pid and answers(info):
             return info
         if proc.poll() is not None:
-            tail = log_path.read_text(errors="replace")[-3000:]
-            raise BackendError(f"the backend exited during start-up:\n{tail}")
+            raise BackendError(
+                f"the backend exited during start-up:\n{start_output(folder, proc.pid)}"
+            )
         if time.monotonic() > deadline:
             raise BackendError(f"the backend did not answer in {START_TIMEOUT_S} s; see {log_path}")
         time.sleep(0.1)
