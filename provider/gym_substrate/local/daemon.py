@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gym_substrate.local.errors import BackendError
-from gym_substrate.local.statedir import read_backend_info
+from gym_substrate.local.statedir import read_admin_token, read_backend_info
 
 __all__ = [
     "START_TIMEOUT_S",
@@ -60,6 +60,7 @@ def spawn(
     tls: bool = False,
     auth: str = "mtls",
     rootfs: str = "debian",
+    allow_host_rootfs: bool = False,
 ) -> subprocess.Popen[bytes]:
     """Start `local up` for ``folder`` detached, logging to `<folder>/backend.log`."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -74,6 +75,7 @@ def spawn(
     if actors_per_worker is not None:
         argv += ["--actors-per-worker", str(actors_per_worker)]
     argv += (["--suspend-on-stop"] if suspend_on_stop else []) + (["--tls"] if tls else [])
+    argv += ["--allow-host-rootfs"] if allow_host_rootfs else []
     with open(folder / "backend.log", "ab") as log_file:
         # where this start's output begins: an error quotes only its own lines
         offset = log_file.tell()
@@ -207,8 +209,11 @@ def pid_alive(pid: int) -> bool:
 def fetch_status(info: Mapping[str, Any], folder: Path) -> dict[str, Any]:
     """The running backend's `LocalBackend.status()`, asked over its admin listener."""
     admin = admin_url(info)
+    request = urllib.request.Request(
+        f"{admin}/_local/status", headers={"Authorization": f"Bearer {read_admin_token(folder)}"}
+    )
     try:
-        with urllib.request.urlopen(f"{admin}/_local/status", timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=10) as response:
             data: dict[str, Any] = json.loads(response.read())
     except (OSError, ValueError) as exc:  # URLError, HTTPError, timeouts, a non-JSON answer
         raise BackendError(
@@ -229,7 +234,10 @@ def _admin_call(
         f"{admin}{path}",
         data=data,
         method="GET" if body is None else "POST",
-        headers={"Content-Type": "application/json"},
+        headers={
+            "Content-Type": "application/json",
+            "Authorization": f"Bearer {read_admin_token(folder)}",
+        },
     )
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
