@@ -5,7 +5,10 @@ bubblewrap) works, every actor runs inside it: the host's filesystem read-only (
 state and other actors' folders hidden), its own working folder and its own /tmp writable (a
 per-actor folder bound at /tmp), a private /dev/shm, its own pid, uts and ipc namespaces, only
 the capabilities to switch users, signal its jobs and bind port 80, and no_new_privs. It keeps
-the host's network namespace and this user's uid. Without bwrap it isolates nothing, and
+this user's uid. As root each actor address is a network namespace of its own
+(`process_net.py`, the gVisor runtime's veth + nftables), so an actor reaches neither the API,
+the router, the admin listener nor another actor; otherwise actors share the host's network
+(`warning()` says so). Without bwrap it isolates nothing on the filesystem, and
 `warning()` says so loudly. A template with a root filesystem of its own (the default
 template's Debian, `rootfs.py`) gets that tree read-only as `/` instead of the host's, its
 working folder at /root and its binds (the static agent); that needs bwrap.
@@ -58,6 +61,7 @@ from gym_substrate.local.runtimes.base import (
     StartedSandbox,
     pss_bytes,
 )
+from gym_substrate.local.runtimes.process_net import ActorNets, NetError, netns_problem
 
 __all__ = [
     "ROOTFS_WORKDIR",
@@ -372,6 +376,16 @@ class ProcessRuntime:
         self.lease_dir = Path(config.extra.get("process.lease_dir") or loopback.default_lease_dir())
         self._lease: loopback.LoopbackLease | None = None
         self._slot_ips: dict[int, str] = {}
+        # as root, every actor address is a network namespace of its own (process_net.py)
+        network = config.extra.get("process.network", "auto")
+        if network not in ("auto", "host"):
+            raise ValueError(f"process.network must be 'auto' or 'host', got {network!r}")
+        self.netns_problem = (
+            "the host's network was asked for (process.network=host)"
+            if network == "host"
+            else netns_problem()
+        )
+        self.nets = ActorNets(config.instance, self.root) if self.netns_problem is None else None
 
     def warning(self) -> str | None:
         memory = (
@@ -388,20 +402,38 @@ class ProcessRuntime:
                 "follows it; code that dials <ip>:80 itself does not). Run as root for port 80."
             )
         )
+        if self.nets is not None:
+            network = (
+                "each has a network namespace of its own (no route off this machine; the API, "
+                "the router, the admin listener, host services and other actors are out of "
+                "reach"
+                + (
+                    ""
+                    if shutil.which("nft") is not None
+                    else ", but for host services on all interfaces: apt-get install nftables"
+                )
+                + ")"
+            )
+        else:
+            network = (
+                f"they share this machine's network ({self.netns_problem}: run as root for a "
+                "network namespace per actor), so they can reach the API, the router, the "
+                "admin listener and other actors' agents on loopback"
+            )
         if self.bwrap_problem is None:
             return (
                 "the process runtime runs actors under bubblewrap: read-only host filesystem "
                 "but for their working folder and a private /tmp, own pid/uts/ipc namespaces, "
-                "no capabilities but switching users and binding port 80; they still share "
-                f"this machine's network and run as this user, and {memory}. Install runsc "
-                "and run as root for gVisor sandboxes." + ports
+                f"no capabilities but switching users and binding port 80; {network}; they "
+                f"run as this user, and {memory}. Install runsc and run as root for gVisor "
+                "sandboxes." + ports
             )
         return (
             f"NO ISOLATION: bubblewrap cannot run here ({self.bwrap_problem}), so the process "
             "runtime runs actors as ordinary processes of this user with "
             f"this user's full rights on this machine: model-written code can read, change and "
             f"delete anything this user can, and /tmp is the host's (TMPDIR points to a folder "
-            f"of their own). Their {memory.removeprefix('their ')}. Install "
+            f"of their own); {network}. Their {memory.removeprefix('their ')}. Install "
             "bubblewrap (apt-get install bubblewrap) or runsc before running untrusted code."
             + ports
         )
@@ -431,6 +463,14 @@ class ProcessRuntime:
         return held
 
     def _fresh_ip(self, taken: Collection[str]) -> str:
+        if self.nets is not None:
+            for ip in self.nets.addresses():
+                if ip not in taken:
+                    return ip
+            raise RuntimeFailure(
+                "every actor network of this backend is held by running or paused actors: "
+                "suspend or delete some"
+            )
         assert self._lease is not None
         for ip in self._lease.addresses():
             if ip not in taken:
@@ -446,10 +486,16 @@ class ProcessRuntime:
         tmp.replace(self.root / "addresses.json")
 
     def _open_addresses(self) -> None:
-        """Lease the instance's block and give every slot an address no paused agent holds."""
-        self._lease = loopback.lease_block(
-            self.lease_dir, self.config.instance, self.root.resolve()
-        )
+        """Lease the instance's block (as root: bring up its actor networks) and give every
+        slot an address no paused agent holds."""
+        if self.nets is not None:
+            self.nets.open()
+            holds = self.nets.holds
+        else:
+            self._lease = loopback.lease_block(
+                self.lease_dir, self.config.instance, self.root.resolve()
+            )
+            holds = self._lease.holds
         try:
             saved = json.loads((self.root / "addresses.json").read_text())
         except (OSError, ValueError):
@@ -458,7 +504,7 @@ class ProcessRuntime:
         ips: dict[int, str] = {}
         for index in range(self.config.workers):
             ip = saved.get(str(index)) if isinstance(saved, dict) else None
-            fine = isinstance(ip, str) and self._lease.holds(ip) and ip not in ips.values()
+            fine = isinstance(ip, str) and holds(ip) and ip not in ips.values()
             if not fine or held.get(str(ip), index) != index:
                 ip = self._fresh_ip({*ips.values(), *held})
             ips[index] = str(ip)
@@ -566,7 +612,7 @@ class ProcessRuntime:
         self.actors.mkdir(parents=True, exist_ok=True)
         try:
             await asyncio.to_thread(self._open_addresses)
-        except loopback.LoopbackError as exc:
+        except (loopback.LoopbackError, NetError) as exc:
             raise RuntimeFailure(str(exc)) from exc
         if self.port80_problem is not None:
             log.warning(
@@ -721,6 +767,8 @@ class ProcessRuntime:
                 actor.actor_id,
                 bind_low_ports=low_ports,
             )
+        if self.nets is not None:  # into the network namespace of the slot's address
+            argv = self.nets.enter(ip, argv)
         try:
             proc = _popen(argv, workdir, env, log_path)
         except OSError as exc:
@@ -880,6 +928,8 @@ class ProcessRuntime:
         )
         if released:
             removed.append(released)
+        if self.nets is not None:
+            removed += await asyncio.to_thread(self.nets.cleanup)
         with contextlib.suppress(OSError):
             (self.root / "addresses.json").unlink()
         self._slot_ips = {}
@@ -896,4 +946,6 @@ class ProcessRuntime:
         lease = loopback.find_lease(self.lease_dir, self.config.instance, self.root.resolve())
         if lease is not None:
             found.append(f"loopback lease {lease}")
+        if self.nets is not None:
+            found += await asyncio.to_thread(self.nets.leftovers)
         return found
