@@ -47,13 +47,17 @@ async def _answer(call: Any) -> tuple[grpc.StatusCode, str]:
 
 # ---------------------------------------------------------------------- an injected failure
 class _FullDatabase:
-    """The state database of a full disk: reads work, every write fails as SQLite's does."""
+    """The state database of a full disk: reads work, writes fail as SQLite's do (those whose
+    parameters contain ``only``, when given)."""
 
-    def __init__(self, db: sqlite3.Connection) -> None:
+    def __init__(self, db: sqlite3.Connection, only: str = "") -> None:
         self._db = db
+        self._only = only
 
     def execute(self, sql: str, params: Any = ()) -> Any:
-        if sql.lstrip().split()[0].upper() in ("INSERT", "UPDATE", "DELETE"):
+        if sql.lstrip().split()[0].upper() in ("INSERT", "UPDATE", "DELETE") and (
+            not self._only or any(self._only in str(p) for p in params)
+        ):
             raise sqlite3.OperationalError("database or disk is full")
         return self._db.execute(sql, params)
 
@@ -80,6 +84,33 @@ async def test_a_resume_whose_record_cannot_be_stored_gives_its_slot_back(
     assert state(resumed.actor) == "RUNNING"
     assert _busy(backend) == 1
     await stub.DeleteActor(pb.DeleteActorRequest(actor=ref("a"), any_state=True))
+    assert _busy(backend) == 0
+
+
+async def test_a_started_sandbox_whose_record_cannot_be_stored_is_stopped(
+    backend: LocalBackend, stub: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sandbox started but the RUNNING record did not fit: the sandbox is stopped (none runs
+    that no record names), the actor stays RESUMING on its worker, and the next ResumeActor
+    finishes it there."""
+    await make_actor(stub, "b")
+    assert backend.plane is not None
+    store = backend.plane.state.store
+    real_db = store._db
+    monkeypatch.setattr(store, "_db", _FullDatabase(real_db, only='"state": "RUNNING"'))
+    code, message = await _answer(stub.ResumeActor(pb.ResumeActorRequest(actor=ref("b"))))
+    assert code == C.RESOURCE_EXHAUSTED, (code, message)
+    assert backend.runtime is not None
+    running = [x for x in await backend.runtime.leftovers() if x.startswith("process")]
+    assert running == []
+    assert backend.plane.state.actors["t/b"].state == "RESUMING"
+    assert _busy(backend) == 1
+
+    monkeypatch.setattr(store, "_db", real_db)
+    resumed = await stub.ResumeActor(pb.ResumeActorRequest(actor=ref("b")))
+    assert state(resumed.actor) == "RUNNING"
+    assert _busy(backend) == 1
+    await stub.DeleteActor(pb.DeleteActorRequest(actor=ref("b"), any_state=True))
     assert _busy(backend) == 0
 
 

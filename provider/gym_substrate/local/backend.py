@@ -36,7 +36,7 @@ from gym_substrate.local.auth import AUTH_MODES, TokenVerifier
 from gym_substrate.local.client_config import provider_config
 from gym_substrate.local.control.identity import Identity
 from gym_substrate.local.control.plane import ControlPlane
-from gym_substrate.local.control.store import StaleStateError, Store
+from gym_substrate.local.control.store import StaleStateError, StateFolderFull, Store
 from gym_substrate.local.errors import BackendError
 from gym_substrate.local.images import ImageCatalogue, ImageError
 from gym_substrate.local.metrics import Metrics
@@ -265,6 +265,9 @@ class LocalBackend:
         self._lock_fd = statedir.acquire_lock(self.state_dir)
         try:
             await self._start()
+        except StateFolderFull as exc:  # a start that cannot record its state: say where
+            await self._teardown(stop_sandboxes=True)
+            raise BackendError(exc.message) from exc
         except BaseException:
             await self._teardown(stop_sandboxes=True)
             raise

@@ -141,12 +141,16 @@ class Resume:
             raise ApiError(
                 grpc.StatusCode.INTERNAL, f"actor {record.key} crashed: {step}: {exc}"
             ) from exc
-        record = plane.state.save(
-            record,
-            state=RUNNING,
-            handle=started.handle,
-            address=started.address,
-            retained_handle="",
-        )
+        try:
+            record = plane.state.save(
+                record,
+                state=RUNNING,
+                handle=started.handle,
+                address=started.address,
+                retained_handle="",
+            )
+        except BaseException:  # not recorded (a full state folder): no sandbox nobody tracks
+            await plane.stop_sandbox(started.handle)
+            raise
         plane.metrics.lifecycle("resume", template, kind, time.perf_counter() - started_at)
         return record
