@@ -110,6 +110,12 @@ class ActorNets:
         for index in range(MAX_NETS):
             yield self._make(index).sandbox_ip
 
+    def ensure_spare(self, taken: set[str]) -> None:
+        """Make sure one net's address is not in ``taken`` (blocking: makes one if needed)."""
+        for ip in self.addresses():
+            if ip not in taken:
+                return
+
     def holds(self, ip: str) -> bool:
         return any(n.sandbox_ip == ip for n in self._nets.values())
 
