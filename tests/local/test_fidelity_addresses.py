@@ -130,8 +130,10 @@ async def test_without_port_80_the_record_keeps_ip_and_port(tmp_path: Path) -> N
     """Where the agent may not bind port 80 (no root) the process runtime falls back to a free
     port on the worker's own loopback IP, records ``ip:port`` (which the local router dials as
     given) and says so in its start-up warning; two backends never share a worker IP."""
-    runtimes = [
-        ProcessRuntime(RuntimeConfig(tmp_path / name / "runtime", name, 2))
+    runtimes = [  # on the host's network, as without root (no namespace per actor)
+        ProcessRuntime(
+            RuntimeConfig(tmp_path / name / "runtime", name, 2, {"process.network": "host"})
+        )
         for name in ("gsaddr1", "gsaddr2")
     ]
     first, _ = runtimes

@@ -71,6 +71,8 @@ def _print_up(info: dict[str, Any]) -> None:
     console.print(f"  router (header ate-target-actor: <atespace>/<actor>): {info['router']}")
     admin = info.get("admin", "")
     console.print(f"  admin (/readyz, /metrics, /_local/status, /_local/images): {admin}")
+    if info.get("admin_token_file"):
+        console.print(f"  admin token (/_local/*, this user only): {info['admin_token_file']}")
     console.print(f"  metrics: {admin}/metrics")
     config = provider_config(
         info["api"],
@@ -192,6 +194,13 @@ local.add_command(rootfs_group)
     "(<state-dir>/auth/token; needs --tls).",
 )
 @rootfs_option
+@click.option(
+    "--allow-host-rootfs",
+    is_flag=True,
+    help="Let API clients create templates on the host's own `/` (image local/host): their "
+    "sandboxes see the host's files, read-only. Refused (FAILED_PRECONDITION) without it; "
+    "`--rootfs host` implies it.",
+)
 @click.option("--daemon", is_flag=True, help="Run in the background; return once it answers.")
 @click.option("--json", "as_json", is_flag=True, help="Print the addresses as JSON.")
 def up(
@@ -209,6 +218,7 @@ def up(
     tls: bool,
     auth: str,
     rootfs: str,
+    allow_host_rootfs: bool,
     daemon: bool,
     as_json: bool,
 ) -> None:
@@ -251,6 +261,7 @@ def up(
         "tls": tls,
         "auth": auth,
         "rootfs": rootfs,
+        "allow_host_rootfs": allow_host_rootfs,
     }
     if daemon:
         if rootfs == "debian":  # a first build takes minutes: here, with progress, not detached
@@ -282,6 +293,7 @@ async def _foreground(folder: Path, options: dict[str, Any], as_json: bool) -> N
         tls=options["tls"],
         auth=options["auth"],
         default_rootfs=options["rootfs"],
+        allow_host_rootfs=options["allow_host_rootfs"],
     )
     backend.standalone = True
     stop = asyncio.Event()
