@@ -26,9 +26,11 @@ from typing import Any, Protocol, TypeVar
 from gym_substrate._actor import DELETED, SubstrateActor
 from gym_substrate._agent_client import AgentClient, HttpTransport
 from gym_substrate._config import CrashPolicy, IdlePolicy, PauseMode
+from gym_substrate._connhints import not_an_agent
 from gym_substrate._errors import (
     ActorCrashedError,
     ActorNotFoundError,
+    ConnectionConfigError,
     ControlPlaneError,
     NoFreeWorkersError,
     SnapshotBusyError,
@@ -347,6 +349,11 @@ class ManagedActor:
                 f"workload does not answer (its router answers 503): the workload died, and "
                 f"nothing restarts it; close() or pause() the sandbox ({exc})"
             ) from exc
+        if not isinstance(ready, dict) or "boot_id" not in ready:
+            hint = not_an_agent(self.services.router)
+            raise ConnectionConfigError(
+                f"GET /readyz on {actor.actor_id}: {hint.text}", key=hint.key
+            )
         self.lost_workload = None
         self._publish(
             status=actor_state(resumed),
