@@ -470,7 +470,7 @@ class SubstrateProvider(SnapshotMethods, PtyMethods, _capabilities.ComposeCapabi
             got = await self._get_actor(actor.atespace, actor.actor_id)
         except ActorNotFoundError:
             return SandboxStatus.STOPPED
-        except (ControlPlaneError, RetryError) as exc:
+        except ControlPlaneError as exc:
             log.info("status of %s unknown: %s", actor.actor_id, exc)
             return SandboxStatus.UNKNOWN
         managed = self._actors.get((actor.atespace, actor.actor_id))
@@ -483,12 +483,17 @@ class SubstrateProvider(SnapshotMethods, PtyMethods, _capabilities.ComposeCapabi
         """GetActor through UNAVAILABLE (a control plane restarting) for up to
         `connection.connect_timeout_s`: the channel reconnects within about a second."""
         control = self.control
-        return await retry_target(
-            lambda: control.get_actor(atespace, name),
-            is_transient_control,
-            _RECONNECT_RETRY.with_deadline(self.connection.connect_timeout_s),
-            what=f"GetActor {atespace}/{name}",
-        )
+        try:
+            return await retry_target(
+                lambda: control.get_actor(atespace, name),
+                is_transient_control,
+                _RECONNECT_RETRY.with_deadline(self.connection.connect_timeout_s),
+                what=f"GetActor {atespace}/{name}",
+            )
+        except RetryError as exc:  # still down: the last answer, as a single call gives it
+            if isinstance(exc.cause, ControlPlaneError):
+                raise exc.cause from exc
+            raise
 
     @_shared.holding
     async def pause(self, handle: SandboxHandle) -> None:
