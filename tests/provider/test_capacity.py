@@ -68,8 +68,8 @@ async def _until(predicate: Any) -> None:
 
 async def test_waiting_creates_are_served_in_arrival_order_as_this_process_frees_workers() -> None:
     """Workers freed by this process's own closes wake the line at once; the backoff is made
-    so long that nothing else would: each wait costs two ResumeActor calls (its turn, and the
-    one right after the previous head's that finds the pool full again)."""
+    so long that nothing else would: each wait costs at most two ResumeActor calls (its turn,
+    and the one right after the previous head's that may find the pool full again)."""
     control = FakeControl(workers=2)
     p = _provider(control, {"initial": 300, "maximum": 300, "deadline": 600})
     async with asyncio.timeout(_HANG_S):
@@ -82,7 +82,9 @@ async def test_waiting_creates_are_served_in_arrival_order_as_this_process_frees
             await _until(lambda: len(served) > turn)  # noqa: B023 - awaited within the turn
             running.append(await tasks[turn])
         assert served == list(range(WAITERS))
-        assert control.calls["ResumeActor"] - before == 2 * WAITERS
+        # each served wait made its own turn's call, and at most one more that found the pool
+        # full again (fewer when the next close came before the new head asked)
+        assert WAITERS <= control.calls["ResumeActor"] - before <= 2 * WAITERS
         for handle in running:
             await p.close(handle)
     await p.aclose()
