@@ -139,7 +139,7 @@ class Parking:
         await check_room(plane, record, "pause", dest)
         record = self._new_generation(record, template, "LOCAL", dest, PAUSING)
         result = await self._checkpoint(record, template, "pause", SnapshotKind.LOCAL, dest)
-        return self._finish(record, template, "LOCAL", result, PAUSED)
+        return self.finish(record, template, "LOCAL", result, PAUSED)
 
     async def _suspend(self, key: str) -> ActorRecord:
         plane = self.plane
@@ -181,7 +181,7 @@ class Parking:
             result = await self._checkpoint(
                 record, template, "suspend", SnapshotKind.EXTERNAL, dest
             )
-        return self._finish(record, template, "DURABLE", result, SUSPENDED)
+        return self.finish(record, template, "DURABLE", result, SUSPENDED)
 
     # ---------------------------------------------------------------- steps
     def _new_generation(
@@ -268,7 +268,7 @@ class Parking:
         plane.metrics.lifecycle("suspend", template, "", time.perf_counter() - started)
         return dataclasses.replace(result, snapshot=SnapshotRef(SnapshotKind.EXTERNAL, dest))
 
-    def _finish(
+    def finish(
         self,
         record: ActorRecord,
         template: TemplateRecord,
