@@ -404,9 +404,9 @@ def down(
                 ),
             )
         console.print(f"stopped the backend (pid {pid})")
-    _settle_after_crash(folder, suspend=suspend, discard=discard)
+    removed = _settle_after_crash(folder, suspend=suspend, discard=discard)
     try:
-        removed = asyncio.run(statedir.cleanup_state_dir(folder))
+        removed += asyncio.run(statedir.cleanup_state_dir(folder))
     except (BackendError, RuntimeFailure) as exc:
         raise fail(str(exc)) from exc
     for line in removed:
@@ -426,9 +426,9 @@ def down(
         console.print(f"no backend was running on {folder}; nothing left behind")
 
 
-def _settle_after_crash(folder: Path, *, suspend: bool, discard: bool) -> None:
+def _settle_after_crash(folder: Path, *, suspend: bool, discard: bool) -> list[str]:
     """What a dead (or killed) backend left running: adopted, then suspended or crashed, and
-    said so; with --discard only listed, as its sandboxes are removed."""
+    said so; with --discard only listed, as its sandboxes are removed. What it removed."""
     try:
         if discard:
             for line in settle.active_actors(folder):
@@ -437,9 +437,9 @@ def _settle_after_crash(folder: Path, *, suspend: bool, discard: bool) -> None:
                     "shows CRASHED at the next start",
                     highlight=False,
                 )
-            return
+            return []
         with console.status("adopting what the stopped backend left running ..."):
-            lines = asyncio.run(settle.settle_stopped_backend(folder, suspend=suspend))
+            lines, removed = asyncio.run(settle.settle_stopped_backend(folder, suspend=suspend))
     except (BackendError, RuntimeFailure, ValueError, OSError) as exc:
         raise fail(
             f"could not adopt what the stopped backend on {folder} left running: {exc}; "
@@ -448,6 +448,7 @@ def _settle_after_crash(folder: Path, *, suspend: bool, discard: bool) -> None:
         ) from exc
     for line in lines:
         console.print(line, highlight=False)
+    return removed
 
 
 @local.command()

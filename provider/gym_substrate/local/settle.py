@@ -42,8 +42,8 @@ def active_actors(state_dir: Path) -> list[str]:
         return []
     try:
         store = Store(state_dir / "state.db")
-    except StaleStateError as exc:
-        raise BackendError(str(exc)) from exc
+    except StaleStateError:
+        return []  # another schema: nothing of it can be carried over (`down --purge`)
     try:
         records = list(store.load(ActorRecord))
     finally:
@@ -79,22 +79,23 @@ def _describe(before: ActorRecord, after: ActorRecord | None, suspend: bool) -> 
     return f"actor {before.key} ({before.state}): its sandbox was adopted, now {after.state}"
 
 
-async def settle_stopped_backend(state_dir: Path, *, suspend: bool) -> list[str]:
-    """Adopt, then stop, what a dead backend of ``state_dir`` left; a line per actor."""
+async def settle_stopped_backend(state_dir: Path, *, suspend: bool) -> tuple[list[str], list[str]]:
+    """Adopt, then stop, what a dead backend of ``state_dir`` left: a line per actor, and what
+    the runtime's cleanup removed."""
     meta = read_meta(state_dir / "state.db") if (state_dir / "state.db").exists() else {}
     name = meta.get("runtime")
     if not name:
-        return []
+        return [], []
     try:
         lock_fd = statedir.acquire_lock(state_dir)
     except BackendError:
-        return []  # a backend is starting there: `cleanup_state_dir` refuses, saying so
+        return [], []  # a backend is starting there: `cleanup_state_dir` refuses, saying so
     store: Store | None = None
     try:
         store = Store(state_dir / "state.db")
         before = {r.key: r for r in store.load(ActorRecord) if r.state in ACTIVE_STATES}
         if not any(r.atespace != GOLDEN_ATESPACE for r in before.values()):
-            return []
+            return [], []
         instance = meta.get("instance") or statedir.instance_name(state_dir)
         workers = int(meta.get("workers") or "1")
         per_worker = int(meta.get("actors_per_worker") or "1")
@@ -116,15 +117,23 @@ async def settle_stopped_backend(state_dir: Path, *, suspend: bool) -> list[str]
         await runtime.open()
         await plane.recovery.recover()
         await plane.recovery.settle()
-        await plane.shutdown(suspend=suspend)
+        # as ControlPlane.shutdown, keeping what the cleanup removed to print it
+        await plane.golden.stop()
+        await plane.locks.drain()
+        if suspend:
+            await plane.parking.suspend_all(120.0)
+        await plane.recovery.stop_all()
+        removed = await runtime.cleanup()
+        await runtime.close()
         after = plane.state.actors
-        return [
+        lines = [
             _describe(record, after.get(key), suspend)
             for key, record in sorted(before.items())
             if record.atespace != GOLDEN_ATESPACE
         ]
-    except StaleStateError as exc:
-        raise BackendError(str(exc)) from exc
+        return lines, removed
+    except StaleStateError:
+        return [], []  # another schema: nothing of it can be carried over (`down --purge`)
     finally:
         if store is not None:
             with contextlib.suppress(Exception):

@@ -508,13 +508,22 @@ class GvisorRuntime:
         self, actor: ActorSpec, slot: Slot, handle: str, address: str
     ) -> StartedSandbox | None:
         net_ = self._net(slot)
-        if not handle:  # a restore the backend did not live to record (a RESUMING actor)
+        unrecorded = not handle
+        if unrecorded:  # a restore the backend did not live to record (a RESUMING actor)
             handle = await self._find_sandbox(actor, slot) or ""
             if not handle:
                 return None
         sandbox = self._sandboxes.get(handle) or self._load_sandbox(handle)
         if sandbox is None or sandbox.slot != slot.index or not await self.is_alive(handle):
             return None
+        if unrecorded:  # its resume may have ended before the wakeup probe answered
+            deadline = time.monotonic() + actor.template.probe_timeout_s
+            try:
+                await self._wait_ready(actor.template, net_, handle, deadline)
+            except RuntimeFailure as exc:
+                log.warning("not adopting %s for %s: %s", handle, actor.key, exc)
+                await self._discard(handle)
+                return None
         expected = net_.sandbox_ip
         if address != expected:
             log.warning("adopted %s answers at %s, not the recorded %s", handle, expected, address)
