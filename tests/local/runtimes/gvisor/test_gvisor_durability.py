@@ -8,6 +8,7 @@ The state folder is a small tmpfs (we run as root), so a full disk is real: runs
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 from collections.abc import AsyncIterator, Iterator
@@ -71,6 +72,12 @@ def _fill(folder: Path, leave_bytes: int) -> Path:
             fh.write(chunk[: min(size, len(chunk))])
             size -= min(size, len(chunk))
     return filler
+
+
+def _local_images(state_dir: Path) -> list[str]:
+    """What `snapshots/local` holds (it goes once empty)."""
+    folder = state_dir / "snapshots" / "local"
+    return sorted(os.listdir(folder)) if folder.is_dir() else []
 
 
 @pytest.fixture
@@ -137,7 +144,7 @@ async def test_a_checkpoint_that_runs_out_of_space_crashes_the_actor_and_says_wh
     assert message.startswith("pause failed: atelet Checkpoint: ")
     assert "no space left on device" in message
     assert "lost: the sandbox's memory and files since its snapshot generation" in message
-    assert not os.listdir(small_disk / "snapshots" / "local"), "the unfinished image was left"
+    assert await asyncio.to_thread(_local_images, small_disk) == [], "an unfinished image left"
     refused = await error(small_stub.ResumeActor(pb.ResumeActorRequest(actor=ref("lost"))))
     assert refused.code() == grpc.StatusCode.FAILED_PRECONDITION
     filler.unlink()

@@ -413,9 +413,12 @@ class GvisorRuntime:
     async def _checkpoint_failed(
         self, actor: ActorSpec, handle: str, sandbox_pid: int, exc: RunscError
     ) -> RuntimeFailure:
-        """A failed ``runsc checkpoint``: the sandbox is kept if it still runs, else removed."""
+        """A failed ``runsc checkpoint``: the sandbox is kept if the save never began and it
+        still runs; once gVisor was saving it (`checkpointing container ...`, e.g. ENOSPC) the
+        sentry stops itself a moment later, so it is removed at once and reported lost."""
         detail = f"{exc}" + (f" ({exc.output})" if exc.output else "")
-        if _pid_running(sandbox_pid, handle):
+        saving = "checkpointing container" in detail
+        if not saving and _pid_running(sandbox_pid, handle):
             return RuntimeFailure(
                 f"checkpoint of {actor.key} failed; its sandbox still runs: {detail}",
                 sandbox_lost=False,
