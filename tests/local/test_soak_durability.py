@@ -10,6 +10,7 @@ make it longer or wider (defaults 120 and 8).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -59,6 +60,12 @@ def state(tmp_path: Path) -> Iterator[Path]:
     folder = tmp_path / "state"
     yield folder
     _cli("down", "--discard", "--state-dir", str(folder))
+
+
+def _signal(pid: int, sig: int) -> None:
+    """A timer's signal; the backend may have died meanwhile (a crash phase, another kill)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
 
 
 def _start(state: Path, runtime: str, phase: str | None) -> Up:
@@ -115,13 +122,13 @@ def test_no_acknowledged_command_is_lost_silently(state: Path, runtime_name: str
         roll = rng.random()
         if roll < 0.08:  # a SIGKILL landing somewhere in the next call
             pid = up.proc.pid
-            timers.append(threading.Timer(rng.uniform(0, 0.4), os.kill, (pid, signal.SIGKILL)))
+            timers.append(threading.Timer(rng.uniform(0, 0.4), _signal, (pid, signal.SIGKILL)))
             timers[-1].start()
         elif roll < 0.12:  # a freeze of the whole backend
             pid = up.proc.pid
-            os.kill(pid, signal.SIGSTOP)
+            _signal(pid, signal.SIGSTOP)
             figures.freezes += 1
-            timers.append(threading.Timer(rng.uniform(0.5, 2.0), os.kill, (pid, signal.SIGCONT)))
+            timers.append(threading.Timer(rng.uniform(0.5, 2.0), _signal, (pid, signal.SIGCONT)))
             timers[-1].start()
         kind = rng.choices(["append", "pause", "suspend"], weights=[6, 2, 1])[0]
         line = f"{name}-{op}"
