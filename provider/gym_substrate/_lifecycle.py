@@ -558,6 +558,18 @@ class ManagedActor:
             self._idle_task = None
             try:
                 await self._park(mode)
+            except ActorCrashedError as exc:
+                # the park lost the sandbox: never "keeps running" (issue 24); with on_crash:
+                # fail the sandbox is CRASHED now, with revert the next call reverts it
+                log.warning(
+                    "idle park of %s crashed the sandbox (%s): %s",
+                    self.actor.actor_id,
+                    "reported as CRASHED"
+                    if self.services.on_crash == "fail"
+                    else "reverted at the next call",
+                    exc.crash_message,
+                )
+                return
             except SubstrateError as exc:
                 log.warning(
                     "idle park of %s failed (it keeps running): %s", self.actor.actor_id, exc

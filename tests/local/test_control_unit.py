@@ -37,6 +37,7 @@ from gym_substrate.local.runtimes.base import (
     SnapshotRef,
     StartedSandbox,
 )
+from gym_substrate.local.snapshots import partial_path
 from gym_substrate.local.templates import default_template
 
 C = grpc.StatusCode
@@ -65,6 +66,7 @@ class FakeRuntime:
         self.uploads: list[tuple[str, SnapshotRef, str, Path]] = []
         self.fail_start: str | None = None
         self.fail_checkpoint: RuntimeFailure | None = None
+        self.survive_failure = False  # a failed checkpoint leaves the sandbox running
         self.swept_keep: set[str] | None = None
         self.forgotten: list[str] = []
         self.gate: asyncio.Event | None = None  # when set, start() waits for it
@@ -100,7 +102,8 @@ class FakeRuntime:
     ) -> CheckpointResult:
         if self.fail_checkpoint is not None:
             _image(dest, 1)  # half written
-            self.alive.pop(handle, None)
+            if not self.survive_failure:
+                self.alive.pop(handle, None)
             raise self.fail_checkpoint
         _image(dest, 5)
         self.alive.pop(handle, None)
@@ -260,7 +263,9 @@ async def test_golden_build_and_snapshot_choice(tmp_path: Path, runtime: FakeRun
     newest = uploaded.latest_durable()
     assert newest is not None
     assert newest.generation == paused_record.last_generation
-    assert Path(newest.completed("DURABLE").path) == dest  # type: ignore[union-attr]
+    # written under a .partial name, recorded once renamed (committed)
+    assert partial_path(Path(newest.completed("DURABLE").path)) == dest  # type: ignore[union-attr]
+    assert not _exists(dest)
     await plane.recovery.settle()
     assert not _exists(external)
     await _stop(plane)
@@ -307,14 +312,18 @@ async def test_a_failed_checkpoint_crashes_the_actor(
     runtime.fail_checkpoint = RuntimeFailure("checkpoint exploded", sandbox_lost=lost)
     with pytest.raises(ApiError) as info:
         await plane.parking.suspend_key("t/a")
+    lost_what = (
+        "lost: the sandbox's memory and files since its snapshot generation 1 (RevertActor "
+        "takes it back there)"
+    )
     assert (info.value.code, info.value.message) == (
         C.INTERNAL,
-        "actor t/a crashed: atelet Checkpoint: checkpoint exploded",
+        f"actor t/a crashed: atelet Checkpoint: checkpoint exploded; {lost_what}",
     )
     crashed = plane.state.actors["t/a"]
     assert (crashed.state, crashed.crash_message) == (
         "CRASHED",
-        "suspend failed: atelet Checkpoint: checkpoint exploded",
+        f"suspend failed: atelet Checkpoint: checkpoint exploded; {lost_what}",
     )
     assert not list(
         (tmp_path / "store" / "atespaces" / "t" / "actors").glob(f"{record.meta.uid}/*")
@@ -326,6 +335,40 @@ async def test_a_failed_checkpoint_crashes_the_actor(
         (1, "COMPLETED"),
         (2, "IN_PROGRESS"),
     ]
+    await _stop(plane)
+
+
+@pytest.mark.parametrize("operation", ["pause", "suspend"])
+async def test_a_failed_checkpoint_that_leaves_the_sandbox_alive_keeps_it_running(
+    tmp_path: Path, runtime: FakeRuntime, operation: str
+) -> None:
+    """Issue 24: a park that fails without losing the sandbox must not crash the actor nor
+    pretend it parked: it is RUNNING on the same sandbox, the unfinished generation and its
+    files are gone, and the answer says the actor keeps running."""
+    plane = await _plane(tmp_path, runtime, workers=1)
+    record = _create(plane, "a")
+    running, _ = await plane.resume.run("t/a")
+    runtime.fail_checkpoint = RuntimeFailure("checkpoint hiccup", sandbox_lost=False)
+    runtime.survive_failure = True
+    ref = pb.ObjectRef(atespace="t", name="a")
+    park = (
+        plane.parking.pause(pb.PauseActorRequest(actor=ref))
+        if operation == "pause"
+        else plane.parking.suspend_key("t/a")
+    )
+    with pytest.raises(ApiError) as info:
+        await park
+    assert info.value.code == C.INTERNAL
+    assert "the actor keeps running (RUNNING)" in info.value.message
+    assert "checkpoint hiccup" in info.value.message
+    after = plane.state.actors["t/a"]
+    assert (after.state, after.handle, after.slot) == ("RUNNING", running.handle, running.slot)
+    assert after.snapshots == record.snapshots
+    assert not after.crash_message
+    assert not await asyncio.to_thread(lambda: list(tmp_path.rglob("*.partial")))
+    runtime.fail_checkpoint = None
+    suspended = await plane.parking.suspend_key("t/a")
+    assert suspended.state == "SUSPENDED"
     await _stop(plane)
 
 

@@ -273,3 +273,27 @@ async def test_closing_a_sandbox_parked_while_idle_or_found_parked_never_wakes_i
             made = control.calls - type(control.calls)(calls)
     assert made == {"DeleteActor": 3}
     assert control.actors == {}
+
+
+async def test_an_idle_park_that_finds_the_sandbox_crashed_never_says_it_keeps_running(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 24: a park that lost the sandbox was logged "idle park failed (it keeps running)".
+    Now the log says it crashed, and the next call reports the crash (on_crash: fail) instead
+    of running in anything else."""
+    control = FakeControl()
+    lifecycle = {"idle_policy": "pause", "idle_after_s": 0.02}
+    async with _provider(control, lifecycle=lifecycle) as p:
+        handle = await p.create(SandboxSpec())
+        control.crash("gym", handle.sandbox_id, "pause failed: atelet Checkpoint: disk full")
+        for _ in range(300):
+            await asyncio.sleep(0.01)
+            if control.calls["PauseActor"] and "idle park" in caplog.text:
+                break
+        assert "crashed the sandbox (reported as CRASHED)" in caplog.text
+        assert "keeps running" not in caplog.text
+        result = await p.exec(handle, "echo hi")
+        assert (result.return_code, result.error_type) != (0, None)
+        assert result.error_type == "sandbox"
+        assert "disk full" in (result.stderr or "")
+        await p.close(handle)

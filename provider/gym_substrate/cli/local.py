@@ -29,7 +29,7 @@ from gym_substrate.cli._local_common import (
 from gym_substrate.cli._output import Column, console, emit_json, fail, table
 from gym_substrate.cli.local_rootfs import rootfs_group
 from gym_substrate.cli.local_templates import images, templates
-from gym_substrate.local import daemon, statedir
+from gym_substrate.local import daemon, settle, statedir
 from gym_substrate.local.auth import AUTH_MODES
 from gym_substrate.local.backend import LocalBackend, default_actors_per_worker
 from gym_substrate.local.client_config import (
@@ -368,12 +368,28 @@ def _up_detached(folder: Path, options: dict[str, Any], as_json: bool) -> None:
     help="Instead: clean up after every backend on this machine that died without "
     "stopping its sandboxes (crashed or interrupted runs, any state folder).",
 )
-def down(state_dir: Path | None, timeout: float, suspend: bool, purge: bool, orphans: bool) -> None:
-    """Stop the backend and remove every sandbox it made (also after a crash)."""
+@click.option(
+    "--discard",
+    is_flag=True,
+    help="After a crash, remove the sandboxes the dead backend left running without adopting "
+    "them first: their actors' state since their last snapshot is dropped (they show CRASHED).",
+)
+def down(
+    state_dir: Path | None,
+    timeout: float,
+    suspend: bool,
+    purge: bool,
+    orphans: bool,
+    discard: bool,
+) -> None:
+    """Stop the backend and remove every sandbox it made (also after a crash: running actors
+    are adopted first, then suspended with --suspend or CRASHED without)."""
+    if suspend and discard:
+        raise fail("--suspend keeps running actors' state and --discard drops it: pick one")
     if orphans:
-        if suspend or purge or state_dir is not None:
+        if suspend or purge or discard or state_dir is not None:
             raise fail("--orphans cleans up every dead backend: it takes no --state-dir, "
-                       "--suspend or --purge")  # fmt: skip
+                       "--suspend, --discard or --purge")  # fmt: skip
         found = asyncio.run(statedir.cleanup_orphans())
         for line in found:
             console.print(f"removed leftover: {line}")
@@ -400,10 +416,9 @@ def down(state_dir: Path | None, timeout: float, suspend: bool, purge: bool, orp
                 ),
             )
         console.print(f"stopped the backend (pid {pid})")
-    elif suspend:
-        console.print(f"no backend runs on {folder}: nothing to suspend")
+    removed = _settle_after_crash(folder, suspend=suspend, discard=discard)
     try:
-        removed = asyncio.run(statedir.cleanup_state_dir(folder))
+        removed += asyncio.run(statedir.cleanup_state_dir(folder))
     except (BackendError, RuntimeFailure) as exc:
         raise fail(str(exc)) from exc
     for line in removed:
@@ -421,6 +436,31 @@ def down(state_dir: Path | None, timeout: float, suspend: bool, purge: bool, orp
         console.print(f"purged {folder} ({len(purged)} entries; rootfs/ kept if there)")
     elif info is None and not removed:
         console.print(f"no backend was running on {folder}; nothing left behind")
+
+
+def _settle_after_crash(folder: Path, *, suspend: bool, discard: bool) -> list[str]:
+    """What a dead (or killed) backend left running: adopted, then suspended or crashed, and
+    said so; with --discard only listed, as its sandboxes are removed. What it removed."""
+    try:
+        if discard:
+            for line in settle.active_actors(folder):
+                console.print(
+                    f"discarded: actor {line}: its sandbox is removed without a checkpoint; it "
+                    "shows CRASHED at the next start",
+                    highlight=False,
+                )
+            return []
+        with console.status("adopting what the stopped backend left running ..."):
+            lines, removed = asyncio.run(settle.settle_stopped_backend(folder, suspend=suspend))
+    except (BackendError, RuntimeFailure, ValueError, OSError) as exc:
+        raise fail(
+            f"could not adopt what the stopped backend on {folder} left running: {exc}; "
+            "`gym-substrate local down --discard` removes its sandboxes without adopting them "
+            "(their actors then show CRASHED)"
+        ) from exc
+    for line in lines:
+        console.print(line, highlight=False)
+    return removed
 
 
 @local.command()

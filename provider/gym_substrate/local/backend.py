@@ -37,6 +37,7 @@ from gym_substrate.local.client_config import provider_config
 from gym_substrate.local.control.identity import Identity
 from gym_substrate.local.control.plane import ControlPlane
 from gym_substrate.local.control.store import StaleStateError, StateFolderFull, Store
+from gym_substrate.local.crashpoint import check_crash_env
 from gym_substrate.local.errors import BackendError
 from gym_substrate.local.images import ImageCatalogue, ImageError
 from gym_substrate.local.metrics import Metrics
@@ -262,6 +263,7 @@ class LocalBackend:
         await self.stop()
 
     async def start(self) -> None:
+        check_crash_env()
         self._lock_fd = statedir.acquire_lock(self.state_dir)
         try:
             await self._start()

@@ -5,8 +5,13 @@ snapshot kept on this machine. Suspend: a RUNNING actor is checkpointed into a n
 generation under the template's storage location; a PAUSED one has its local snapshot uploaded
 into the same generation. Either way the actor's worker is freed, its local snapshots go, and
 older durable ones it owns are replaced (a borrowed tag's never touched). A checkpoint that
-fails crashes the actor, as atelet's failing Checkpoint does upstream. A checkpoint runs in a
-task of its own under the actor's lease: a caller that leaves does not stop it half-way.
+fails and loses the sandbox crashes the actor, as atelet's failing Checkpoint does upstream, with
+a message naming what is lost; one that leaves the sandbox alive keeps it RUNNING, and one that
+plainly cannot fit on disk is refused before it starts (`durability.py`). Images are written to
+a `.partial` folder, committed (fsynced, renamed) and only then recorded (`snapshots.py`), so a
+restart finds every recorded-or-not image either complete or plainly unfinished
+(`interrupted.py`). A checkpoint runs in a task of its own under the actor's lease: a caller
+that leaves does not stop it half-way.
 """
 
 from __future__ import annotations
@@ -22,6 +27,14 @@ from typing import TYPE_CHECKING
 import grpc
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
+from gym_substrate.local.control.durability import (
+    check_room,
+    keep_paused,
+    keep_running,
+    lost_since,
+    restore_local,
+    sandbox_survived,
+)
 from gym_substrate.local.control.records import (
     GOLDEN_ATESPACE,
     PAUSED,
@@ -36,6 +49,7 @@ from gym_substrate.local.control.records import (
     TemplateRecord,
 )
 from gym_substrate.local.control.validation import validated_ref
+from gym_substrate.local.crashpoint import crash_point
 from gym_substrate.local.errors import ApiError
 from gym_substrate.local.runtimes.base import (
     CheckpointResult,
@@ -43,7 +57,12 @@ from gym_substrate.local.runtimes.base import (
     SnapshotKind,
     SnapshotRef,
 )
-from gym_substrate.local.snapshots import new_snapshot_dir, remove_snapshot
+from gym_substrate.local.snapshots import (
+    commit_snapshot,
+    new_snapshot_dir,
+    partial_path,
+    remove_snapshot,
+)
 
 if TYPE_CHECKING:
     from gym_substrate.local.control.plane import ControlPlane
@@ -117,9 +136,10 @@ class Parking:
                 f"ACTOR_STATE_{record.state}, want ACTOR_STATE_RUNNING)",
             )
         dest = new_snapshot_dir(plane.state_dir / "snapshots" / "local", f"{record.name}-")
+        await check_room(plane, record, "pause", dest)
         record = self._new_generation(record, template, "LOCAL", dest, PAUSING)
         result = await self._checkpoint(record, template, "pause", SnapshotKind.LOCAL, dest)
-        return self._finish(record, template, "LOCAL", result, PAUSED)
+        return self.finish(record, template, "LOCAL", result, PAUSED)
 
     async def _suspend(self, key: str) -> ActorRecord:
         plane = self.plane
@@ -148,17 +168,20 @@ class Parking:
                     "actor is CRASHED because it was in PAUSED state with no completed local "
                     "snapshot",
                 )
+            await check_room(plane, record, "suspend", dest, upload_from=Path(local.path))
             pending = Storage("DURABLE", "IN_PROGRESS", str(dest), local.fidelity)
             upload = dataclasses.replace(latest, storage=(*latest.storage, pending))
             snapshots = tuple(upload if s is latest else s for s in record.snapshots)
             record = plane.state.save(record, state=SUSPENDING, snapshots=snapshots)
             result = await self._upload(record, template, Path(local.path), dest)
         else:
+            if record.state == RUNNING:
+                await check_room(plane, record, "suspend", dest)
             record = self._new_generation(record, template, "DURABLE", dest, SUSPENDING)
             result = await self._checkpoint(
                 record, template, "suspend", SnapshotKind.EXTERNAL, dest
             )
-        return self._finish(record, template, "DURABLE", result, SUSPENDED)
+        return self.finish(record, template, "DURABLE", result, SUSPENDED)
 
     # ---------------------------------------------------------------- steps
     def _new_generation(
@@ -194,45 +217,58 @@ class Parking:
         plane = self.plane
         started = time.perf_counter()
         await plane.release_connections(record.handle)
+        partial = partial_path(dest)
         try:
             spec = plane.spec(record, template)
-            result = await plane.runtime.checkpoint(spec, record.handle, kind, dest)
+            result = await plane.runtime.checkpoint(spec, record.handle, kind, partial)
+            crash_point("after-checkpoint-before-commit")
+            await asyncio.to_thread(commit_snapshot, partial, dest)
         except (RuntimeFailure, OSError, ValueError) as exc:
-            await asyncio.to_thread(remove_snapshot, dest)
-            await plane.revert.crash(record, operation, f"atelet Checkpoint: {exc}")
             plane.metrics.lifecycle(
                 operation, template, "", time.perf_counter() - started, "INTERNAL"
             )
+            if await sandbox_survived(plane, record.handle, exc):
+                raise await keep_running(plane, record, operation, dest, exc) from exc
+            await asyncio.to_thread(remove_snapshot, dest)
+            message = f"atelet Checkpoint: {exc}; {lost_since(record)}"
+            await plane.revert.crash(record, operation, message)
             raise ApiError(
-                grpc.StatusCode.INTERNAL, f"actor {record.key} crashed: atelet Checkpoint: {exc}"
+                grpc.StatusCode.INTERNAL, f"actor {record.key} crashed: {message}"
             ) from exc
+        crash_point("after-checkpoint-before-record")
         plane.metrics.lifecycle(operation, template, "", time.perf_counter() - started)
-        return result
+        return dataclasses.replace(result, snapshot=SnapshotRef(kind, dest))
 
     async def _upload(
         self, record: ActorRecord, template: TemplateRecord, local: Path, dest: Path
     ) -> CheckpointResult:
         plane = self.plane
         started = time.perf_counter()
+        partial = partial_path(dest)
         try:
             spec = plane.spec(record, template)
             result = await plane.runtime.upload(
-                spec, SnapshotRef(SnapshotKind.LOCAL, local), record.retained_handle, dest
+                spec, SnapshotRef(SnapshotKind.LOCAL, local), record.retained_handle, partial
             )
+            crash_point("after-checkpoint-before-commit")
+            await asyncio.to_thread(commit_snapshot, partial, dest)
         except (RuntimeFailure, OSError, ValueError) as exc:
-            await asyncio.to_thread(remove_snapshot, dest)
-            await plane.revert.crash(record, "suspend", f"atelet UploadPausedCheckpoint: {exc}")
             plane.metrics.lifecycle(
                 "suspend", template, "", time.perf_counter() - started, "INTERNAL"
             )
+            if await asyncio.to_thread(restore_local, partial, local):
+                raise keep_paused(plane, record, dest, exc) from exc
+            await asyncio.to_thread(remove_snapshot, dest)
+            message = f"atelet UploadPausedCheckpoint: {exc}; {lost_since(record)}"
+            await plane.revert.crash(record, "suspend", message)
             raise ApiError(
-                grpc.StatusCode.INTERNAL,
-                f"actor {record.key} crashed: atelet UploadPausedCheckpoint: {exc}",
+                grpc.StatusCode.INTERNAL, f"actor {record.key} crashed: {message}"
             ) from exc
+        crash_point("after-checkpoint-before-record")
         plane.metrics.lifecycle("suspend", template, "", time.perf_counter() - started)
-        return result
+        return dataclasses.replace(result, snapshot=SnapshotRef(SnapshotKind.EXTERNAL, dest))
 
-    def _finish(
+    def finish(
         self,
         record: ActorRecord,
         template: TemplateRecord,

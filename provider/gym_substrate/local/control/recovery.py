@@ -1,7 +1,9 @@
 """What a start finds, what a stop leaves, and the watch on running sandboxes.
 
 At start, a RUNNING actor whose sandbox still runs is adopted, as if its worker had kept
-running; one whose sandbox is gone is CRASHED (`ateom restarted while hosting the actor`) and
+running; a park or resume the backend was killed in is finished from what is on disk
+(`interrupted.py`: a complete image is kept, a restored sandbox adopted); an actor whose
+sandbox is gone is CRASHED (`ateom restarted while hosting the actor`) and
 its worker's epoch rises, as when a worker's ateom restarts upstream. Nothing falls back to an
 older snapshot silently: a crashed actor says so until it is reverted. A golden actor that was
 lost is removed instead, so its template's build starts over. At stop (`local down`) every
@@ -17,6 +19,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
+from gym_substrate.local.control.interrupted import INTERRUPTED_STATES, Interrupted
 from gym_substrate.local.control.records import (
     ACTIVE_STATES,
     CRASHED,
@@ -45,6 +48,7 @@ class Recovery:
         self.watch_interval_s = watch_interval_s
         self._tasks: set[asyncio.Task[object]] = set()
         self._watchdog: asyncio.Task[None] | None = None
+        self.interrupted = Interrupted(plane)
 
     def track(self, task: asyncio.Task[object] | asyncio.Task[None]) -> None:
         """Keep a background step alive until it ends (and wait for it at stop)."""
@@ -70,6 +74,12 @@ class Recovery:
             if record.state == RUNNING and await self._adopt(record):
                 keep.add(record.handle)
                 continue
+            if record.state in INTERRUPTED_STATES and record.atespace != GOLDEN_ATESPACE:
+                kept = await self.interrupted.settle(record)
+                if kept is not None:
+                    if kept:
+                        keep.add(kept)
+                    continue
             if record.atespace == GOLDEN_ATESPACE:
                 log.info("golden actor %s was lost; its template's build starts over", record.key)
                 await plane.actors.remove(record)

@@ -30,6 +30,7 @@ from gym_substrate.local.control.records import (
     TemplateRecord,
 )
 from gym_substrate.local.control.validation import validated_ref
+from gym_substrate.local.crashpoint import crash_point
 from gym_substrate.local.errors import ApiError
 from gym_substrate.local.runtimes.base import RuntimeFailure, Slot, SnapshotKind, SnapshotRef
 
@@ -141,6 +142,7 @@ class Resume:
             raise ApiError(
                 grpc.StatusCode.INTERNAL, f"actor {record.key} crashed: {step}: {exc}"
             ) from exc
+        crash_point("mid-resume-after-restore")
         try:
             record = plane.state.save(
                 record,

@@ -621,7 +621,16 @@ class ProcessRuntime:
     async def adopt(
         self, actor: ActorSpec, slot: Slot, handle: str, address: str
     ) -> StartedSandbox | None:
-        entry = self._entry(handle)
+        if not handle:  # a resume the backend did not live to record: find it by actor and slot
+            handle = next(
+                (
+                    h
+                    for h, e in self._entries().items()
+                    if e.get("actor") == actor.key and e.get("slot") == slot.index
+                ),
+                "",
+            )
+        entry = self._entry(handle) if handle else None
         if entry is None or not _alive(int(entry["pid"]), int(entry["start"])):
             return None
         address = str(entry.get("address") or f"127.0.0.1:{entry['port']}")

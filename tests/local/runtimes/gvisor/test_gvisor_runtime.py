@@ -168,15 +168,22 @@ async def test_failures_are_clear_and_leave_nothing(runtime: Any, tmp_path: Path
     with pytest.raises(RuntimeFailure, match="no checkpoint.img"):
         await runtime.start(ActorSpec("default", "x", template), Slot(0), missing, timeout_s=20)
 
-    # A failed checkpoint (the image dir already holds an image) loses the sandbox, loudly.
+    # A checkpoint that fails before gVisor stops the sandbox (the image dir already holds an
+    # image) says so and keeps it: it still runs and answers, and a later checkpoint works
+    # (issue 24: it used to be discarded, its memory and files lost).
     actor = ActorSpec("default", "ckfail", template)
     started = await runtime.start(actor, Slot(1), None, timeout_s=30)
     dest = tmp_path / "occupied"
     dest.mkdir()
     (dest / "checkpoint.img").write_text("x")
-    with pytest.raises(RuntimeFailure) as info:
+    with pytest.raises(RuntimeFailure, match="its sandbox still runs") as info:
         await runtime.checkpoint(actor, started.handle, SnapshotKind.LOCAL, dest)
-    assert info.value.sandbox_lost
+    assert not info.value.sandbox_lost
+    assert await runtime.is_alive(started.handle)
+    assert (await aget(started.address, "/state"))["counter"] >= 1
+    done = await runtime.checkpoint(actor, started.handle, SnapshotKind.LOCAL, tmp_path / "fresh")
+    assert (done.snapshot.path / "checkpoint.img").is_file()
+    await runtime.close()
     assert not await runtime.is_alive(started.handle)
     assert await runtime.runsc.list() == []
 

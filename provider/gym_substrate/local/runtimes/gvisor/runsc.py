@@ -165,6 +165,23 @@ class Runsc:
             bundle=str(data.get("bundle", "")),
         )
 
+    async def memory_usage(self, cid: str, *, timeout_s: float = 10.0) -> int | None:
+        """The sandbox's memory usage as ``runsc events --stats`` reports it (bytes), or None.
+
+        This is the application memory a checkpoint writes out (the image's pages file is a
+        little smaller: 31 MB for 36 MB reported, 52 MB for 58 MB, measured uncompressed).
+        """
+        result = await run_command(
+            [*self._base(), "events", "--stats", cid], timeout_s=timeout_s, check=False
+        )
+        if result.returncode != 0:
+            return None
+        try:
+            usage = json.loads(result.stdout)["data"]["memory"]["usage"]["usage"]
+        except (ValueError, KeyError, TypeError):
+            return None
+        return int(usage) if isinstance(usage, int) and usage > 0 else None
+
     def pids(self, cid: str) -> tuple[int, int] | None:
         """(sandbox pid, gofer pid) from runsc's state file, or None when unknown.
 

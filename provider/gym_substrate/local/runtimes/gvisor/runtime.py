@@ -398,11 +398,7 @@ class GvisorRuntime:
                 handle, dest, compression=self.compression, timeout_s=_CHECKPOINT_TIMEOUT_S
             )
         except RunscError as exc:
-            await self._discard(handle)
-            raise RuntimeFailure(
-                f"checkpoint of {actor.key} failed, and gVisor stopped the sandbox: {exc}",
-                sandbox_lost=True,
-            ) from None
+            raise await self._checkpoint_failed(actor, handle, sandbox_pid, exc) from None
         # The image is complete; the sandbox exits within ~15 ms. Its zombie may linger until
         # the host's init reaps it (1.5 s on Firecracker guests), and runsc refuses to delete
         # it until then, so the delete runs in the background: nothing of the sandbox holds
@@ -413,6 +409,33 @@ class GvisorRuntime:
         task.add_done_callback(self._drains.discard)
         files = await asyncio.to_thread(_image_files, dest)
         return CheckpointResult(snapshot=SnapshotRef(kind, dest), files=files, memory_kept=True)
+
+    async def _checkpoint_failed(
+        self, actor: ActorSpec, handle: str, sandbox_pid: int, exc: RunscError
+    ) -> RuntimeFailure:
+        """A failed ``runsc checkpoint``: the sandbox is kept if the save never began and it
+        still runs; once gVisor was saving it (`checkpointing container ...`, e.g. ENOSPC) the
+        sentry stops itself a moment later, so it is removed at once and reported lost."""
+        detail = f"{exc}" + (f" ({exc.output})" if exc.output else "")
+        saving = "checkpointing container" in detail
+        if not saving and _pid_running(sandbox_pid, handle):
+            return RuntimeFailure(
+                f"checkpoint of {actor.key} failed; its sandbox still runs: {detail}",
+                sandbox_lost=False,
+            )
+        await self._discard(handle)
+        return RuntimeFailure(
+            f"checkpoint of {actor.key} failed, and gVisor stopped the sandbox: {detail}",
+            sandbox_lost=True,
+        )
+
+    async def checkpoint_estimate(self, handle: str) -> int | None:
+        """Bytes a checkpoint of ``handle`` would plainly need (None when unknown): its memory
+        usage uncompressed, a quarter of it compressed (flate shrinks images ~3x)."""
+        usage = await self.runsc.memory_usage(handle)
+        if usage is None:
+            return None
+        return usage if self.compression == "none" else usage // 4
 
     async def _abort_host_connections(self, slot: int) -> None:
         """Reset every host TCP connection into the sandbox before checkpointing it.
@@ -488,13 +511,41 @@ class GvisorRuntime:
         self, actor: ActorSpec, slot: Slot, handle: str, address: str
     ) -> StartedSandbox | None:
         net_ = self._net(slot)
+        unrecorded = not handle
+        if unrecorded:  # a restore the backend did not live to record (a RESUMING actor)
+            handle = await self._find_sandbox(actor, slot) or ""
+            if not handle:
+                return None
         sandbox = self._sandboxes.get(handle) or self._load_sandbox(handle)
         if sandbox is None or sandbox.slot != slot.index or not await self.is_alive(handle):
             return None
+        if unrecorded:  # its resume may have ended before the wakeup probe answered
+            deadline = time.monotonic() + actor.template.probe_timeout_s
+            try:
+                await self._wait_ready(actor.template, net_, handle, deadline)
+            except RuntimeFailure as exc:
+                log.warning("not adopting %s for %s: %s", handle, actor.key, exc)
+                await self._discard(handle)
+                return None
         expected = net_.sandbox_ip
         if address != expected:
             log.warning("adopted %s answers at %s, not the recorded %s", handle, expected, address)
         return StartedSandbox(handle=handle, address=expected, memory_restored=True)
+
+    async def _find_sandbox(self, actor: ActorSpec, slot: Slot) -> str | None:
+        """The running sandbox of ``actor`` on ``slot`` (its id), found by its meta.json."""
+        if not self.sandboxes_dir.is_dir():
+            return None
+        for directory in sorted(self.sandboxes_dir.iterdir()):
+            sandbox = self._load_sandbox(directory.name)
+            if (
+                sandbox is not None
+                and sandbox.actor_key == actor.key
+                and sandbox.slot == slot.index
+                and await self.is_alive(sandbox.cid)
+            ):
+                return sandbox.cid
+        return None
 
     async def sweep(self, keep: Collection[str]) -> list[str]:
         await self._await_drains()

@@ -1,0 +1,182 @@
+"""What a park may cost on disk, and what a failed park or resume tells the client.
+
+Three rules keep an actor's state from vanishing silently (issue 24):
+
+* A park that plainly cannot fit is refused before anything is touched: the runtime's estimate
+  of the image (gVisor: the sandbox's memory usage, which is what runsc writes) against the free
+  space where the image goes. The actor keeps RUNNING (or PAUSED, for an upload) and the answer
+  is RESOURCE_EXHAUSTED saying how much is needed and free.
+* A checkpoint that fails but leaves the sandbox running puts the actor back to RUNNING and says
+  so: nothing was lost.
+* One that loses the sandbox makes the actor CRASHED (upstream's crash semantics: it refuses
+  resume until RevertActor), with a message that names what is gone: everything since the
+  snapshot a revert goes back to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import grpc
+
+from gym_substrate.local.control.records import PAUSED, RUNNING, ActorRecord, SnapshotRecord
+from gym_substrate.local.errors import ApiError
+from gym_substrate.local.runtimes.base import RuntimeFailure
+from gym_substrate.local.snapshots import free_bytes, remove_snapshot, tree_bytes
+
+if TYPE_CHECKING:
+    from gym_substrate.local.control.plane import ControlPlane
+
+__all__ = [
+    "check_room",
+    "drop_pending_durable",
+    "keep_paused",
+    "keep_running",
+    "lost_since",
+    "restore_local",
+    "sandbox_survived",
+]
+
+log = logging.getLogger(__name__)
+
+_MB = 1 << 20
+
+
+def lost_since(record: ActorRecord) -> str:
+    """What an actor that lost its sandbox has lost, and what a revert gives back."""
+    durable = record.latest_durable()
+    if durable is None:
+        return (
+            "lost: the sandbox's memory and files since it was created (RevertActor starts it "
+            "over from its template)"
+        )
+    return (
+        "lost: the sandbox's memory and files since its snapshot generation "
+        f"{durable.generation} (RevertActor takes it back there)"
+    )
+
+
+async def _estimate(plane: ControlPlane, handle: str) -> int | None:
+    estimate = getattr(plane.runtime, "checkpoint_estimate", None)
+    if estimate is None or not handle:
+        return None
+    try:
+        value = await estimate(handle)
+    except (RuntimeFailure, OSError, ValueError) as exc:
+        log.debug("no checkpoint estimate for %s: %s", handle, exc)
+        return None
+    return value if isinstance(value, int) and value > 0 else None
+
+
+async def check_room(
+    plane: ControlPlane,
+    record: ActorRecord,
+    operation: str,
+    dest: Path,
+    *,
+    upload_from: Path | None = None,
+) -> None:
+    """RESOURCE_EXHAUSTED when ``dest``'s file system plainly cannot take the new image."""
+    if upload_from is not None:
+        if await asyncio.to_thread(_same_device, upload_from, dest):
+            return  # a rename: no new bytes
+        needed: int | None = await asyncio.to_thread(tree_bytes, upload_from)
+    else:
+        needed = await _estimate(plane, record.handle)
+    if not needed:
+        return
+    free = await asyncio.to_thread(free_bytes, dest)
+    if free >= needed:
+        return
+    keeps = "stays PAUSED" if upload_from is not None else "keeps running (RUNNING)"
+    raise ApiError(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        f"{operation} of actor {record.key} refused: its image needs about "
+        f"{needed / _MB:.1f} MiB but only {free / _MB:.1f} MiB are free in {_existing(dest)}; "
+        f"nothing was written and the actor {keeps}. Free space there "
+        "(or move the state folder / the template's snapshot location) and try again",
+    )
+
+
+def _existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _same_device(source: Path, dest: Path) -> bool:
+    try:
+        return source.stat().st_dev == _existing(dest).stat().st_dev
+    except OSError:
+        return False
+
+
+async def sandbox_survived(plane: ControlPlane, handle: str, exc: Exception) -> bool:
+    """After a failed checkpoint: is the sandbox still there to keep running?"""
+    if isinstance(exc, RuntimeFailure) and exc.sandbox_lost:
+        return False
+    try:
+        return bool(handle) and await plane.runtime.is_alive(handle)
+    except (RuntimeFailure, OSError):
+        return False
+
+
+async def keep_running(
+    plane: ControlPlane, record: ActorRecord, operation: str, dest: Path, exc: Exception
+) -> ApiError:
+    """Undo a park whose checkpoint failed but left the sandbox alive: the new generation goes,
+    the actor is RUNNING again; the error to answer with."""
+    await asyncio.to_thread(remove_snapshot, dest)
+    current = plane.state.actor(record.key)
+    snapshots = tuple(s for s in current.snapshots if s.generation != current.last_generation)
+    plane.state.save(current, state=RUNNING, snapshots=snapshots)
+    log.warning("%s of %s failed; it keeps running: %s", operation, record.key, exc)
+    return ApiError(
+        grpc.StatusCode.INTERNAL,
+        f"{operation} of actor {record.key} failed and nothing was saved, but its sandbox "
+        f"survived: the actor keeps running (RUNNING) with its memory and files: {exc}",
+    )
+
+
+def restore_local(partial: Path, local: Path) -> bool:
+    """After a failed upload: put a moved local image back; True if it is (still) there."""
+    if not local.is_dir() and partial.is_dir():
+        try:
+            partial.rename(local)
+        except OSError:
+            return False
+    if local.is_dir():
+        shutil.rmtree(partial, ignore_errors=True)
+        return True
+    return False
+
+
+def drop_pending_durable(record: ActorRecord) -> tuple[SnapshotRecord, ...]:
+    """``record``'s snapshots without their unfinished DURABLE storage (an upload's)."""
+    return tuple(
+        dataclasses.replace(
+            s,
+            storage=tuple(
+                x for x in s.storage if not (x.durability == "DURABLE" and x.status != "COMPLETED")
+            ),
+        )
+        for s in record.snapshots
+    )
+
+
+def keep_paused(plane: ControlPlane, record: ActorRecord, dest: Path, exc: Exception) -> ApiError:
+    """Undo an upload that failed with the local image intact: the actor is PAUSED again."""
+    shutil.rmtree(dest, ignore_errors=True)
+    current = plane.state.actor(record.key)
+    plane.state.save(current, state=PAUSED, snapshots=drop_pending_durable(current))
+    log.warning("suspend of paused %s failed; it stays paused: %s", record.key, exc)
+    return ApiError(
+        grpc.StatusCode.INTERNAL,
+        f"suspend of actor {record.key} failed and nothing was lost: it stays PAUSED with its "
+        f"node-local snapshot: {exc}",
+    )
