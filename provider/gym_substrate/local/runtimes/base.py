@@ -47,7 +47,8 @@ Calls
     * ``start`` returns only once the template's wakeup probe answers 200 on ``address`` (or at
       once when it has none), or raises ``RuntimeFailure`` after ``timeout_s``, having killed
       what it started.
-    * ``checkpoint`` always ends with the sandbox no longer running and holding no slot resources;
+    * ``checkpoint`` always ends with the sandbox no longer running and holding no slot resources
+      (a LOCAL one may leave it stopped or frozen off its slot, as ``retained_handle``);
       on failure it raises ``RuntimeFailure`` (and the sandbox counts as lost: gVisor kills a
       sandbox whose checkpoint failed).
     * Idempotent: ``stop`` (an unknown or already-dead handle is fine), ``sweep``, ``cleanup``,
@@ -284,6 +285,12 @@ class SandboxRuntime(Protocol):
 
     async def memory_bytes(self, handle: str) -> int | None:
         """Memory the running sandbox uses (PSS/RSS summed), for `local bench`; None if unknown."""
+        ...
+
+    async def park_paused(self) -> None:
+        """`local down`, before sandboxes are stopped: make every PAUSED actor's LOCAL snapshot
+        outlive them (gVisor's frozen tier checkpoints its frozen sandboxes into their folders;
+        nothing to do where a pause already wrote an image)."""
         ...
 
     async def cleanup(self) -> list[str]:

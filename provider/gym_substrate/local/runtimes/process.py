@@ -886,6 +886,9 @@ class ProcessRuntime:
         await self.close()
         return removed
 
+    async def park_paused(self) -> None:
+        """Nothing: a paused agent's files are on disk, and its stopped process ends at down."""
+
     async def leftovers(self) -> list[str]:
         found: list[str] = []
         for handle, entry in self._entries().items():

@@ -39,10 +39,11 @@ from gym_substrate.local.runtimes.base import (
     TemplateSpec,
     pss_bytes,
 )
-from gym_substrate.local.runtimes.gvisor import host, net
+from gym_substrate.local.runtimes.gvisor import cgfreeze, host, net
 from gym_substrate.local.runtimes.gvisor._proc import run_command
 from gym_substrate.local.runtimes.gvisor.bundle import masks_for, write_actor_id, write_bundle
-from gym_substrate.local.runtimes.gvisor.runsc import Runsc, RunscError
+from gym_substrate.local.runtimes.gvisor.freezer import FROZEN_MARKER, FreezeTier
+from gym_substrate.local.runtimes.gvisor.runsc import ContainerState, Runsc, RunscError
 
 __all__ = ["AGENT_PORT", "GvisorRuntime", "http_status"]
 
@@ -179,6 +180,8 @@ class GvisorRuntime:
         self._opened = False
         # False: nft is missing, so sandboxes can reach host services (see warning()).
         self._firewall: bool | None = None if shutil.which("nft") else False
+        # PauseActor's frozen tier (freezer.py): off unless gvisor.pause_tier is "freeze"
+        self.tier = FreezeTier(self, config.extra)
 
     # -- paths -------------------------------------------------------------------------------
     @property
@@ -209,13 +212,16 @@ class GvisorRuntime:
             self.dir.mkdir(parents=True, exist_ok=True)
             self.sandboxes_dir.mkdir(exist_ok=True)
             self._firewall = await asyncio.to_thread(net.install_firewall, self.instance)
+            self.tier.load()
             for index in range(self.config.workers):
                 self._nets[index] = await asyncio.to_thread(
-                    net.setup_slot_net, self.instance, index
+                    net.setup_slot_net, self.instance, self.tier.unit_of(index)
                 )
             self._opened = True
+            await self.tier.open()
 
     async def close(self) -> None:
+        await self.tier.close()
         await self._await_drains()
         self._opened = False
 
@@ -298,21 +304,20 @@ class GvisorRuntime:
         *,
         timeout_s: float,
     ) -> StartedSandbox:
+        await self.tier.slot_ready(slot.index)
         net_ = self._net(slot)
         deadline = time.monotonic() + timeout_s
+        if source is not None and source.kind is SnapshotKind.LOCAL:
+            thawed = await self._thaw(actor, slot, source.path, deadline)
+            if thawed is not None:
+                return thawed
+            net_ = self._net(slot)
         if source is not None and not (source.path / "checkpoint.img").is_file():
             raise RuntimeFailure(
                 f"snapshot {source.path} has no checkpoint.img: it was removed or never "
                 "completed; resume with boot=true to cold-boot instead"
             )
-        for other in list(self._sandboxes.values()):
-            pids = self.runsc.pids(other.cid) if other.slot == slot.index else None
-            if pids is not None and _pid_running(pids[0], other.cid):
-                # Two sandboxes in one netns would fight over its veth: refuse loudly.
-                raise RuntimeFailure(
-                    f"slot {slot.index} still runs sandbox {other.cid} ({other.actor_key}); "
-                    "checkpoint or stop it before starting another actor there"
-                )
+        self._refuse_busy_slot(slot)
         cid = self._new_cid(f"{actor.atespace}-{actor.actor_id}")
         sandbox = await asyncio.to_thread(self._prepare_dir, actor, slot.index, cid)
         self._sandboxes[cid] = sandbox
@@ -342,6 +347,41 @@ class GvisorRuntime:
         return StartedSandbox(
             handle=cid, address=net_.sandbox_ip, memory_restored=source is not None
         )
+
+    async def _thaw(
+        self, actor: ActorSpec, slot: Slot, folder: Path, deadline: float
+    ) -> StartedSandbox | None:
+        """The frozen tier's resume, when ``folder`` names a frozen sandbox."""
+        if not await asyncio.to_thread((folder / FROZEN_MARKER).is_file):
+            return None
+        self._refuse_busy_slot(slot)
+        return await self.tier.thaw(actor, slot, folder, deadline)
+
+    def _refuse_busy_slot(self, slot: Slot) -> None:
+        for other in list(self._sandboxes.values()):
+            pids = self.runsc.pids(other.cid) if other.slot == slot.index else None
+            if pids is not None and _pid_running(pids[0], other.cid):
+                # Two sandboxes in one netns would fight over its veth: refuse loudly.
+                raise RuntimeFailure(
+                    f"slot {slot.index} still runs sandbox {other.cid} ({other.actor_key}); "
+                    "checkpoint or stop it before starting another actor there"
+                )
+
+    def _set_sandbox_slot(self, cid: str, slot: int | None) -> None:
+        """A sandbox froze off its slot (None) or thawed onto one: keep meta.json in step."""
+        sandbox = self._sandboxes.get(cid) or self._load_sandbox(cid)
+        if sandbox is None:
+            return
+        sandbox.slot = -1 if slot is None else slot
+        meta_path = sandbox.directory / "meta.json"
+        with contextlib.suppress(OSError, ValueError):
+            meta = json.loads(meta_path.read_text())
+            meta["slot"] = sandbox.slot
+            meta_path.write_text(json.dumps(meta))
+
+    async def park_paused(self) -> None:
+        """`local down`: checkpoint every frozen sandbox into its own snapshot folder."""
+        await self.tier.park_all()
 
     async def _wait_ready(
         self, template: TemplateSpec, net_: net.SlotNet, cid: str, deadline: float
@@ -391,6 +431,8 @@ class GvisorRuntime:
                 f"sandbox {handle} of {actor.key} is not running", sandbox_lost=True
             )
         sandbox_pid = pids[0]
+        if kind is SnapshotKind.LOCAL and self.tier.enabled:
+            return await self.tier.freeze(actor, handle, sandbox.slot, sandbox_pid, dest)
         await asyncio.to_thread(dest.mkdir, parents=True, exist_ok=True)
         await self._abort_host_connections(sandbox.slot)
         try:
@@ -468,14 +510,23 @@ class GvisorRuntime:
         self, actor: ActorSpec, local: SnapshotRef, retained_handle: str, dest: Path
     ) -> CheckpointResult:
         """A paused actor's node-local checkpoint becomes its durable one: the same image files
-        (moved when the folders share a file system, copied otherwise)."""
-        await asyncio.to_thread(_move_tree, local.path, dest)
+        (moved when the folders share a file system, copied otherwise). A frozen sandbox is
+        checkpointed straight into ``dest`` instead."""
+        if await asyncio.to_thread((local.path / FROZEN_MARKER).is_file):
+            cid = self.tier.claims(local.path)
+            if cid is None or await self.tier.evict(cid, reason="suspend", dest=dest) is None:
+                if not (local.path / "checkpoint.img").is_file():
+                    raise RuntimeFailure(f"the frozen sandbox of {actor.key} is gone")
+                await asyncio.to_thread(_move_tree, local.path, dest)
+        else:
+            await asyncio.to_thread(_move_tree, local.path, dest)
         files = await asyncio.to_thread(_image_files, dest)
         return CheckpointResult(
             snapshot=SnapshotRef(SnapshotKind.EXTERNAL, dest), files=files, memory_kept=True
         )
 
     async def stop(self, handle: str) -> None:
+        await self.tier.forget(handle)
         await self._discard(handle)
 
     async def is_alive(self, handle: str) -> bool:
@@ -496,12 +547,31 @@ class GvisorRuntime:
             log.warning("adopted %s answers at %s, not the recorded %s", handle, expected, address)
         return StartedSandbox(handle=handle, address=expected, memory_restored=True)
 
+    async def _containers(self) -> list[ContainerState]:
+        """``runsc list``, or, while a sandbox is frozen (``runsc list`` would wait for its
+        frozen sentry forever), the same read from runsc's state files."""
+        if not self.tier.frozen:
+            return await self.runsc.list()
+
+        def read() -> list[ContainerState]:
+            found = []
+            for path in sorted(self.runsc.root.glob("*.state")):
+                cid = path.name.partition("_sandbox:")[0]
+                pids = self.runsc.pids(cid)
+                alive = pids is not None and _pid_running(pids[0], cid)
+                status = "paused" if cid in self.tier.frozen else "running" if alive else "stopped"
+                found.append(ContainerState(cid, status, pids[0] if pids else -1, ""))
+            return found
+
+        return await asyncio.to_thread(read)
+
     async def sweep(self, keep: Collection[str]) -> list[str]:
         await self._await_drains()
         described = []
-        for state in await self.runsc.list():
+        for state in await self._containers():
             if state.id in keep:
                 continue
+            await self.tier.forget(state.id)
             await self._discard(state.id)
             described.append(f"sandbox {state.id} ({state.status})")
         if self.sandboxes_dir.is_dir():
@@ -515,7 +585,7 @@ class GvisorRuntime:
         # an interrupted run left behind for this actor.
         if not self.sandboxes_dir.is_dir():
             return
-        live = {s.id for s in await self.runsc.list()}
+        live = {s.id for s in await self._containers()}
         for directory in list(self.sandboxes_dir.iterdir()):
             if directory.name in live:
                 continue
@@ -534,7 +604,12 @@ class GvisorRuntime:
     # -- cleanup -------------------------------------------------------------------------------
     async def cleanup(self) -> list[str]:
         removed: list[str] = []
+        await self.tier.close()
         await self._await_drains()
+        for cid in list(self.tier.frozen):
+            await self.tier.forget(cid)
+        # a frozen task cannot die: thaw what a crashed run left frozen, too
+        await asyncio.to_thread(cgfreeze.thaw_instance_cgroups, self.instance)
         states: list[str] = []
         with contextlib.suppress(RunscError, ValueError):
             states = [s.id for s in await self.runsc.list()]
