@@ -110,13 +110,12 @@ async def test_pause_keeps_memory_files_and_frees_the_slot_on_every_tier(
     await _settle(runtime)
 
 
+@pytest.mark.parametrize("tier", ["freeze"])  # the tier that keeps sandboxes across restarts
 async def test_frozen_actors_survive_a_runtime_restart_and_are_parked_at_down(
     runtime: Any, runtime_config: RuntimeConfig, tier: str, tmp_path: Path
 ) -> None:
     from gym_substrate.local.runtimes.gvisor import GvisorRuntime
 
-    if tier != "freeze":
-        pytest.skip("only the freeze tier keeps sandboxes across a restart")
     template = counter_template(tmp_path / "snaps", marker=False)
     actors = [ActorSpec("default", f"keep-{i}", template) for i in range(3)]
     states, snaps = [], []

@@ -174,6 +174,7 @@ class GvisorRuntime:
         self.compression = compression
         self.runsc = Runsc(self.dir / "runsc", platform=config.extra.get("gvisor.platform"))
         self._nets: dict[int, net.SlotNet] = {}
+        self._worker_ips: dict[int, str] = {}  # a slot's address at open: its pod IP
         self._sandboxes: dict[str, _Sandbox] = {}
         self._drains: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
@@ -217,6 +218,7 @@ class GvisorRuntime:
                 self._nets[index] = await asyncio.to_thread(
                     net.setup_slot_net, self.instance, self.tier.unit_of(index)
                 )
+                self._worker_ips[index] = self._nets[index].sandbox_ip
             self._opened = True
             await self.tier.open()
 
@@ -232,8 +234,10 @@ class GvisorRuntime:
         self._drains.clear()
 
     def worker_ip(self, slot: Slot) -> str:
-        """The slot's veth address: the router dials it on port 80, as a pod IP."""
-        return self._net(slot).sandbox_ip
+        """The slot's veth address when the runtime opened, as a pod IP (stable while frozen
+        sandboxes take their namespaces along and the slot gets another)."""
+        known = self._worker_ips.get(slot.index)
+        return known if known is not None else self._net(slot).sandbox_ip
 
     def _net(self, slot: Slot) -> net.SlotNet:
         if not self._opened:
@@ -548,18 +552,23 @@ class GvisorRuntime:
         return StartedSandbox(handle=handle, address=expected, memory_restored=True)
 
     async def _containers(self) -> list[ContainerState]:
-        """``runsc list``, or, while a sandbox is frozen (``runsc list`` would wait for its
-        frozen sentry forever), the same read from runsc's state files."""
-        if not self.tier.frozen:
-            return await self.runsc.list()
+        """What ``runsc list`` says, read from runsc's state files: ``runsc list`` asks every
+        sandbox, and waits forever for a frozen one. A frozen sandbox is "paused"."""
 
         def read() -> list[ContainerState]:
-            found = []
-            for path in sorted(self.runsc.root.glob("*.state")):
+            found: list[ContainerState] = []
+            if not self.runsc.root.is_dir():
+                return found
+            for path in sorted(self.runsc.root.glob("*_sandbox:*.state")):
                 cid = path.name.partition("_sandbox:")[0]
                 pids = self.runsc.pids(cid)
-                alive = pids is not None and _pid_running(pids[0], cid)
-                status = "paused" if cid in self.tier.frozen else "running" if alive else "stopped"
+                status = "stopped"
+                if pids is not None and _pid_running(pids[0], cid):
+                    freezer = cgfreeze.find_freezer(pids[0])
+                    frozen = cid in self.tier.frozen
+                    with contextlib.suppress(OSError):
+                        frozen = frozen or (freezer is not None and freezer.frozen())
+                    status = "paused" if frozen else "running"
                 found.append(ContainerState(cid, status, pids[0] if pids else -1, ""))
             return found
 
@@ -572,6 +581,8 @@ class GvisorRuntime:
             if state.id in keep:
                 continue
             await self.tier.forget(state.id)
+            if state.status == "paused":  # frozen by a run whose records are gone
+                await asyncio.to_thread(cgfreeze.thaw_instance_cgroups, self.instance)
             await self._discard(state.id)
             described.append(f"sandbox {state.id} ({state.status})")
         if self.sandboxes_dir.is_dir():
@@ -611,14 +622,15 @@ class GvisorRuntime:
         # a frozen task cannot die: thaw what a crashed run left frozen, too
         await asyncio.to_thread(cgfreeze.thaw_instance_cgroups, self.instance)
         states: list[str] = []
-        with contextlib.suppress(RunscError, ValueError):
-            states = [s.id for s in await self.runsc.list()]
+        with contextlib.suppress(RunscError, ValueError, OSError):
+            states = [s.id for s in await self._containers()]
         # Longer ids first: runsc matches ids by prefix.
         await asyncio.gather(*(self._discard(cid) for cid in sorted(states, reverse=True)))
         removed += [f"sandbox {cid}" for cid in states]
         removed += await asyncio.to_thread(self._cleanup_host)
         self._sandboxes.clear()
         self._nets.clear()
+        self._worker_ips.clear()
         self._opened = False
         return removed
 
@@ -645,8 +657,8 @@ class GvisorRuntime:
 
     async def leftovers(self) -> list[str]:
         found: list[str] = []
-        with contextlib.suppress(RunscError, ValueError):
-            found += [f"sandbox {s.id} ({s.status})" for s in await self.runsc.list()]
+        with contextlib.suppress(RunscError, ValueError, OSError):
+            found += [f"sandbox {s.id} ({s.status})" for s in await self._containers()]
 
         def scan() -> list[str]:
             items = [f"process {pid} {cmd}" for pid, cmd in host.find_processes(self.runsc.root)]
