@@ -568,7 +568,7 @@ def demo(runtime: str, sandboxes: int, rootfs: str) -> None:
     type=click.IntRange(3, 1000),
     default=10,
     show_default=True,
-    help="Actors taken through create, pause, resume, suspend, resume.",
+    help="Actors taken through create, pause, resume, suspend, resume (and floor repetitions).",
 )
 @click.option(
     "--execs",
@@ -577,11 +577,21 @@ def demo(runtime: str, sandboxes: int, rootfs: str) -> None:
     show_default=True,
     help="Exec requests timed through the router and directly.",
 )
+@click.option(
+    "--pause-tier",
+    type=click.Choice(PAUSE_TIERS),
+    default="freeze",
+    show_default=True,
+    help="The backend's pause tier under gVisor (see `local up --pause-tier`).",
+)
 @rootfs_option
 @click.option("--json", "as_json", is_flag=True, help="Also print the figures as JSON.")
-def bench(runtime: str, iterations: int, execs: int, rootfs: str, as_json: bool) -> None:
-    """Time the actor lifecycle and the router on this machine (p50/p90, memory per actor)."""
-    from gym_substrate.local.tour import run_bench
+def bench(
+    runtime: str, iterations: int, execs: int, pause_tier: str, rootfs: str, as_json: bool
+) -> None:
+    """Time the actor lifecycle on this machine next to runsc's own floor (p50/p90, ratios,
+    memory per running and per paused actor)."""
+    from gym_substrate.local.lifecycle_bench import run_bench
 
     logging.basicConfig(level=logging.ERROR)
     try:
@@ -592,6 +602,7 @@ def bench(runtime: str, iterations: int, execs: int, rootfs: str, as_json: bool)
                 iterations=iterations,
                 execs=execs,
                 default_rootfs=rootfs,
+                pause_tier=pause_tier,
             )
         )
     except (BackendError, RuntimeFailure) as exc:

@@ -150,7 +150,7 @@ class LocalBackend:
         auth: str = "mtls",
         default_rootfs: str = "debian",
         rootfs_dir: Path | None = None,
-        pause_tier: str = "checkpoint",
+        pause_tier: str = "freeze",
         frozen_memory: int | None = None,
     ) -> None:
         if default_rootfs not in DEFAULT_ROOTFS_CHOICES:

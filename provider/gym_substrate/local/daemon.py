@@ -59,7 +59,7 @@ def spawn(
     tls: bool = False,
     auth: str = "mtls",
     rootfs: str = "debian",
-    pause_tier: str = "checkpoint",
+    pause_tier: str = "freeze",
     frozen_memory: int | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start `local up` for ``folder`` detached, logging to `<folder>/backend.log`."""
