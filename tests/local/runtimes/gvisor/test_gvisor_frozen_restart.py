@@ -1,5 +1,6 @@
 """`local up --pause-tier freeze` as a real process: frozen actors give their worker back, survive
-a SIGKILL of the backend, and `local down` parks them into images, leaving nothing on the host.
+a SIGKILL of the backend, and `local down` (of the running backend, or after its crash) parks
+them into images, leaving nothing on the host.
 
 The backend runs 2 workers of 1 actor; three actors each start a job (`sleep`) whose entry in the
 agent's job table lives only in memory, so "the job still runs" after a resume means memory and
@@ -147,23 +148,31 @@ def test_frozen_actors_survive_sigkill_and_down_parks_them(tmp_path: Path) -> No
             assert _storage(after[name]) == _storage(before[name])
         assert state_of(up.call("ResumeActor", "f1")) == "RUNNING"
         assert up.http("f1", "/v1/exec/j")["state"] == "running"  # thawed: memory, processes
-        up.stop()  # `local down`'s signal: f2 and f3 are checkpointed, then every sandbox goes
-        assert up.proc.returncode == 0, up.log.read_text()
+
+        up.kill()  # again, with f2 and f3 frozen: `local down` of the dead backend parks them
+        down = CliRunner().invoke(local, ["down", "--state-dir", str(state)])
+        assert down.exit_code == 0, down.output
         assert asyncio.run(state_leftovers(state)) == []
         assert kernel_leftovers(_instance(state), state / "runtime" / "gvisor") == []
 
         up = _Up(state)
         after = up.actors()
-        assert state_of(after["f1"]) == "CRASHED"  # it was running when the backend stopped
+        assert state_of(after["f1"]) == "CRASHED"  # it was running when its worker went
         for name in ("f2", "f3"):
             assert state_of(after[name]) == "PAUSED"
             assert state_of(up.call("ResumeActor", name)) == "RUNNING"  # restored from its image
             assert up.http(name, "/v1/exec/j")["state"] == "running"
-            up.call("PauseActor", name)
-        up.stop()
+        up.call("PauseActor", "f2")  # frozen again
+        up.stop()  # `local down`'s signal: f2 is checkpointed, then every sandbox goes
         assert up.proc.returncode == 0, up.log.read_text()
         assert asyncio.run(state_leftovers(state)) == []
         assert kernel_leftovers(_instance(state), state / "runtime" / "gvisor") == []
+
+        up = _Up(state)
+        assert state_of(up.call("ResumeActor", "f2")) == "RUNNING"
+        assert up.http("f2", "/v1/exec/j")["state"] == "running"
+        up.stop()
+        assert asyncio.run(state_leftovers(state)) == []
     finally:
         if up.proc.poll() is None:
             up.kill()

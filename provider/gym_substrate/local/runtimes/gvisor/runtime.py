@@ -617,6 +617,9 @@ class GvisorRuntime:
         removed: list[str] = []
         await self.tier.close()
         await self._await_drains()
+        if not self._opened:  # `local down` after a crash: what that run froze is on disk
+            self.tier.load()
+        await self.tier.park_all()  # paused actors keep their memory, as images
         for cid in list(self.tier.frozen):
             await self.tier.forget(cid)
         # a frozen task cannot die: thaw what a crashed run left frozen, too
