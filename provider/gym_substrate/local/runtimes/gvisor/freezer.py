@@ -45,7 +45,7 @@ from gym_substrate.local.runtimes.base import (
 )
 from gym_substrate.local.runtimes.gvisor import cgfreeze, host, net
 from gym_substrate.local.runtimes.gvisor._proc import run_command
-from gym_substrate.local.runtimes.gvisor.runsc import RunscError
+from gym_substrate.local.runtimes.gvisor.runsc import ContainerState, RunscError
 
 if TYPE_CHECKING:
     from gym_substrate.local.runtimes.gvisor.runtime import GvisorRuntime
@@ -217,6 +217,29 @@ class FreezeTier:
         self._refills[slot] = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    # -- listing -----------------------------------------------------------------------------
+    async def containers(self) -> list[ContainerState]:
+        """What ``runsc list`` says, read from runsc's state files: ``runsc list`` asks every
+        sandbox, and waits forever for a frozen one. A frozen sandbox is "paused"."""
+        root = self.rt.runsc.root
+        paths = await asyncio.to_thread(
+            lambda: sorted(root.glob("*_sandbox:*.state")) if root.is_dir() else []
+        )
+        found: list[ContainerState] = []
+        for path in paths:
+            cid = path.name.partition("_sandbox:")[0]
+            pids = self.rt.runsc.pids(cid)
+            status = "stopped"
+            if pids is not None and await self.rt.is_alive(cid):
+                frozen = cid in self.frozen
+                if not frozen:
+                    freezer = cgfreeze.find_freezer(pids[0])
+                    with contextlib.suppress(OSError):
+                        frozen = freezer is not None and freezer.frozen()
+                status = "paused" if frozen else "running"
+            found.append(ContainerState(cid, status, pids[0] if pids else -1, ""))
+        return found
 
     # -- open / close ------------------------------------------------------------------------
     def load(self) -> None:

@@ -552,27 +552,7 @@ class GvisorRuntime:
         return StartedSandbox(handle=handle, address=expected, memory_restored=True)
 
     async def _containers(self) -> list[ContainerState]:
-        """What ``runsc list`` says, read from runsc's state files: ``runsc list`` asks every
-        sandbox, and waits forever for a frozen one. A frozen sandbox is "paused"."""
-
-        def read() -> list[ContainerState]:
-            found: list[ContainerState] = []
-            if not self.runsc.root.is_dir():
-                return found
-            for path in sorted(self.runsc.root.glob("*_sandbox:*.state")):
-                cid = path.name.partition("_sandbox:")[0]
-                pids = self.runsc.pids(cid)
-                status = "stopped"
-                if pids is not None and _pid_running(pids[0], cid):
-                    freezer = cgfreeze.find_freezer(pids[0])
-                    frozen = cid in self.tier.frozen
-                    with contextlib.suppress(OSError):
-                        frozen = frozen or (freezer is not None and freezer.frozen())
-                    status = "paused" if frozen else "running"
-                found.append(ContainerState(cid, status, pids[0] if pids else -1, ""))
-            return found
-
-        return await asyncio.to_thread(read)
+        return await self.tier.containers()
 
     async def sweep(self, keep: Collection[str]) -> list[str]:
         await self._await_drains()
