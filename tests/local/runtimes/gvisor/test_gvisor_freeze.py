@@ -17,7 +17,7 @@ import pytest
 from gvisor_helpers import counter_template, get, kernel_leftovers, new_instance
 
 from gym_substrate.local.runtimes.base import ActorSpec, RuntimeConfig, Slot, SnapshotKind
-from gym_substrate.local.runtimes.gvisor.freezer import FROZEN_MARKER, parse_frozen_memory
+from gym_substrate.local.runtimes.gvisor.freezer import FROZEN_MARKER
 
 pytestmark = pytest.mark.runsc
 
@@ -169,13 +169,3 @@ async def test_deleting_a_frozen_actor_ends_its_sandbox(
     assert not await runtime.is_alive(started.handle)
     assert runtime.tier.frozen == {}
     await _settle(runtime)
-
-
-def test_frozen_memory_sizes_are_parsed_and_bad_ones_named() -> None:
-    assert parse_frozen_memory("512M") == 512 * 2**20
-    assert parse_frozen_memory("2GiB") == 2 * 2**30
-    assert parse_frozen_memory("1048576") == 2**20
-    assert parse_frozen_memory("0") == 0
-    for bad in ("-1G", "lots", "", "nanM"):
-        with pytest.raises(ValueError, match="is not a size"):
-            parse_frozen_memory(bad)
