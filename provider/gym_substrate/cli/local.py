@@ -285,8 +285,8 @@ def up(
     }
     if pause_tier == "freeze" and not as_json:
         err.print(
-            f"pause tier: freeze (gVisor), up to {frozen_bytes / 2**20:.0f} MiB of paused "
-            "actors stay frozen in memory (--frozen-memory); past it they are checkpointed"
+            f"pause tier (gVisor runtime): freeze; up to {frozen_bytes / 2**20:.0f} MiB of "
+            "paused actors stay frozen in memory (--frozen-memory), past it they are checkpointed"
         )
     if daemon:
         if rootfs == "debian":  # a first build takes minutes: here, with progress, not detached

@@ -1,8 +1,9 @@
 """PauseActor's two tiers under real runsc: frozen in memory, or checkpointed to an image.
 
-Every test here runs on three runtimes: the checkpoint tier (today's pause), the freeze tier,
-and the freeze tier with a zero memory budget, which checkpoints each frozen sandbox as soon as
-it froze (eviction to the checkpoint tier). A pause must keep memory, files and the actor's id
+Every test here runs on four runtimes: the checkpoint tier (today's pause), the freeze tier
+(cgroup freezer), the freeze tier with a zero memory budget, which checkpoints each frozen
+sandbox as soon as it froze (eviction to the checkpoint tier), and the freeze tier through
+`runsc pause` (the fallback). A pause must keep memory, files and the actor's id
 on all three, and give the worker's slot back at once; the conftest's teardown proves nothing
 of any tier is left on the host (sandboxes, netns, veths, cgroups, leases).
 """
@@ -25,6 +26,8 @@ TIERS: dict[str, dict[str, str]] = {
     "checkpoint": {},
     "freeze": {"gvisor.pause_tier": "freeze", "gvisor.frozen_memory": "4G"},
     "freeze-evicted": {"gvisor.pause_tier": "freeze", "gvisor.frozen_memory": "0"},
+    # `runsc pause`, the fallback where the sandbox's cgroup is out of reach
+    "freeze-runsc": {"gvisor.pause_tier": "freeze", "gvisor.freezer": "runsc"},
 }
 
 
@@ -68,11 +71,13 @@ async def test_pause_keeps_memory_files_and_frees_the_slot_on_every_tier(
     assert paused.memory_kept
     await _settle(runtime)
     folder = paused.snapshot.path
-    if tier == "freeze":
+    if tier in ("freeze", "freeze-runsc"):
         assert (folder / FROZEN_MARKER).is_file()
         assert paused.retained_handle == started.handle
         assert await runtime.is_alive(started.handle)  # frozen, not gone
-        assert runtime.tier.frozen_bytes() > 10 * 2**20  # measured PSS, not the guess
+        (entry,) = runtime.tier.frozen.values()
+        assert entry.pss > 10 * 2**20  # measured while frozen (the budget counts it)
+        assert runtime.tier.frozen_bytes() == entry.pss
     else:
         assert (folder / "checkpoint.img").is_file()
         assert not (folder / FROZEN_MARKER).exists()

@@ -300,6 +300,9 @@ class FreezeTier:
         try:
             await self._set_frozen(cid, pid, True, method)
         except (cgfreeze.FreezeError, OSError, RunscError, RuntimeFailure) as exc:
+            # half frozen would make the sandbox unkillable: thaw what froze, then report
+            with contextlib.suppress(cgfreeze.FreezeError, OSError, RunscError, RuntimeFailure):
+                await self._set_frozen(cid, pid, False, method)
             raise RuntimeFailure(f"freezing {actor.key} failed: {exc}") from None
         unit = self.unit_of(slot)
         entry = _Frozen(cid, actor.key, unit, str(dest), time.time(), method)
