@@ -18,7 +18,10 @@ from typing import Literal
 __all__ = ["CgroupFreezer", "FreezeError", "find_freezer", "thaw_instance_cgroups"]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
-_SETTLE_S = 10.0
+_SETTLE_S = 10.0  # a thaw
+_FREEZE_SETTLE_S = 0.5  # one freeze attempt (they take ~1 ms)
+_ATTEMPTS = 4
+_VALUES = {1: {True: "FROZEN", False: "THAWED"}, 2: {True: "1", False: "0"}}
 
 
 class FreezeError(Exception):
@@ -41,28 +44,41 @@ class CgroupFreezer:
             return self.knob.read_text().strip() == "FROZEN"
         return "frozen 1" in (self.directory / "cgroup.events").read_text()
 
-    def _set(self, freeze: bool) -> None:
-        value = (
-            ("FROZEN" if freeze else "THAWED") if self.version == 1 else ("1" if freeze else "0")
-        )
+    def _set(self, freeze: bool, settle_s: float) -> None:
+        value = _VALUES[self.version][freeze]
         try:
             self.knob.write_text(value)
-            deadline = time.monotonic() + _SETTLE_S
+            deadline = time.monotonic() + settle_s
             delay = 0.0002
             while self.frozen() != freeze:  # v1 passes through FREEZING
                 if time.monotonic() > deadline:
-                    raise FreezeError(f"{self.knob} did not become {value} within {_SETTLE_S:g} s")
+                    raise FreezeError(f"{self.knob} did not become {value} within {settle_s:g} s")
                 time.sleep(delay)
                 delay = min(delay * 2, 0.01)
         except OSError as exc:
             raise FreezeError(f"cannot write {value} to {self.knob}: {exc}") from None
 
     def freeze(self) -> None:
-        """Blocks until every task of the cgroup is frozen (call it off the event loop)."""
-        self._set(True)
+        """Blocks until every task of the cgroup is frozen (call it off the event loop).
+
+        A task the kernel cannot freeze right now (cgroup v1 stays FREEZING while, e.g., a
+        process of the sandbox is stopped under ptrace, which gVisor's systrap does briefly when
+        it starts a stub) would keep the cgroup half frozen: each attempt that does not settle
+        is thawed and tried again a moment later; after the last one the cgroup is left thawed
+        and FreezeError says so.
+        """
+        for attempt in range(1, _ATTEMPTS + 1):
+            try:
+                self._set(True, _FREEZE_SETTLE_S)
+                return
+            except FreezeError:
+                self._set(False, _SETTLE_S)
+                if attempt == _ATTEMPTS:
+                    raise
+                time.sleep(0.02 * attempt)
 
     def thaw(self) -> None:
-        self._set(False)
+        self._set(False, _SETTLE_S)
 
 
 def _cgroup2_mount() -> Path | None:

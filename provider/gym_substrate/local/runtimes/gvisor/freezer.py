@@ -298,7 +298,15 @@ class FreezeTier:
         method = "runsc" if self._freezer(pid) is None else "cgroup"
         await asyncio.to_thread(dest.mkdir, parents=True, exist_ok=True)
         try:
-            await self._set_frozen(cid, pid, True, method)
+            try:
+                await self._set_frozen(cid, pid, True, method)
+            except cgfreeze.FreezeError as exc:
+                if method != "cgroup" or self.method == "cgroup":
+                    raise
+                # the cgroup would not settle (and was thawed again): runsc pauses inside
+                log.warning("cgroup freeze of %s failed (%s); using runsc pause", actor.key, exc)
+                method = "runsc"
+                await self._set_frozen(cid, pid, True, method)
         except (cgfreeze.FreezeError, OSError, RunscError, RuntimeFailure) as exc:
             # half frozen would make the sandbox unkillable: thaw what froze, then report
             with contextlib.suppress(cgfreeze.FreezeError, OSError, RunscError, RuntimeFailure):
