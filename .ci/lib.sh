@@ -1,4 +1,9 @@
+# shellcheck shell=bash
 # Shared by the .ci scripts (sourced, not run).
+
+# Progress and fatal errors on stderr, tagged with the script's name: "[build-tools] ...".
+log() { printf '[%s] %s\n' "${LOG_TAG:-$(basename "$0")}" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
 
 # The Debian archive this machine's apt already uses: scripts that add a suite (backports, trixie,
 # forky) point it at the same mirror instead of naming one.

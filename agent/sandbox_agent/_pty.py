@@ -16,8 +16,8 @@ real terminal nobody reads. Memory per session stays bounded either way.
 
 The child is a session leader whose controlling terminal is the PTY (TIOCSCTTY in the child,
 after the user switch), so `\\x03` typed into it interrupts the foreground job; it runs with the
-credentials, environment and SIGCHLD reaping of exec jobs (`_jobs.py`), so a session asked to
-run as a user never runs as root.
+credentials, environment and exit watching of exec jobs (`_users`, `_children`), so a session
+asked to run as a user never runs as root.
 """
 
 from __future__ import annotations
@@ -26,187 +26,34 @@ import asyncio
 import base64
 import collections
 import contextlib
-import fcntl
 import logging
 import os
 import secrets
-import shutil
 import signal
-import struct
 import subprocess
-import termios
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
-
+from ._children import DEFAULT_PATH, Children, spawn_error
 from ._config import AgentConfig
-from ._errors import ApiError, body_timeout_error
-from ._jobs import (
-    DEFAULT_PATH,
-    Credentials,
-    JobManager,
-    check_fields,
-    descendants,
-    failure_message,
-    json_integer,
-    parse_command,
-    parse_cwd,
-    parse_env,
-    parse_id,
-    parse_shell,
-    parse_user,
-    resolve_user,
-)
-from ._numbers import parse_decimal
-from .contract import (
-    MAX_FILE_OFFSET,
-    MAX_PTY_INPUT_BYTES,
-    MAX_PTY_READ_BYTES,
-    MAX_TERMINAL_SIZE,
-    PTY_SIGNALS,
-    PtyState,
-)
+from ._errors import ApiError
+from ._output import OffsetStream
+from ._procfs import outside_group
+from ._requests import PtySpec
+from ._terminal import interactive_shell, popen, set_size
+from ._users import Credentials, resolve_user
+from .contract import PtyState
 
-__all__ = ["PtyHandlers", "PtyManager", "PtySpec", "parse_pty_request"]
+__all__ = ["PtyManager", "PtySession"]
 
 log = logging.getLogger("sandbox_agent.pty")
 
-_PTY_KEYS = ("id", "command", "shell", "cwd", "env", "user", "rows", "cols", "pty")
 _READ_SIZE = 64 * 1024
-# Read bytes are dropped in batches of at least this much (one memmove per batch, not per read).
-_TRIM_BATCH = 64 * 1024
 # After the leader exits: how long a straggler may keep the terminal open, and how much of what
 # is still in the kernel's buffer is collected past the buffer limit.
 _DRAIN_GRACE_S = 0.1
 _FINAL_DRAIN_BYTES = 1024 * 1024
 _DEFAULT_TERM = "xterm-256color"
-
-
-def _bad(message: str) -> ApiError:
-    return ApiError(400, "bad_request", message)
-
-
-@dataclass(frozen=True, slots=True)
-class PtySpec:
-    """A validated `POST /v1/pty` body; equality is what "the same body" means for retries."""
-
-    command: str | tuple[str, ...] | None
-    shell: str | None
-    cwd: str | None
-    env: tuple[tuple[str, str], ...]
-    user: str | int | None
-    rows: int
-    cols: int
-    pty: bool
-
-
-def _terminal_size(raw: Any, name: str, default: int | None) -> int:
-    """rows or cols: an integer 1..65535; `default` when absent (None: required)."""
-    if raw is None and default is not None:
-        return default
-    value = json_integer(raw)
-    if value is None or not 1 <= value <= MAX_TERMINAL_SIZE:
-        raise _bad(f"{name} must be an integer 1..{MAX_TERMINAL_SIZE}, got {str(raw)[:24]}")
-    return value
-
-
-def parse_pty_request(body: Any) -> tuple[str | None, PtySpec]:
-    """Validate a POST /v1/pty body; returns (client id or None, spec) or raises 400."""
-    body = check_fields(body, _PTY_KEYS, '{"command": "bash", "rows": 24, "cols": 80}')
-    raw_pty = body.get("pty", True)
-    if not isinstance(raw_pty, bool):
-        raise _bad("pty must be true (a terminal) or false (pipes: stdout and stderr apart)")
-    command = body.get("command")
-    spec = PtySpec(
-        command=None if command is None else parse_command(command),
-        shell=parse_shell(body.get("shell")),
-        cwd=parse_cwd(body.get("cwd")),
-        env=parse_env(body.get("env")),
-        user=parse_user(body.get("user")),
-        rows=_terminal_size(body.get("rows"), "rows", 24),
-        cols=_terminal_size(body.get("cols"), "cols", 80),
-        pty=raw_pty,
-    )
-    return parse_id(body.get("id")), spec
-
-
-class _Stream:
-    """One output stream: absolute offsets, bounded memory, dropping only what was read."""
-
-    __slots__ = ("buf", "start", "acked", "limit", "closed")
-
-    def __init__(self, limit: int) -> None:
-        self.buf = bytearray()
-        self.start = 0  # stream offset of buf[0]
-        self.acked = 0  # the highest offset a reader asked for: the bytes before it may go
-        self.limit = limit
-        self.closed = False  # no more bytes will come
-
-    @property
-    def end(self) -> int:
-        return self.start + len(self.buf)
-
-    @property
-    def full(self) -> bool:
-        """As many bytes unread as the buffer holds: stop reading the program."""
-        return self.end - self.acked >= self.limit
-
-    def feed(self, data: bytes) -> None:
-        self.buf += data
-        self._trim()
-
-    def _trim(self) -> None:
-        # Keep the newest `limit` bytes and every unread one; drop in batches.
-        keep = max(self.limit, self.end - self.acked)
-        excess = len(self.buf) - keep
-        if excess >= _TRIM_BATCH:
-            del self.buf[:excess]
-            self.start += excess
-
-    def read(self, offset: int, max_bytes: int) -> tuple[int, bytes]:
-        """(offset of the first byte returned, bytes); acknowledges everything before `offset`."""
-        end = self.end
-        if offset > end:
-            raise ApiError(
-                409,
-                "offset_mismatch",
-                f"offset {offset} is past the {end} bytes this stream has produced so far; "
-                f"read from offset {end} or less",
-            )
-        pos = max(offset, self.start)
-        data = bytes(self.buf[pos - self.start : pos - self.start + max_bytes])
-        if pos > self.acked:
-            self.acked = pos
-            self._trim()
-        return pos, data
-
-    def release(self) -> None:
-        """Drop every byte (the client closed the session): reads then skip to the end."""
-        self.start = self.acked = self.end
-        self.buf = bytearray()
-        self.closed = True
-
-
-def _set_size(fd: int, rows: int, cols: int) -> None:
-    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-
-
-def _take_terminal() -> None:
-    """In the child, after setsid and the user switch: make the PTY the controlling terminal.
-
-    Without it the line discipline has no foreground process group, so a typed Ctrl-C (or a
-    resize's SIGWINCH) reaches no one. A runtime that refuses it still gets a working session.
-    """
-    with contextlib.suppress(OSError):
-        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
-
-def _interactive_shell(path: str) -> str:
-    """bash when the sandbox has it (on PATH), else /bin/sh (blocking: run it in a thread)."""
-    return shutil.which("bash", path=path) or "/bin/sh"
 
 
 class PtySession:
@@ -224,12 +71,12 @@ class PtySession:
         self.started_at = time.time()
         self._t0 = time.monotonic()
         self._t1: float | None = None
-        self.out = _Stream(limit)
-        self.err = _Stream(limit)
+        self.out = OffsetStream(limit)
+        self.err = OffsetStream(limit)
         self.proc: subprocess.Popen[bytes] | None = None
         self.pgid = 0
         self.master = -1  # pty mode: the terminal's master side, read and written
-        self.readers: dict[int, _Stream] = {}
+        self.readers: dict[int, OffsetStream] = {}
         self.paused: set[int] = set()
         self.in_fd = -1
         self.pending = bytearray()
@@ -466,9 +313,9 @@ def _ended(session: PtySession, what: str) -> ApiError:
 class PtyManager:
     """Every PTY session of one agent; all methods run on the event loop thread."""
 
-    def __init__(self, config: AgentConfig, jobs: JobManager) -> None:
+    def __init__(self, config: AgentConfig, children: Children) -> None:
         self._config = config
-        self._jobs = jobs
+        self._children = children
         self._sessions: dict[str, PtySession] = {}
         self._ended: collections.deque[PtySession] = collections.deque()
         self._running = 0
@@ -508,7 +355,7 @@ class PtyManager:
         creds = None
         if spec.user is not None:
             creds = await loop.run_in_executor(None, resolve_user, spec.user)
-        env = self._jobs.child_env(spec.env, creds)
+        env = self._children.env(spec.env, creds)
         argv: list[str]
         if isinstance(spec.command, tuple):
             argv = list(spec.command)
@@ -518,7 +365,7 @@ class PtyManager:
             argv = [spec.shell]
         else:
             path = os.fsdecode(env.get(b"PATH", DEFAULT_PATH.encode()))
-            argv = [await loop.run_in_executor(None, _interactive_shell, path)]
+            argv = [await loop.run_in_executor(None, interactive_shell, path)]
         if spec.pty and not any(name == "TERM" for name, _ in spec.env):
             env[b"TERM"] = _DEFAULT_TERM.encode()
         # No await from here on: check, insert and spawn are one step on the loop.
@@ -549,61 +396,22 @@ class PtyManager:
         creds: Credentials | None,
     ) -> None:
         spec = session.spec
-        kwargs: dict[str, Any] = {}
-        if creds is not None:
-            kwargs = {"user": creds.uid, "group": creds.gid, "extra_groups": list(creds.groups)}
         # The parent's ends first, then the child's: (parent, child) pairs.
         ends: list[tuple[int, int]] = []
-        if spec.pty:
-            try:
-                ends.append(os.openpty())
-            except OSError as exc:
-                session.fail(
-                    f"cannot open a terminal here ({exc.strerror or exc}): it needs /dev/ptmx "
-                    "and a devpts /dev/pts; pty: false runs the command on pipes instead"
-                )
-                return
         try:
-            if spec.pty:
-                master, slave = ends[0]
-                _set_size(master, spec.rows, spec.cols)
-                proc = subprocess.Popen(
-                    argv,
-                    stdin=slave,
-                    stdout=slave,
-                    stderr=slave,
-                    cwd=spec.cwd,
-                    env=env,
-                    start_new_session=True,
-                    preexec_fn=_take_terminal,
-                    **kwargs,
-                )
-            else:
-                stdin_r, stdin_w = os.pipe()
-                ends.append((stdin_w, stdin_r))
-                out_r, out_w = os.pipe()
-                ends.append((out_r, out_w))
-                err_r, err_w = os.pipe()
-                ends.append((err_r, err_w))
-                proc = subprocess.Popen(
-                    argv,
-                    stdin=stdin_r,
-                    stdout=out_w,
-                    stderr=err_w,
-                    cwd=spec.cwd,
-                    env=env,
-                    start_new_session=True,
-                    **kwargs,
-                )
+            proc = popen(spec, argv, env, creds, ends)
         except Exception as exc:
             for pair in ends:
                 for fd in pair:
                     os.close(fd)
-            if isinstance(exc, OSError):
-                message = failure_message(exc, argv[0], spec.cwd, spec.user)
-            else:  # SubprocessError, ValueError, OverflowError: the spawn did not happen
-                message = f"could not start {argv[0]!r}: {exc}"
-            session.fail(message)
+            if spec.pty and not ends:  # os.openpty() itself failed
+                session.fail(
+                    f"cannot open a terminal here ({getattr(exc, 'strerror', None) or exc}): it "
+                    "needs /dev/ptmx and a devpts /dev/pts; pty: false runs the command on pipes "
+                    "instead"
+                )
+            else:
+                session.fail(spawn_error(exc, argv, spec.cwd, spec.user))
             return
         for _, child_end in ends:
             os.close(child_end)
@@ -621,7 +429,7 @@ class PtyManager:
             session.readers[ends[2][0]] = session.err
         for fd in session.readers:
             loop.add_reader(fd, session.on_readable, fd)
-        self._jobs.watch_exit(proc, session.on_exit)
+        self._children.watch_exit(proc, session.on_exit)
 
     def finished(self, session: PtySession) -> None:
         """A session ended: keep it readable among the newest ended ones."""
@@ -667,7 +475,7 @@ class PtyManager:
             raise _ended(session, "a resize")
         if session.master >= 0:
             with contextlib.suppress(OSError):  # the terminal was just hung up
-                _set_size(session.master, rows, cols)
+                set_size(session.master, rows, cols)
         session.rows, session.cols = rows, cols  # pipe mode: recorded, nothing to size
 
     def signal(self, session: PtySession, name: str) -> None:
@@ -689,14 +497,11 @@ class PtyManager:
         loop = asyncio.get_running_loop()
         if session.returncode is None:
             try:
-                found = await loop.run_in_executor(None, descendants, proc.pid)
+                found = await loop.run_in_executor(None, outside_group, proc.pid, session.pgid)
             except Exception:  # best effort: the group kill below still runs
                 log.exception("scanning the process tree of PTY session %s failed", session.id)
                 found = set()
-            for pid in found:
-                with contextlib.suppress(ProcessLookupError):
-                    if os.getpgid(pid) != session.pgid:
-                        session.extra_pids.add(pid)
+            session.extra_pids |= found
         # An interactive shell ignores TERM but not HUP; CONT wakes a stopped job to see both.
         for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGCONT):
             session.send(sig)
@@ -718,127 +523,3 @@ class PtyManager:
         running = [s for s in self._sessions.values() if not s.finished]
         if running:
             await asyncio.gather(*(self.kill(s) for s in running))
-
-
-# ----------------------------------------------------------------------------- HTTP handlers
-
-
-def _offset_param(request: web.Request, required: bool) -> int | None:
-    raw = request.query.get("offset")
-    if raw is None:
-        if required:
-            return 0
-        return None
-    value = parse_decimal(raw, MAX_FILE_OFFSET)
-    if value is None:
-        msg = f"offset must be an integer 0..{MAX_FILE_OFFSET} in ASCII digits, got {raw[:64]!r}"
-        raise _bad(msg)
-    return value
-
-
-class PtyHandlers:
-    """The /v1/pty handlers over one `PtyManager`."""
-
-    def __init__(
-        self,
-        manager: PtyManager,
-        config: AgentConfig,
-        read_json: Callable[[web.Request], Awaitable[Any]],
-        wait_param: Callable[[web.Request], float],
-    ) -> None:
-        self._pty = manager
-        self._config = config
-        self._read_json = read_json
-        self._wait_param = wait_param
-
-    def _session(self, request: web.Request) -> PtySession:
-        return self._pty.get(request.match_info["session_id"])
-
-    @staticmethod
-    def _answer(session: PtySession) -> web.Response:
-        return web.json_response(session.to_json())
-
-    async def create(self, request: web.Request) -> web.Response:
-        session_id, spec = parse_pty_request(await self._read_json(request))
-        log.debug("pty %s: %r", session_id, spec.command)
-        return self._answer(await self._pty.create(session_id, spec))
-
-    async def get(self, request: web.Request) -> web.Response:
-        wait = self._wait_param(request)
-        session = self._session(request)
-        await self._pty.wait(session, wait)
-        return self._answer(session)
-
-    async def delete(self, request: web.Request) -> web.Response:
-        session = self._session(request)
-        await self._pty.close(session)
-        return self._answer(session)
-
-    async def output(self, request: web.Request) -> web.Response:
-        wait = self._wait_param(request)
-        stream = request.query.get("stream", "stdout")
-        if stream not in ("stdout", "stderr"):
-            raise _bad(f"stream must be stdout or stderr, got {stream[:64]!r}")
-        offset = _offset_param(request, required=True)
-        assert offset is not None
-        raw = request.query.get("max_bytes")
-        max_bytes = MAX_PTY_READ_BYTES
-        if raw is not None:
-            value = parse_decimal(raw, MAX_PTY_READ_BYTES)
-            if value is None or value < 1:
-                msg = f"max_bytes must be an integer 1..{MAX_PTY_READ_BYTES}, got {raw[:64]!r}"
-                raise _bad(msg)
-            max_bytes = value
-        session = self._session(request)
-        return web.json_response(await self._pty.read(session, stream, offset, wait, max_bytes))
-
-    async def input(self, request: web.Request) -> web.Response:
-        offset = _offset_param(request, required=False)
-        session = self._session(request)
-        length = request.content_length
-        too_large = ApiError(
-            413,
-            "too_large",
-            f"an input chunk is at most {MAX_PTY_INPUT_BYTES} bytes; send more in several "
-            "requests, each with the offset= of its first byte",
-        )
-        if length is not None and length > MAX_PTY_INPUT_BYTES:
-            raise too_large
-        chunks: list[bytes] = []
-        received = 0
-        try:
-            async with asyncio.timeout(self._config.body_timeout_s):
-                while chunk := await request.content.readany():
-                    received += len(chunk)
-                    if received > MAX_PTY_INPUT_BYTES:
-                        raise too_large
-                    chunks.append(chunk)
-        except TimeoutError:
-            raise body_timeout_error(self._config.body_timeout_s) from None
-        session.write_input(offset, b"".join(chunks), MAX_PTY_INPUT_BYTES)
-        return web.json_response(
-            {
-                "id": session.id,
-                "input_offset": session.input_offset,
-                "input_pending": len(session.pending),
-            }
-        )
-
-    async def resize(self, request: web.Request) -> web.Response:
-        body = check_fields(await self._read_json(request), ("rows", "cols"), '{"rows": 40}')
-        if "rows" not in body or "cols" not in body:
-            raise _bad('rows and cols are both required, e.g. {"rows": 40, "cols": 120}')
-        rows = _terminal_size(body["rows"], "rows", None)
-        cols = _terminal_size(body["cols"], "cols", None)
-        session = self._session(request)
-        self._pty.resize(session, rows, cols)
-        return self._answer(session)
-
-    async def signal(self, request: web.Request) -> web.Response:
-        body = check_fields(await self._read_json(request), ("signal",), '{"signal": "SIGINT"}')
-        name = body.get("signal")
-        if name not in PTY_SIGNALS:
-            raise _bad(f"signal must be one of {', '.join(PTY_SIGNALS)}, got {str(name)[:64]!r}")
-        session = self._session(request)
-        self._pty.signal(session, name)
-        return self._answer(session)

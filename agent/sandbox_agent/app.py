@@ -23,10 +23,12 @@ from ._config import ACTOR_ID_ENV, AgentConfig
 from ._errors import ApiError, body_timeout_error, code_for_status, error_response
 from ._files import FileHandlers
 from ._identity import Identity, read_actor_id
-from ._jobs import AnyJob, JobManager, parse_exec_request
+from ._jobs import AnyJob, JobManager
 from ._numbers import parse_number
 from ._openapi import openapi_document
-from ._pty import PtyHandlers, PtyManager
+from ._pty import PtyManager
+from ._pty_http import PtyHandlers
+from ._requests import parse_exec_request
 from .contract import ACTOR_ID_HEADER, MAX_WAIT_S
 
 __all__ = ["create_app", "JOBS_KEY", "CONFIG_KEY", "PTY_KEY"]
@@ -80,52 +82,32 @@ def _job_response(job: AnyJob, status: int) -> web.Response:
     return web.Response(body=job.body(), status=status, content_type="application/json")
 
 
-def create_app(config: AgentConfig | None = None) -> web.Application:
-    """Build the agent's aiohttp application for `config` (defaults: the contract's values)."""
-    config = config or AgentConfig()
-    jobs = JobManager(config)
-    ptys = PtyManager(config, jobs)
-    identity = Identity(config.restore_jump_s)
-    files = FileHandlers(config.max_upload_bytes, config.body_timeout_s)
-    token = config.token.encode() if config.token else None
+class _Agent:
+    """The handlers and the middleware of one app, over its job table and PTY sessions."""
 
-    async def current_actor_id() -> str | None:
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.jobs = JobManager(config)
+        self.ptys = PtyManager(config, self.jobs.children)
+        self.identity = Identity(config.restore_jump_s)
+        self.files = FileHandlers(config.max_upload_bytes, config.body_timeout_s)
+        self._token = config.token.encode() if config.token else None
+        self._doc_body = json.dumps(openapi_document(), indent=2).encode()
+
+    async def current_actor_id(self) -> str | None:
         """Read the actor id now (off the loop) and let restore detection see it."""
         actor_id = await asyncio.get_running_loop().run_in_executor(
-            None, read_actor_id, config.actor_id_file, ACTOR_ID_ENV
+            None, read_actor_id, self.config.actor_id_file, ACTOR_ID_ENV
         )
-        identity.observe_actor_id(actor_id)
+        self.identity.observe_actor_id(actor_id)
         return actor_id
 
     @web.middleware
-    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         start = time.perf_counter()
         resp: web.StreamResponse | None = None
         try:
-            identity.check_clock()
-            if token is not None and not (request.path == "/readyz" and request.method == "GET"):
-                given = request.headers.get("Authorization", "")
-                if not (
-                    given.startswith("Bearer ")
-                    and hmac.compare_digest(given[7:].strip().encode(), token)
-                ):
-                    raise ApiError(
-                        401,
-                        "unauthorized",
-                        "missing or wrong bearer token; send Authorization: Bearer <token>",
-                        headers={"WWW-Authenticate": "Bearer"},
-                    )
-            claimed = request.headers.get(ACTOR_ID_HEADER)
-            # An unknown path or method runs nothing: it gets its 404/405, whatever the actor.
-            if claimed is not None and request.match_info.http_exception is None:
-                actual = await current_actor_id()
-                if actual is not None and claimed != actual:
-                    raise ApiError(
-                        409,
-                        "actor_mismatch",
-                        f"this sandbox is actor {actual!r}, not {claimed!r}; the request was "
-                        "not executed (stale address?)",
-                    )
+            await self._admit(request)
             resp = await handler(request)
         except ApiError as exc:
             resp = error_response(exc.status, exc.code, exc.message, exc.headers)
@@ -150,29 +132,56 @@ def create_app(config: AgentConfig | None = None) -> web.Application:
         )
         return resp
 
-    async def readyz(request: web.Request) -> web.Response:
-        actor_id = await current_actor_id()
+    async def _admit(self, request: web.Request) -> None:
+        """Restore detection, the bearer token and the actor-id guard, before any handler."""
+        self.identity.check_clock()
+        token = self._token
+        if token is not None and not (request.path == "/readyz" and request.method == "GET"):
+            given = request.headers.get("Authorization", "")
+            if not (
+                given.startswith("Bearer ")
+                and hmac.compare_digest(given[7:].strip().encode(), token)
+            ):
+                raise ApiError(
+                    401,
+                    "unauthorized",
+                    "missing or wrong bearer token; send Authorization: Bearer <token>",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+        claimed = request.headers.get(ACTOR_ID_HEADER)
+        # An unknown path or method runs nothing: it gets its 404/405, whatever the actor.
+        if claimed is not None and request.match_info.http_exception is None:
+            actual = await self.current_actor_id()
+            if actual is not None and claimed != actual:
+                raise ApiError(
+                    409,
+                    "actor_mismatch",
+                    f"this sandbox is actor {actual!r}, not {claimed!r}; the request was "
+                    "not executed (stale address?)",
+                )
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        actor_id = await self.current_actor_id()
         return web.json_response(
             {
                 "status": "ok",
                 "agent_version": __version__,
                 "actor_id": actor_id,
-                "boot_id": identity.boot_id,
-                "uptime_s": round(identity.uptime_s, 3),
+                "boot_id": self.identity.boot_id,
+                "uptime_s": round(self.identity.uptime_s, 3),
             }
         )
 
-    doc_body = json.dumps(openapi_document(), indent=2).encode()
+    async def openapi(self, request: web.Request) -> web.Response:
+        return web.Response(body=self._doc_body, content_type="application/json")
 
-    async def openapi(request: web.Request) -> web.Response:
-        return web.Response(body=doc_body, content_type="application/json")
-
-    async def read_json(request: web.Request) -> Any:
+    async def read_json(self, request: web.Request) -> Any:
+        timeout = self.config.body_timeout_s
         try:
-            async with asyncio.timeout(config.body_timeout_s):
+            async with asyncio.timeout(timeout):
                 body = await request.read()
         except TimeoutError:
-            raise body_timeout_error(config.body_timeout_s) from None
+            raise body_timeout_error(timeout) from None
         if not body:
             raise ApiError(400, "bad_request", "the body must be a JSON object, got nothing")
         try:
@@ -183,17 +192,17 @@ def create_app(config: AgentConfig | None = None) -> web.Application:
             msg = "the body is not a usable JSON object: arrays or objects nested too deeply"
             raise ApiError(400, "bad_request", msg) from None
 
-    async def exec_start(request: web.Request) -> web.Response:
+    async def exec_start(self, request: web.Request) -> web.Response:
         wait = _wait_param(request)
-        job_id, spec = parse_exec_request(await read_json(request))
+        job_id, spec = parse_exec_request(await self.read_json(request))
         log.debug("exec %s: %r", job_id, spec.argv)
-        job = await jobs.submit(job_id, spec)
-        await jobs.wait(job, wait)
+        job = await self.jobs.submit(job_id, spec)
+        await self.jobs.wait(job, wait)
         return _job_response(job, 200 if job.finished else 202)
 
-    def job_or_404(request: web.Request) -> AnyJob:
+    def _job_or_404(self, request: web.Request) -> AnyJob:
         job_id = request.match_info["job_id"]
-        job = jobs.get(job_id)
+        job = self.jobs.get(job_id)
         if job is None:
             raise ApiError(
                 404,
@@ -202,35 +211,41 @@ def create_app(config: AgentConfig | None = None) -> web.Application:
             )
         return job
 
-    async def exec_get(request: web.Request) -> web.Response:
+    async def exec_get(self, request: web.Request) -> web.Response:
         wait = _wait_param(request)
-        job = job_or_404(request)
-        await jobs.wait(job, wait)
+        job = self._job_or_404(request)
+        await self.jobs.wait(job, wait)
         return _job_response(job, 200)
 
-    async def exec_delete(request: web.Request) -> web.Response:
-        job = await jobs.kill(job_or_404(request))
+    async def exec_delete(self, request: web.Request) -> web.Response:
+        job = await self.jobs.kill(self._job_or_404(request))
         return _job_response(job, 200)
 
-    async def on_startup(app: web.Application) -> None:
-        if config.reap_orphans:
-            jobs.reap_orphans()
-        await current_actor_id()
+    async def on_startup(self, app: web.Application) -> None:
+        if self.config.reap_orphans:
+            self.jobs.reap_orphans()
+        await self.current_actor_id()
 
-    async def on_shutdown(app: web.Application) -> None:
-        await asyncio.gather(jobs.shutdown(), ptys.shutdown())
+    async def on_shutdown(self, app: web.Application) -> None:
+        await asyncio.gather(self.jobs.shutdown(), self.ptys.shutdown())
 
-    app = web.Application(middlewares=[middleware], client_max_size=config.max_json_bytes)
+
+def create_app(config: AgentConfig | None = None) -> web.Application:
+    """Build the agent's aiohttp application for `config` (defaults: the contract's values)."""
+    config = config or AgentConfig()
+    agent = _Agent(config)
+    app = web.Application(middlewares=[agent.middleware], client_max_size=config.max_json_bytes)
     app[CONFIG_KEY] = config
-    app[JOBS_KEY] = jobs
-    app[IDENTITY_KEY] = identity
-    app[PTY_KEY] = ptys
-    pty = PtyHandlers(ptys, config, read_json, _wait_param)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/v1/openapi.json", openapi)
-    app.router.add_post("/v1/exec", exec_start)
-    app.router.add_get("/v1/exec/{job_id}", exec_get)
-    app.router.add_delete("/v1/exec/{job_id}", exec_delete)
+    app[JOBS_KEY] = agent.jobs
+    app[IDENTITY_KEY] = agent.identity
+    app[PTY_KEY] = agent.ptys
+    files = agent.files
+    pty = PtyHandlers(agent.ptys, config, agent.read_json, _wait_param)
+    app.router.add_get("/readyz", agent.readyz)
+    app.router.add_get("/v1/openapi.json", agent.openapi)
+    app.router.add_post("/v1/exec", agent.exec_start)
+    app.router.add_get("/v1/exec/{job_id}", agent.exec_get)
+    app.router.add_delete("/v1/exec/{job_id}", agent.exec_delete)
     app.router.add_put("/v1/files", files.put)
     app.router.add_get("/v1/files", files.get)
     app.router.add_get("/v1/stat", files.stat)
@@ -241,6 +256,6 @@ def create_app(config: AgentConfig | None = None) -> web.Application:
     app.router.add_post("/v1/pty/{session_id}/input", pty.input)
     app.router.add_post("/v1/pty/{session_id}/resize", pty.resize)
     app.router.add_post("/v1/pty/{session_id}/signal", pty.signal)
-    app.on_startup.append(on_startup)
-    app.on_shutdown.append(on_shutdown)
+    app.on_startup.append(agent.on_startup)
+    app.on_shutdown.append(agent.on_shutdown)
     return app

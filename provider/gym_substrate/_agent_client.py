@@ -18,13 +18,17 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
+from urllib.parse import urlsplit
 
 import aiohttp
 
+from gym_substrate._connhints import http_hint
 from gym_substrate._errors import (
     ActorMismatchError,
     ActorUnavailableError,
     AgentResponseError,
+    AgentTransportError,
+    ConnectionConfigError,
     RouterError,
     translate_http_errors,
 )
@@ -85,14 +89,23 @@ class AiohttpTransport:
         what: str,
     ) -> HttpResponse:
         timeout = aiohttp.ClientTimeout(total=timeout_s)
-        with translate_http_errors(what):
-            async with self.session.request(
-                method, url, params=params, data=body, headers=dict(headers), timeout=timeout
-            ) as resp:
-                payload = await resp.read()
-                return HttpResponse(
-                    resp.status, {k.lower(): v for k, v in resp.headers.items()}, payload
-                )
+        try:
+            with translate_http_errors(what):
+                async with self.session.request(
+                    method, url, params=params, data=body, headers=dict(headers), timeout=timeout
+                ) as resp:
+                    payload = await resp.read()
+                    return HttpResponse(
+                        resp.status, {k.lower(): v for k, v in resp.headers.items()}, payload
+                    )
+        except AgentTransportError as exc:
+            # Something that is not a router (ateapi's gRPC port, say) fails the same way every
+            # time: say which key to change instead of retrying until the deadline.
+            parts = urlsplit(url)
+            hint = http_hint(f"{parts.scheme}://{parts.netloc}", str(exc.__cause__ or exc))
+            if hint is None:
+                raise
+            raise ConnectionConfigError(f"{what}: {hint.text}", key=hint.key) from exc
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,8 @@ def runtime_check_script(caps: tuple[str, ...], shm_size: int | None) -> str:
         steps.append(
             "eff=$(sed -n 's/^CapEff:[[:space:]]*//p' /proc/self/status); "
             f"if [ $(( 0x$eff & {mask:#x} )) -ne {mask} ]; then "
-            f"echo 'this sandbox lacks capabilities {' '.join(caps)} (CapEff '$eff')'; exit 1; fi"
+            f"echo 'this sandbox lacks capabilities {' '.join(caps)} (CapEff '\"$eff\"')'; "
+            "exit 1; fi"
         )
     if shm_size is not None:
         steps.append(

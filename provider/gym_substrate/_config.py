@@ -237,6 +237,9 @@ class ConnectionConfig:
     tls: TLSConfig = field(default_factory=TLSConfig)
     token: TokenConfig | None = None
     request_timeout_s: float = 30.0
+    # How long an ateapi that refuses connections is waited for: at first contact (a backend
+    # still starting; then the error names the key to fix) and in connect()/status() (a restart).
+    connect_timeout_s: float = 10.0
     _path: str = field(default="connection", repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -262,6 +265,11 @@ class ConnectionConfig:
             self,
             "request_timeout_s",
             _number(f"{p}.request_timeout_s", self.request_timeout_s, positive=True),
+        )
+        object.__setattr__(
+            self,
+            "connect_timeout_s",
+            _number(f"{p}.connect_timeout_s", self.connect_timeout_s, positive=True),
         )
 
 

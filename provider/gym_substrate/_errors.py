@@ -7,7 +7,9 @@ only by `_agent_client.AgentClient`) are the single crossing points; both chain 
 
     SubstrateError
     ├── ConfigError (+ ValueError)                 bad YAML / constructor input; names the path
-    │   └── UnsupportedServerError                 ateapi speaks the June 2026 API (refused)
+    │   ├── UnsupportedServerError                 ateapi speaks the June 2026 API (refused)
+    │   └── ConnectionConfigError                  connection.api/.router/.tls reach the wrong
+    │                                              thing (or nothing); names the key to change
     ├── ProviderClosedError (+ RuntimeError)       the provider was used after aclose()
     ├── ControlPlaneError                          a gRPC call to ateapi failed
     │   ├── ActorNotFoundError                     NOT_FOUND
@@ -57,6 +59,7 @@ __all__ = [
     "AlreadyExistsError",
     "CloseError",
     "ConfigError",
+    "ConnectionConfigError",
     "ControlPlaneError",
     "NoFreeWorkersError",
     "ProviderClosedError",
@@ -86,6 +89,15 @@ class ConfigError(SubstrateError, ValueError):
 
 class UnsupportedServerError(ConfigError):
     """ateapi is older than this package speaks (June 2026 API); the message says what to run."""
+
+
+class ConnectionConfigError(ConfigError):
+    """The configured address answers as something else (or nothing answers): the message says
+    what was found and which key to change (`key`, e.g. `connection.tls.plaintext`)."""
+
+    def __init__(self, message: str, *, key: str) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 class ProviderClosedError(SubstrateError, RuntimeError):

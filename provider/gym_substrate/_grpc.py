@@ -6,6 +6,12 @@ the current API (`_apicheck`). The bearer token is attached per call, not baked 
 credentials, so a rotated token file is picked up on the next RPC and plaintext channels (the
 local backend) work the same way as TLS ones.
 
+Until the server has answered once, an UNAVAILABLE is diagnosed (`_connhints`): a TLS/plaintext
+mismatch or an HTTP/1 server on the API address is a `ConnectionConfigError` at once, naming the
+key to change; "connection refused" is looked at again for `connection.connect_timeout_s` (a
+backend still starting), then reported the same way. After that first answer UNAVAILABLE is the
+callers' to retry (a restart), and the channel's reconnect backoff is kept short (`_RECONNECT`).
+
 The methods take `(atespace, name)` and build the wire's `ObjectRef`; the helpers below are the
 only code that reads an `Actor`, and they read just the fields the provider needs, so a newer
 server that adds fields (or enum values) changes nothing here.
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, TypeVar
@@ -24,8 +31,10 @@ import grpc.aio
 
 from gym_substrate._apicheck import check_server
 from gym_substrate._config import ConnectionConfig
+from gym_substrate._connhints import grpc_hint, not_connected
 from gym_substrate._errors import (
     ConfigError,
+    ConnectionConfigError,
     ControlPlaneError,
     UnsupportedServerError,
     translate_grpc_error,
@@ -54,18 +63,30 @@ R = TypeVar("R")
 
 # Within grpc-go's default server enforcement, which ateapi keeps: no ping sooner than 5 minutes
 # and none without a call in flight, else GOAWAY "too_many_pings" (and grpc's complaint on
-# stderr, in the middle of an interactive terminal). RPCs have their own deadlines.
+# stderr, in the middle of an interactive terminal). RPCs have their own deadlines; a dead peer
+# that never closed the socket is noticed at the next ping's 10 s timeout.
 _KEEPALIVE = [
     ("grpc.keepalive_time_ms", 300_000),
-    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 0),
     ("grpc.http2.max_pings_without_data", 0),
 ]
+# Reconnect as a local or in-cluster API allows: grpc's defaults (first retry after 1 s, growing
+# 1.6x to 120 s) left a channel in backoff for 36-40 s after the backend restarted, failing every
+# call meanwhile while a fresh client answered in 0.4 s. C-core reads "min_reconnect_backoff" as
+# the shortest time a connection attempt is given (a blackholed address fails after it).
+_RECONNECT = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
+    ("grpc.min_reconnect_backoff_ms", 5_000),
+]
+# While nothing has answered yet, "connection refused" is waited out with these sleeps.
+_FIRST_CONTACT_SLEEP = (0.05, 0.5)
 
 
 def create_channel(conn: ConnectionConfig) -> grpc.aio.Channel:
-    """The single place channels are configured (TLS, server name, keepalive)."""
-    options: list[tuple[str, Any]] = list(_KEEPALIVE)
+    """The single place channels are configured (TLS, server name, keepalive, reconnects)."""
+    options: list[tuple[str, Any]] = [*_KEEPALIVE, *_RECONNECT]
     if conn.tls.plaintext:
         return grpc.aio.insecure_channel(conn.api, options=options)
     root: bytes | None = None
@@ -195,6 +216,7 @@ class ControlClient:
         self._checked = False
         self._refused: str | None = None
         self._check_lock = asyncio.Lock()
+        self._reached = False  # some call got an answer from the server: past first contact
 
     def _metadata(self, method: str) -> tuple[tuple[str, str], ...] | None:
         if self._conn.token is None:
@@ -231,12 +253,37 @@ class ControlClient:
             self._checked = True
 
     async def _call(self, method: str, fn: Callable[..., Awaitable[R]], request: Any) -> R:
+        """One call; before the server ever answered, a failure to connect is diagnosed."""
+        started = time.monotonic()
+        sleep, longest = _FIRST_CONTACT_SLEEP
+        while True:
+            try:
+                return await self._once(method, fn, request)
+            except ControlPlaneError as exc:
+                unreached = exc.code == grpc.StatusCode.UNAVAILABLE and not_connected(exc.details)
+                if self._reached or not unreached:
+                    if exc.code not in (None, grpc.StatusCode.DEADLINE_EXCEEDED):
+                        self._reached = True  # the server answered (even if with an error)
+                    raise
+                hint = grpc_hint(self._conn, exc.details)
+                waited = time.monotonic() - started
+                if hint.final or waited >= self._conn.connect_timeout_s:
+                    after = "" if hint.final else f" (for {waited:.1f} s)"
+                    raise ConnectionConfigError(f"{exc}{after}; {hint.text}", key=hint.key) from exc
+                # a backend still starting: look again until connection.connect_timeout_s
+                left = self._conn.connect_timeout_s - waited
+                await asyncio.sleep(min(sleep, left))
+                sleep = min(sleep * 2, longest)
+
+    async def _once(self, method: str, fn: Callable[..., Awaitable[R]], request: Any) -> R:
         await self._ensure_supported(method)
         metadata = self._metadata(method)
         try:
-            return await fn(request, timeout=self._conn.request_timeout_s, metadata=metadata)
+            answer = await fn(request, timeout=self._conn.request_timeout_s, metadata=metadata)
         except grpc.RpcError as exc:
             raise translate_grpc_error(exc, method) from exc
+        self._reached = True
+        return answer
 
     async def create_atespace(self, name: str) -> None:
         atespace = pb.Atespace(metadata=pb.ResourceMetadata(name=name))

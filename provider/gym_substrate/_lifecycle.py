@@ -25,10 +25,13 @@ from typing import Any, Protocol, TypeVar
 
 from gym_substrate._actor import DELETED, SubstrateActor
 from gym_substrate._agent_client import AgentClient, HttpTransport
+from gym_substrate._capacity import queue_for, wait_in_line
 from gym_substrate._config import CrashPolicy, IdlePolicy, PauseMode
+from gym_substrate._connhints import not_an_agent
 from gym_substrate._errors import (
     ActorCrashedError,
     ActorNotFoundError,
+    ConnectionConfigError,
     ControlPlaneError,
     NoFreeWorkersError,
     SnapshotBusyError,
@@ -45,7 +48,6 @@ from gym_substrate._retry import (
     is_router_glitch,
     is_transient_control,
     retry_target,
-    wait_for_capacity,
 )
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.types import SandboxHandle
@@ -308,14 +310,16 @@ class ManagedActor:
                     await self._raise_if_crashed()
                 raise
 
-        answer = await wait_for_capacity(
+        answer = await wait_in_line(
             attempt,
             self.services.retry.with_deadline(max(0.001, deadline - time.monotonic())),
+            queue_for(control, "ResumeActor"),
             call="ResumeActor",
             what=f"ResumeActor {actor.actor_id}",
             # FAILED_PRECONDITION that is not a crash: another transition is under way
             predicate=lambda exc: is_resumable(exc) or _is_code(exc, "FAILED_PRECONDITION"),
             transient_s=self.services.retry.deadline,
+            first=lost_worker,  # believed running: its resume may need no worker at all
         )
         resumed = answer.actor
         if actor_state(resumed) == "CRASHED":  # the wakeup probe gave up on the way up
@@ -347,6 +351,11 @@ class ManagedActor:
                 f"workload does not answer (its router answers 503): the workload died, and "
                 f"nothing restarts it; close() or pause() the sandbox ({exc})"
             ) from exc
+        if not isinstance(ready, dict) or "boot_id" not in ready:
+            hint = not_an_agent(self.services.router)
+            raise ConnectionConfigError(
+                f"GET /readyz on {actor.actor_id}: {hint.text}", key=hint.key
+            )
         self.lost_workload = None
         self._publish(
             status=actor_state(resumed),
@@ -487,6 +496,7 @@ class ManagedActor:
         self.lost_workload = None
         self._publish(status=actor_state(parked), pod_ip="")
         self._enter(Lifecycle.PARKED)
+        queue_for(control, "ResumeActor").freed()  # a worker is free: the line asks now
         return parked
 
     async def park(self, mode: PauseMode) -> None:
@@ -577,7 +587,8 @@ class ManagedActor:
                 what=f"deleting actor {actor.actor_id}",
             )
         except ActorNotFoundError:
-            return
+            pass
+        queue_for(control, "ResumeActor").freed()  # its worker, if it had one, is free
 
     async def close(self) -> None:
         """Tear down and record it; idempotent. A failure leaves the sandbox open to retry."""

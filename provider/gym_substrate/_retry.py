@@ -5,7 +5,8 @@ below: control-plane calls, agent requests (exec resubmission is safe only becau
 resubmission reuses the job id; file chunks carry an offset) and teardown. The HTTP and gRPC
 clients never retry on their own. Full jitter keeps hundreds of rollouts that hit "no free
 capacity" (RESOURCE_EXHAUSTED) at the same moment from retrying in lockstep; `wait_for_capacity`
-is the one loop that waits it out, counts it and says so when it gives up.
+is the loop that waits it out, counts it and says so when it gives up (`_capacity.wait_in_line`
+does the same for ResumeActor, in arrival order).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ __all__ = [
     "is_resumable",
     "is_router_glitch",
     "is_transient_control",
+    "no_capacity",
     "retry_target",
     "sleep_generator",
     "wait_for_capacity",
@@ -130,6 +132,17 @@ async def retry_target(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+def no_capacity(what: str, waited: float, cause: BaseException) -> RetryError:
+    """The error for a wait for capacity that ran out of time (and count it)."""
+    METRICS.failures.labels("no_capacity").inc()
+    return RetryError(
+        f"{what}: no free capacity (Substrate answered RESOURCE_EXHAUSTED for {waited:.1f} "
+        "s, until the deadline: every worker is full); add workers or actors per worker, "
+        "park idle sandboxes (lifecycle.idle_policy), or raise create.ready_timeout_s",
+        cause,
+    )
+
+
 async def wait_for_capacity(
     target: Callable[[], Awaitable[T]],
     policy: RetryPolicy,
@@ -179,14 +192,8 @@ async def wait_for_capacity(
     except RetryError as exc:
         if not isinstance(exc.cause, NoFreeWorkersError):
             raise
-        METRICS.failures.labels("no_capacity").inc()
         waited = time.monotonic() - (since or time.monotonic())
-        raise RetryError(
-            f"{what}: no free capacity (Substrate answered RESOURCE_EXHAUSTED for {waited:.1f} "
-            "s, until the deadline: every worker is full); add workers or actors per worker, "
-            "park idle sandboxes (lifecycle.idle_policy), or raise create.ready_timeout_s",
-            exc.cause,
-        ) from exc.cause
+        raise no_capacity(what, waited, exc.cause) from exc.cause
     finally:
         if since is not None:
             METRICS.capacity_wait_seconds.observe(time.monotonic() - since)

@@ -43,9 +43,9 @@ from gym_substrate._errors import (
     ConfigError,
     ControlPlaneError,
     ProviderClosedError,
+    RetryError,
     SubstrateCreateError,
     SubstrateError,
-    UnsupportedServerError,
 )
 from gym_substrate._exec import SANDBOX_RUNTIME_RETURN_CODE
 from gym_substrate._forks import SnapshotMethods
@@ -56,8 +56,9 @@ from gym_substrate._metrics import METRICS, serve_metrics
 from gym_substrate._names import TARGET_ACTOR_HEADER
 from gym_substrate._pty import SubstratePtySession
 from gym_substrate._pty_methods import PtyMethods
-from gym_substrate._retry import RetryPolicy
+from gym_substrate._retry import RetryPolicy, is_transient_control, retry_target
 from gym_substrate._snapshot import SandboxSnapshot
+from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.types import (
     SandboxEndpoint,
     SandboxExecResult,
@@ -71,6 +72,10 @@ __all__ = ["SANDBOX_RUNTIME_RETURN_CODE", "SubstrateActor", "SubstrateProvider"]
 log = logging.getLogger("gym_substrate.provider")
 
 T = TypeVar("T")
+
+# connect() and status() look again through UNAVAILABLE quickly: a restarted control plane is
+# back within about a second of listening again (the channel's reconnect backoff, `_grpc`).
+_RECONNECT_RETRY = RetryPolicy(initial=0.05, maximum=0.5, multiplier=2.0)
 
 
 class SubstrateProvider(SnapshotMethods, PtyMethods, _capabilities.ComposeCapabilities):
@@ -241,7 +246,7 @@ class SubstrateProvider(SnapshotMethods, PtyMethods, _capabilities.ComposeCapabi
                 await _create.check_template(
                     res.control, template, source, res.known_templates, self._retry, deadline
                 )
-            except (SubstrateCreateError, UnsupportedServerError):
+            except (SubstrateCreateError, ConfigError):
                 raise
             except SubstrateError as exc:
                 raise SubstrateCreateError(
@@ -251,11 +256,11 @@ class SubstrateProvider(SnapshotMethods, PtyMethods, _capabilities.ComposeCapabi
                 await _create.ensure_atespace(
                     res.control, atespace, res.known_atespaces, self._retry
                 )
-            except UnsupportedServerError:
+            except ConfigError:
                 raise
             except SubstrateError as exc:
                 raise SubstrateCreateError(f"could not create atespace {atespace}: {exc}") from exc
-        except (SubstrateCreateError, UnsupportedServerError):
+        except (SubstrateCreateError, ConfigError):
             METRICS.failures.labels("create").inc()
             raise
         defaults: _create.Defaults = "replace"
@@ -303,7 +308,7 @@ class SubstrateProvider(SnapshotMethods, PtyMethods, _capabilities.ComposeCapabi
             with contextlib.suppress(BaseException):
                 await asyncio.shield(managed.discard())
             self._forget(managed)
-            if isinstance(exc, SubstrateCreateError):
+            if isinstance(exc, (SubstrateCreateError, ConfigError)):
                 raise
             if isinstance(exc, (SubstrateError, OSError)):
                 raise SubstrateCreateError(
@@ -462,7 +467,7 @@ class SubstrateProvider(SnapshotMethods, PtyMethods, _capabilities.ComposeCapabi
         """
         actor = self._actor(handle)
         try:
-            got = await self.control.get_actor(actor.atespace, actor.actor_id)
+            got = await self._get_actor(actor.atespace, actor.actor_id)
         except ActorNotFoundError:
             return SandboxStatus.STOPPED
         except ControlPlaneError as exc:
@@ -473,6 +478,22 @@ class SubstrateProvider(SnapshotMethods, PtyMethods, _capabilities.ComposeCapabi
         if managed is not None and managed.lost_workload == seen:
             return SandboxStatus.ERROR  # RUNNING on paper, but its workload died (exec saw it)
         return gym_status(actor_state(got))
+
+    async def _get_actor(self, atespace: str, name: str) -> pb.Actor:
+        """GetActor through UNAVAILABLE (a control plane restarting) for up to
+        `connection.connect_timeout_s`: the channel reconnects within about a second."""
+        control = self.control
+        try:
+            return await retry_target(
+                lambda: control.get_actor(atespace, name),
+                is_transient_control,
+                _RECONNECT_RETRY.with_deadline(self.connection.connect_timeout_s),
+                what=f"GetActor {atespace}/{name}",
+            )
+        except RetryError as exc:  # still down: the last answer, as a single call gives it
+            if isinstance(exc.cause, ControlPlaneError):
+                raise exc.cause from exc
+            raise
 
     @_shared.holding
     async def pause(self, handle: SandboxHandle) -> None:
@@ -514,7 +535,7 @@ class SubstrateProvider(SnapshotMethods, PtyMethods, _capabilities.ComposeCapabi
     async def connect(self, descriptor: Mapping[str, Any]) -> SandboxHandle:
         """Rebuild a handle from `serialize_handle()` output; checks the actor exists."""
         wanted = Descriptor.parse(descriptor, self.connection.atespace)
-        got = await self.control.get_actor(wanted.atespace, wanted.sandbox_id)
+        got = await self._get_actor(wanted.atespace, wanted.sandbox_id)
         actor = SubstrateActor(
             actor_id=got.metadata.name or wanted.sandbox_id,
             atespace=wanted.atespace,

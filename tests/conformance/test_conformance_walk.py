@@ -8,8 +8,8 @@ serializers (upstream_ateapi.ControlClient). The sandbox is reached through the 
 header `ate-target-actor: <atespace>/<name>`, speaking the sandbox agent's HTTP contract
 (agent/contract.md) with plain aiohttp.
 
-Behaviour pinned here, with where upstream defines it (research notes in /work/notes cite the
-Go files and commits; the proto is the contract):
+Behaviour pinned here, with where upstream defines it (the local fidelity
+suite's docstrings cite the Go files and commits; the proto is the contract):
 - CreateActorTemplate stores a template in an existing atespace; the server builds its golden
   snapshot and records `status.golden_snapshot_status.golden_tag` = `ate-golden/<template uid>`,
   or a terminal `error_message` (proto `GoldenSnapshotStatus`, `DeleteActorTemplate` comment;

@@ -4,7 +4,7 @@ A fake runtime makes the failure paths (a restore that fails, a checkpoint that 
 that vanished while the control plane was down, a golden tag that belongs to someone else)
 deterministic and the clock injectable; the real runtimes are covered by the gRPC suites
 (test_fidelity_control.py, test_fidelity_resources.py). Each test says which upstream
-behaviour it pins (/work/notes/upstream-actors.md, upstream-resources.md).
+behaviour it pins, as the gRPC suites' docstrings cite it.
 """
 
 from __future__ import annotations
@@ -171,8 +171,10 @@ async def _plane(
     per_worker: int = 1,
     clock: Clock | None = None,
     template: pb.ActorTemplate | None = None,
+    allow_host_rootfs: bool = True,
 ) -> ControlPlane:
-    """A started plane whose default template's golden build has ended."""
+    """A started plane whose default template's golden build has ended (on the host's `/`, so
+    allowed unless a test says otherwise)."""
     images = ImageCatalogue(state)
     plane = ControlPlane(
         Store(state / "state.db"),
@@ -183,6 +185,7 @@ async def _plane(
         actors_per_worker=per_worker,
         metrics=Metrics(),
         images=images,
+        allow_host_rootfs=allow_host_rootfs,
         **({"clock": clock} if clock is not None else {}),
     )
     await plane.start([template or _template(state, images)])
@@ -510,3 +513,48 @@ async def test_deleting_a_worker_crashes_its_actors_and_it_can_register_again(
         )
     assert info.value.code == C.FAILED_PRECONDITION
     await _stop(plane)
+
+
+async def test_a_template_on_the_hosts_root_needs_the_operators_opt_in(
+    tmp_path: Path, runtime: FakeRuntime
+) -> None:
+    """Issue 24: from inside a process-runtime actor, a client created a template on the image
+    local/host, an actor of it, and read the host's files. Without `local up
+    --allow-host-rootfs` (or `--rootfs host`) such a template is FAILED_PRECONDITION naming the
+    flag, and one stored while it was allowed crashes its actor at resume instead of running."""
+    state = tmp_path / "state"
+    plane = await _plane(state, runtime)  # allowed: the default template is on the host's /
+    plane.atespaces.ensure("t")
+    own = _create(plane, "old")
+    await _stop(plane)
+
+    images = ImageCatalogue(state)
+    tree = tmp_path / "tree"
+    for folder in ("bin", "usr"):
+        (tree / folder).mkdir(parents=True)
+    image = images.register_tree("mine", tree)
+    template = default_template(state / "store", image, None)
+    strict = await _plane(state, runtime, template=template, allow_host_rootfs=False)
+    host = images.latest("local/host")
+    assert host is not None
+    on_host = pb.ActorTemplate()
+    on_host.CopyFrom(template)
+    on_host.metadata.name = "on-host"
+    for reference in (host.reference, "local/host@sha256:" + "0" * 64):
+        on_host.containers[0].image = reference
+        with pytest.raises(ApiError) as refused:
+            strict.templates.create(pb.CreateActorTemplateRequest(actor_template=on_host))
+        assert refused.value.code == C.FAILED_PRECONDITION
+        assert "--allow-host-rootfs" in refused.value.message
+    assert "t/on-host" not in strict.state.templates
+
+    # "old" uses the stored default template (on the host's /, stored while allowed), so it
+    # is kept; its actor cannot start now
+    assert strict.state.templates["local/sandbox"].meta.uid == own.template_uid
+    with pytest.raises(ApiError) as crashed:
+        await strict.resume.run(own.key)
+    assert "--allow-host-rootfs" in crashed.value.message
+    assert strict.state.actors[own.key].state == "CRASHED"
+    assert runtime.alive == {}
+    assert strict.pool.counts()[0] == 0
+    await _stop(strict)

@@ -4,7 +4,7 @@ nothing behind; a June state folder is refused until purged.
 
 These run the CLI exactly as a user does (`python -m gym_substrate.local up ...`) and kill it
 with SIGKILL, because only a separate process shows what survives a crash of the control plane.
-Crash semantics are upstream's (controlapi/crash.go; notes in /work/notes/upstream-actors.md): an
+Crash semantics are upstream's (cmd/ateapi/internal/controlapi/crash.go): an
 actor whose worker goes away is CRASHED with `status.crash`, refuses resume until RevertActor
 takes it back to SUSPENDED at its last durable snapshot.
 """

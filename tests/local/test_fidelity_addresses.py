@@ -4,8 +4,8 @@ Real: a Worker carries its pod's IPs (`Worker.ips`, set when the syncer creates 
 resume workflow copies them onto the actor's `status.worker_assignment.worker_pod_ips` when it
 binds the worker and marks the actor RESUMING (`workerAssignmentFrom`, kagent:controlapi/
 workflow_resume.go@2559ec02; ateapi.proto@2179589f WorkerAssignment); traffic reaches the actor
-on port 80 of that IP (/work/notes/upstream-router.md). With one actor per worker (the test
-backends' default), the worker's IP is the actor's own.
+on port 80 of that IP (cmd/atenet/internal/router/ingress/ingress.go@18d1c266). With one
+actor per worker (the test backends' default), the worker's IP is the actor's own.
 """
 
 from __future__ import annotations
@@ -130,8 +130,10 @@ async def test_without_port_80_the_record_keeps_ip_and_port(tmp_path: Path) -> N
     """Where the agent may not bind port 80 (no root) the process runtime falls back to a free
     port on the worker's own loopback IP, records ``ip:port`` (which the local router dials as
     given) and says so in its start-up warning; two backends never share a worker IP."""
-    runtimes = [
-        ProcessRuntime(RuntimeConfig(tmp_path / name / "runtime", name, 2))
+    runtimes = [  # on the host's network, as without root (no namespace per actor)
+        ProcessRuntime(
+            RuntimeConfig(tmp_path / name / "runtime", name, 2, {"process.network": "host"})
+        )
         for name in ("gsaddr1", "gsaddr2")
     ]
     first, _ = runtimes

@@ -5,7 +5,7 @@ and suspend generations, leases), each through the gRPC API of a started LocalBa
 runtimes (process and gVisor). Each docstring says what upstream does and where: paths under
 cmd/ateapi/internal/ of agent-substrate/substrate, or of its mirror kagent-dev/substrate
 (`kagent:`), whose files at 2559ec02/447b0ad3 use the names of the proto we speak
-(ateapi.proto@2179589f); /work/notes/upstream-actors.md has the reading. Templates, tags,
+(ateapi.proto@2179589f). Templates, tags,
 atespaces, paging and validation are in test_fidelity_resources.py.
 """
 

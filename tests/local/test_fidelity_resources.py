@@ -5,7 +5,7 @@ One test per behaviour of issue 20 §2, each through the gRPC API of a started L
 both runtimes (process and gVisor). Each docstring says what upstream does and where: paths under
 cmd/ateapi/internal/ of agent-substrate/substrate (or `kagent:` for its mirror kagent-dev/
 substrate, whose files at 2559ec02/447b0ad3 use the names of the proto we speak,
-ateapi.proto@2179589f); /work/notes/upstream-resources.md has the reading. Actors, workers and
+ateapi.proto@2179589f). Actors, workers and
 crashes are in test_fidelity_control.py.
 """
 

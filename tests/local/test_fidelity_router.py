@@ -3,10 +3,7 @@
 One test per behaviour, on both local runtimes (process and gVisor), with the real limits: the
 5 s parked-request budget, the budget + 5 s ext_proc timeout, routing by `ate-target-actor`,
 atunnel's headers and 502, the crash of an actor whose workload died. Each docstring says what
-the real one does and where (agent-substrate/substrate at 18d1c266, /work/notes/
-upstream-router.md). Written against the proto at 1ec1023 and the control plane's new API;
-they run once the integrator's `local/control/` lands (local_helpers is kept to `make_actor`,
-`workload_actor` and `late_workload`).
+the real one does and where (agent-substrate/substrate at 18d1c266).
 """
 
 from __future__ import annotations

@@ -294,7 +294,7 @@ async def test_the_router_resumes_over_grpc_as_a_client_with_the_token(
     UNAUTHENTICATED answer becomes 401 `actor <ref> authentication required`
     (ingress/errors.go@18d1c266). So a routed request works with a good token file and is
     refused with a bad one; the file is re-read on every request. (Needs the router on
-    `ate-target-actor`, /work/notes/upstream-router.md.)"""
+    `ate-target-actor`, internal/atenet/headers.go@18d1c266.)"""
     assert jwt_backend.token_file is not None
     good = _token(jwt_backend)
     channel = _channel(jwt_backend)

@@ -265,7 +265,8 @@ async def test_admin_body_over_the_limit_is_413_and_does_not_stall_proxying(
         with socket.create_connection(("127.0.0.1", backend.admin_port), timeout=60) as sock:
             sock.sendall(
                 b"POST /_local/images HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                b"Transfer-Encoding: chunked\r\n\r\n"
+                b"Authorization: Bearer %s\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n" % backend.admin_token.encode()
             )
             piece = b"a: " + b"x" * (256 * 1024 - 4) + b"\n"
             sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
@@ -306,8 +307,9 @@ async def test_admin_body_over_the_limit_is_413_and_does_not_stall_proxying(
 
 
 async def test_admin_declared_length_over_the_limit_is_413_at_once(backend: LocalBackend) -> None:
-    raw = b"POST /_local/images HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n" % (
-        8 << 20
+    raw = (
+        b"POST /_local/images HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer %s\r\n"
+        b"Content-Length: %d\r\n\r\n" % (backend.admin_token.encode(), 8 << 20)
     )
     answer = await exchange(backend.admin_port, raw)
     assert status_of(answer) == 413
@@ -320,7 +322,9 @@ async def test_admin_json_nested_5000_deep_is_400(backend: LocalBackend) -> None
     async with aiohttp.ClientSession() as http:
         for deep in ("[" * 5000 + "]" * 5000, '{"a":' * 5000 + "1" + "}" * 5000):
             async with http.post(
-                f"{backend.admin_url}/_local/images", data=deep.encode()
+                f"{backend.admin_url}/_local/images",
+                data=deep.encode(),
+                headers={"Authorization": f"Bearer {backend.admin_token}"},
             ) as response:
                 assert response.status == 400
                 error = (await response.json())["error"]

@@ -2,7 +2,7 @@
 
 Against a scripted ateapi over real gRPC (router_fakes.FakeControl). Budgets and retry
 intervals are constructor parameters, scaled down here; bounds on time are one-sided. Each
-docstring names the upstream file (agent-substrate/substrate, /work/notes/upstream-router.md).
+docstring names the upstream file (agent-substrate/substrate at 18d1c266).
 """
 
 from __future__ import annotations

@@ -396,6 +396,7 @@ def test_status_and_images_report_a_failing_or_unreachable_backend(tmp_path: Pat
         dead_port = closed.getsockname()[1]
     lock_fd = os.open(state / "backend.lock", os.O_RDWR | os.O_CREAT)
     fcntl.flock(lock_fd, fcntl.LOCK_EX)  # "a backend runs here"
+    (state / "admin.token").write_text("operator\n")  # as a backend writes it at start
     try:
         for port, images_needle in (
             (server.server_port, "the backend answered 500: 500 Internal Server Error"),

@@ -3,7 +3,7 @@
 `SubstrateProvider(control=FakeControl(), http=FakeAgents(control))` runs the provider's whole
 logic (lifecycle, retries, exec jobs, transfers) with no socket, no backend and no patching. The
 fakes keep only the behaviour the provider relies on: ateapi's states, codes and messages for
-the calls it makes (/work/notes/upstream-actors.md: resume of a CRASHED actor is
+the calls it makes (as tests/local/test_fidelity_control.py pins them: resume of a CRASHED actor is
 FAILED_PRECONDITION, no capacity is RESOURCE_EXHAUSTED, revert takes RUNNING, PAUSED and CRASHED
 back to SUSPENDED, delete needs SUSPENDED or CRASHED unless `any_state`), the router's
 (upstream-router.md: routing on `ate-target-actor`, a ResumeActor per request, 503 when it

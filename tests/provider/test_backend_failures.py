@@ -1,8 +1,8 @@
 """The provider against the local backend's real failure modes (no injected faults).
 
-The backend fails as Agent Substrate does (/work/notes/upstream-actors.md): ABORTED while another
-operation holds the actor (§9), a template whose golden build failed (upstream-resources.md,
-"The golden build"), a sandbox that dies while RUNNING (CRASHED, §12). Templates are made with
+The backend fails as Agent Substrate does (cmd/ateapi/internal/controlapi; the local fidelity
+suite cites each handler): ABORTED while another operation holds the actor, a template whose
+golden build failed, a sandbox that dies while RUNNING (CRASHED). Templates are made with
 CreateActorTemplate from a copy of `local/sandbox` with another command.
 """
 

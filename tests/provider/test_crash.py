@@ -1,6 +1,6 @@
 """A CRASHED sandbox through the provider's seam: what exec and status say, and on_crash.
 
-Real (/work/notes/upstream-actors.md §12): an actor whose worker's ateom restarted, or whose
+Real (cmd/ateapi/internal/controlapi/crash.go): an actor whose worker's ateom restarted, or whose
 resume failed on the node, is CRASHED with `status.crash.message`; ResumeActor, SuspendActor and
 PauseActor refuse it with FAILED_PRECONDITION until RevertActor takes it back to SUSPENDED at its
 last durable snapshot (§8). The router cannot resume it either: it answers 503 after its budget

@@ -30,7 +30,7 @@ TRANSIENT = [
     grpc.StatusCode.ABORTED,
     grpc.StatusCode.DEADLINE_EXCEEDED,
 ]
-# No free capacity, as ateapi answers it (/work/notes/upstream-actors.md §10).
+# No free capacity, as ateapi answers it (pinned by tests/local/test_fidelity_control.py).
 NO_ROOM = (grpc.StatusCode.RESOURCE_EXHAUSTED, "no worker has room for the actor")
 
 
@@ -177,10 +177,18 @@ async def test_actor_deleted_behind_the_providers_back(stack: Stack) -> None:
 
 
 async def test_status_maps_control_plane_errors_to_unknown(stack: Stack) -> None:
-    p = stack.provider()
+    """A control plane that stays UNAVAILABLE past connection.connect_timeout_s, or refuses the
+    call, is UNKNOWN; one UNAVAILABLE (a restart) is looked through."""
+    p = stack.provider(connection={"connect_timeout_s": 0.5})
     handle = await p.create(SandboxSpec())
     stack.grpc_proxy.inject("GetActor", grpc.StatusCode.UNAVAILABLE)
+    assert await p.status(handle) == SandboxStatus.RUNNING
+    assert stack.grpc_proxy.calls["GetActor"] == 2
+    stack.grpc_proxy.inject("GetActor", grpc.StatusCode.INTERNAL, "boom")
     assert await p.status(handle) == SandboxStatus.UNKNOWN
+    stack.grpc_proxy.inject("GetActor", grpc.StatusCode.UNAVAILABLE, times=10_000)
+    assert await p.status(handle) == SandboxStatus.UNKNOWN
+    stack.grpc_proxy.faults["GetActor"].clear()
     await p.close(handle)
     await p.aclose()
 

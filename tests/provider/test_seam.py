@@ -245,3 +245,31 @@ async def test_close_of_an_actor_someone_else_deleted_is_done_at_once() -> None:
         control.actors.clear()
         await p.close(handle)
         assert control.calls["DeleteActor"] == 1
+
+
+async def test_closing_a_sandbox_parked_while_idle_or_found_parked_never_wakes_it() -> None:
+    """Issue 22 item 5: closing a parked sandbox cost a resume and a checkpoint. Parked by the
+    idle policy, found PAUSED by connect(), or named by id (delete_actor): one DeleteActor with
+    any_state each (the fake refuses a PAUSED actor without it), no Resume or Suspend."""
+    control = FakeControl(workers=1)
+    lifecycle = {"idle_policy": "pause", "idle_after_s": 0.01}
+    async with _provider(control, lifecycle=lifecycle) as p:
+        idle = await p.create(SandboxSpec())
+        for _ in range(200):
+            if control.actors[("gym", idle.sandbox_id)].state == PAUSED:
+                break
+            await asyncio.sleep(0.01)
+        found = await p.create(SandboxSpec())  # takes the worker the idle one gave back
+        descriptor = await p.serialize_handle(found)
+        await p.pause(found)
+        by_id = await p.create(SandboxSpec())
+        await p.pause(by_id)
+        async with _provider(control) as other:  # another process: it knows only the id
+            connected = await other.connect(descriptor)
+            calls = dict(control.calls)
+            await p.close(idle)
+            await other.close(connected)
+            await other.delete_actor(by_id.sandbox_id)
+            made = control.calls - type(control.calls)(calls)
+    assert made == {"DeleteActor": 3}
+    assert control.actors == {}

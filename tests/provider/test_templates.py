@@ -1,6 +1,7 @@
 """Template references (`atespace/name`) and the check create() makes before allocating.
 
-Real (/work/notes/upstream-resources.md "The golden build"): a template's golden snapshot is
+Real (cmd/ateapi/internal/controlapi/create_actor_template.go, pinned by
+tests/local/test_fidelity_resources.py): a template's golden snapshot is
 built by ateapi after the template is created; `status.golden_snapshot_status` gets `golden_tag`
 when it is done and `error_message` ("<Reason>: <detail>") when it failed for good. An actor
 made before the golden tag exists cold-boots on its own, so the provider waits for the tag

@@ -59,7 +59,8 @@ def test_smoke_exits_nonzero_and_says_why(tmp_path: Path) -> None:
     cfg = tmp_path / "dead.yaml"
     cfg.write_text(
         "sandbox:\n  substrate:\n    connection: {api: '127.0.0.1:9', router: 'http://127.0.0.1:9',"
-        " tls: {plaintext: true}, request_timeout_s: 0.2}\n"
+        " tls: {plaintext: true}, request_timeout_s: 0.2,"
+        " connect_timeout_s: 0.3}\n"
         "    create: {retry: {deadline: 0.3}}\n    lifecycle: {ledger: null}\n"
     )
     code, steps = _smoke("--config", str(cfg))
@@ -76,7 +77,8 @@ def test_sweep_with_the_control_plane_down_says_why(tmp_path: Path) -> None:
     cfg = tmp_path / "dead.yaml"
     cfg.write_text(
         "sandbox:\n  substrate:\n    connection: {api: '127.0.0.1:9', router: 'http://127.0.0.1:9',"
-        " tls: {plaintext: true}, request_timeout_s: 0.2}\n    lifecycle: {ledger: null}\n"
+        " tls: {plaintext: true}, request_timeout_s: 0.2,"
+        " connect_timeout_s: 0.3}\n    lifecycle: {ledger: null}\n"
     )
     result = CliRunner().invoke(main, ["sweep", "--all", "--config", str(cfg)])
     assert result.exit_code == 1, result.output
@@ -84,6 +86,7 @@ def test_sweep_with_the_control_plane_down_says_why(tmp_path: Path) -> None:
     assert "sweep failed" in result.output
     # the first call (the server's API check, then ListActors) is what could not connect
     assert ": UNAVAILABLE: " in result.output
+    assert "nothing is listening on 127.0.0.1:9" in result.output  # and the key to fix
 
 
 @pytest.mark.cluster

@@ -66,7 +66,7 @@ def _err(**kwargs: Any) -> str:
         (
             {"connection": {**CONN, "bogus": 1}},
             "connection: unknown key(s) bogus; allowed keys: api, router, atespace, tls, token, "
-            "request_timeout_s",
+            "request_timeout_s, connect_timeout_s",
         ),
         ({"connection": {"router": "http://x"}}, "connection: missing required key(s): api"),
         (
@@ -102,6 +102,10 @@ def _err(**kwargs: Any) -> str:
         (
             {"connection": {**CONN, "request_timeout_s": 0}},
             "connection.request_timeout_s: must be > 0, got 0",
+        ),
+        (
+            {"connection": {**CONN, "connect_timeout_s": -1}},
+            "connection.connect_timeout_s: must be > 0, got -1",
         ),
         (
             {"connection": CONN, "create": {"template": "noslash"}},

@@ -3,7 +3,7 @@ against a real current-API ateapi: the local backend (TLS, jwt auth), over 127.0
 
 What is pinned here, from the ateapi proto at 2179589f (provider/gym_substrate/ateapi/
 ateapi.proto) and the server's behaviour as the local backend implements it
-(cmd/ateapi/internal/controlapi/create_actor_template.go; /work/notes/upstream-resources.md):
+(cmd/ateapi/internal/controlapi/create_actor_template.go):
 CreateActorTemplate stores the template and its golden snapshot is built afterwards;
 `status.golden_snapshot_status.golden_tag` appears when it is done and `error_message` when the
 build failed; templates are immutable, so any change is a replace and never an update. The

@@ -71,6 +71,8 @@ def _print_up(info: dict[str, Any]) -> None:
     console.print(f"  router (header ate-target-actor: <atespace>/<actor>): {info['router']}")
     admin = info.get("admin", "")
     console.print(f"  admin (/readyz, /metrics, /_local/status, /_local/images): {admin}")
+    if info.get("admin_token_file"):
+        console.print(f"  admin token (/_local/*, this user only): {info['admin_token_file']}")
     console.print(f"  metrics: {admin}/metrics")
     config = provider_config(
         info["api"],
@@ -208,6 +210,13 @@ local.add_command(rootfs_group)
     "pause (default: a quarter of the memory available at start, printed).",
 )
 @rootfs_option
+@click.option(
+    "--allow-host-rootfs",
+    is_flag=True,
+    help="Let API clients create templates on the host's own `/` (image local/host): their "
+    "sandboxes see the host's files, read-only. Refused (FAILED_PRECONDITION) without it; "
+    "`--rootfs host` implies it.",
+)
 @click.option("--daemon", is_flag=True, help="Run in the background; return once it answers.")
 @click.option("--json", "as_json", is_flag=True, help="Print the addresses as JSON.")
 def up(
@@ -227,6 +236,7 @@ def up(
     pause_tier: str,
     frozen_memory: str | None,
     rootfs: str,
+    allow_host_rootfs: bool,
     daemon: bool,
     as_json: bool,
 ) -> None:
@@ -282,6 +292,7 @@ def up(
         "rootfs": rootfs,
         "pause_tier": pause_tier,
         "frozen_memory": frozen_bytes,
+        "allow_host_rootfs": allow_host_rootfs,
     }
     if pause_tier == "freeze" and not as_json:
         err.print(
@@ -320,6 +331,7 @@ async def _foreground(folder: Path, options: dict[str, Any], as_json: bool) -> N
         default_rootfs=options["rootfs"],
         pause_tier=options["pause_tier"],
         frozen_memory=options["frozen_memory"],
+        allow_host_rootfs=options["allow_host_rootfs"],
     )
     backend.standalone = True
     stop = asyncio.Event()

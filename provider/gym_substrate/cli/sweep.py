@@ -93,7 +93,7 @@ def sweep(
     if snapshots and states:
         raise click.UsageError("--state selects actors; it cannot be combined with --snapshots")
     from gym_substrate import SubstrateProvider
-    from gym_substrate._errors import ConfigError, SubstrateError
+    from gym_substrate._errors import ConfigError, ConnectionConfigError, SubstrateError
     from gym_substrate._yaml import load_substrate_block
     from gym_substrate.tools.sweep import SweepResult, delete_targets, find_targets
 
@@ -137,6 +137,8 @@ def sweep(
                         "--yes to delete without asking (--dry-run lists them)"
                     )
             results = asyncio.run(delete(kwargs, targets))
+    except ConnectionConfigError as exc:  # nothing (or the wrong thing) at an address
+        raise click.ClickException(f"sweep failed, nothing more was deleted: {exc}") from exc
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
     except ValueError as exc:  # e.g. a sweep of the golden atespace's snapshots

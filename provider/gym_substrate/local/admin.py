@@ -4,13 +4,15 @@ Substrate's router port answers actor traffic only: a Host that names no actor i
 `/readyz` and `/metrics` included (its metrics and status pages live on other ports). So the
 local backend serves its readiness, its Prometheus metrics and its admin calls
 (`GET /_local/status`, `GET`/`POST /_local/images`) here, on `127.0.0.1:<admin port>`, whatever the
-Host. It shares the backend's event loop with the router, so it cannot be allowed to stall it:
+Host; the `/_local/*` calls need the operator's token from `<state>/admin.token` (`AdminServer`).
+It shares the backend's event loop with the router, so it cannot be allowed to stall it:
 a body is read at most `limit` bytes (`read_limited`), the request head has the router's 10 s
 deadline, and the handlers parse YAML in a worker thread.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 from collections.abc import Awaitable, Callable
 
@@ -52,13 +54,35 @@ def json_error(status: int, code: str, message: str) -> web.Response:
 
 
 class AdminServer:
-    """`/readyz`, `/metrics` and the backend's ``routes`` on one aiohttp listener."""
+    """`/readyz`, `/metrics` and the backend's ``routes`` on one aiohttp listener.
 
-    def __init__(self, metrics: Metrics, routes: dict[tuple[str, str], AdminHandler]) -> None:
+    With a ``token``, the routes (`/_local/*`: status, image registration) answer only a request
+    that carries it as `Authorization: Bearer <token>`, checked before any body is read: the
+    listener is on loopback, where a sandbox that shares the host's network could reach it, and
+    registering `/` as an image is a way onto the host. `/readyz` and `/metrics` stay open.
+    """
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        routes: dict[tuple[str, str], AdminHandler],
+        *,
+        token: str | None = None,
+        token_file: str = "",
+    ) -> None:
         self.metrics = metrics
         self.routes = dict(routes)
+        self._token = token
+        self._token_file = token_file
         self._runner: web.ServerRunner | None = None
         self.port = 0
+
+    def _authorized(self, request: web.BaseRequest) -> bool:
+        scheme, _, sent = request.headers.get("Authorization", "").partition(" ")
+        assert self._token is not None
+        return scheme.lower() == "bearer" and hmac.compare_digest(
+            sent.strip().encode(), self._token.encode()
+        )
 
     async def start(self, host: str, port: int) -> int:
         server = HeadDeadlineServer(
@@ -84,6 +108,16 @@ class AdminServer:
             return web.json_response({"status": "ok"})
         handler = self.routes.get((request.method, path))
         if handler is not None:
+            if self._token is not None and not self._authorized(request):
+                response = json_error(
+                    401,
+                    "unauthorized",
+                    f"{request.method} {path} answers only the backend's operator: send "
+                    f"`Authorization: Bearer <the token in {self._token_file or 'admin.token'}>` "
+                    "(the gym-substrate CLI does)",
+                )
+                response.force_close()  # its body, if any, was not read
+                return response
             return await handler(request)
         served = ["GET /readyz", "GET /metrics", *(f"{m} {p}" for m, p in sorted(self.routes))]
         return json_error(

@@ -36,7 +36,7 @@ from gym_substrate.local.auth import AUTH_MODES, TokenVerifier
 from gym_substrate.local.client_config import provider_config
 from gym_substrate.local.control.identity import Identity
 from gym_substrate.local.control.plane import ControlPlane
-from gym_substrate.local.control.store import StaleStateError, Store
+from gym_substrate.local.control.store import StaleStateError, StateFolderFull, Store
 from gym_substrate.local.errors import BackendError
 from gym_substrate.local.images import ImageCatalogue, ImageError
 from gym_substrate.local.metrics import Metrics
@@ -152,6 +152,7 @@ class LocalBackend:
         rootfs_dir: Path | None = None,
         pause_tier: str = "freeze",
         frozen_memory: int | None = None,
+        allow_host_rootfs: bool = False,
     ) -> None:
         if default_rootfs not in DEFAULT_ROOTFS_CHOICES:
             raise ValueError(
@@ -212,6 +213,11 @@ class LocalBackend:
         # "debian": the default template runs in the built rootfs (rootfs.py); "host": on `/`
         self.default_rootfs = default_rootfs
         self.rootfs_dir = rootfs_dir
+        # templates on the host's `/` (local/host) through the API: the operator's opt-in
+        # (`local up --allow-host-rootfs`); a default template on the host's `/` opts in already
+        self.allow_host_rootfs = bool(allow_host_rootfs) or default_rootfs == "host"
+        # the admin listener's `/_local/*` credential (`<state>/admin.token`), set at start
+        self.admin_token = ""
         # with tls: the CA clients pin (`tls/ca.crt`); with jwt: the token file they send
         self.ca_file: Path | None = None
         self.token_file: Path | None = None
@@ -276,6 +282,9 @@ class LocalBackend:
         self._lock_fd = statedir.acquire_lock(self.state_dir)
         try:
             await self._start()
+        except StateFolderFull as exc:  # a start that cannot record its state: say where
+            await self._teardown(stop_sandboxes=True)
+            raise BackendError(exc.message) from exc
         except BaseException:
             await self._teardown(stop_sandboxes=True)
             raise
@@ -335,6 +344,7 @@ class LocalBackend:
             actors_per_worker=self.actors_per_worker,
             metrics=self.metrics,
             images=self.images,
+            allow_host_rootfs=self.allow_host_rootfs,
         )
         await self.plane.start([template])
 
@@ -392,6 +402,7 @@ class LocalBackend:
                 f"cannot listen on 127.0.0.1:{self._router_port} for the router ({exc}); pick "
                 "another --router-port"
             ) from exc
+        self.admin_token = await asyncio.to_thread(statedir.new_admin_token, self.state_dir)
         self._admin = AdminServer(
             self.metrics,
             {
@@ -399,6 +410,8 @@ class LocalBackend:
                 ("POST", "/_local/images"): self._add_image,
                 ("GET", "/_local/status"): self._status,
             },
+            token=self.admin_token,
+            token_file=str(self.state_dir / statedir.ADMIN_TOKEN_FILE),
         )
         try:
             self.admin_port = await self._admin.start("127.0.0.1", self._admin_port)
@@ -424,6 +437,8 @@ class LocalBackend:
             "auth": self.auth,
             "ca_file": str(self.ca_file or ""),
             "token_file": str(self.token_file or ""),
+            "admin_token_file": str(self.state_dir / statedir.ADMIN_TOKEN_FILE),
+            "allow_host_rootfs": self.allow_host_rootfs,
         }
         statedir.write_backend_info(self.state_dir, info)
 

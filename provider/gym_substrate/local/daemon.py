@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gym_substrate.local.errors import BackendError
-from gym_substrate.local.statedir import read_backend_info
+from gym_substrate.local.statedir import read_admin_token, read_backend_info
 
 __all__ = [
     "START_TIMEOUT_S",
@@ -36,6 +36,7 @@ __all__ = [
     "list_images",
     "pid_alive",
     "spawn",
+    "start_output",
     "stop",
     "wait_until_serving",
 ]
@@ -61,6 +62,7 @@ def spawn(
     rootfs: str = "debian",
     pause_tier: str = "freeze",
     frozen_memory: int | None = None,
+    allow_host_rootfs: bool = False,
 ) -> subprocess.Popen[bytes]:
     """Start `local up` for ``folder`` detached, logging to `<folder>/backend.log`."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -77,14 +79,38 @@ def spawn(
     if actors_per_worker is not None:
         argv += ["--actors-per-worker", str(actors_per_worker)]
     argv += (["--suspend-on-stop"] if suspend_on_stop else []) + (["--tls"] if tls else [])
+    argv += ["--allow-host-rootfs"] if allow_host_rootfs else []
     with open(folder / "backend.log", "ab") as log_file:
-        return subprocess.Popen(
+        # where this start's output begins: an error quotes only its own lines
+        offset = log_file.tell()
+        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        log_file.write(f"--- gym-substrate local up --daemon, {started} ---\n".encode())
+        log_file.flush()
+        proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    _LOG_OFFSETS[proc.pid] = offset
+    return proc
+
+
+# pid -> the size of backend.log before that start wrote to it
+_LOG_OFFSETS: dict[int, int] = {}
+
+
+def start_output(folder: Path, pid: int) -> str:
+    """What the start of ``pid`` wrote to `backend.log` (its last 3000 characters): never the
+    lines of an earlier start in the same folder."""
+    try:
+        with open(folder / "backend.log", "rb") as fh:
+            fh.seek(_LOG_OFFSETS.get(pid, 0))
+            text = fh.read().decode(errors="replace")
+    except OSError as exc:
+        return f"(cannot read {folder / 'backend.log'}: {exc})"
+    return text[-3000:]
 
 
 def wait_until_serving(folder: Path, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
@@ -96,8 +122,9 @@ def wait_until_serving(folder: Path, proc: subprocess.Popen[bytes]) -> dict[str,
         if info is not None and info.get("pid") == proc.pid and answers(info):
             return info
         if proc.poll() is not None:
-            tail = log_path.read_text(errors="replace")[-3000:]
-            raise BackendError(f"the backend exited during start-up:\n{tail}")
+            raise BackendError(
+                f"the backend exited during start-up:\n{start_output(folder, proc.pid)}"
+            )
         if time.monotonic() > deadline:
             raise BackendError(f"the backend did not answer in {START_TIMEOUT_S} s; see {log_path}")
         time.sleep(0.1)
@@ -186,8 +213,11 @@ def pid_alive(pid: int) -> bool:
 def fetch_status(info: Mapping[str, Any], folder: Path) -> dict[str, Any]:
     """The running backend's `LocalBackend.status()`, asked over its admin listener."""
     admin = admin_url(info)
+    request = urllib.request.Request(
+        f"{admin}/_local/status", headers={"Authorization": f"Bearer {read_admin_token(folder)}"}
+    )
     try:
-        with urllib.request.urlopen(f"{admin}/_local/status", timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=10) as response:
             data: dict[str, Any] = json.loads(response.read())
     except (OSError, ValueError) as exc:  # URLError, HTTPError, timeouts, a non-JSON answer
         raise BackendError(
@@ -208,7 +238,10 @@ def _admin_call(
         f"{admin}{path}",
         data=data,
         method="GET" if body is None else "POST",
-        headers={"Content-Type": "application/json"},
+        headers={
+            "Content-Type": "application/json",
+            "Authorization": f"Bearer {read_admin_token(folder)}",
+        },
     )
     try:
         with urllib.request.urlopen(request, timeout=60) as response:

@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -35,6 +36,7 @@ from gym_substrate.local.runtimes import create_runtime
 from gym_substrate.local.runtimes.base import RuntimeConfig, RuntimeFailure, SandboxRuntime
 
 __all__ = [
+    "ADMIN_TOKEN_FILE",
     "REGISTRY_ENV",
     "STATE_ENV",
     "acquire_lock",
@@ -43,7 +45,9 @@ __all__ = [
     "cleanup_state_dir",
     "default_state_dir",
     "instance_name",
+    "new_admin_token",
     "purge_state_dir",
+    "read_admin_token",
     "read_backend_info",
     "register",
     "registry_dir",
@@ -119,6 +123,39 @@ def write_backend_info(state_dir: Path, info: Mapping[str, Any]) -> None:
     tmp = state_dir / "backend.json.tmp"
     tmp.write_text(json.dumps(info))
     tmp.replace(state_dir / "backend.json")
+
+
+# the operator's credential for the admin listener's `/_local/*` endpoints: a fresh random token
+# each start, readable by this user only (0600), in a folder no actor sees
+ADMIN_TOKEN_FILE = "admin.token"
+
+
+def new_admin_token(state_dir: Path) -> str:
+    """Write a fresh admin token to `<state>/admin.token` (mode 0600, replaced atomically)."""
+    token = secrets.token_urlsafe(32)
+    tmp = state_dir / f"{ADMIN_TOKEN_FILE}.tmp"
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token + "\n")
+    tmp.replace(state_dir / ADMIN_TOKEN_FILE)
+    return token
+
+
+def read_admin_token(state_dir: Path) -> str:
+    """The running backend's admin token (BackendError naming the file when it cannot be read)."""
+    path = state_dir / ADMIN_TOKEN_FILE
+    try:
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise BackendError(
+            f"cannot read the backend's admin token {path} ({exc.strerror or exc}): its "
+            "/_local/* endpoints answer only the operator; run this as the user who started "
+            "the backend"
+        ) from exc
+    if not token:
+        raise BackendError(f"{path} is empty: restart the backend to write a new admin token")
+    return token
 
 
 def read_backend_info(state_dir: Path) -> dict[str, Any] | None:

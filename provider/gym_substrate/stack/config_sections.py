@@ -11,8 +11,8 @@ Upstream facts these sections encode (see docs/infra.md for the full list):
 - a WorkerPool names its worker image in `spec.workerImage` and one sandbox class
   (pkg/api/v1alpha1/workerpool_types.go, stored version id 70182249026);
 - a worker's capacity is its ateom container's resource limits, and an actor fits while the
-  template's `resources.limits` fit in what is left (scheduling.HasRoom; notes in
-  /work/notes/upstream-resources.md §4), so `pool.perWorker` sandboxes of
+  template's `resources.limits` fit in what is left (scheduling.HasRoom, read in
+  cmd/ateapi's scheduler; docs/infra.md "The pinned release"), so `pool.perWorker` sandboxes of
   `cpu / perWorker` and `memory / perWorker` share one worker.
 """
 

@@ -297,9 +297,10 @@ def revert_root_script(cfg: StackConfig) -> str:
         '    grep -qx "$h" "$STATE/home.present" || sudo rm -rf "${HOME:?}/$h"\n'
         "  done\n"
         "fi\n"
-        "NEW=$(dpkg-query -W -f='${Package}\\n' | sort | comm -13 \"$STATE/packages\" -)\n"
-        'if [ -n "$NEW" ]; then\n'
-        "  sudo env DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq $NEW\n"
+        "mapfile -t NEW < <(dpkg-query -W -f='${Package}\\n' | sort |\n"
+        '  comm -13 "$STATE/packages" -)\n'
+        'if [ "${#NEW[@]}" -gt 0 ]; then\n'
+        '  sudo env DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq "${NEW[@]}"\n'
         "  sudo env DEBIAN_FRONTEND=noninteractive apt-get autoremove -y -qq\n"
         "fi\n"
         # Packages install-tools upgraded (a dependency of a newer package): back to the
@@ -313,7 +314,7 @@ def revert_root_script(cfg: StackConfig) -> str:
         'has $old" >&2\n'
         "  done\n"
         "fi\n"
-        "while IFS== read -r k v; do\n"
+        "while IFS='=' read -r k v; do\n"
         '  if [ -n "$v" ]; then sudo sysctl -qw "$k=$v" || true; fi\n'
         'done < "$STATE/sysctls"\n'
         "sudo systemctl daemon-reload\n"

@@ -113,7 +113,7 @@ def uninstall_script(cfg: StackConfig) -> str:
         "set -uo pipefail\n" + p.env() + f'SRC="{p.src}"\n'
         "kubectl version --request-timeout=5s >/dev/null 2>&1 || exit 0\n"
         f'[ -f "{_doc_path(cfg)}" ] && [ -d "$SRC/cmd/ate-setup" ] || exit 0\n'
-        'cd "$SRC"\n'
+        'cd "$SRC" || { echo "uninstall: cannot enter $SRC" >&2; exit 1; }\n'
         f'{_ATE_SETUP} delete ate-system --config "{_doc_path(cfg)}"\n'
         f'rm -f "{_doc_path(cfg)}"\n'
         "exit 0\n"

@@ -12,9 +12,11 @@ only: every one the ledger recorded, or with `everything`/`name` the atespace's 
 A snapshot that live sandboxes were made from and have not suspended away from yet is never
 deleted (that would strand them): its result is a refusal that names them. Nothing outside the
 configured atespace is ever touched: ledger entries made in another atespace are left alone.
-Actors go first, so a sweep that deletes a snapshot's last borrowers can delete it too. Deletion
-reuses the provider's own paths (one DeleteActor with `any_state`, retried through transient
-codes; `delete_snapshot`, which checks for borrowers; NOT_FOUND is done).
+Actors go first, those holding a worker before parked ones, so a sweep that deletes a snapshot's
+last borrowers can delete it too and nothing waits behind a full pool. Deletion reuses the
+provider's own paths (one DeleteActor with `any_state`, which needs no worker even for a PAUSED
+actor, retried through transient codes; `delete_snapshot`, which checks for borrowers; NOT_FOUND
+is done).
 """
 
 from __future__ import annotations
@@ -210,15 +212,60 @@ async def _delete_one(provider: Any, target: SweepTarget) -> SweepResult:
     return SweepResult(target.name, target.atespace, target.reason, True, kind=target.kind)
 
 
+# The order actors are deleted in: those holding a worker first (RUNNING, then the transitions
+# that hold or are about to take one), so that nothing the sweep deletes later waits behind a
+# full pool; parked ones last. DeleteActor with any_state deletes a PAUSED or SUSPENDED actor
+# without a worker (upstream-actors.md §4), so they never need one freed first either.
+_DELETE_ORDER = {
+    "RUNNING": 0,
+    "RESUMING": 1,
+    "REVERTING": 1,
+    "PAUSING": 2,
+    "SUSPENDING": 2,
+    "CRASHED": 4,
+    "PAUSED": 5,
+    "SUSPENDED": 5,
+}
+_UNKNOWN_STATE = 3
+
+
+async def _with_states(provider: Any, targets: list[SweepTarget]) -> list[SweepTarget]:
+    """Ledger targets carry no state: one ListActors of the atespace fills it in (best effort;
+    a listing that fails leaves them unknown, deleted after the running ones)."""
+    from dataclasses import replace
+
+    from gym_substrate._errors import SubstrateError
+    from gym_substrate._grpc import actor_state
+
+    if all(t.state or t.kind != "actor" for t in targets):
+        return targets
+    try:
+        listed = await provider.control.list_actors(provider.connection.atespace)
+    except SubstrateError:
+        return targets
+    states = {a.metadata.name: actor_state(a) for a in listed}
+    return [
+        replace(t, state=states.get(t.name, "")) if t.kind == "actor" and not t.state else t
+        for t in targets
+    ]
+
+
+def _delete_rank(target: SweepTarget) -> tuple[int, int]:
+    if target.kind != "actor":
+        return (1, 0)  # snapshots after every actor: the sweep may delete their borrowers
+    return (0, _DELETE_ORDER.get(target.state, _UNKNOWN_STATE))
+
+
 async def delete_targets(
     provider: Any,
     targets: list[SweepTarget],
     *,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> list[SweepResult]:
-    """Delete each target through the provider (actors first); report every one, keep going."""
+    """Delete each target through the provider: actors holding a worker first, then parked
+    ones, then snapshots; report every one, keep going."""
     results: list[SweepResult] = []
-    ordered = sorted(targets, key=lambda t: t.kind != "actor")
+    ordered = sorted(await _with_states(provider, targets), key=_delete_rank)
     for done, target in enumerate(ordered, start=1):
         if target.atespace != provider.connection.atespace:  # belt and braces
             results.append(target.skipped("other atespace"))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 from typing import TYPE_CHECKING
 
 import grpc
@@ -31,6 +32,7 @@ from gym_substrate.local.control.records import (
     TemplateRecord,
     new_meta,
 )
+from gym_substrate.local.control.store import StateFolderFull
 from gym_substrate.local.control.validation import (
     FieldErrors,
     check_ref,
@@ -46,6 +48,8 @@ if TYPE_CHECKING:
     from gym_substrate.local.control.plane import ControlPlane
 
 __all__ = ["Actors"]
+
+log = logging.getLogger(__name__)
 
 
 class Actors:
@@ -265,7 +269,13 @@ class Actors:
     async def remove(self, record: ActorRecord) -> ActorRecord:
         """Mark DELETING, stop what runs, free the worker and the actor's own snapshots."""
         plane = self.plane
-        deleting = plane.state.save(record, state=DELETING)
+        try:
+            deleting = plane.state.save(record, state=DELETING)
+        except StateFolderFull as exc:
+            # a full state folder must not keep what fills it: free the actor first (a crash
+            # before its row goes leaves it as it was stored, its sandbox gone: CRASHED at start)
+            log.warning("actor %s: deleting without marking it DELETING: %s", record.key, exc)
+            deleting = plane.state.mark(record, state=DELETING)
         for handle in (record.handle, record.retained_handle):
             await plane.stop_sandbox(handle)
         plane.pool.release(record.slot, record.key)

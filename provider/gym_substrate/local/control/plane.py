@@ -39,7 +39,7 @@ from gym_substrate.local.control.revert import Revert
 from gym_substrate.local.control.state import Clock, State
 from gym_substrate.local.control.store import Store
 from gym_substrate.local.control.tags import Tags
-from gym_substrate.local.control.templates import Templates
+from gym_substrate.local.control.templates import HOST_ROOTFS_REFUSED, Templates
 from gym_substrate.local.control.views import Views
 from gym_substrate.local.control.workers import WorkerPool
 from gym_substrate.local.errors import ApiError
@@ -68,8 +68,11 @@ class ControlPlane:
         images: ImageCatalogue,
         clock: Clock = time.time,
         rng: random.Random | None = None,
+        allow_host_rootfs: bool = False,
     ) -> None:
         self.runtime = runtime
+        # templates on the host's `/` (the image local/host): only with the operator's opt-in
+        self.allow_host_rootfs = allow_host_rootfs
         self.state_dir = state_dir
         self.instance = instance
         self.metrics = metrics
@@ -153,8 +156,11 @@ class ControlPlane:
 
     def spec(self, record: ActorRecord, template: TemplateRecord) -> ActorSpec:
         """What the runtime runs for ``record``; ValueError when the template's images are not
-        on this machine."""
-        return ActorSpec(record.atespace, record.name, self.templates.spec(template))
+        on this machine or a template on the host's `/` is no longer allowed."""
+        spec = self.templates.spec(template)
+        if spec.rootfs.kind == "host" and not self.allow_host_rootfs:
+            raise ValueError(HOST_ROOTFS_REFUSED.format(template=template.meta.key))
+        return ActorSpec(record.atespace, record.name, spec)
 
     async def release_connections(self, handle: str) -> None:
         for listener in self.sandbox_listeners:

@@ -90,13 +90,17 @@ class Resume:
                 f"ACTOR_STATE_{record.state}, want ACTOR_STATE_SUSPENDED or ACTOR_STATE_PAUSED)",
             )
         placement = plane.pool.place(record.key, selectors)
-        return plane.state.save(
-            record,
-            state=RESUMING,
-            worker=placement.worker.meta.name,
-            slot=placement.slot,
-            worker_epoch=placement.worker.epoch,
-        )
+        try:
+            return plane.state.save(
+                record,
+                state=RESUMING,
+                worker=placement.worker.meta.name,
+                slot=placement.slot,
+                worker_epoch=placement.worker.epoch,
+            )
+        except BaseException:  # not recorded (a full state folder): the slot goes back
+            plane.pool.release(placement.slot, record.key)
+            raise
 
     def _source(
         self, record: ActorRecord, template: TemplateRecord
@@ -137,12 +141,16 @@ class Resume:
             raise ApiError(
                 grpc.StatusCode.INTERNAL, f"actor {record.key} crashed: {step}: {exc}"
             ) from exc
-        record = plane.state.save(
-            record,
-            state=RUNNING,
-            handle=started.handle,
-            address=started.address,
-            retained_handle="",
-        )
+        try:
+            record = plane.state.save(
+                record,
+                state=RUNNING,
+                handle=started.handle,
+                address=started.address,
+                retained_handle="",
+            )
+        except BaseException:  # not recorded (a full state folder): no sandbox nobody tracks
+            await plane.stop_sandbox(started.handle)
+            raise
         plane.metrics.lifecycle("resume", template, kind, time.perf_counter() - started_at)
         return record

@@ -76,6 +76,15 @@ class State:
         table[self._key(updated)] = updated
         return updated
 
+    def mark(self, record: Record, **changes: Any) -> Record:
+        """Apply ``changes`` in memory only (the store could not take them: a full state
+        folder); the next stored change of the record, or its removal, persists the state."""
+        table = self._table(record)
+        current: Record = table.get(self._key(record), record)
+        updated: Record = dataclasses.replace(current, **changes)
+        table[self._key(updated)] = updated
+        return updated
+
     def remove(self, record: Record) -> None:
         self.store.delete(record)
         self._table(record).pop(self._key(record), None)

@@ -11,12 +11,17 @@ by its index), bodies are the records as JSON.
 from __future__ import annotations
 
 import base64
+import contextlib
+import errno
 import json
+import os
 import sqlite3
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
+
+import grpc
 
 from gym_substrate.local.control.records import (
     ActorRecord,
@@ -28,8 +33,16 @@ from gym_substrate.local.control.records import (
     TemplateRecord,
     WorkerRecord,
 )
+from gym_substrate.local.errors import ApiError
 
-__all__ = ["SCHEMA_VERSION", "StaleStateError", "Store", "read_meta"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "StaleStateError",
+    "StateFolderFull",
+    "Store",
+    "free_bytes",
+    "read_meta",
+]
 
 # bumped when the tables' meaning changes; a folder written by another schema is refused
 SCHEMA_VERSION = "2"
@@ -56,6 +69,42 @@ R = TypeVar("R")
 
 class StaleStateError(RuntimeError):
     """The state folder was written by a backend that spoke another ateapi."""
+
+
+def free_bytes(folder: Path) -> int | None:
+    """Bytes an unprivileged writer may still use on ``folder``'s filesystem (None if unknown)."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _mib(size: int | None) -> str:
+    return "an unknown amount" if size is None else f"{size / 1024 / 1024:.1f} MiB"
+
+
+class StateFolderFull(ApiError):
+    """A state write the state folder had no room for: RESOURCE_EXHAUSTED, naming the folder,
+    its free space and how to get room (nothing of the write was kept)."""
+
+    def __init__(self, folder: Path, detail: str) -> None:
+        self.folder = folder
+        super().__init__(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"the local backend's state folder {folder} is full ({_mib(free_bytes(folder))} "
+            f"free; {detail}): the change was not made. Free space there (DeleteActor works "
+            "while it is full and frees what the actor wrote), or restart with a --state-dir "
+            "on a larger disk",
+        )
+
+
+def _is_full(exc: BaseException) -> bool:
+    if isinstance(exc, sqlite3.Error):
+        return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or (
+            "database or disk is full" in str(exc)
+        )
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def _snapshot(data: dict[str, Any] | None) -> SnapshotRecord | None:
@@ -127,13 +176,27 @@ class Store:
     def close(self) -> None:
         self._db.close()
 
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A write: a full disk is StateFolderFull (the statement was rolled back whole)."""
+        try:
+            yield
+        except (sqlite3.Error, OSError) as exc:
+            if _is_full(exc):
+                raise StateFolderFull(self.path.parent, str(exc)) from exc
+            raise
+
+    def _write(self, sql: str, params: tuple[Any, ...]) -> None:
+        with self._writing():
+            self._db.execute(sql, params)
+
     # meta -----------------------------------------------------------------------------------
     def get_meta(self, key: str) -> str | None:
         row = self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
         return None if row is None else str(row[0])
 
     def set_meta(self, key: str, value: str) -> None:
-        self._db.execute(
+        self._write(
             "INSERT INTO meta(key, value) VALUES(?, ?) "
             "ON CONFLICT(key) DO UPDATE SET value=excluded.value",
             (key, value),
@@ -147,14 +210,14 @@ class Store:
 
     def put(self, record: AtespaceRecord | TemplateRecord | TagRecord | ActorRecord) -> None:
         """Insert or replace a record (keyed by its metadata's atespace and name)."""
-        self._db.execute(
+        self._write(
             f"INSERT INTO {_table(record)}(atespace, name, body) VALUES(?, ?, ?) "
             "ON CONFLICT(atespace, name) DO UPDATE SET body=excluded.body",
             (record.meta.atespace, record.meta.name, _encode(record)),
         )
 
     def delete(self, record: AtespaceRecord | TemplateRecord | TagRecord | ActorRecord) -> None:
-        self._db.execute(
+        self._write(
             f"DELETE FROM {_table(record)} WHERE atespace=? AND name=?",
             (record.meta.atespace, record.meta.name),
         )
@@ -169,7 +232,7 @@ class Store:
         return out
 
     def put_worker(self, worker: WorkerRecord) -> None:
-        self._db.execute(
+        self._write(
             "INSERT INTO workers(idx, body) VALUES(?, ?) "
             "ON CONFLICT(idx) DO UPDATE SET body=excluded.body",
             (worker.index, json.dumps(asdict(worker), sort_keys=True)),
@@ -177,7 +240,7 @@ class Store:
 
     def delete_workers_from(self, index: int) -> None:
         """Drop the workers a smaller `--workers` no longer has."""
-        self._db.execute("DELETE FROM workers WHERE idx >= ?", (index,))
+        self._write("DELETE FROM workers WHERE idx >= ?", (index,))
 
 
 def read_meta(path: Path) -> dict[str, str]:

@@ -24,6 +24,7 @@ from gym_substrate.local.control.records import GOLDEN_ATESPACE, TemplateRecord,
 from gym_substrate.local.control.template_rules import apply_defaults, validate_template
 from gym_substrate.local.control.validation import FieldErrors, check_short_name, validated_ref
 from gym_substrate.local.errors import ApiError
+from gym_substrate.local.images import HOST_IMAGE, split_reference
 from gym_substrate.local.runtimes.base import TemplateSpec
 from gym_substrate.local.templates import (
     local_problems,
@@ -35,7 +36,7 @@ from gym_substrate.local.templates import (
 if TYPE_CHECKING:
     from gym_substrate.local.control.plane import ControlPlane
 
-__all__ = ["Templates"]
+__all__ = ["HOST_ROOTFS_REFUSED", "Templates"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,24 @@ def _spec_only(template: pb.ActorTemplate) -> bytes:
     body.ClearField("metadata")
     body.ClearField("status")
     return body.SerializeToString(deterministic=True)
+
+
+HOST_ROOTFS_REFUSED = (
+    "template {template} runs on the host's own root filesystem (image local/host), which this "
+    "backend refuses: a sandbox on it sees the host's files. The operator allows it with "
+    "`gym-substrate local up --allow-host-rootfs` (or `--rootfs host`); otherwise use the "
+    "Debian image (local/debian-bookworm) or one added with `gym-substrate local images add`"
+)
+
+
+def _on_host_rootfs(template: pb.ActorTemplate) -> bool:
+    """Whether a container runs on the host's `/` (the image local/host, pinned or not)."""
+    for container in template.containers:
+        parts = split_reference(container.image)
+        repository = parts[0] if parts else container.image.partition("@")[0].split(":")[0]
+        if repository == HOST_IMAGE:
+            return True
+    return False
 
 
 class Templates:
@@ -77,6 +96,10 @@ class Templates:
         if problems:
             raise ApiError(grpc.StatusCode.FAILED_PRECONDITION, "; ".join(problems))
         key = f"{meta.atespace}/{meta.name}"
+        if not self.plane.allow_host_rootfs and _on_host_rootfs(template):
+            raise ApiError(
+                grpc.StatusCode.FAILED_PRECONDITION, HOST_ROOTFS_REFUSED.format(template=key)
+            )
         state = self.plane.state
         if key in state.templates:
             raise ApiError(grpc.StatusCode.ALREADY_EXISTS, f"ActorTemplate {key} already exists")

@@ -12,6 +12,7 @@ restart; their names are opaque (the pod uid, as upstream's syncer names them).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
 import socket
 import uuid
@@ -26,7 +27,7 @@ from gym_substrate.local.control.records import (
     WorkerRecord,
     new_meta,
 )
-from gym_substrate.local.control.store import Store
+from gym_substrate.local.control.store import StateFolderFull, Store
 from gym_substrate.local.errors import ApiError
 from gym_substrate.local.runtimes.base import SandboxRuntime, Slot
 
@@ -35,6 +36,8 @@ __all__ = ["NO_ROOM", "WORKER_NAMESPACE", "WORKER_POOL", "Placement", "WorkerPoo
 WORKER_POOL = "local"  # the WorkerPool name and the `ate.dev/worker-pool` label
 WORKER_NAMESPACE = "local"  # where the worker pods "run"
 NO_ROOM = "no free workers available"
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,7 +169,11 @@ class WorkerPool:
             worker = candidates[0]
         slot = next(s for s in worker.slots if s not in self._holders)
         self._holders[slot] = key
-        return Placement(self._bump(worker), slot)
+        try:
+            return Placement(self._bump(worker), slot)
+        except BaseException:  # the worker's new version was not stored: nothing was taken
+            del self._holders[slot]
+            raise
 
     def still_hosts(self, worker_name: str, slot: int | None, key: str) -> str:
         """Why an assignment is no longer good ("" when it is): a RESUMING actor's re-entry."""
@@ -185,7 +192,17 @@ class WorkerPool:
             del self._holders[slot]
             worker = self.of_slot(slot)
             if worker is not None:
-                self._bump(worker)
+                try:
+                    self._bump(worker)
+                except StateFolderFull as exc:
+                    # the slot is free all the same (holders are rebuilt from the actors at
+                    # start); only the worker's version bump waits for the next stored change
+                    log.warning(
+                        "worker %s: slot %d freed, version not stored: %s",
+                        worker.meta.name,
+                        slot,
+                        exc.message,
+                    )
 
     def adopt(self, slot: int, key: str) -> bool:
         """Mark ``slot`` held by a sandbox that kept running across a restart."""
@@ -198,8 +215,8 @@ class WorkerPool:
     def _bump(self, worker: WorkerRecord, **changes: Any) -> WorkerRecord:
         current = self._workers[worker.index]
         updated = dataclasses.replace(current, meta=current.meta.bumped(self.clock()), **changes)
+        self.store.put_worker(updated)  # first: a failed write leaves the mirror as stored
         self._workers[worker.index] = updated
-        self.store.put_worker(updated)
         return updated
 
     def drain(self, name: str) -> WorkerRecord:
@@ -233,10 +250,10 @@ class WorkerPool:
 
     def restore(self, worker: WorkerRecord) -> WorkerRecord:
         """CreateWorker of a pod DeleteWorker took out: back in the pool under a new name."""
-        self._removed.pop(worker.index, None)
         worker = dataclasses.replace(worker, meta=worker.meta.bumped(self.clock()))
-        self._workers[worker.index] = worker
         self.store.put_worker(worker)
+        self._removed.pop(worker.index, None)
+        self._workers[worker.index] = worker
         return worker
 
     def record_restart(self, worker: WorkerRecord) -> WorkerRecord:

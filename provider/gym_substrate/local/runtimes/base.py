@@ -67,6 +67,7 @@ from typing import Literal, Protocol, runtime_checkable
 __all__ = [
     "ActorSpec",
     "CheckpointResult",
+    "NothingToPark",
     "Rootfs",
     "RuntimeConfig",
     "RuntimeFailure",
@@ -97,6 +98,14 @@ def pss_bytes(pids: Iterable[int]) -> int:
                 total += int(line.split()[1]) * 1024
                 break
     return total
+
+
+class NothingToPark:
+    """``park_paused`` for a runtime whose pauses leave nothing that must become an image (the
+    process runtime: a paused agent's files are on disk, its stopped process ends at down)."""
+
+    async def park_paused(self) -> None:
+        return None
 
 
 class RuntimeFailure(Exception):

@@ -5,7 +5,10 @@ bubblewrap) works, every actor runs inside it: the host's filesystem read-only (
 state and other actors' folders hidden), its own working folder and its own /tmp writable (a
 per-actor folder bound at /tmp), a private /dev/shm, its own pid, uts and ipc namespaces, only
 the capabilities to switch users, signal its jobs and bind port 80, and no_new_privs. It keeps
-the host's network namespace and this user's uid. Without bwrap it isolates nothing, and
+this user's uid. As root each actor address is a network namespace of its own
+(`process_net.py`, the gVisor runtime's veth + nftables), so an actor reaches neither the API,
+the router, the admin listener nor another actor; otherwise actors share the host's network
+(`warning()` says so). Without bwrap it isolates nothing on the filesystem, and
 `warning()` says so loudly. A template with a root filesystem of its own (the default
 template's Debian, `rootfs.py`) gets that tree read-only as `/` instead of the host's, its
 working folder at /root and its binds (the static agent); that needs bwrap.
@@ -28,16 +31,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Collection
 from pathlib import Path
@@ -49,7 +49,7 @@ from gym_substrate.local.runtimes import loopback
 from gym_substrate.local.runtimes.base import (
     ActorSpec,
     CheckpointResult,
-    Rootfs,
+    NothingToPark,
     RuntimeConfig,
     RuntimeFailure,
     Slot,
@@ -58,6 +58,25 @@ from gym_substrate.local.runtimes.base import (
     StartedSandbox,
     pss_bytes,
 )
+from gym_substrate.local.runtimes.process_host import (
+    ROOTFS_WORKDIR,
+    bwrap_problem,
+    rewrite_argv,
+    rootfs_argv,
+    sandboxed_argv,
+)
+from gym_substrate.local.runtimes.process_host import agent_url as _url
+from gym_substrate.local.runtimes.process_host import alive as _alive
+from gym_substrate.local.runtimes.process_host import descendants as _descendants
+from gym_substrate.local.runtimes.process_host import free_port as _free_port
+from gym_substrate.local.runtimes.process_host import ip_of as _ip_of
+from gym_substrate.local.runtimes.process_host import marked as _marked
+from gym_substrate.local.runtimes.process_host import popen as _popen
+from gym_substrate.local.runtimes.process_host import proc_stat as _stat
+from gym_substrate.local.runtimes.process_host import signal_all as _signal_all
+from gym_substrate.local.runtimes.process_host import tail as _tail
+from gym_substrate.local.runtimes.process_host import write_new as _write_new
+from gym_substrate.local.runtimes.process_net import ActorNets, NetError, netns_problem
 
 __all__ = [
     "ROOTFS_WORKDIR",
@@ -75,287 +94,11 @@ SANDBOX_ENV = "GYM_SUBSTRATE_LOCAL_SANDBOX"
 _TERM_GRACE_S = 2.0
 
 
-def rewrite_argv(command: tuple[str, ...], host: str, port: int) -> list[str]:
-    """Point an agent-style argv at host:port (`--port X`, `--host X`, `--k=v` forms)."""
-    out: list[str] = []
-    saw_port = saw_host = False
-    index = 0
-    while index < len(command):
-        arg = command[index]
-        for flag, value in (("--port", str(port)), ("--host", host)):
-            if arg == flag and index + 1 < len(command):
-                out += [flag, value]
-                index += 2
-                break
-            if arg.startswith(flag + "="):
-                out.append(f"{flag}={value}")
-                index += 1
-                break
-        else:
-            out.append(arg)
-            index += 1
-            continue
-        saw_port = saw_port or flag == "--port"
-        saw_host = saw_host or flag == "--host"
-    if saw_port and not saw_host:
-        out += ["--host", host]
-    return out
-
-
-@functools.cache
-def bwrap_problem() -> str | None:
-    """Why bubblewrap cannot sandbox actors here, or None when it can (probed once)."""
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        return "bwrap is not installed (apt-get install bubblewrap)"
-    probe = [bwrap, *_BWRAP_FIXED, "--", "true"]
-    try:
-        done = subprocess.run(probe, capture_output=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"bwrap does not run here ({exc})"
-    if done.returncode != 0:
-        return f"bwrap cannot create its namespaces here: {done.stderr.decode(errors='replace')}"
-    return None
-
-
-# The same for every actor: read-only host, fresh /dev, /proc of its own pid namespace, a
-# private /dev/shm, own pid/uts/ipc namespaces, and of the capabilities only those the agent
-# needs to run a command as another user and signal it (bwrap also sets no_new_privs). Each
-# actor's /tmp is its own folder (sandboxed_argv).
-_BWRAP_NAMESPACES = (
-    "--dev", "/dev",
-    "--tmpfs", "/dev/shm",
-    "--proc", "/proc",
-    "--unshare-pid", "--unshare-uts", "--unshare-ipc",
-    "--cap-drop", "ALL",
-    "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_KILL",
-)  # fmt: skip
-_BWRAP_FIXED = ("--ro-bind", "/", "/", *_BWRAP_NAMESPACES)
-# inside a rootfs of its own the actor's working folder is bound here (and HOME points at it)
-ROOTFS_WORKDIR = "/root"
-
-
-# host folders an actor has no business reading (as the gVisor runtime hides them), each behind
-# an empty tmpfs unless it holds the command being run; the shadow files cannot be read
-_SECRET_DIRS = (
-    "/home", "/root/.ssh", "/root/.aws", "/root/.kube", "/root/.docker", "/root/.config/gcloud",
-    "/etc/ssh", "/var/tmp", "/run",
-)  # fmt: skip
-_SECRET_FILES = ("/etc/shadow", "/etc/gshadow")
-
-
-def _shown_under_tmp(program: Path) -> list[Path]:
-    """What a private /tmp would hide but the command needs: its venv and this Python's
-    import path, when they live under the host's /tmp (a CI clone there)."""
-    wanted = {program, program.parent.parent, Path(sys.prefix), Path(sys.base_prefix)}
-    wanted |= {Path(entry) for entry in sys.path if entry and os.path.isabs(entry)}
-    tmp = Path("/tmp")
-    shown = {path.resolve() for path in wanted if path.exists()}
-    return sorted(path for path in shown if path.is_relative_to(tmp) and path != tmp)
-
-
-def rootfs_argv(
-    argv: list[str],
-    rootfs: Rootfs,
-    workdir: Path,
-    tmpdir: Path,
-    hostname: str,
-    *,
-    bind_low_ports: bool = False,
-) -> list[str]:
-    """``argv`` under bwrap with ``rootfs.path`` as ``/`` (read-only) instead of the host's:
-    ``rootfs.binds`` read-only, the host's resolv.conf (the network is the host's),
-    ``workdir`` at ROOTFS_WORKDIR and ``tmpdir`` at /tmp writable. Every bind target must
-    exist in the tree, or bwrap would create it there (the builder makes them)."""
-    assert rootfs.path is not None
-    bwrap = shutil.which("bwrap") or "bwrap"
-    binds: list[str] = []
-    for source, inside in rootfs.binds:
-        binds += ["--ro-bind", str(source), inside]
-    resolv = Path(os.path.realpath("/etc/resolv.conf"))
-    if resolv.is_file() and (rootfs.path / "etc/resolv.conf").exists():
-        binds += ["--ro-bind", str(resolv), "/etc/resolv.conf"]
-    caps = ["--cap-add", "CAP_NET_BIND_SERVICE"] if bind_low_ports else []
-    return [
-        bwrap,
-        "--ro-bind", str(rootfs.path), "/",
-        *_BWRAP_NAMESPACES,
-        *caps,
-        *binds,
-        "--bind", str(tmpdir), "/tmp",
-        "--bind", str(workdir), ROOTFS_WORKDIR,
-        "--chdir", ROOTFS_WORKDIR,
-        "--hostname", hostname,
-        "--",
-        *argv,
-    ]  # fmt: skip
-
-
-def sandboxed_argv(
-    argv: list[str],
-    workdir: Path,
-    tmpdir: Path,
-    hidden: list[Path],
-    hostname: str,
-    *,
-    bind_low_ports: bool = False,
-) -> list[str]:
-    """``argv`` under bwrap: ``hidden`` folders (and host secrets) masked, ``workdir`` writable,
-    ``tmpdir`` bound at /tmp.
-
-    ``hidden`` are folders of the backend (its state, other actors' folders); ``workdir`` is
-    bound back inside them. A secret folder that contains ``argv[0]`` (say a venv under /home)
-    stays visible, read-only, so the command still runs; so does its venv under /tmp.
-    ``bind_low_ports`` adds CAP_NET_BIND_SERVICE, for an agent that listens on port 80.
-    """
-    bwrap = shutil.which("bwrap") or "bwrap"
-    program = Path(shutil.which(argv[0]) or argv[0]).absolute()
-    shown = _shown_under_tmp(program)
-    binds = ["--bind", str(tmpdir), "/tmp"]
-    for path in shown:
-        binds += ["--ro-bind", str(path), str(path)]
-    masks: list[str] = []
-    for folder in [*map(Path, _SECRET_DIRS), *hidden]:
-        if not folder.is_dir() or program.is_relative_to(folder):
-            continue
-        if folder.is_relative_to("/tmp") and not any(folder.is_relative_to(p) for p in shown):
-            continue  # the private /tmp already hides it
-        masks += ["--tmpfs", str(folder)]
-    for secret in _SECRET_FILES:
-        if Path(secret).exists():
-            masks += ["--ro-bind", "/dev/null", secret]
-    caps = ["--cap-add", "CAP_NET_BIND_SERVICE"] if bind_low_ports else []
-    return [
-        bwrap,
-        *_BWRAP_FIXED,
-        *caps,
-        *binds,
-        *masks,
-        "--bind", str(workdir), str(workdir),
-        "--chdir", str(workdir),
-        "--hostname", hostname,
-        "--",
-        *argv,
-    ]  # fmt: skip
-
-
-def _free_port(ip: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((ip, 0))
-        return int(sock.getsockname()[1])
-
-
-def _url(address: str, path: str) -> str:
-    """A bare IP means port 80, as the real router dials it (cmd/atenet/.../extproc.go)."""
-    return f"http://{address}{path}"
-
-
-def _ip_of(address: str) -> str:
-    return address.rpartition(":")[0] if ":" in address else address
-
-
-def _stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, ppid, starttime) of a live pid, or None."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = raw[raw.rfind(")") + 2 :].split()
-    return fields[0], int(fields[1]), int(fields[19])
-
-
-def _alive(pid: int, start: int) -> bool:
-    stat = _stat(pid)
-    if stat is None or stat[2] != start:
-        return False
-    if stat[0] in ("Z", "X"):
-        with contextlib.suppress(ChildProcessError, OSError):
-            os.waitpid(pid, os.WNOHANG)
-        return False
-    return True
-
-
-def _marked(name: str, value: str | None) -> dict[int, str]:
-    """pid -> marker value of every live process whose environment carries `name`."""
-    needle = f"{name}=".encode()
-    found: dict[int, str] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as fh:
-                environ = fh.read()
-        except OSError:
-            continue
-        for item in environ.split(b"\0"):
-            if item.startswith(needle):
-                got = item[len(needle) :].decode(errors="replace")
-                if value is None or got == value:
-                    stat = _stat(int(entry.name))
-                    if stat is not None and stat[0] not in ("Z", "X"):
-                        found[int(entry.name)] = got
-                break
-    return found
-
-
-def _descendants(root: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            stat = _stat(int(entry.name))
-            if stat is not None:
-                children.setdefault(stat[1], []).append(int(entry.name))
-    out: set[int] = set()
-    todo = [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in out:
-                out.add(child)
-                todo.append(child)
-    return out
-
-
-def _signal_all(pids: Collection[int], signum: int) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signum)
-
-
-def _tail(path: Path) -> str:
-    try:
-        return path.read_bytes()[-2000:].decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _popen(
-    argv: list[str], cwd: Path, env: dict[str, str], log_path: Path
-) -> subprocess.Popen[bytes]:
-    """Start an actor's command in its own session (so it outlives a crashed control plane)."""
-    with open(log_path, "ab") as log_file:
-        return subprocess.Popen(
-            argv,
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-
-def _write_new(path: Path, body: bytes) -> None:
-    """A snapshot's manifest; its folder may exist already (files saved first)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "xb") as fh:
-        fh.write(body)
-
-
 class _PortTaken(RuntimeFailure):
     """Another process bound the probed port first; worth another try with a new port."""
 
 
-class ProcessRuntime:
+class ProcessRuntime(NothingToPark):
     name = "process"
     isolates = False  # even under bwrap: the host's network and this user's uid are shared
     memory_survives_suspend = False
@@ -372,6 +115,16 @@ class ProcessRuntime:
         self.lease_dir = Path(config.extra.get("process.lease_dir") or loopback.default_lease_dir())
         self._lease: loopback.LoopbackLease | None = None
         self._slot_ips: dict[int, str] = {}
+        # as root, every actor address is a network namespace of its own (process_net.py)
+        network = config.extra.get("process.network", "auto")
+        if network not in ("auto", "host"):
+            raise ValueError(f"process.network must be 'auto' or 'host', got {network!r}")
+        self.netns_problem = (
+            "the host's network was asked for (process.network=host)"
+            if network == "host"
+            else netns_problem()
+        )
+        self.nets = ActorNets(config.instance, self.root) if self.netns_problem is None else None
 
     def warning(self) -> str | None:
         memory = (
@@ -388,20 +141,38 @@ class ProcessRuntime:
                 "follows it; code that dials <ip>:80 itself does not). Run as root for port 80."
             )
         )
+        if self.nets is not None:
+            network = (
+                "each has a network namespace of its own (no route off this machine; the API, "
+                "the router, the admin listener, host services and other actors are out of "
+                "reach"
+                + (
+                    ""
+                    if shutil.which("nft") is not None
+                    else ", but for host services on all interfaces: apt-get install nftables"
+                )
+                + ")"
+            )
+        else:
+            network = (
+                f"they share this machine's network ({self.netns_problem}: run as root for a "
+                "network namespace per actor), so they can reach the API, the router, the "
+                "admin listener and other actors' agents on loopback"
+            )
         if self.bwrap_problem is None:
             return (
                 "the process runtime runs actors under bubblewrap: read-only host filesystem "
                 "but for their working folder and a private /tmp, own pid/uts/ipc namespaces, "
-                "no capabilities but switching users and binding port 80; they still share "
-                f"this machine's network and run as this user, and {memory}. Install runsc "
-                "and run as root for gVisor sandboxes." + ports
+                f"no capabilities but switching users and binding port 80; {network}; they "
+                f"run as this user, and {memory}. Install runsc and run as root for gVisor "
+                "sandboxes." + ports
             )
         return (
             f"NO ISOLATION: bubblewrap cannot run here ({self.bwrap_problem}), so the process "
             "runtime runs actors as ordinary processes of this user with "
             f"this user's full rights on this machine: model-written code can read, change and "
             f"delete anything this user can, and /tmp is the host's (TMPDIR points to a folder "
-            f"of their own). Their {memory.removeprefix('their ')}. Install "
+            f"of their own); {network}. Their {memory.removeprefix('their ')}. Install "
             "bubblewrap (apt-get install bubblewrap) or runsc before running untrusted code."
             + ports
         )
@@ -431,6 +202,14 @@ class ProcessRuntime:
         return held
 
     def _fresh_ip(self, taken: Collection[str]) -> str:
+        if self.nets is not None:
+            for ip in self.nets.addresses():
+                if ip not in taken:
+                    return ip
+            raise RuntimeFailure(
+                "every actor network of this backend is held by running or paused actors: "
+                "suspend or delete some"
+            )
         assert self._lease is not None
         for ip in self._lease.addresses():
             if ip not in taken:
@@ -446,10 +225,16 @@ class ProcessRuntime:
         tmp.replace(self.root / "addresses.json")
 
     def _open_addresses(self) -> None:
-        """Lease the instance's block and give every slot an address no paused agent holds."""
-        self._lease = loopback.lease_block(
-            self.lease_dir, self.config.instance, self.root.resolve()
-        )
+        """Lease the instance's block (as root: bring up its actor networks) and give every
+        slot an address no paused agent holds."""
+        if self.nets is not None:
+            self.nets.open()
+            holds = self.nets.holds
+        else:
+            self._lease = loopback.lease_block(
+                self.lease_dir, self.config.instance, self.root.resolve()
+            )
+            holds = self._lease.holds
         try:
             saved = json.loads((self.root / "addresses.json").read_text())
         except (OSError, ValueError):
@@ -458,12 +243,19 @@ class ProcessRuntime:
         ips: dict[int, str] = {}
         for index in range(self.config.workers):
             ip = saved.get(str(index)) if isinstance(saved, dict) else None
-            fine = isinstance(ip, str) and self._lease.holds(ip) and ip not in ips.values()
+            fine = isinstance(ip, str) and holds(ip) and ip not in ips.values()
             if not fine or held.get(str(ip), index) != index:
                 ip = self._fresh_ip({*ips.values(), *held})
             ips[index] = str(ip)
         self._slot_ips = ips
         self._save_slot_ips()
+
+    async def _spare_net(self) -> None:
+        """As root: an actor network nobody holds, made off the event loop, for `_move_slot`
+        to hand out without running `ip` on the loop."""
+        if self.nets is not None:
+            taken = {*self._slot_ips.values(), *self._held_ips()}
+            await asyncio.to_thread(self.nets.ensure_spare, taken)
 
     def _move_slot(self, slot: int | None, ip: str | None) -> None:
         """Give ``slot`` the address ``ip`` (a resumed agent's), or a fresh one for None."""
@@ -566,7 +358,7 @@ class ProcessRuntime:
         self.actors.mkdir(parents=True, exist_ok=True)
         try:
             await asyncio.to_thread(self._open_addresses)
-        except loopback.LoopbackError as exc:
+        except (loopback.LoopbackError, NetError) as exc:
             raise RuntimeFailure(str(exc)) from exc
         if self.port80_problem is not None:
             log.warning(
@@ -638,6 +430,7 @@ class ProcessRuntime:
         _signal_all(pids, signal.SIGCONT)
         address = str(entry.get("address") or f"127.0.0.1:{entry['port']}")
         # the paused agent still listens where it did: its new slot takes that address over
+        await self._spare_net()
         self._move_slot(slot.index, _ip_of(address))
         self._write_entry(handle, {**entry, "slot": slot.index})
         await self._ready(address, actor.template.readyz_path, deadline, None, Path("/dev/null"))
@@ -721,6 +514,8 @@ class ProcessRuntime:
                 actor.actor_id,
                 bind_low_ports=low_ports,
             )
+        if self.nets is not None:  # into the network namespace of the slot's address
+            argv = self.nets.enter(ip, argv)
         try:
             proc = _popen(argv, workdir, env, log_path)
         except OSError as exc:
@@ -762,6 +557,7 @@ class ProcessRuntime:
             # the stopped agent keeps its address: the slot it leaves gets a fresh one
             slot = entry.get("slot")
             self._write_entry(handle, {**entry, "slot": None})
+            await self._spare_net()
             self._move_slot(None if slot is None else int(slot), None)
             files: tuple[tuple[str, int], ...] = ()
         else:
@@ -838,6 +634,7 @@ class ProcessRuntime:
             await self.stop(handle)
             return None
         if self._slot_ips.get(slot.index) != _ip_of(address):
+            await self._spare_net()
             self._move_slot(slot.index, _ip_of(address))
         return StartedSandbox(handle=handle, address=address, memory_restored=True)
 
@@ -880,14 +677,13 @@ class ProcessRuntime:
         )
         if released:
             removed.append(released)
+        if self.nets is not None:
+            removed += await asyncio.to_thread(self.nets.cleanup)
         with contextlib.suppress(OSError):
             (self.root / "addresses.json").unlink()
         self._slot_ips = {}
         await self.close()
         return removed
-
-    async def park_paused(self) -> None:
-        """Nothing: a paused agent's files are on disk, and its stopped process ends at down."""
 
     async def leftovers(self) -> list[str]:
         found: list[str] = []
@@ -899,4 +695,6 @@ class ProcessRuntime:
         lease = loopback.find_lease(self.lease_dir, self.config.instance, self.root.resolve())
         if lease is not None:
             found.append(f"loopback lease {lease}")
+        if self.nets is not None:
+            found += await asyncio.to_thread(self.nets.leftovers)
         return found

@@ -1,0 +1,143 @@
+"""The HTTP handlers of /v1/pty: query parameters and bodies in, a session's JSON out."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from ._config import AgentConfig
+from ._errors import ApiError, body_timeout_error
+from ._numbers import parse_decimal
+from ._pty import PtyManager, PtySession
+from ._requests import bad_request, check_fields, parse_pty_request, terminal_size
+from .contract import MAX_FILE_OFFSET, MAX_PTY_INPUT_BYTES, MAX_PTY_READ_BYTES, PTY_SIGNALS
+
+__all__ = ["PtyHandlers"]
+
+log = logging.getLogger("sandbox_agent.pty")
+
+
+def _offset_param(request: web.Request, required: bool) -> int | None:
+    raw = request.query.get("offset")
+    if raw is None:
+        if required:
+            return 0
+        return None
+    value = parse_decimal(raw, MAX_FILE_OFFSET)
+    if value is None:
+        msg = f"offset must be an integer 0..{MAX_FILE_OFFSET} in ASCII digits, got {raw[:64]!r}"
+        raise bad_request(msg)
+    return value
+
+
+class PtyHandlers:
+    """The /v1/pty handlers over one `PtyManager`."""
+
+    def __init__(
+        self,
+        manager: PtyManager,
+        config: AgentConfig,
+        read_json: Callable[[web.Request], Awaitable[Any]],
+        wait_param: Callable[[web.Request], float],
+    ) -> None:
+        self._pty = manager
+        self._config = config
+        self._read_json = read_json
+        self._wait_param = wait_param
+
+    def _session(self, request: web.Request) -> PtySession:
+        return self._pty.get(request.match_info["session_id"])
+
+    @staticmethod
+    def _answer(session: PtySession) -> web.Response:
+        return web.json_response(session.to_json())
+
+    async def create(self, request: web.Request) -> web.Response:
+        session_id, spec = parse_pty_request(await self._read_json(request))
+        log.debug("pty %s: %r", session_id, spec.command)
+        return self._answer(await self._pty.create(session_id, spec))
+
+    async def get(self, request: web.Request) -> web.Response:
+        wait = self._wait_param(request)
+        session = self._session(request)
+        await self._pty.wait(session, wait)
+        return self._answer(session)
+
+    async def delete(self, request: web.Request) -> web.Response:
+        session = self._session(request)
+        await self._pty.close(session)
+        return self._answer(session)
+
+    async def output(self, request: web.Request) -> web.Response:
+        wait = self._wait_param(request)
+        stream = request.query.get("stream", "stdout")
+        if stream not in ("stdout", "stderr"):
+            raise bad_request(f"stream must be stdout or stderr, got {stream[:64]!r}")
+        offset = _offset_param(request, required=True)
+        assert offset is not None
+        raw = request.query.get("max_bytes")
+        max_bytes = MAX_PTY_READ_BYTES
+        if raw is not None:
+            value = parse_decimal(raw, MAX_PTY_READ_BYTES)
+            if value is None or value < 1:
+                msg = f"max_bytes must be an integer 1..{MAX_PTY_READ_BYTES}, got {raw[:64]!r}"
+                raise bad_request(msg)
+            max_bytes = value
+        session = self._session(request)
+        return web.json_response(await self._pty.read(session, stream, offset, wait, max_bytes))
+
+    async def input(self, request: web.Request) -> web.Response:
+        offset = _offset_param(request, required=False)
+        session = self._session(request)
+        length = request.content_length
+        too_large = ApiError(
+            413,
+            "too_large",
+            f"an input chunk is at most {MAX_PTY_INPUT_BYTES} bytes; send more in several "
+            "requests, each with the offset= of its first byte",
+        )
+        if length is not None and length > MAX_PTY_INPUT_BYTES:
+            raise too_large
+        chunks: list[bytes] = []
+        received = 0
+        try:
+            async with asyncio.timeout(self._config.body_timeout_s):
+                while chunk := await request.content.readany():
+                    received += len(chunk)
+                    if received > MAX_PTY_INPUT_BYTES:
+                        raise too_large
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise body_timeout_error(self._config.body_timeout_s) from None
+        session.write_input(offset, b"".join(chunks), MAX_PTY_INPUT_BYTES)
+        return web.json_response(
+            {
+                "id": session.id,
+                "input_offset": session.input_offset,
+                "input_pending": len(session.pending),
+            }
+        )
+
+    async def resize(self, request: web.Request) -> web.Response:
+        body = check_fields(await self._read_json(request), ("rows", "cols"), '{"rows": 40}')
+        if "rows" not in body or "cols" not in body:
+            raise bad_request('rows and cols are both required, e.g. {"rows": 40, "cols": 120}')
+        rows = terminal_size(body["rows"], "rows", None)
+        cols = terminal_size(body["cols"], "cols", None)
+        session = self._session(request)
+        self._pty.resize(session, rows, cols)
+        return self._answer(session)
+
+    async def signal(self, request: web.Request) -> web.Response:
+        body = check_fields(await self._read_json(request), ("signal",), '{"signal": "SIGINT"}')
+        name = body.get("signal")
+        if name not in PTY_SIGNALS:
+            msg = f"signal must be one of {', '.join(PTY_SIGNALS)}, got {str(name)[:64]!r}"
+            raise bad_request(msg)
+        session = self._session(request)
+        self._pty.signal(session, name)
+        return self._answer(session)

@@ -1,0 +1,317 @@
+"""The process runtime's host plumbing: what an actor's command runs as, and /proc scans.
+
+`rewrite_argv` points an agent-style command at its address; `bwrap_problem`, `rootfs_argv` and
+`sandboxed_argv` wrap it in bubblewrap (what each actor sees of the host: `process.py` says
+why); `popen` starts it in a session of its own. The /proc helpers find an actor's processes by
+the marker in their environment (`marked`), by parentage (`descendants`) and by start time
+(`alive`), so a pid the kernel reused is never taken for the actor's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Collection
+from pathlib import Path
+
+from gym_substrate.local.runtimes.base import Rootfs
+
+__all__ = [
+    "ROOTFS_WORKDIR",
+    "agent_url",
+    "alive",
+    "bwrap_problem",
+    "descendants",
+    "free_port",
+    "ip_of",
+    "marked",
+    "popen",
+    "proc_stat",
+    "rewrite_argv",
+    "rootfs_argv",
+    "sandboxed_argv",
+    "signal_all",
+    "tail",
+    "write_new",
+]
+
+
+def rewrite_argv(command: tuple[str, ...], host: str, port: int) -> list[str]:
+    """Point an agent-style argv at host:port (`--port X`, `--host X`, `--k=v` forms)."""
+    out: list[str] = []
+    saw_port = saw_host = False
+    index = 0
+    while index < len(command):
+        arg = command[index]
+        for flag, value in (("--port", str(port)), ("--host", host)):
+            if arg == flag and index + 1 < len(command):
+                out += [flag, value]
+                index += 2
+                break
+            if arg.startswith(flag + "="):
+                out.append(f"{flag}={value}")
+                index += 1
+                break
+        else:
+            out.append(arg)
+            index += 1
+            continue
+        saw_port = saw_port or flag == "--port"
+        saw_host = saw_host or flag == "--host"
+    if saw_port and not saw_host:
+        out += ["--host", host]
+    return out
+
+
+@functools.cache
+def bwrap_problem() -> str | None:
+    """Why bubblewrap cannot sandbox actors here, or None when it can (probed once)."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return "bwrap is not installed (apt-get install bubblewrap)"
+    probe = [bwrap, *_BWRAP_FIXED, "--", "true"]
+    try:
+        done = subprocess.run(probe, capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bwrap does not run here ({exc})"
+    if done.returncode != 0:
+        return f"bwrap cannot create its namespaces here: {done.stderr.decode(errors='replace')}"
+    return None
+
+
+# The same for every actor: read-only host, fresh /dev, /proc of its own pid namespace, a
+# private /dev/shm, own pid/uts/ipc namespaces, and of the capabilities only those the agent
+# needs to run a command as another user and signal it (bwrap also sets no_new_privs). Each
+# actor's /tmp is its own folder (sandboxed_argv).
+_BWRAP_NAMESPACES = (
+    "--dev", "/dev",
+    "--tmpfs", "/dev/shm",
+    "--proc", "/proc",
+    "--unshare-pid", "--unshare-uts", "--unshare-ipc",
+    "--cap-drop", "ALL",
+    "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_KILL",
+)  # fmt: skip
+_BWRAP_FIXED = ("--ro-bind", "/", "/", *_BWRAP_NAMESPACES)
+# inside a rootfs of its own the actor's working folder is bound here (and HOME points at it)
+ROOTFS_WORKDIR = "/root"
+
+
+# host folders an actor has no business reading (as the gVisor runtime hides them), each behind
+# an empty tmpfs unless it holds the command being run; the shadow files cannot be read
+_SECRET_DIRS = (
+    "/home", "/root/.ssh", "/root/.aws", "/root/.kube", "/root/.docker", "/root/.config/gcloud",
+    "/etc/ssh", "/var/tmp", "/run",
+)  # fmt: skip
+_SECRET_FILES = ("/etc/shadow", "/etc/gshadow")
+
+
+def _shown_under_tmp(program: Path) -> list[Path]:
+    """What a private /tmp would hide but the command needs: its venv and this Python's
+    import path, when they live under the host's /tmp (a CI clone there)."""
+    wanted = {program, program.parent.parent, Path(sys.prefix), Path(sys.base_prefix)}
+    wanted |= {Path(entry) for entry in sys.path if entry and os.path.isabs(entry)}
+    tmp = Path("/tmp")
+    shown = {path.resolve() for path in wanted if path.exists()}
+    return sorted(path for path in shown if path.is_relative_to(tmp) and path != tmp)
+
+
+def rootfs_argv(
+    argv: list[str],
+    rootfs: Rootfs,
+    workdir: Path,
+    tmpdir: Path,
+    hostname: str,
+    *,
+    bind_low_ports: bool = False,
+) -> list[str]:
+    """``argv`` under bwrap with ``rootfs.path`` as ``/`` (read-only) instead of the host's:
+    ``rootfs.binds`` read-only, the host's resolv.conf (the network is the host's),
+    ``workdir`` at ROOTFS_WORKDIR and ``tmpdir`` at /tmp writable. Every bind target must
+    exist in the tree, or bwrap would create it there (the builder makes them)."""
+    assert rootfs.path is not None
+    bwrap = shutil.which("bwrap") or "bwrap"
+    binds: list[str] = []
+    for source, inside in rootfs.binds:
+        binds += ["--ro-bind", str(source), inside]
+    resolv = Path(os.path.realpath("/etc/resolv.conf"))
+    if resolv.is_file() and (rootfs.path / "etc/resolv.conf").exists():
+        binds += ["--ro-bind", str(resolv), "/etc/resolv.conf"]
+    caps = ["--cap-add", "CAP_NET_BIND_SERVICE"] if bind_low_ports else []
+    return [
+        bwrap,
+        "--ro-bind", str(rootfs.path), "/",
+        *_BWRAP_NAMESPACES,
+        *caps,
+        *binds,
+        "--bind", str(tmpdir), "/tmp",
+        "--bind", str(workdir), ROOTFS_WORKDIR,
+        "--chdir", ROOTFS_WORKDIR,
+        "--hostname", hostname,
+        "--",
+        *argv,
+    ]  # fmt: skip
+
+
+def sandboxed_argv(
+    argv: list[str],
+    workdir: Path,
+    tmpdir: Path,
+    hidden: list[Path],
+    hostname: str,
+    *,
+    bind_low_ports: bool = False,
+) -> list[str]:
+    """``argv`` under bwrap: ``hidden`` folders (and host secrets) masked, ``workdir`` writable,
+    ``tmpdir`` bound at /tmp.
+
+    ``hidden`` are folders of the backend (its state, other actors' folders); ``workdir`` is
+    bound back inside them. A secret folder that contains ``argv[0]`` (say a venv under /home)
+    stays visible, read-only, so the command still runs; so does its venv under /tmp.
+    ``bind_low_ports`` adds CAP_NET_BIND_SERVICE, for an agent that listens on port 80.
+    """
+    bwrap = shutil.which("bwrap") or "bwrap"
+    program = Path(shutil.which(argv[0]) or argv[0]).absolute()
+    shown = _shown_under_tmp(program)
+    binds = ["--bind", str(tmpdir), "/tmp"]
+    for path in shown:
+        binds += ["--ro-bind", str(path), str(path)]
+    masks: list[str] = []
+    for folder in [*map(Path, _SECRET_DIRS), *hidden]:
+        if not folder.is_dir() or program.is_relative_to(folder):
+            continue
+        if folder.is_relative_to("/tmp") and not any(folder.is_relative_to(p) for p in shown):
+            continue  # the private /tmp already hides it
+        masks += ["--tmpfs", str(folder)]
+    for secret in _SECRET_FILES:
+        if Path(secret).exists():
+            masks += ["--ro-bind", "/dev/null", secret]
+    caps = ["--cap-add", "CAP_NET_BIND_SERVICE"] if bind_low_ports else []
+    return [
+        bwrap,
+        *_BWRAP_FIXED,
+        *caps,
+        *binds,
+        *masks,
+        "--bind", str(workdir), str(workdir),
+        "--chdir", str(workdir),
+        "--hostname", hostname,
+        "--",
+        *argv,
+    ]  # fmt: skip
+
+
+def free_port(ip: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((ip, 0))
+        return int(sock.getsockname()[1])
+
+
+def agent_url(address: str, path: str) -> str:
+    """A bare IP means port 80, as the real router dials it (cmd/atenet/.../extproc.go)."""
+    return f"http://{address}{path}"
+
+
+def ip_of(address: str) -> str:
+    return address.rpartition(":")[0] if ":" in address else address
+
+
+def proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, ppid, starttime) of a live pid, or None."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rfind(")") + 2 :].split()
+    return fields[0], int(fields[1]), int(fields[19])
+
+
+def alive(pid: int, start: int) -> bool:
+    stat = proc_stat(pid)
+    if stat is None or stat[2] != start:
+        return False
+    if stat[0] in ("Z", "X"):
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
+        return False
+    return True
+
+
+def marked(name: str, value: str | None) -> dict[int, str]:
+    """pid -> marker value of every live process whose environment carries `name`."""
+    needle = f"{name}=".encode()
+    found: dict[int, str] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as fh:
+                environ = fh.read()
+        except OSError:
+            continue
+        for item in environ.split(b"\0"):
+            if item.startswith(needle):
+                got = item[len(needle) :].decode(errors="replace")
+                if value is None or got == value:
+                    stat = proc_stat(int(entry.name))
+                    if stat is not None and stat[0] not in ("Z", "X"):
+                        found[int(entry.name)] = got
+                break
+    return found
+
+
+def descendants(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            stat = proc_stat(int(entry.name))
+            if stat is not None:
+                children.setdefault(stat[1], []).append(int(entry.name))
+    out: set[int] = set()
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in out:
+                out.add(child)
+                todo.append(child)
+    return out
+
+
+def signal_all(pids: Collection[int], signum: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signum)
+
+
+def tail(path: Path) -> str:
+    try:
+        return path.read_bytes()[-2000:].decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def popen(
+    argv: list[str], cwd: Path, env: dict[str, str], log_path: Path
+) -> subprocess.Popen[bytes]:
+    """Start an actor's command in its own session (so it outlives a crashed control plane)."""
+    with open(log_path, "ab") as log_file:
+        return subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def write_new(path: Path, body: bytes) -> None:
+    """A snapshot's manifest; its folder may exist already (files saved first)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "xb") as fh:
+        fh.write(body)

@@ -1,0 +1,70 @@
+"""The agent's source stays small and dependency-light (issue 25, item 3).
+
+The agent is bundled into a static single-file binary that runs in any image, and the provider
+imports `sandbox_agent.contract`; both rely on what the package imports. Reviewers rely on the
+size limits: no module over 600 lines, no function over 80.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import sandbox_agent
+
+PACKAGE = Path(sandbox_agent.__file__).parent
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 80
+
+
+def _modules() -> list[Path]:
+    modules = sorted(PACKAGE.glob("*.py"))
+    assert len(modules) > 10, f"expected the agent's modules under {PACKAGE}"
+    return modules
+
+
+def _imported(tree: ast.Module) -> set[str]:
+    """Top-level names of every absolute import in `tree` (relative ones are the package)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_no_module_over_600_lines() -> None:
+    sizes = {p.name: len(p.read_text().splitlines()) for p in _modules()}
+    over = {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES}
+    assert not over, f"split these by job (limit {MAX_MODULE_LINES} lines): {over}"
+
+
+def test_no_function_over_80_lines() -> None:
+    over: dict[str, int] = {}
+    for path in _modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    over[f"{path.name}:{node.lineno} {node.name}"] = length
+    assert not over, f"split these (limit {MAX_FUNCTION_LINES} lines): {over}"
+
+
+def test_imports_only_the_standard_library_and_aiohttp() -> None:
+    allowed = set(sys.stdlib_module_names) | {"__future__", "aiohttp", "sandbox_agent"}
+    for path in _modules():
+        foreign = _imported(ast.parse(path.read_text())) - allowed
+        assert not foreign, (
+            f"{path.name} imports {sorted(foreign)}: the static binary bundles only the "
+            "standard library and aiohttp (agent/build/build-static.sh)"
+        )
+
+
+def test_contract_imports_only_the_standard_library() -> None:
+    """The provider imports `sandbox_agent.contract` without the agent's server."""
+    tree = ast.parse((PACKAGE / "contract.py").read_text())
+    assert not any(isinstance(n, ast.ImportFrom) and n.level > 0 for n in ast.walk(tree))
+    foreign = _imported(tree) - set(sys.stdlib_module_names) - {"__future__"}
+    assert not foreign, f"contract.py imports {sorted(foreign)}"
