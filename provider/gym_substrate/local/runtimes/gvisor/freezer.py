@@ -175,8 +175,8 @@ class FreezeTier:
                 )
                 for cid, e in data.get("frozen", {}).items()
             }
-        except FileNotFoundError:
-            return
+        except FileNotFoundError:  # nothing frozen (or `local down` removed it all)
+            self.slots, self.spares, self.frozen = {}, [], {}
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             log.warning("ignoring unreadable %s: %s", self.state_path, exc)
             self.slots, self.spares, self.frozen = {}, [], {}
