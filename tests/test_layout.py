@@ -30,3 +30,17 @@ def test_no_two_test_modules_import_under_the_same_name() -> None:
             seen[_import_name(path)].append(path.relative_to(TESTS))
     clashes = {name: paths for name, paths in seen.items() if len(paths) > 1 and name != "conftest"}
     assert not clashes, f"rename one of each, or make its folder a package: {clashes}"
+
+
+def test_no_module_is_over_700_lines() -> None:
+    """The project's size limit for a module (generated protobuf stubs excepted)."""
+    repo = TESTS.parent
+    sizes = {
+        str(path.relative_to(repo)): len(path.read_text().splitlines())
+        for folder in ("provider", "agent", "infra")
+        for path in (repo / folder).rglob("*.py")
+        if "_pb2" not in path.name and ".venv" not in path.parts
+    }
+    assert len(sizes) > 100, "the walk found the sources"
+    over = {name: lines for name, lines in sizes.items() if lines > 700}
+    assert not over, f"split these by job: {over}"

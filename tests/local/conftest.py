@@ -46,6 +46,8 @@ async def backend(
     # sys.executable, uploads of host paths); test_rootfs.py covers the Debian default. One
     # actor per worker unless a test asks for more, so "no free worker" is easy to reach.
     options = {"default_rootfs": "host", "actors_per_worker": 1, **backend_options}
+    # gVisor's PauseActor tier: LB_PAUSE_TIER=checkpoint runs a suite on the checkpoint tier
+    options.setdefault("pause_tier", os.environ.get("LB_PAUSE_TIER", "freeze"))
     async with LocalBackend(state, runtime=runtime_name, **options) as started:
         await settle_golden(started)
         yield started

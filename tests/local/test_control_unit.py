@@ -143,6 +143,9 @@ class FakeRuntime:
     async def cleanup(self) -> list[str]:
         return await self.sweep(())
 
+    async def park_paused(self) -> None:
+        return None
+
     async def leftovers(self) -> list[str]:
         return list(self.alive)
 

@@ -39,7 +39,7 @@ from gym_substrate.local.client_config import (
     provider_config_yaml,
 )
 from gym_substrate.local.errors import BackendError
-from gym_substrate.local.runtimes import RUNTIME_NAMES
+from gym_substrate.local.runtimes import PAUSE_TIERS, RUNTIME_NAMES
 from gym_substrate.local.runtimes.base import RuntimeFailure
 
 __all__ = ["local"]
@@ -193,6 +193,22 @@ local.add_command(rootfs_group)
     help="ateapi's --auth-mode: mtls checks no caller; jwt wants a bearer token on every call "
     "(<state-dir>/auth/token; needs --tls).",
 )
+@click.option(
+    "--pause-tier",
+    type=click.Choice(PAUSE_TIERS),
+    default="freeze",
+    show_default=True,
+    help="What PauseActor does under gVisor: freeze the sandbox in memory (its worker is free "
+    "at once; ~1 ms) or checkpoint it to node-local disk (~0.1-0.5 s). Frozen actors past "
+    "--frozen-memory are checkpointed, least recently paused first.",
+)
+@click.option(
+    "--frozen-memory",
+    metavar="SIZE",
+    default=None,
+    help="Memory (PSS) paused actors may keep frozen, e.g. 2G or 512M; 0 checkpoints every "
+    "pause (default: a quarter of the memory available at start, printed).",
+)
 @rootfs_option
 @click.option(
     "--allow-host-rootfs",
@@ -217,6 +233,8 @@ def up(
     suspend_on_stop: bool,
     tls: bool,
     auth: str,
+    pause_tier: str,
+    frozen_memory: str | None,
     rootfs: str,
     allow_host_rootfs: bool,
     daemon: bool,
@@ -233,6 +251,17 @@ def up(
             "--auth jwt needs --tls: ateapi serves only TLS, and a bearer token must not cross a "
             "plaintext connection"
         )
+    from gym_substrate.local.runtimes.gvisor.freezer import (
+        default_frozen_memory,
+        parse_frozen_memory,
+    )
+
+    try:
+        frozen_bytes = (
+            parse_frozen_memory(frozen_memory) if frozen_memory else default_frozen_memory()
+        )
+    except ValueError as exc:
+        raise fail(f"--frozen-memory: {exc}") from None
     per_worker = actors_per_worker or default_actors_per_worker(workers)
     if workers * per_worker > 250:
         raise fail(
@@ -261,8 +290,15 @@ def up(
         "tls": tls,
         "auth": auth,
         "rootfs": rootfs,
+        "pause_tier": pause_tier,
+        "frozen_memory": frozen_bytes,
         "allow_host_rootfs": allow_host_rootfs,
     }
+    if pause_tier == "freeze" and not as_json:
+        err.print(
+            f"pause tier (gVisor runtime): freeze; up to {frozen_bytes / 2**20:.0f} MiB of "
+            "paused actors stay frozen in memory (--frozen-memory), past it they are checkpointed"
+        )
     if daemon:
         if rootfs == "debian":  # a first build takes minutes: here, with progress, not detached
             prepare_rootfs()
@@ -293,6 +329,8 @@ async def _foreground(folder: Path, options: dict[str, Any], as_json: bool) -> N
         tls=options["tls"],
         auth=options["auth"],
         default_rootfs=options["rootfs"],
+        pause_tier=options["pause_tier"],
+        frozen_memory=options["frozen_memory"],
         allow_host_rootfs=options["allow_host_rootfs"],
     )
     backend.standalone = True
@@ -582,7 +620,7 @@ def demo(runtime: str, sandboxes: int, rootfs: str) -> None:
     type=click.IntRange(3, 1000),
     default=10,
     show_default=True,
-    help="Actors taken through create, pause, resume, suspend, resume.",
+    help="Actors taken through create, pause, resume, suspend, resume (and floor repetitions).",
 )
 @click.option(
     "--execs",
@@ -591,11 +629,21 @@ def demo(runtime: str, sandboxes: int, rootfs: str) -> None:
     show_default=True,
     help="Exec requests timed through the router and directly.",
 )
+@click.option(
+    "--pause-tier",
+    type=click.Choice(PAUSE_TIERS),
+    default="freeze",
+    show_default=True,
+    help="The backend's pause tier under gVisor (see `local up --pause-tier`).",
+)
 @rootfs_option
 @click.option("--json", "as_json", is_flag=True, help="Also print the figures as JSON.")
-def bench(runtime: str, iterations: int, execs: int, rootfs: str, as_json: bool) -> None:
-    """Time the actor lifecycle and the router on this machine (p50/p90, memory per actor)."""
-    from gym_substrate.local.tour import run_bench
+def bench(
+    runtime: str, iterations: int, execs: int, pause_tier: str, rootfs: str, as_json: bool
+) -> None:
+    """Time the actor lifecycle on this machine next to runsc's own floor (p50/p90, ratios,
+    memory per running and per paused actor)."""
+    from gym_substrate.local.lifecycle_bench import run_bench
 
     logging.basicConfig(level=logging.ERROR)
     try:
@@ -606,6 +654,7 @@ def bench(runtime: str, iterations: int, execs: int, rootfs: str, as_json: bool)
                 iterations=iterations,
                 execs=execs,
                 default_rootfs=rootfs,
+                pause_tier=pause_tier,
             )
         )
     except (BackendError, RuntimeFailure) as exc:

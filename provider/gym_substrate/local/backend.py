@@ -43,7 +43,12 @@ from gym_substrate.local.images import ImageCatalogue, ImageError
 from gym_substrate.local.metrics import Metrics
 from gym_substrate.local.resume_client import ResumeClient
 from gym_substrate.local.router import Router
-from gym_substrate.local.runtimes import RUNTIME_NAMES, create_runtime, select_runtime
+from gym_substrate.local.runtimes import (
+    PAUSE_TIERS,
+    RUNTIME_NAMES,
+    create_runtime,
+    select_runtime,
+)
 from gym_substrate.local.runtimes.base import RuntimeConfig, SandboxRuntime
 from gym_substrate.local.runtimes.process import bwrap_problem
 from gym_substrate.local.templates import default_template
@@ -146,6 +151,8 @@ class LocalBackend:
         auth: str = "mtls",
         default_rootfs: str = "debian",
         rootfs_dir: Path | None = None,
+        pause_tier: str = "freeze",
+        frozen_memory: int | None = None,
         allow_host_rootfs: bool = False,
     ) -> None:
         if default_rootfs not in DEFAULT_ROOTFS_CHOICES:
@@ -174,6 +181,12 @@ class LocalBackend:
             raise ValueError(f"parked_request_max must be >= 0, got {parked_request_max}")
         if parked_request_budget_s <= 0:
             raise ValueError(f"parked_request_budget_s must be > 0, got {parked_request_budget_s}")
+        if pause_tier not in PAUSE_TIERS:
+            raise ValueError(
+                f"unknown pause tier {pause_tier!r}: use one of {', '.join(PAUSE_TIERS)}"
+            )
+        if frozen_memory is not None and frozen_memory < 0:
+            raise ValueError(f"frozen_memory must be >= 0 bytes, got {frozen_memory}")
         if auth not in AUTH_MODES:
             raise ValueError(f"unknown auth mode {auth!r}: use one of {', '.join(AUTH_MODES)}")
         if auth == "jwt" and not tls:
@@ -192,6 +205,10 @@ class LocalBackend:
         self.parked_request_max = parked_request_max
         self.parked_request_budget_s = parked_request_budget_s
         self.suspend_on_stop = suspend_on_stop
+        # gVisor's PauseActor: "freeze" keeps paused sandboxes frozen in memory up to
+        # frozen_memory bytes of PSS (default: a quarter of the memory available at start)
+        self.pause_tier = pause_tier
+        self.frozen_memory = frozen_memory
         self.tls = bool(tls)
         self.auth = auth
         # "debian": the default template runs in the built rootfs (rootfs.py); "host": on `/`
@@ -312,7 +329,10 @@ class LocalBackend:
         store.set_meta("actors_per_worker", str(self.actors_per_worker))
         statedir.register(instance, self.state_dir.resolve(), name, slots)
         self._instance = instance
-        config = RuntimeConfig(self.state_dir / "runtime" / name, instance, slots)
+        extra = {"gvisor.pause_tier": self.pause_tier}
+        if self.frozen_memory is not None:
+            extra["gvisor.frozen_memory"] = str(self.frozen_memory)
+        config = RuntimeConfig(self.state_dir / "runtime" / name, instance, slots, extra)
         self.runtime = create_runtime(name, config)
         warning = self.runtime.warning()
         if warning:

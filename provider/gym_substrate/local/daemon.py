@@ -60,6 +60,8 @@ def spawn(
     tls: bool = False,
     auth: str = "mtls",
     rootfs: str = "debian",
+    pause_tier: str = "freeze",
+    frozen_memory: int | None = None,
     allow_host_rootfs: bool = False,
 ) -> subprocess.Popen[bytes]:
     """Start `local up` for ``folder`` detached, logging to `<folder>/backend.log`."""
@@ -70,8 +72,10 @@ def spawn(
         "--api-port", str(api_port), "--router-port", str(router_port),
         "--admin-port", str(admin_port), "--router-timeout", str(router_timeout),
         "--auth", auth, "--rootfs", rootfs, "--parked-requests", str(parked_requests),
-        "--resume-budget-s", str(resume_budget_s),
+        "--resume-budget-s", str(resume_budget_s), "--pause-tier", pause_tier,
     ]  # fmt: skip
+    if frozen_memory is not None:
+        argv += ["--frozen-memory", str(frozen_memory)]
     if actors_per_worker is not None:
         argv += ["--actors-per-worker", str(actors_per_worker)]
     argv += (["--suspend-on-stop"] if suspend_on_stop else []) + (["--tls"] if tls else [])

@@ -12,28 +12,24 @@ memory per running actor (bench).
 from __future__ import annotations
 
 import asyncio
-import statistics
 import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
 import grpc
 from rich.console import Console
-from rich.table import Table
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
 from gym_substrate.local.backend import LocalBackend
 from gym_substrate.local.templates import DEFAULT_TEMPLATE_ATESPACE, DEFAULT_TEMPLATE_NAME
 
-__all__ = ["TARGET_HEADER", "Session", "print_step", "run_bench", "run_demo", "state_name"]
+__all__ = ["TARGET_HEADER", "Session", "print_step", "run_demo", "state_name"]
 
 T = TypeVar("T")
 ATESPACE = "demo"
@@ -349,172 +345,3 @@ async def _tag_fork_revert(session: Session, actor_id: str, payload: bytes, note
     _, ms = await _timed(session.delete(fork, any_state=True))
     _, ms2 = await _timed(session.delete_tag(name))
     note(f"DeleteActor {fork} + DeleteTag", "gone (any_state: it was running)", ms + ms2)
-
-
-# ---------------------------------------------------------------------------------------- bench
-def time_execs(
-    router_url: str, target: str, direct_url: str, count: int
-) -> tuple[list[float], list[float]]:
-    """Exec latencies (ms) through the router and straight to the agent, interleaved."""
-
-    async def run() -> tuple[list[float], list[float]]:
-        via_router: list[float] = []
-        direct: list[float] = []
-        body = {"command": "true"}
-        async with aiohttp.ClientSession() as http:
-            for _ in range(count):
-                for url, headers, out in (
-                    (router_url, {TARGET_HEADER: target}, via_router),
-                    (direct_url, {}, direct),
-                ):
-                    started = time.perf_counter()
-                    async with http.post(
-                        f"{url}/v1/exec?wait=8", json=body, headers=headers
-                    ) as response:
-                        await response.read()
-                        if response.status != 200:
-                            raise RuntimeError(f"exec via {url} answered {response.status}")
-                    out.append((time.perf_counter() - started) * 1000)
-        return via_router, direct
-
-    return asyncio.run(run())
-
-
-@dataclass
-class Series:
-    name: str
-    values_ms: list[float] = field(default_factory=list)
-
-    def pct(self, q: float) -> float:
-        if not self.values_ms:
-            return float("nan")
-        ordered = sorted(self.values_ms)
-        index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-        return ordered[index]
-
-
-async def run_bench(
-    console: Console,
-    *,
-    runtime: str = "auto",
-    iterations: int = 10,
-    workers: int = 4,
-    execs: int = 200,
-    default_rootfs: str = "debian",
-) -> dict[str, Any]:
-    series = {
-        name: Series(name)
-        for name in (
-            "create+resume until the agent answers",
-            "exec via router (keep-alive)",
-            "exec direct to agent (baseline)",
-            "pause",
-            "resume from pause",
-            "pause + resume round trip",
-            "suspend",
-            "resume from suspend",
-        )
-    }
-    memory: list[int] = []
-    with tempfile.TemporaryDirectory(prefix="gym-substrate-bench-") as tmp:
-        async with LocalBackend(
-            Path(tmp), runtime=runtime, workers=workers, default_rootfs=default_rootfs
-        ) as backend:
-            console.print(f"runtime: [bold]{backend.runtime_name}[/] ({backend.runtime_reason})")
-            session = await Session.open(backend, atespace="bench")
-            try:
-                await session.golden_tag()  # actors start from it, as on a cluster
-                for index in range(iterations):
-                    actor_id = f"bench-{index}-{uuid.uuid4().hex[:6]}"
-                    started = time.perf_counter()
-                    await session.create(actor_id)
-                    await session.resume(actor_id)
-                    await session.exec(actor_id, "true")
-                    series["create+resume until the agent answers"].values_ms.append(
-                        (time.perf_counter() - started) * 1000
-                    )
-                    if index == 0:
-                        # the agent's own address: what the router dials (no public door says)
-                        assert backend.plane is not None
-                        record = backend.plane.lookup(session.atespace, actor_id)
-                        assert record is not None
-                        assert record.address
-                        address = record.address
-                        if ":" not in address:
-                            address += ":80"
-                        # timed from another process, as a provider would call, so the router
-                        # does not share an event loop with its own client
-                        with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
-                            router_ms, direct_ms = await asyncio.get_running_loop().run_in_executor(
-                                pool,
-                                time_execs,
-                                backend.router_url,
-                                f"{session.atespace}/{actor_id}",
-                                f"http://{address}",
-                                execs,
-                            )
-                        series["exec via router (keep-alive)"].values_ms += router_ms
-                        series["exec direct to agent (baseline)"].values_ms += direct_ms
-                    _, pause_ms = await _timed(session.pause(actor_id))
-                    started = time.perf_counter()
-                    await session.resume(actor_id)
-                    await session.exec(actor_id, "true")
-                    resume_ms = (time.perf_counter() - started) * 1000
-                    series["pause"].values_ms.append(pause_ms)
-                    series["resume from pause"].values_ms.append(resume_ms)
-                    series["pause + resume round trip"].values_ms.append(pause_ms + resume_ms)
-                    _, ms = await _timed(session.suspend(actor_id))
-                    series["suspend"].values_ms.append(ms)
-                    started = time.perf_counter()
-                    await session.resume(actor_id)
-                    await session.exec(actor_id, "true")
-                    series["resume from suspend"].values_ms.append(
-                        (time.perf_counter() - started) * 1000
-                    )
-                    if backend.runtime is not None and backend.plane is not None:
-                        record = backend.plane.lookup(session.atespace, actor_id)
-                        if record is not None and record.handle:
-                            used = await backend.runtime.memory_bytes(record.handle)
-                            if used:
-                                memory.append(used)
-                    await session.delete(actor_id, any_state=True)
-            finally:
-                await session.close()
-    table = Table(
-        title=f"local backend bench ({iterations} actors, runtime {backend.runtime_name})"
-    )
-    table.add_column("operation")
-    table.add_column("p50 ms", justify="right")
-    table.add_column("p90 ms", justify="right")
-    table.add_column("n", justify="right")
-    for item in series.values():
-        table.add_row(
-            item.name, f"{item.pct(0.5):.2f}", f"{item.pct(0.9):.2f}", str(len(item.values_ms))
-        )
-    mem_mib = statistics.median(memory) / 2**20 if memory else float("nan")
-    table.add_row(
-        "memory per running actor (PSS, median)", f"{mem_mib:.1f} MiB", "", str(len(memory))
-    )
-    console.print(table)
-    router = series["exec via router (keep-alive)"].pct(0.5)
-    direct = series["exec direct to agent (baseline)"].pct(0.5)
-    console.print(
-        f"router overhead vs direct (p50): {router - direct:+.2f} ms "
-        f"({router:.2f} vs {direct:.2f} ms, same run)"
-    )
-    create = series["create+resume until the agent answers"].pct(0.5)
-    round_trip = series["pause + resume round trip"].pct(0.5)
-    label = "targets" if backend.runtime_name == "gvisor" else "gVisor's targets, for comparison"
-    console.print(
-        f"{label}: create to ready <= 500 ms p50: {create:.0f} ms "
-        f"({'met' if create <= 500 else 'missed'}); pause+resume <= 500 ms p50: "
-        f"{round_trip:.0f} ms ({'met' if round_trip <= 500 else 'missed'})"
-    )
-    return {
-        "runtime": backend.runtime_name,
-        "series": {
-            s.name: {"p50_ms": s.pct(0.5), "p90_ms": s.pct(0.9), "n": len(s.values_ms)}
-            for s in series.values()
-        },
-        "memory_per_actor_bytes": statistics.median(memory) if memory else None,
-    }

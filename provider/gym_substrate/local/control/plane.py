@@ -126,6 +126,7 @@ class ControlPlane:
         await self.locks.drain()
         if suspend:
             await self.parking.suspend_all(timeout_s)
+        await self.runtime.park_paused()  # frozen sandboxes become images before they go
         await self.recovery.stop_all()
         await self.runtime.cleanup()
         await self.runtime.close()

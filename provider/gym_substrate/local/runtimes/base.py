@@ -47,7 +47,8 @@ Calls
     * ``start`` returns only once the template's wakeup probe answers 200 on ``address`` (or at
       once when it has none), or raises ``RuntimeFailure`` after ``timeout_s``, having killed
       what it started.
-    * ``checkpoint`` always ends with the sandbox no longer running and holding no slot resources;
+    * ``checkpoint`` always ends with the sandbox no longer running and holding no slot resources
+      (a LOCAL one may leave it stopped or frozen off its slot, as ``retained_handle``);
       on failure it raises ``RuntimeFailure`` (and the sandbox counts as lost: gVisor kills a
       sandbox whose checkpoint failed).
     * Idempotent: ``stop`` (an unknown or already-dead handle is fine), ``sweep``, ``cleanup``,
@@ -66,6 +67,7 @@ from typing import Literal, Protocol, runtime_checkable
 __all__ = [
     "ActorSpec",
     "CheckpointResult",
+    "NothingToPark",
     "Rootfs",
     "RuntimeConfig",
     "RuntimeFailure",
@@ -96,6 +98,14 @@ def pss_bytes(pids: Iterable[int]) -> int:
                 total += int(line.split()[1]) * 1024
                 break
     return total
+
+
+class NothingToPark:
+    """``park_paused`` for a runtime whose pauses leave nothing that must become an image (the
+    process runtime: a paused agent's files are on disk, its stopped process ends at down)."""
+
+    async def park_paused(self) -> None:
+        return None
 
 
 class RuntimeFailure(Exception):
@@ -284,6 +294,12 @@ class SandboxRuntime(Protocol):
 
     async def memory_bytes(self, handle: str) -> int | None:
         """Memory the running sandbox uses (PSS/RSS summed), for `local bench`; None if unknown."""
+        ...
+
+    async def park_paused(self) -> None:
+        """`local down`, before sandboxes are stopped: make every PAUSED actor's LOCAL snapshot
+        outlive them (gVisor's frozen tier checkpoints its frozen sandboxes into their folders;
+        nothing to do where a pause already wrote an image)."""
         ...
 
     async def cleanup(self) -> list[str]:

@@ -45,10 +45,11 @@ from typing import Any
 
 import aiohttp
 
-from gym_substrate.local.runtimes import loopback
+from gym_substrate.local.runtimes import loopback, process_host
 from gym_substrate.local.runtimes.base import (
     ActorSpec,
     CheckpointResult,
+    NothingToPark,
     RuntimeConfig,
     RuntimeFailure,
     Slot,
@@ -97,7 +98,7 @@ class _PortTaken(RuntimeFailure):
     """Another process bound the probed port first; worth another try with a new port."""
 
 
-class ProcessRuntime:
+class ProcessRuntime(NothingToPark):
     name = "process"
     isolates = False  # even under bwrap: the host's network and this user's uid are shared
     memory_survives_suspend = False
@@ -126,54 +127,11 @@ class ProcessRuntime:
         self.nets = ActorNets(config.instance, self.root) if self.netns_problem is None else None
 
     def warning(self) -> str | None:
-        memory = (
-            "their memory does not survive suspend (only the files in their working folder "
-            "and /tmp do)"
-        )
-        ports = (
-            ""
-            if self.port80_problem is None
-            else (
-                f" Their agents cannot listen on port 80 ({self.port80_problem}): each listens "
-                "on a free port of its worker's loopback address and ateom_pod_ip reads "
-                "<ip>:<port> instead of a bare IP as on a real cluster (the local router "
-                "follows it; code that dials <ip>:80 itself does not). Run as root for port 80."
-            )
-        )
-        if self.nets is not None:
-            network = (
-                "each has a network namespace of its own (no route off this machine; the API, "
-                "the router, the admin listener, host services and other actors are out of "
-                "reach"
-                + (
-                    ""
-                    if shutil.which("nft") is not None
-                    else ", but for host services on all interfaces: apt-get install nftables"
-                )
-                + ")"
-            )
-        else:
-            network = (
-                f"they share this machine's network ({self.netns_problem}: run as root for a "
-                "network namespace per actor), so they can reach the API, the router, the "
-                "admin listener and other actors' agents on loopback"
-            )
-        if self.bwrap_problem is None:
-            return (
-                "the process runtime runs actors under bubblewrap: read-only host filesystem "
-                "but for their working folder and a private /tmp, own pid/uts/ipc namespaces, "
-                f"no capabilities but switching users and binding port 80; {network}; they "
-                f"run as this user, and {memory}. Install runsc and run as root for gVisor "
-                "sandboxes." + ports
-            )
-        return (
-            f"NO ISOLATION: bubblewrap cannot run here ({self.bwrap_problem}), so the process "
-            "runtime runs actors as ordinary processes of this user with "
-            f"this user's full rights on this machine: model-written code can read, change and "
-            f"delete anything this user can, and /tmp is the host's (TMPDIR points to a folder "
-            f"of their own); {network}. Their {memory.removeprefix('their ')}. Install "
-            "bubblewrap (apt-get install bubblewrap) or runsc before running untrusted code."
-            + ports
+        return process_host.warning(
+            port80_problem=self.port80_problem,
+            own_network=self.nets is not None,
+            netns_problem=self.netns_problem,
+            bwrap_problem=self.bwrap_problem,
         )
 
     # ------------------------------------------------------------------ addresses

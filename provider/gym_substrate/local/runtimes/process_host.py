@@ -37,6 +37,7 @@ __all__ = [
     "sandboxed_argv",
     "signal_all",
     "tail",
+    "warning",
     "write_new",
 ]
 
@@ -315,3 +316,60 @@ def write_new(path: Path, body: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "xb") as fh:
         fh.write(body)
+
+
+def warning(
+    *,
+    port80_problem: str | None,
+    own_network: bool,
+    netns_problem: str | None,
+    bwrap_problem: str | None,
+) -> str:
+    """What `local up` prints about the process runtime's isolation, from what works here."""
+    memory = (
+        "their memory does not survive suspend (only the files in their working folder and /tmp do)"
+    )
+    ports = (
+        ""
+        if port80_problem is None
+        else (
+            f" Their agents cannot listen on port 80 ({port80_problem}): each listens "
+            "on a free port of its worker's loopback address and ateom_pod_ip reads "
+            "<ip>:<port> instead of a bare IP as on a real cluster (the local router "
+            "follows it; code that dials <ip>:80 itself does not). Run as root for port 80."
+        )
+    )
+    if own_network:
+        network = (
+            "each has a network namespace of its own (no route off this machine; the API, "
+            "the router, the admin listener, host services and other actors are out of "
+            "reach"
+            + (
+                ""
+                if shutil.which("nft") is not None
+                else ", but for host services on all interfaces: apt-get install nftables"
+            )
+            + ")"
+        )
+    else:
+        network = (
+            f"they share this machine's network ({netns_problem}: run as root for a "
+            "network namespace per actor), so they can reach the API, the router, the "
+            "admin listener and other actors' agents on loopback"
+        )
+    if bwrap_problem is None:
+        return (
+            "the process runtime runs actors under bubblewrap: read-only host filesystem "
+            "but for their working folder and a private /tmp, own pid/uts/ipc namespaces, "
+            f"no capabilities but switching users and binding port 80; {network}; they "
+            f"run as this user, and {memory}. Install runsc and run as root for gVisor "
+            "sandboxes." + ports
+        )
+    return (
+        f"NO ISOLATION: bubblewrap cannot run here ({bwrap_problem}), so the process "
+        "runtime runs actors as ordinary processes of this user with "
+        f"this user's full rights on this machine: model-written code can read, change and "
+        f"delete anything this user can, and /tmp is the host's (TMPDIR points to a folder "
+        f"of their own); {network}. Their {memory.removeprefix('their ')}. Install "
+        "bubblewrap (apt-get install bubblewrap) or runsc before running untrusted code." + ports
+    )

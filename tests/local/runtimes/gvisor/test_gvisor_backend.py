@@ -38,6 +38,20 @@ def runtime_name() -> str:
     return "gvisor"
 
 
+# PauseActor's tiers: a checkpoint, a frozen sandbox, and a frozen one checkpointed at once
+# because its memory budget is 0 (eviction to the checkpoint tier).
+TIERS = {
+    "checkpoint": {"pause_tier": "checkpoint"},
+    "freeze": {"pause_tier": "freeze", "frozen_memory": 4 * 2**30},
+    "freeze-evicted": {"pause_tier": "freeze", "frozen_memory": 0},
+}
+
+
+@pytest.fixture(params=list(TIERS))
+def backend_options(request: pytest.FixtureRequest) -> dict[str, Any]:
+    return {"workers": 2, **TIERS[request.param]}
+
+
 async def _agent(
     http: aiohttp.ClientSession,
     backend: LocalBackend,

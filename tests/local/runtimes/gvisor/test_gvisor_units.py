@@ -9,6 +9,7 @@ import pytest
 
 from gym_substrate.local.runtimes.base import RuntimeConfig
 from gym_substrate.local.runtimes.gvisor.bundle import masks_for, write_actor_id, write_bundle
+from gym_substrate.local.runtimes.gvisor.freezer import FreezeTier, parse_frozen_memory
 from gym_substrate.local.runtimes.gvisor.net import NetError, host_if_name, netns_name
 from gym_substrate.local.runtimes.gvisor.runsc import check_container_id
 
@@ -86,3 +87,66 @@ def test_runtime_rejects_bad_config(tmp_path: Path) -> None:
         GvisorRuntime(RuntimeConfig(tmp_path, "Bad-Prefix", 1))
     with pytest.raises(ValueError, match="compression"):
         GvisorRuntime(RuntimeConfig(tmp_path, "gt1", 1, {"gvisor.compression": "zip"}))
+
+
+def test_frozen_memory_sizes_are_parsed_and_bad_ones_named() -> None:
+    assert parse_frozen_memory("512M") == 512 * 2**20
+    assert parse_frozen_memory("2GiB") == 2 * 2**30
+    assert parse_frozen_memory("1048576") == 2**20
+    assert parse_frozen_memory("0") == 0
+    for bad in ("-1G", "lots", "", "nanM"):
+        with pytest.raises(ValueError, match="is not a size"):
+            parse_frozen_memory(bad)
+
+
+def test_a_bad_pause_tier_or_freezer_is_named() -> None:
+    with pytest.raises(ValueError, match="gvisor.pause_tier 'sleep' is not one of"):
+        FreezeTier(None, {"gvisor.pause_tier": "sleep"})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="gvisor.freezer 'ice' is not one of"):
+        FreezeTier(None, {"gvisor.freezer": "ice"})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="is not a size"):
+        FreezeTier(None, {"gvisor.frozen_memory": "a lot"})  # type: ignore[arg-type]
+
+
+def test_up_names_a_bad_frozen_memory_before_starting(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from gym_substrate.cli.local import local
+
+    result = CliRunner().invoke(
+        local, ["up", "--state-dir", str(tmp_path / "state"), "--frozen-memory", "lots"]
+    )
+    assert result.exit_code != 0
+    assert "--frozen-memory: frozen memory 'lots' is not a size" in result.output
+    assert not (tmp_path / "state").exists()  # refused before anything was made
+
+
+def test_a_freeze_that_does_not_settle_is_thawed_and_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cgroup v1 stays FREEZING while a task cannot be frozen (seen once in 60 runs under load):
+    each attempt that does not settle is thawed before the next, and the last leaves it thawed."""
+    from gym_substrate.local.runtimes.gvisor import cgfreeze
+
+    monkeypatch.setattr(cgfreeze, "_FREEZE_SETTLE_S", 0.01)
+    knob = tmp_path / "freezer.state"
+    reads: list[str] = []
+    settles_after = {"thaws": 2}
+
+    class Stubborn(cgfreeze.CgroupFreezer):
+        def frozen(self) -> bool:
+            state = self.knob.read_text().strip()
+            reads.append(state)
+            return state == "FROZEN" and reads.count("THAWED") >= settles_after["thaws"]
+
+    knob.write_text("THAWED")
+    Stubborn(1, tmp_path).freeze()  # settles on the third attempt
+    assert knob.read_text() == "FROZEN"
+    assert reads.count("THAWED") == 2
+
+    reads.clear()
+    settles_after["thaws"] = 99  # never settles
+    with pytest.raises(cgfreeze.FreezeError, match="did not become FROZEN"):
+        Stubborn(1, tmp_path).freeze()
+    assert knob.read_text() == "THAWED"  # not left half frozen
+    assert reads.count("THAWED") == 4

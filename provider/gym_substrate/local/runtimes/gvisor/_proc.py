@@ -16,7 +16,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CommandError", "CommandResult", "run_command", "tail"]
+__all__ = [
+    "CommandError",
+    "CommandResult",
+    "pid_running",
+    "run_command",
+    "tail",
+    "wait_pid_exit",
+]
 
 log = logging.getLogger(__name__)
 
@@ -113,3 +120,41 @@ async def run_command(
             result,
         )
     return result
+
+
+def pid_running(pid: int, cid: str | None = None) -> bool:
+    """``pid`` exists and is no zombie (and, given ``cid``, is that container's sandbox)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if cid is not None and f"/{cid}".encode() not in Path(f"/proc/{pid}/cmdline").read_bytes():
+            return False  # the pid was reused by an unrelated process
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2 :][:1] not in {"Z", "X", ""}
+
+
+async def wait_pid_exit(pid: int, *, timeout_s: float) -> bool:
+    """Wait until ``pid`` (not necessarily our child) has exited; False on timeout."""
+    if pid <= 0:
+        return True
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    loop = asyncio.get_running_loop()
+    exited: asyncio.Future[None] = loop.create_future()
+
+    def on_exit() -> None:
+        if not exited.done():
+            exited.set_result(None)
+
+    loop.add_reader(fd, on_exit)
+    try:
+        async with asyncio.timeout(timeout_s):
+            await exited
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)

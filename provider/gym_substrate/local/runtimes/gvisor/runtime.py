@@ -39,10 +39,11 @@ from gym_substrate.local.runtimes.base import (
     TemplateSpec,
     pss_bytes,
 )
-from gym_substrate.local.runtimes.gvisor import host, net
-from gym_substrate.local.runtimes.gvisor._proc import run_command
+from gym_substrate.local.runtimes.gvisor import cgfreeze, host, net
+from gym_substrate.local.runtimes.gvisor._proc import pid_running, run_command, wait_pid_exit
 from gym_substrate.local.runtimes.gvisor.bundle import masks_for, write_actor_id, write_bundle
-from gym_substrate.local.runtimes.gvisor.runsc import Runsc, RunscError
+from gym_substrate.local.runtimes.gvisor.freezer import FROZEN_MARKER, FreezeTier
+from gym_substrate.local.runtimes.gvisor.runsc import ContainerState, Runsc, RunscError
 
 __all__ = ["AGENT_PORT", "GvisorRuntime", "http_status"]
 
@@ -100,44 +101,6 @@ def _move_tree(source: Path, dest: Path) -> None:
         shutil.rmtree(source, ignore_errors=True)
 
 
-def _pid_running(pid: int, cid: str | None = None) -> bool:
-    """``pid`` exists and is no zombie (and, given ``cid``, is that container's sandbox)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        if cid is not None and f"/{cid}".encode() not in Path(f"/proc/{pid}/cmdline").read_bytes():
-            return False  # the pid was reused by an unrelated process
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2 :][:1] not in {"Z", "X", ""}
-
-
-async def wait_pid_exit(pid: int, *, timeout_s: float) -> bool:
-    """Wait until ``pid`` (not necessarily our child) has exited; False on timeout."""
-    if pid <= 0:
-        return True
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    loop = asyncio.get_running_loop()
-    exited: asyncio.Future[None] = loop.create_future()
-
-    def on_exit() -> None:
-        if not exited.done():
-            exited.set_result(None)
-
-    loop.add_reader(fd, on_exit)
-    try:
-        async with asyncio.timeout(timeout_s):
-            await exited
-        return True
-    except TimeoutError:
-        return False
-    finally:
-        loop.remove_reader(fd)
-        os.close(fd)
-
-
 @dataclass
 class _Sandbox:
     cid: str
@@ -173,12 +136,15 @@ class GvisorRuntime:
         self.compression = compression
         self.runsc = Runsc(self.dir / "runsc", platform=config.extra.get("gvisor.platform"))
         self._nets: dict[int, net.SlotNet] = {}
+        self._worker_ips: dict[int, str] = {}  # a slot's address at open: its pod IP
         self._sandboxes: dict[str, _Sandbox] = {}
         self._drains: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
         self._opened = False
         # False: nft is missing, so sandboxes can reach host services (see warning()).
         self._firewall: bool | None = None if shutil.which("nft") else False
+        # PauseActor's frozen tier (freezer.py): off unless gvisor.pause_tier is "freeze"
+        self.tier = FreezeTier(self, config.extra)
 
     # -- paths -------------------------------------------------------------------------------
     @property
@@ -209,13 +175,17 @@ class GvisorRuntime:
             self.dir.mkdir(parents=True, exist_ok=True)
             self.sandboxes_dir.mkdir(exist_ok=True)
             self._firewall = await asyncio.to_thread(net.install_firewall, self.instance)
+            self.tier.load()
             for index in range(self.config.workers):
                 self._nets[index] = await asyncio.to_thread(
-                    net.setup_slot_net, self.instance, index
+                    net.setup_slot_net, self.instance, self.tier.unit_of(index)
                 )
+                self._worker_ips[index] = self._nets[index].sandbox_ip
             self._opened = True
+            await self.tier.open()
 
     async def close(self) -> None:
+        await self.tier.close()
         await self._await_drains()
         self._opened = False
 
@@ -226,8 +196,10 @@ class GvisorRuntime:
         self._drains.clear()
 
     def worker_ip(self, slot: Slot) -> str:
-        """The slot's veth address: the router dials it on port 80, as a pod IP."""
-        return self._net(slot).sandbox_ip
+        """The slot's veth address when the runtime opened, as a pod IP (stable while frozen
+        sandboxes take their namespaces along and the slot gets another)."""
+        known = self._worker_ips.get(slot.index)
+        return known if known is not None else self._net(slot).sandbox_ip
 
     def _net(self, slot: Slot) -> net.SlotNet:
         if not self._opened:
@@ -298,21 +270,20 @@ class GvisorRuntime:
         *,
         timeout_s: float,
     ) -> StartedSandbox:
+        await self.tier.slot_ready(slot.index)
         net_ = self._net(slot)
         deadline = time.monotonic() + timeout_s
+        if source is not None and source.kind is SnapshotKind.LOCAL:
+            thawed = await self._thaw(actor, slot, source.path, deadline)
+            if thawed is not None:
+                return thawed
+            net_ = self._net(slot)
         if source is not None and not (source.path / "checkpoint.img").is_file():
             raise RuntimeFailure(
                 f"snapshot {source.path} has no checkpoint.img: it was removed or never "
                 "completed; resume with boot=true to cold-boot instead"
             )
-        for other in list(self._sandboxes.values()):
-            pids = self.runsc.pids(other.cid) if other.slot == slot.index else None
-            if pids is not None and _pid_running(pids[0], other.cid):
-                # Two sandboxes in one netns would fight over its veth: refuse loudly.
-                raise RuntimeFailure(
-                    f"slot {slot.index} still runs sandbox {other.cid} ({other.actor_key}); "
-                    "checkpoint or stop it before starting another actor there"
-                )
+        self._refuse_busy_slot(slot)
         cid = self._new_cid(f"{actor.atespace}-{actor.actor_id}")
         sandbox = await asyncio.to_thread(self._prepare_dir, actor, slot.index, cid)
         self._sandboxes[cid] = sandbox
@@ -343,6 +314,41 @@ class GvisorRuntime:
             handle=cid, address=net_.sandbox_ip, memory_restored=source is not None
         )
 
+    async def _thaw(
+        self, actor: ActorSpec, slot: Slot, folder: Path, deadline: float
+    ) -> StartedSandbox | None:
+        """The frozen tier's resume, when ``folder`` names a frozen sandbox."""
+        if not await asyncio.to_thread((folder / FROZEN_MARKER).is_file):
+            return None
+        self._refuse_busy_slot(slot)
+        return await self.tier.thaw(actor, slot, folder, deadline)
+
+    def _refuse_busy_slot(self, slot: Slot) -> None:
+        for other in list(self._sandboxes.values()):
+            pids = self.runsc.pids(other.cid) if other.slot == slot.index else None
+            if pids is not None and pid_running(pids[0], other.cid):
+                # Two sandboxes in one netns would fight over its veth: refuse loudly.
+                raise RuntimeFailure(
+                    f"slot {slot.index} still runs sandbox {other.cid} ({other.actor_key}); "
+                    "checkpoint or stop it before starting another actor there"
+                )
+
+    def _set_sandbox_slot(self, cid: str, slot: int | None) -> None:
+        """A sandbox froze off its slot (None) or thawed onto one: keep meta.json in step."""
+        sandbox = self._sandboxes.get(cid) or self._load_sandbox(cid)
+        if sandbox is None:
+            return
+        sandbox.slot = -1 if slot is None else slot
+        meta_path = sandbox.directory / "meta.json"
+        with contextlib.suppress(OSError, ValueError):
+            meta = json.loads(meta_path.read_text())
+            meta["slot"] = sandbox.slot
+            meta_path.write_text(json.dumps(meta))
+
+    async def park_paused(self) -> None:
+        """`local down`: checkpoint every frozen sandbox into its own snapshot folder."""
+        await self.tier.park_all()
+
     async def _wait_ready(
         self, template: TemplateSpec, net_: net.SlotNet, cid: str, deadline: float
     ) -> None:
@@ -365,7 +371,7 @@ class GvisorRuntime:
             if now - last_check > 0.5:  # a crashed agent: stop waiting early
                 last_check = now
                 pids = self.runsc.pids(cid)
-                if pids is None or not _pid_running(pids[0], cid):
+                if pids is None or not pid_running(pids[0], cid):
                     raise RuntimeFailure(
                         "the sandbox exited before it became ready" + self._console_tail(cid)
                     )
@@ -386,11 +392,13 @@ class GvisorRuntime:
     ) -> CheckpointResult:
         sandbox = self._sandboxes.get(handle) or self._load_sandbox(handle)
         pids = self.runsc.pids(handle)
-        if sandbox is None or pids is None or not _pid_running(pids[0], handle):
+        if sandbox is None or pids is None or not pid_running(pids[0], handle):
             raise RuntimeFailure(
                 f"sandbox {handle} of {actor.key} is not running", sandbox_lost=True
             )
         sandbox_pid = pids[0]
+        if kind is SnapshotKind.LOCAL and self.tier.enabled:
+            return await self.tier.freeze(actor, handle, sandbox.slot, sandbox_pid, dest)
         await asyncio.to_thread(dest.mkdir, parents=True, exist_ok=True)
         await self._abort_host_connections(sandbox.slot)
         try:
@@ -418,7 +426,7 @@ class GvisorRuntime:
         sentry stops itself a moment later, so it is removed at once and reported lost."""
         detail = f"{exc}" + (f" ({exc.output})" if exc.output else "")
         saving = "checkpointing container" in detail
-        if not saving and _pid_running(sandbox_pid, handle):
+        if not saving and pid_running(sandbox_pid, handle):
             return RuntimeFailure(
                 f"checkpoint of {actor.key} failed; its sandbox still runs: {detail}",
                 sandbox_lost=False,
@@ -491,21 +499,30 @@ class GvisorRuntime:
         self, actor: ActorSpec, local: SnapshotRef, retained_handle: str, dest: Path
     ) -> CheckpointResult:
         """A paused actor's node-local checkpoint becomes its durable one: the same image files
-        (moved when the folders share a file system, copied otherwise)."""
-        await asyncio.to_thread(_move_tree, local.path, dest)
+        (moved when the folders share a file system, copied otherwise). A frozen sandbox is
+        checkpointed straight into ``dest`` instead."""
+        if await asyncio.to_thread((local.path / FROZEN_MARKER).is_file):
+            cid = self.tier.claims(local.path)
+            if cid is None or await self.tier.evict(cid, reason="suspend", dest=dest) is None:
+                if not (local.path / "checkpoint.img").is_file():
+                    raise RuntimeFailure(f"the frozen sandbox of {actor.key} is gone")
+                await asyncio.to_thread(_move_tree, local.path, dest)
+        else:
+            await asyncio.to_thread(_move_tree, local.path, dest)
         files = await asyncio.to_thread(_image_files, dest)
         return CheckpointResult(
             snapshot=SnapshotRef(SnapshotKind.EXTERNAL, dest), files=files, memory_kept=True
         )
 
     async def stop(self, handle: str) -> None:
+        await self.tier.forget(handle)
         await self._discard(handle)
 
     async def is_alive(self, handle: str) -> bool:
         # runsc says "running" for as long as the exited sandbox is an unreaped zombie, so ask
         # the kernel about the sandbox process instead.
         pids = self.runsc.pids(handle)
-        return pids is not None and _pid_running(pids[0], handle)
+        return pids is not None and pid_running(pids[0], handle)
 
     async def adopt(
         self, actor: ActorSpec, slot: Slot, handle: str, address: str
@@ -547,12 +564,18 @@ class GvisorRuntime:
                 return sandbox.cid
         return None
 
+    async def _containers(self) -> list[ContainerState]:
+        return await self.tier.containers()
+
     async def sweep(self, keep: Collection[str]) -> list[str]:
         await self._await_drains()
         described = []
-        for state in await self.runsc.list():
+        for state in await self._containers():
             if state.id in keep:
                 continue
+            await self.tier.forget(state.id)
+            if state.status == "paused":  # frozen by a run whose records are gone
+                await asyncio.to_thread(cgfreeze.thaw_instance_cgroups, self.instance)
             await self._discard(state.id)
             described.append(f"sandbox {state.id} ({state.status})")
         if self.sandboxes_dir.is_dir():
@@ -566,7 +589,7 @@ class GvisorRuntime:
         # an interrupted run left behind for this actor.
         if not self.sandboxes_dir.is_dir():
             return
-        live = {s.id for s in await self.runsc.list()}
+        live = {s.id for s in await self._containers()}
         for directory in list(self.sandboxes_dir.iterdir()):
             if directory.name in live:
                 continue
@@ -577,7 +600,7 @@ class GvisorRuntime:
 
     async def memory_bytes(self, handle: str) -> int | None:
         pids = self.runsc.pids(handle)
-        if pids is None or not _pid_running(pids[0], handle):
+        if pids is None or not pid_running(pids[0], handle):
             return None
         roots = {pid for pid in pids if pid > 0}
         return await asyncio.to_thread(lambda: pss_bytes(host.children_of(roots)))
@@ -585,16 +608,25 @@ class GvisorRuntime:
     # -- cleanup -------------------------------------------------------------------------------
     async def cleanup(self) -> list[str]:
         removed: list[str] = []
+        await self.tier.close()
         await self._await_drains()
+        if not self._opened:  # `local down` after a crash: what that run froze is on disk
+            self.tier.load()
+        await self.tier.park_all()  # paused actors keep their memory, as images
+        for cid in list(self.tier.frozen):
+            await self.tier.forget(cid)
+        # a frozen task cannot die: thaw what a crashed run left frozen, too
+        await asyncio.to_thread(cgfreeze.thaw_instance_cgroups, self.instance)
         states: list[str] = []
-        with contextlib.suppress(RunscError, ValueError):
-            states = [s.id for s in await self.runsc.list()]
+        with contextlib.suppress(RunscError, ValueError, OSError):
+            states = [s.id for s in await self._containers()]
         # Longer ids first: runsc matches ids by prefix.
         await asyncio.gather(*(self._discard(cid) for cid in sorted(states, reverse=True)))
         removed += [f"sandbox {cid}" for cid in states]
         removed += await asyncio.to_thread(self._cleanup_host)
         self._sandboxes.clear()
         self._nets.clear()
+        self._worker_ips.clear()
         self._opened = False
         return removed
 
@@ -621,8 +653,8 @@ class GvisorRuntime:
 
     async def leftovers(self) -> list[str]:
         found: list[str] = []
-        with contextlib.suppress(RunscError, ValueError):
-            found += [f"sandbox {s.id} ({s.status})" for s in await self.runsc.list()]
+        with contextlib.suppress(RunscError, ValueError, OSError):
+            found += [f"sandbox {s.id} ({s.status})" for s in await self._containers()]
 
         def scan() -> list[str]:
             items = [f"process {pid} {cmd}" for pid, cmd in host.find_processes(self.runsc.root)]

@@ -1,0 +1,37 @@
+"""`local bench --runtime gvisor` prints runsc's floor, then ours with each ratio to it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from gym_substrate.cli.local import local
+from gym_substrate.local.runtimes.gvisor.floor import FLOOR_OPERATIONS
+
+pytestmark = pytest.mark.runsc
+
+
+def test_bench_shows_the_floor_and_our_ratio_to_it() -> None:
+    result = CliRunner().invoke(
+        local,
+        ["bench", "--runtime", "gvisor", "--rootfs", "host", "--iterations", "3", "--execs",
+         "10", "--json"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "runsc's floor on this machine" in result.output
+    figures = json.loads(result.output[result.output.index('{\n  "runtime"') :])
+    assert figures["pause_tier"] == "freeze"
+    floor = figures["floor"]
+    for name in FLOOR_OPERATIONS:
+        assert floor[name]["n"] == 3, name
+        assert 0 < floor[name]["p50_ms"] <= floor[name]["p90_ms"], name
+    assert floor["memory running (PSS)"]["mib"] > 10
+    series = figures["series"]
+    for name in ("pause", "resume from pause", "suspend", "resume from suspend"):
+        row = series[name]
+        assert row["x_floor"] == pytest.approx(row["p50_ms"] / floor[row["floor"]]["p50_ms"])
+    assert series["pause"]["floor"] == "cgroup freeze"
+    # a frozen actor keeps its sandbox: its memory is measured while paused
+    assert figures["memory_mib"]["memory per paused actor (PSS, median)"] > 10
