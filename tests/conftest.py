@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from ci_policy import ON_CI as _ON_CI
+from fast_lane import FAST_MODULES
 
 
 def _runsc_problem() -> str | None:
@@ -65,6 +66,14 @@ _CHECKS = {
 
 
 _problems: dict[str, str | None] = {}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the fast lane's tests (`pytest -m fast`; the list is in fast_lane.py)."""
+    tests = Path(__file__).resolve().parent
+    for item in items:
+        if item.path.relative_to(tests).as_posix() in FAST_MODULES:
+            item.add_marker(pytest.mark.fast)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

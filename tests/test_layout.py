@@ -10,6 +10,9 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+from fast_lane import FAST_MODULES, HEAVY_MARKERS
+
 TESTS = Path(__file__).resolve().parent
 
 
@@ -44,3 +47,19 @@ def test_no_module_is_over_700_lines() -> None:
     assert len(sizes) > 100, "the walk found the sources"
     over = {name: lines for name, lines in sizes.items() if lines > 700}
     assert not over, f"split these by job: {over}"
+
+
+def test_the_fast_lane_lists_real_modules_without_heavy_markers() -> None:
+    """A renamed module silently leaves the lane, and a heavy one makes it slow: neither may."""
+    for name in sorted(FAST_MODULES):
+        path = TESTS / name
+        assert path.is_file(), f"tests/fast_lane.py lists {name}, which does not exist"
+        text = path.read_text()
+        heavy = [m for m in HEAVY_MARKERS if f"pytest.mark.{m}" in text]
+        assert not heavy, f"{name} is in the fast lane but marked {heavy}"
+
+
+def test_the_fast_lane_is_marked_on_collection(request: pytest.FixtureRequest) -> None:
+    """This module is in the lane: its tests carry the `fast` marker from conftest."""
+    assert "test_layout.py" in FAST_MODULES
+    assert request.node.get_closest_marker("fast") is not None

@@ -1,0 +1,38 @@
+"""The modules of the fast lane (`pytest -m fast`): units and seams on fakes, no sandbox.
+
+A module belongs here when its tests start no sandbox, no backend, no agent process and no
+container, touch no network (not even loopback), and wait on no real limit: they drive the code
+through in-memory fakes and injected clocks. The whole lane runs in under two minutes on a
+2-core machine, so a developer gets a trustworthy answer before the full suite's hour.
+`tests/test_layout.py` checks that none of them carries a marker of a heavy component.
+"""
+
+from __future__ import annotations
+
+FAST_MODULES = frozenset(
+    {
+        "agent/test_agent_layout.py",
+        "conformance/test_wire_tables.py",
+        "envs/test_observation.py",
+        "envs/test_rewards.py",
+        "envs/test_spaces.py",
+        "local/test_control_unit.py",
+        "provider/test_capacity.py",
+        "provider/test_crash.py",
+        "provider/test_seam.py",
+        "provider/test_snapshots.py",
+        "provider/test_sweep_order.py",
+        "provider/test_templates.py",
+        "provider/test_units.py",
+        "stack/test_config.py",
+        "stack/test_dashboard.py",
+        "stack/test_existing_config.py",
+        "stack/test_objects.py",
+        "stack/test_render.py",
+        "test_ateapi_stubs.py",
+        "test_layout.py",
+        "test_shellcheck.py",
+    }
+)
+# Markers that mean a real component: a module carrying one is not fast, whatever it claims.
+HEAVY_MARKERS = ("runsc", "docker", "rootfs", "gym", "pulumi_cli", "cluster", "slow")
