@@ -60,9 +60,10 @@ def test_bench_env_with_the_stack_down_says_why(tmp_path: Path) -> None:
     assert result.exit_code == 1, result.output
     assert isinstance(result.exception, SystemExit)
     assert "baseline: provider.exec, 1 sandbox failed" in result.output
-    # the provider's first call checks the template (GetActorTemplate), and says it was that
-    assert "could not check ActorTemplate default/sandbox" in result.output
-    assert "UNAVAILABLE" in result.output
+    # the provider's first call checks the template (GetActorTemplate), says it was that, and
+    # names the key to fix when nothing listens at the API address
+    assert "GetActorTemplate: UNAVAILABLE" in result.output
+    assert "fix connection.api" in result.output
 
 
 def test_bench_env_against_a_configured_stack(
