@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gym_substrate import AlreadyExistsError
 from gym_substrate.experiments._artifacts import write_csv, write_json
 from gym_substrate.experiments._backend import Target, merged_kwargs
 from gym_substrate.experiments._errors import ExperimentError
@@ -285,9 +286,10 @@ async def run_arm(
     async with instrumented_provider(kwargs, instrument) as provider:
         try:
             await provider.control.create_atespace(atespace)
-        except Exception as exc:  # ALREADY_EXISTS is success; the rest shows at create
-            if "ALREADY_EXISTS" not in str(exc):
-                raise ExperimentError(f"cannot reach the control plane: {exc}") from exc
+        except AlreadyExistsError:
+            pass  # an atespace from an earlier run is the one to use
+        except Exception as exc:
+            raise ExperimentError(f"cannot reach the control plane: {exc}") from exc
         baseline = await actor_names(provider, atespace)
         load_start = os.getloadavg()[0]
         started = time.monotonic()

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gym_substrate import AlreadyExistsError
 from gym_substrate.experiments._arm import CRASH_POLICIES, POLICIES, ArmConfig
 from gym_substrate.experiments._errors import ExperimentError
 from gym_substrate.experiments._gym_env import (
@@ -438,9 +439,10 @@ async def run_gym_arm(
         async with instrumented_provider(kwargs, Instrument()) as provider:
             try:
                 await provider.control.create_atespace(atespace)
-            except Exception as exc:  # ALREADY_EXISTS is success
-                if "ALREADY_EXISTS" not in str(exc):
-                    raise ExperimentError(f"cannot reach the control plane: {exc}") from exc
+            except AlreadyExistsError:
+                pass  # an atespace from an earlier run is the one to use
+            except Exception as exc:
+                raise ExperimentError(f"cannot reach the control plane: {exc}") from exc
             baseline = await actor_names(provider, atespace)
 
             def report(stage: str, elapsed: float, statuses: dict[str, int]) -> None:
