@@ -111,6 +111,8 @@ async def settle_stopped_backend(state_dir: Path, *, suspend: bool) -> tuple[lis
             actors_per_worker=per_worker,
             metrics=Metrics(),
             images=_images(state_dir),
+            # what the dead backend's operator allowed, so its host-rootfs actors are adopted
+            allow_host_rootfs=bool(statedir.last_backend_info(state_dir).get("allow_host_rootfs")),
         )
         plane.state.load()
         plane.pool.load()
@@ -122,6 +124,7 @@ async def settle_stopped_backend(state_dir: Path, *, suspend: bool) -> tuple[lis
         await plane.locks.drain()
         if suspend:
             await plane.parking.suspend_all(120.0)
+        await runtime.park_paused()  # frozen sandboxes become images before they go
         await plane.recovery.stop_all()
         removed = await runtime.cleanup()
         await runtime.close()

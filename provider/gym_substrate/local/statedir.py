@@ -48,6 +48,7 @@ __all__ = [
     "new_admin_token",
     "purge_state_dir",
     "read_admin_token",
+    "last_backend_info",
     "read_backend_info",
     "register",
     "registry_dir",
@@ -156,6 +157,16 @@ def read_admin_token(state_dir: Path) -> str:
     if not token:
         raise BackendError(f"{path} is empty: restart the backend to write a new admin token")
     return token
+
+
+def last_backend_info(state_dir: Path) -> dict[str, Any]:
+    """What the last backend of ``state_dir`` wrote to `backend.json`, running or not ({} if
+    none): how a dead one was started, for whoever finishes its work."""
+    try:
+        info = json.loads((state_dir / "backend.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
 
 
 def read_backend_info(state_dir: Path) -> dict[str, Any] | None:

@@ -46,6 +46,7 @@ from gym_substrate.local.runtimes.base import (
 from gym_substrate.local.runtimes.gvisor import cgfreeze, host, net
 from gym_substrate.local.runtimes.gvisor._proc import run_command
 from gym_substrate.local.runtimes.gvisor.runsc import ContainerState, RunscError
+from gym_substrate.local.snapshots import PARTIAL_SUFFIX
 
 if TYPE_CHECKING:
     from gym_substrate.local.runtimes.gvisor.runtime import GvisorRuntime
@@ -313,7 +314,10 @@ class FreezeTier:
                 await self._set_frozen(cid, pid, False, method)
             raise RuntimeFailure(f"freezing {actor.key} failed: {exc}") from None
         unit = self.unit_of(slot)
-        entry = _Frozen(cid, actor.key, unit, str(dest), time.time(), method)
+        # recorded under the name it is committed to: PauseActor writes into `<dest>.partial`
+        # and renames it once this returns (snapshots.commit_snapshot)
+        final = str(dest).removesuffix(PARTIAL_SUFFIX)
+        entry = _Frozen(cid, actor.key, unit, final, time.time(), method)
         entry.slotnet = self.rt._nets.get(slot)
         body = json.dumps({"sandbox": cid, "actor": actor.key}).encode()
         await asyncio.to_thread((dest / FROZEN_MARKER).write_bytes, body)
@@ -424,7 +428,7 @@ class FreezeTier:
         async with entry.lock:
             if cid not in self.frozen:
                 return None
-            target = dest or Path(entry.dest)
+            target = dest or _folder(entry)
             started = time.perf_counter()
             pids = self.rt.runsc.pids(cid)
             try:
@@ -444,7 +448,7 @@ class FreezeTier:
                 await self._end(entry)
                 raise RuntimeFailure(f"checkpointing frozen {entry.actor} failed: {exc}") from None
             with contextlib.suppress(OSError):
-                await asyncio.to_thread((Path(entry.dest) / FROZEN_MARKER).unlink)
+                await asyncio.to_thread((_folder(entry) / FROZEN_MARKER).unlink)
             self.evictions += 1
             log.info(
                 "checkpointed frozen %s (%s) in %.0f ms",
@@ -477,7 +481,7 @@ class FreezeTier:
 
     def _mark_lost(self, entry: _Frozen, why: str) -> None:
         with contextlib.suppress(OSError):
-            (Path(entry.dest) / FROZEN_MARKER).write_text(
+            (_folder(entry) / FROZEN_MARKER).write_text(
                 json.dumps({"sandbox": entry.cid, "actor": entry.actor, "lost": why})
             )
 
@@ -511,3 +515,11 @@ class FreezeTier:
         for cid, result in zip(cids, results, strict=True):
             if isinstance(result, BaseException):
                 log.warning("frozen sandbox %s could not be checkpointed: %s", cid, result)
+
+
+def _folder(entry: _Frozen) -> Path:
+    """The frozen actor's snapshot folder: its committed name, or still `.partial` when the
+    pause that froze it has not been committed yet."""
+    final = Path(entry.dest)
+    partial = final.with_name(final.name + PARTIAL_SUFFIX)
+    return partial if not final.is_dir() and partial.is_dir() else final
