@@ -46,7 +46,14 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 @pytest.fixture
 async def small_backend(small_disk: Path) -> AsyncIterator[LocalBackend]:
-    options: dict[str, Any] = {"default_rootfs": "host", "actors_per_worker": 1, "workers": 2}
+    # the checkpoint tier: these tests are about a checkpoint meeting a full disk (a frozen
+    # pause writes no image; its eviction to one is test_gvisor_freeze.py's)
+    options: dict[str, Any] = {
+        "default_rootfs": "host",
+        "actors_per_worker": 1,
+        "workers": 2,
+        "pause_tier": "checkpoint",
+    }
     async with LocalBackend(small_disk, runtime="gvisor", **options) as started:
         await settle_golden(started)
         yield started

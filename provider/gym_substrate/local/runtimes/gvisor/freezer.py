@@ -428,6 +428,8 @@ class FreezeTier:
         async with entry.lock:
             if cid not in self.frozen:
                 return None
+            if dest is None:
+                await _committed(entry)
             target = dest or _folder(entry)
             started = time.perf_counter()
             pids = self.rt.runsc.pids(cid)
@@ -523,3 +525,14 @@ def _folder(entry: _Frozen) -> Path:
     final = Path(entry.dest)
     partial = final.with_name(final.name + PARTIAL_SUFFIX)
     return partial if not final.is_dir() and partial.is_dir() else final
+
+
+async def _committed(entry: _Frozen, timeout_s: float = 10.0) -> None:
+    """Wait until the pause that froze ``entry`` has renamed its `.partial` folder (it does
+    so as soon as the freeze returns), so an image is never written into a folder that is
+    being renamed; a pause that never commits (its backend died) is left to the restart."""
+    final = Path(entry.dest)
+    for _ in range(int(timeout_s / 0.01)):  # a rename by another task: no event to wait on
+        if await asyncio.to_thread(final.is_dir):
+            return
+        await asyncio.sleep(0.01)
