@@ -38,6 +38,7 @@ from gym_substrate.local.control.records import (
     Storage,
 )
 from gym_substrate.local.runtimes.base import (
+    RETAINED_MARKERS,
     CheckpointResult,
     RuntimeFailure,
     Slot,
@@ -68,12 +69,16 @@ def _pending(record: ActorRecord) -> tuple[SnapshotRecord, Storage] | None:
 
 
 def _left_alive(dest: Path, handle: str) -> bool:
-    """The committed image says its sandbox was kept alive (the process runtime's pause)."""
-    try:
-        manifest = json.loads((dest / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return bool(handle) and isinstance(manifest, dict) and manifest.get("handle") == handle
+    """The committed folder says its sandbox was kept alive (the process runtime's stopped
+    pause, the gVisor freeze tier's frozen one)."""
+    for name, key in RETAINED_MARKERS:
+        try:
+            marker = json.loads((dest / name).read_text())
+        except (OSError, ValueError):
+            continue
+        if bool(handle) and isinstance(marker, dict) and marker.get(key) == handle:
+            return True
+    return False
 
 
 class Interrupted:

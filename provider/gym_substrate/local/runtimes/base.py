@@ -68,6 +68,7 @@ __all__ = [
     "ActorSpec",
     "CheckpointResult",
     "NothingToPark",
+    "RETAINED_MARKERS",
     "Rootfs",
     "RuntimeConfig",
     "RuntimeFailure",
@@ -114,6 +115,11 @@ class RuntimeFailure(Exception):
     def __init__(self, message: str, *, sandbox_lost: bool = False) -> None:
         super().__init__(message)
         self.sandbox_lost = sandbox_lost
+
+
+# A LOCAL snapshot folder whose sandbox a runtime keeps alive names that sandbox, so a restart
+# that finds the folder committed but not yet recorded keeps the sandbox: (file, key) pairs.
+RETAINED_MARKERS = (("manifest.json", "handle"), ("frozen.json", "sandbox"))
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FROZEN_MARKER = "frozen.json"
+FROZEN_MARKER = "frozen.json"  # one of base.RETAINED_MARKERS
 PAUSE_TIERS = ("checkpoint", "freeze")
 FREEZERS = ("auto", "cgroup", "runsc")
 _STATE_FILE = "frozen.json"
