@@ -47,7 +47,7 @@ async def backend(
     # actor per worker unless a test asks for more, so "no free worker" is easy to reach.
     options = {"default_rootfs": "host", "actors_per_worker": 1, **backend_options}
     # gVisor's PauseActor tier: LB_PAUSE_TIER=checkpoint runs a suite on the checkpoint tier
-    options.setdefault("pause_tier", os.environ.get("LB_PAUSE_TIER", "freeze"))
+    options.setdefault("pause_tier", os.environ.get("LB_PAUSE_TIER", "checkpoint"))
     async with LocalBackend(state, runtime=runtime_name, **options) as started:
         await settle_golden(started)
         yield started

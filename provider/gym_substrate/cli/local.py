@@ -196,7 +196,7 @@ local.add_command(rootfs_group)
 @click.option(
     "--pause-tier",
     type=click.Choice(PAUSE_TIERS),
-    default="freeze",
+    default="checkpoint",
     show_default=True,
     help="What PauseActor does under gVisor: freeze the sandbox in memory (its worker is free "
     "at once; ~1 ms) or checkpoint it to node-local disk (~0.1-0.5 s). Frozen actors past "

@@ -11,12 +11,21 @@ from __future__ import annotations
 
 from gym_substrate.local.runtimes.base import RuntimeConfig, RuntimeFailure, SandboxRuntime
 
-__all__ = ["PAUSE_TIERS", "RUNTIME_NAMES", "create_runtime", "gvisor_problem", "select_runtime"]
+__all__ = [
+    "PAUSE_TIERS",
+    "PAUSE_TIER_ENV",
+    "RUNTIME_NAMES",
+    "create_runtime",
+    "gvisor_problem",
+    "select_runtime",
+]
 
 RUNTIME_NAMES = ("auto", "gvisor", "process")
 # gVisor's PauseActor: a checkpoint to node-local disk, or the sandbox frozen in memory
 # (runtimes/gvisor/freezer.py); the process runtime always stops the process in place
 PAUSE_TIERS = ("checkpoint", "freeze")
+# The pause tier of a LocalBackend not told one (`compare`, `arm`, the env start their own).
+PAUSE_TIER_ENV = "GYM_SUBSTRATE_PAUSE_TIER"
 
 
 def gvisor_problem() -> str | None:
