@@ -14,6 +14,7 @@ import pytest
 from gym_substrate.experiments import ThinkSpec, Workload, _plots
 from gym_substrate.experiments._arm import ArmConfig, ArmProgress, ArmResult, run_arm
 from gym_substrate.experiments._backend import local_or_config
+from gym_substrate.experiments._vocab import HOLDING_STATUSES
 
 from .helpers import assert_png, invoke, invoke_json
 
@@ -38,7 +39,9 @@ def test_arm_pause_parks_resumes_and_writes_its_folder(config: Path, tmp_path: P
     assert s["parks"] >= 3
     assert s["rollouts_per_min"] > 0
     assert s["step_p95_s"] >= s["step_p50_s"] > 0
-    assert 0 < s["worker_utilisation"] <= 1
+    # a pause arm holds a worker only while it executes, so 1-s samples of a 2-s run may
+    # catch none; the figure is whatever the samples saw, never more than the slots
+    assert 0 <= s["worker_utilisation"] <= 1
     steps = _csv(out / "steps.csv")
     assert len(steps) == 6
     resumed = [r for r in steps if r["resumed"] == "True"]
@@ -48,6 +51,8 @@ def test_arm_pause_parks_resumes_and_writes_its_folder(config: Path, tmp_path: P
     samples = _csv(out / "occupancy.csv")
     assert samples
     assert {"RUNNING", "PAUSED", "thinking", "waiting"} <= set(samples[0])
+    held = any(int(r.get(k) or 0) for r in samples for k in HOLDING_STATUSES)
+    assert (s["worker_utilisation"] > 0) == held, samples
     assert json.loads((out / "summary.json").read_text())["summary"] == s
     assert_png(out / "occupancy.png")
     assert_png(out / "step_latency.png")
