@@ -315,6 +315,9 @@ class ProcessRuntime(NothingToPark):
         self.actors.mkdir(parents=True, exist_ok=True)
         try:
             await asyncio.to_thread(self._open_addresses)
+            # the spare a paused actor's slot takes over is there from the start, so the host
+            # holds as many namespaces after a burst of pauses as before it
+            await self._spare_net()
         except (loopback.LoopbackError, NetError) as exc:
             raise RuntimeFailure(str(exc)) from exc
         if self.port80_problem is not None:
