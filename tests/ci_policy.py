@@ -7,6 +7,8 @@ there is a broken set-up step and must fail; on a developer's machine it skips a
 from __future__ import annotations
 
 import os
+import subprocess
+from pathlib import Path
 from typing import NoReturn
 
 import pytest
@@ -19,3 +21,16 @@ def missing(message: str) -> NoReturn:
     if ON_CI:
         pytest.fail(message, pytrace=False)
     pytest.skip(message)
+
+
+def build_tools(*targets: str) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """Build ``targets`` with `.ci/build-tools` (under a second when cached); its bin folder and
+    the build's result, for the caller to check the binaries it needs and report the stderr."""
+    script = Path(__file__).resolve().parents[1] / ".ci" / "build-tools"
+    build = subprocess.run(
+        ["bash", str(script), *targets], capture_output=True, text=True, check=False
+    )
+    path = subprocess.run(
+        ["bash", str(script), "--print-path"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    return Path(path), build

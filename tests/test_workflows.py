@@ -14,26 +14,15 @@ from pathlib import Path
 
 import click
 import yaml
-from ci_policy import missing
+from ci_policy import build_tools, missing
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOWS = sorted((REPO / ".github" / "workflows").glob("*.yml"))
 
 
 def _actionlint() -> str:
-    build = subprocess.run(
-        ["bash", str(REPO / ".ci" / "build-tools"), "actionlint"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    path = subprocess.run(
-        ["bash", str(REPO / ".ci" / "build-tools"), "--print-path"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
-    binary = Path(path) / "actionlint"
+    bin_dir, build = build_tools("actionlint")
+    binary = bin_dir / "actionlint"
     if build.returncode != 0 or not binary.exists():
         missing(f"actionlint could not be built:\n{build.stderr[-2000:]}")
     return str(binary)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ci_policy import missing
+from ci_policy import build_tools, missing
 from stack_harness import CRD_DIR, REPO
 
 # What the live stack tests run: engine + language host, the Kubernetes provider, and the
@@ -45,19 +45,7 @@ echo build/sandbox-agent/sandbox-agent
 def toolchain() -> Path:
     """`.ci/build-tools`' bin dir with every tool in TOOLS (built now if missing: minutes on a
     cold machine, under a second when cached)."""
-    build = subprocess.run(
-        ["bash", str(REPO / ".ci" / "build-tools"), *TOOLS],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    path = subprocess.run(
-        ["bash", str(REPO / ".ci" / "build-tools"), "--print-path"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
-    bin_dir = Path(path)
+    bin_dir, build = build_tools(*TOOLS)
     need = ("pulumi", "pulumi-language-python", "pulumi-resource-kubernetes", "kubectl", "kwokctl")
     absent = [t for t in need if not (bin_dir / t).exists()]
     if build.returncode != 0 or absent:

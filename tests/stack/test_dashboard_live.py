@@ -35,9 +35,9 @@ import aiohttp
 import grpc
 import pytest
 import yaml
-from ci_policy import missing
+from ci_policy import build_tools, missing
 from local_ateapi import LocalApi, local_ateapi
-from stack_harness import REPO, stack_config
+from stack_harness import stack_config
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
@@ -74,19 +74,8 @@ def _free_port() -> int:
 
 
 def _prometheus_binary() -> Path:
-    build = subprocess.run(
-        ["bash", str(REPO / ".ci" / "build-tools"), "prometheus"],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    path = subprocess.run(
-        ["bash", str(REPO / ".ci" / "build-tools"), "--print-path"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
-    binary = Path(path) / "prometheus"
+    bin_dir, build = build_tools("prometheus")
+    binary = bin_dir / "prometheus"
     if build.returncode != 0 or not binary.exists():
         missing(f".ci/build-tools prometheus failed:\n{build.stderr[-2000:]}")
     return binary
