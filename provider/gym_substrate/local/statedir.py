@@ -171,9 +171,8 @@ def last_backend_info(state_dir: Path) -> dict[str, Any]:
 
 def read_backend_info(state_dir: Path) -> dict[str, Any] | None:
     """What a running backend wrote to `backend.json`, or None if none is running there."""
-    try:
-        info: dict[str, Any] = json.loads((state_dir / "backend.json").read_text())
-    except (OSError, ValueError):
+    info = last_backend_info(state_dir)
+    if not info:
         return None
     # the flock, not the pid (which the kernel may have reused), says whether it still runs
     return info if _lock_held(state_dir) else None
