@@ -72,7 +72,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Mark the fast lane's tests (`pytest -m fast`; the list is in fast_lane.py)."""
     tests = Path(__file__).resolve().parent
     for item in items:
-        if item.path.relative_to(tests).as_posix() in FAST_MODULES:
+        if (
+            item.path.is_relative_to(tests)
+            and item.path.relative_to(tests).as_posix() in FAST_MODULES
+        ):
             item.add_marker(pytest.mark.fast)
 
 
