@@ -643,7 +643,7 @@ def bench(
 ) -> None:
     """Time the actor lifecycle on this machine next to runsc's own floor (p50/p90, ratios,
     memory per running and per paused actor)."""
-    from gym_substrate.local.lifecycle_bench import run_bench
+    from gym_substrate.lab.bench.local import run_bench
 
     logging.basicConfig(level=logging.ERROR)
     try:
