@@ -232,7 +232,7 @@ class GvisorRuntime:
                 "create it or use rootfs: host"
             )
         for source, _inside in template.rootfs.binds:
-            if not source.is_file():
+            if not source.exists():
                 raise RuntimeFailure(
                     f"template {template.key}: {source}, bound into its rootfs, is gone; "
                     "restart the backend to rebuild it"
