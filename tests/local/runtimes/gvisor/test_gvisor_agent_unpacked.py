@@ -9,7 +9,6 @@ backend's equivalent (an image volume bound read-only).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -84,20 +83,3 @@ async def test_the_agent_runs_from_a_read_only_folder_and_leaves_tmp_empty(
     assert again["stdout"] == "back\n"
     await stub.SuspendActor(pb.SuspendActorRequest(actor=object_ref("unp")))
     await stub.DeleteActor(pb.DeleteActorRequest(actor=object_ref("unp")))
-
-
-def test_the_agent_form_is_validated_and_defaults_per_runtime(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """Unpacked under gVisor, static under the process runtime, and an unknown form named."""
-    monkeypatch.delenv(rootfs.AGENT_FORM_ENV, raising=False)
-    assert rootfs.agent_form("gvisor") == "unpacked"
-    assert rootfs.agent_form("process") == "static"
-    monkeypatch.setenv(rootfs.AGENT_FORM_ENV, "static")
-    assert rootfs.agent_form("gvisor") == "static"
-    monkeypatch.setenv(rootfs.AGENT_FORM_ENV, "onefile")
-    with pytest.raises(rootfs.RootfsError, match="GYM_SUBSTRATE_AGENT_FORM='onefile'"):
-        rootfs.agent_form("gvisor")
-    monkeypatch.setenv(rootfs.AGENT_DIR_ENV, str(tmp_path))
-    with pytest.raises(rootfs.RootfsError, match="not an unpacked agent build"):
-        rootfs.agent_folder(tmp_path / "base")
