@@ -9,9 +9,13 @@ with the backend's instance prefix, which makes this exact and safe next to othe
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
+import shutil
 import signal
+import socket
+import struct
 import subprocess
 import time
 from pathlib import Path
@@ -19,10 +23,12 @@ from pathlib import Path
 __all__ = [
     "CGROUP_ROOT",
     "children_of",
+    "connections_to",
     "find_cgroups",
     "find_mounts",
     "find_processes",
     "kill_processes",
+    "remove_actor_dirs",
     "remove_cgroups",
     "unmount",
 ]
@@ -132,3 +138,40 @@ def find_mounts(needles: list[str]) -> list[str]:
 
 def unmount(path: str) -> None:
     subprocess.run(["umount", "-l", path], capture_output=True, timeout=20, check=False)
+
+
+_TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
+# an IPv4 peer of a dual-stack socket, as /proc/net/tcp6 prints it (::ffff:a.b.c.d)
+_V4_MAPPED = "0000000000000000FFFF0000"
+
+
+def connections_to(ip: str, tables: tuple[str, ...] = _TCP_TABLES) -> int:
+    """How many of this network namespace's TCP sockets (any state) have ``ip`` (IPv4) as
+    their peer, from the kernel's tables: microseconds, where ``ss`` costs a process start.
+    A table that cannot be read counts as one connection (the caller then runs ``ss``)."""
+    word = f"{struct.unpack('<I', socket.inet_aton(ip))[0]:08X}"
+    count = 0
+    for table in tables:
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            count += 1
+            continue
+        for line in lines:
+            fields = line.split()
+            peer = fields[2].split(":")[0] if len(fields) > 2 else ""
+            if peer in (word, _V4_MAPPED + word):
+                count += 1
+    return count
+
+
+def remove_actor_dirs(sandboxes_dir: Path, actor_key: str, keep: set[str]) -> None:
+    """Remove the sandbox folders (bundle, console log) ``actor_key``'s interrupted runs left,
+    except those of containers in ``keep``; blocking, so callers run it in a thread."""
+    for directory in list(sandboxes_dir.iterdir()):
+        if directory.name in keep:
+            continue
+        with contextlib.suppress(OSError, ValueError, KeyError, AttributeError):
+            meta = json.loads((directory / "meta.json").read_text())
+            if meta.get("actor") == actor_key:
+                shutil.rmtree(directory, ignore_errors=True)

@@ -468,7 +468,7 @@ class GvisorRuntime:
         would with Substrate's own checkpoint.
         """
         net_ = self._nets.get(slot)
-        if net_ is None:
+        if net_ is None or not host.connections_to(net_.sandbox_ip):  # nothing to reset
             return
         result = await run_command(
             ["ss", "-K", "-t", "dst", net_.sandbox_ip], timeout_s=10, check=False
@@ -487,13 +487,16 @@ class GvisorRuntime:
                 await asyncio.sleep(0.05)
         try:
             with self.phases.timed("after park (background): runsc state/delete, folder"):
-                await self._discard(cid)
+                await self._discard(cid, exited=True)
         except Exception:  # noqa: BLE001 - a drain must never raise into a later start
             log.warning("could not delete checkpointed sandbox %s", cid, exc_info=True)
 
-    async def _discard(self, cid: str) -> None:
-        """Make a container gone (any state) and remove its directory."""
-        await self.runsc.destroy(cid)
+    async def _discard(self, cid: str, *, exited: bool = False) -> None:
+        """Make a container gone (any state) and remove its directory. ``exited``: its sandbox
+        process is known gone, so one ``runsc delete`` usually does (destroy's state, kill,
+        state, delete cost three more runsc starts)."""
+        if not (exited and await self.runsc.delete(cid)):
+            await self.runsc.destroy(cid)
         sandbox = self._sandboxes.pop(cid, None)
         directory = sandbox.directory if sandbox else self.sandboxes_dir / cid
         await asyncio.to_thread(shutil.rmtree, directory, True)
@@ -595,7 +598,7 @@ class GvisorRuntime:
         if self.sandboxes_dir.is_dir():
             for directory in self.sandboxes_dir.iterdir():
                 if directory.name not in keep and directory.is_dir():
-                    shutil.rmtree(directory, ignore_errors=True)
+                    await asyncio.to_thread(shutil.rmtree, directory, True)
         return described
 
     async def forget_actor(self, actor: ActorSpec) -> None:
@@ -604,13 +607,7 @@ class GvisorRuntime:
         if not self.sandboxes_dir.is_dir():
             return
         live = {s.id for s in await self._containers()}
-        for directory in list(self.sandboxes_dir.iterdir()):
-            if directory.name in live:
-                continue
-            with contextlib.suppress(OSError, ValueError, KeyError):
-                meta = json.loads((directory / "meta.json").read_text())
-                if meta.get("actor") == actor.key:
-                    shutil.rmtree(directory, ignore_errors=True)
+        await asyncio.to_thread(host.remove_actor_dirs, self.sandboxes_dir, actor.key, live)
 
     async def memory_bytes(self, handle: str) -> int | None:
         pids = self.runsc.pids(handle)
