@@ -96,24 +96,3 @@ def test_the_step_recorder_times_each_step_also_when_it_fails() -> None:
     assert "park: runsc checkpoint" in out.getvalue()
     phases.clear()
     assert phases.samples() == {}
-
-
-def test_a_park_resets_connections_only_when_the_kernel_lists_one_to_the_sandbox(
-    tmp_path: Path,
-) -> None:
-    """`ss -K` (a process start per park) runs only when /proc/net/tcp{,6} hold a socket whose
-    peer is the sandbox, IPv4 or an IPv4-mapped IPv6 peer; an unreadable table counts as one."""
-    from gym_substrate.local.runtimes.gvisor.host import connections_to
-
-    header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt\n"
-    tcp = tmp_path / "tcp"
-    tcp6 = tmp_path / "tcp6"
-    # 10.0.0.2 is 0200000A as the kernel prints it on a little-endian machine
-    tcp.write_text(header + "   0: 0100000A:D431 0200000A:0050 01 00000000:00000000\n")
-    tcp6.write_text(
-        header + "   0: 0000000000000000FFFF00000100000A:D432 "
-        "0000000000000000FFFF00000200000A:0050 06 00000000:00000000\n"
-    )
-    assert connections_to("10.0.0.2", (str(tcp), str(tcp6))) == 2
-    assert connections_to("10.0.0.6", (str(tcp), str(tcp6))) == 0
-    assert connections_to("10.0.0.6", (str(tmp_path / "gone"),)) == 1

@@ -14,8 +14,6 @@ import os
 import re
 import shutil
 import signal
-import socket
-import struct
 import subprocess
 import time
 from pathlib import Path
@@ -23,7 +21,6 @@ from pathlib import Path
 __all__ = [
     "CGROUP_ROOT",
     "children_of",
-    "connections_to",
     "find_cgroups",
     "find_mounts",
     "find_processes",
@@ -138,31 +135,6 @@ def find_mounts(needles: list[str]) -> list[str]:
 
 def unmount(path: str) -> None:
     subprocess.run(["umount", "-l", path], capture_output=True, timeout=20, check=False)
-
-
-_TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
-# an IPv4 peer of a dual-stack socket, as /proc/net/tcp6 prints it (::ffff:a.b.c.d)
-_V4_MAPPED = "0000000000000000FFFF0000"
-
-
-def connections_to(ip: str, tables: tuple[str, ...] = _TCP_TABLES) -> int:
-    """How many of this network namespace's TCP sockets (any state) have ``ip`` (IPv4) as
-    their peer, from the kernel's tables: microseconds, where ``ss`` costs a process start.
-    A table that cannot be read counts as one connection (the caller then runs ``ss``)."""
-    word = f"{struct.unpack('<I', socket.inet_aton(ip))[0]:08X}"
-    count = 0
-    for table in tables:
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            count += 1
-            continue
-        for line in lines:
-            fields = line.split()
-            peer = fields[2].split(":")[0] if len(fields) > 2 else ""
-            if peer in (word, _V4_MAPPED + word):
-                count += 1
-    return count
 
 
 def remove_actor_dirs(sandboxes_dir: Path, actor_key: str, keep: set[str]) -> None:
