@@ -301,7 +301,7 @@ def up(
         )
     if daemon:
         if rootfs == "debian":  # a first build takes minutes: here, with progress, not detached
-            prepare_rootfs()
+            prepare_rootfs(runtime)
         _up_detached(folder, options, as_json)
         return
     logging.basicConfig(
