@@ -301,7 +301,7 @@ def up(
         )
     if daemon:
         if rootfs == "debian":  # a first build takes minutes: here, with progress, not detached
-            prepare_rootfs()
+            prepare_rootfs(runtime)
         _up_detached(folder, options, as_json)
         return
     logging.basicConfig(
@@ -637,9 +637,21 @@ def demo(runtime: str, sandboxes: int, rootfs: str) -> None:
     help="The backend's pause tier under gVisor (see `local up --pause-tier`).",
 )
 @rootfs_option
+@click.option(
+    "--phases",
+    is_flag=True,
+    help="Also print the gVisor runtime's time step by step (restore, checkpoint, the exit "
+    "wait, connection resets, the unshare wrapper, the background delete after a park).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Also print the figures as JSON.")
 def bench(
-    runtime: str, iterations: int, execs: int, pause_tier: str, rootfs: str, as_json: bool
+    runtime: str,
+    iterations: int,
+    execs: int,
+    pause_tier: str,
+    rootfs: str,
+    phases: bool,
+    as_json: bool,
 ) -> None:
     """Time the actor lifecycle on this machine next to runsc's own floor (p50/p90, ratios,
     memory per running and per paused actor)."""
@@ -655,6 +667,7 @@ def bench(
                 execs=execs,
                 default_rootfs=rootfs,
                 pause_tier=pause_tier,
+                phases=phases,
             )
         )
     except (BackendError, RuntimeFailure) as exc:

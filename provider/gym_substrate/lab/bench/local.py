@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gym_substrate.local.backend import LocalBackend
+from gym_substrate.local.phase_bench import phase_table, wrapper_overhead
 from gym_substrate.local.templates import DEFAULT_TEMPLATE_ATESPACE, DEFAULT_TEMPLATE_NAME
 from gym_substrate.local.tour import TARGET_HEADER, Session
 
@@ -40,6 +41,7 @@ RESUME_PAUSE = "resume from pause"
 ROUND_TRIP = "pause + resume round trip"
 SUSPEND = "suspend"
 RESUME_SUSPEND = "resume from suspend"
+IMAGE = "checkpoint image per actor (after suspend, median)"  # values in MiB, not ms
 
 # (our figure, the floor figure it stands on) for each pause tier
 _FLOOR_OF = {
@@ -150,12 +152,24 @@ async def run_bench(
     execs: int = 200,
     default_rootfs: str = "debian",
     pause_tier: str = "freeze",
+    phases: bool = False,
 ) -> dict[str, Any]:
-    names = (CREATE, ROUTER, DIRECT, PAUSE, RESUME_PAUSE, ROUND_TRIP, SUSPEND, RESUME_SUSPEND)
+    names = (
+        CREATE,
+        ROUTER,
+        DIRECT,
+        PAUSE,
+        RESUME_PAUSE,
+        ROUND_TRIP,
+        SUSPEND,
+        RESUME_SUSPEND,
+        IMAGE,
+    )
     series = {name: Series(name) for name in names}
     running_mem: list[int] = []
     paused_mem: list[int] = []
     floor: dict[str, Series] = {}
+    steps: dict[str, list[float]] = {}
     load_before = _load()
     with tempfile.TemporaryDirectory(prefix="gym-substrate-bench-") as tmp:
         async with LocalBackend(
@@ -172,15 +186,25 @@ async def run_bench(
                 if backend.runtime_name == "gvisor":
                     console.print("measuring runsc's floor (a bare sandbox of the template) ...")
                     floor = await _floor(backend, Path(tmp) / "floor", iterations)
+                gvisor: Any = backend.runtime if backend.runtime_name == "gvisor" else None
+                if gvisor is not None:
+                    gvisor.phases.clear()  # this run's actors only
                 for index in range(iterations):
                     await _one_actor(session, backend, index, execs, series)
                     await _memory(session, backend, running_mem, paused_mem)
+                if phases and gvisor is not None:
+                    await gvisor._await_drains()  # the background steps after the last park
+                    steps = gvisor.phases.samples()
+                    steps.update(await wrapper_overhead(gvisor.runsc, iterations))
             finally:
                 await session.close()
-    return _report(
+    result = _report(
         console, backend, iterations, pause_tier, series, floor, running_mem, paused_mem,
         (load_before, _load()),
     )  # fmt: skip
+    if phases:
+        result["phases"] = phase_table(console, steps) if steps else {}
+    return result
 
 
 async def _one_actor(
@@ -225,10 +249,25 @@ async def _one_actor(
     started = time.perf_counter()
     await session.suspend(actor_id)
     series[SUSPEND].values_ms.append((time.perf_counter() - started) * 1000)
+    size = await asyncio.to_thread(_image_bytes, backend, session.atespace, actor_id)
+    if size is not None:
+        series[IMAGE].values_ms.append(size / 2**20)  # MiB, in the same Series shape
     started = time.perf_counter()
     await session.resume(actor_id)
     await session.exec(actor_id, "true")
     series[RESUME_SUSPEND].values_ms.append((time.perf_counter() - started) * 1000)
+
+
+def _image_bytes(backend: LocalBackend, atespace: str, actor_id: str) -> int | None:
+    """Bytes of the actor's newest durable snapshot (its checkpoint image after a suspend)."""
+    assert backend.plane is not None
+    record = backend.plane.lookup(atespace, actor_id)
+    snapshot = record.latest_durable() if record is not None else None
+    stored = snapshot.completed("DURABLE") if snapshot is not None else None
+    if stored is None:
+        return None
+    folder = Path(stored.path)
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) or None
 
 
 async def _memory(
@@ -289,6 +328,8 @@ def _report(
         table.add_column(column, justify="left" if column == "operation" else "right")
     ratios: dict[str, float | None] = {}
     for item in series.values():
+        if item.name == IMAGE:
+            continue
         base = floor.get(floor_of.get(item.name, ""))
         base_p50 = base.pct(0.5) if base else float("nan")
         ratios[item.name] = item.pct(0.5) / base_p50 if base and base_p50 > 0 else None
@@ -309,6 +350,9 @@ def _report(
             label, f"{mib:.1f} MiB", "", str(len(values)),
             f"{base_mib:.1f} MiB" if base else "", _ratio(mib, base_mib),
         )  # fmt: skip
+    sizes = series[IMAGE].values_ms
+    image_mib = statistics.median(sizes) if sizes else None
+    table.add_row(IMAGE, f"{image_mib or float('nan'):.1f} MiB", "", str(len(sizes)), "", "")
     console.print(table)
     router, direct = series[ROUTER].pct(0.5), series[DIRECT].pct(0.5)
     console.print(
@@ -338,7 +382,9 @@ def _report(
                 "x_floor": ratios.get(s.name),
             }
             for s in series.values()
+            if s.name != IMAGE
         },
+        "image_mib": image_mib,
         "memory_mib": memory,
         "memory_per_actor_bytes": statistics.median(running_mem) if running_mem else None,
     }

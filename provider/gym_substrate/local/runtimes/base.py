@@ -112,9 +112,9 @@ class Rootfs:
     ``host``: the host's ``/`` read-only under an in-memory overlay (gVisor
     ``--overlay2=root:memory``), the process runtime's bubblewrap binding it read-only.
     ``directory``: ``path`` (absolute, existing) as ``/``, the same way; the process runtime
-    can give that only under bubblewrap. ``binds``: (host file, path inside) pairs bound
-    read-only into the sandbox, e.g. the static agent (``rootfs.AGENT_PATH``); the path inside
-    must exist in the tree.
+    can give that only under bubblewrap. ``binds``: (host file or folder, path inside) pairs
+    bound read-only into the sandbox, e.g. the static agent (``rootfs.AGENT_PATH``) or the
+    unpacked agent's folder; the path inside must exist in the tree.
     """
 
     kind: Literal["host", "directory"]

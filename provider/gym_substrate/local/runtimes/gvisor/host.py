@@ -9,8 +9,10 @@ with the backend's instance prefix, which makes this exact and safe next to othe
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -25,6 +27,7 @@ __all__ = [
     "find_mounts",
     "find_processes",
     "kill_processes",
+    "remove_actor_dirs",
     "remove_cgroups",
     "unmount",
 ]
@@ -100,3 +103,15 @@ def find_mounts(needles: list[str]) -> list[str]:
 
 def unmount(path: str) -> None:
     subprocess.run(["umount", "-l", path], capture_output=True, timeout=20, check=False)
+
+
+def remove_actor_dirs(sandboxes_dir: Path, actor_key: str, keep: set[str]) -> None:
+    """Remove the sandbox folders (bundle, console log) ``actor_key``'s interrupted runs left,
+    except those of containers in ``keep``; blocking, so callers run it in a thread."""
+    for directory in list(sandboxes_dir.iterdir()):
+        if directory.name in keep:
+            continue
+        with contextlib.suppress(OSError, ValueError, KeyError, AttributeError):
+            meta = json.loads((directory / "meta.json").read_text())
+            if meta.get("actor") == actor_key:
+                shutil.rmtree(directory, ignore_errors=True)
