@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from gym_substrate.lab.bench.phases import phase_table
 from gym_substrate.local import rootfs
 from gym_substrate.local.images import AGENT_IMAGE, ImageCatalogue, content_digest
-from gym_substrate.local.phase_bench import phase_table
 from gym_substrate.local.runtimes.gvisor.phases import Phases
 from gym_substrate.local.templates import AGENT_MOUNT, default_template, resolve
 

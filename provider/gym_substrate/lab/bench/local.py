@@ -26,8 +26,8 @@ import aiohttp
 from rich.console import Console
 from rich.table import Table
 
+from gym_substrate.lab.bench.phases import phase_table, wrapper_overhead
 from gym_substrate.local.backend import LocalBackend
-from gym_substrate.local.phase_bench import phase_table, wrapper_overhead
 from gym_substrate.local.templates import DEFAULT_TEMPLATE_ATESPACE, DEFAULT_TEMPLATE_NAME
 from gym_substrate.local.tour import TARGET_HEADER, Session
 
