@@ -79,9 +79,10 @@ def _env(value: dict[str, str]) -> tuple[tuple[str, str], ...]:
 def parse_exec_request(body: Any) -> tuple[str | None, ExecSpec]:
     """Validate a POST /v1/exec body; returns (client id or None, spec) or raises 400."""
     fields = parse_body(ExecRequest, body)
-    timeout_s = fields["timeout_s"]
+    timeout_s, command = fields["timeout_s"], _command(fields["command"])
+    assert command is not None  # required by the declaration
     spec = ExecSpec(
-        command=_command(fields["command"]) or "",
+        command=command,
         shell=fields["shell"],
         cwd=fields["cwd"],
         env=_env(fields["env"]),

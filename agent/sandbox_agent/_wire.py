@@ -276,7 +276,7 @@ def _check_range(n: Node, value: float, path: str) -> None:
     if r is None:
         return
     inside = (
-        math.isfinite(value)
+        (not isinstance(value, float) or math.isfinite(value))  # an int may be past any float
         and (r.minimum is None or value >= r.minimum)
         and (r.exclusive_minimum is None or value > r.exclusive_minimum)
         and (r.maximum is None or value <= r.maximum)
@@ -394,7 +394,7 @@ def _schema(n: Node) -> dict[str, Any]:
         out = _plain_schema(n)
     default, doc = n.find(Default), n.find(Doc)
     if default is not None:
-        out["default"] = default.value
+        out["default"] = copy.deepcopy(default.value)
     if doc is not None:
         out["description"] = doc.text
     return out

@@ -228,6 +228,14 @@ def test_the_checks_json_schema_cannot_state_are_the_validators_alone() -> None:
             parse_exec_request(body)
 
 
+@pytest.mark.parametrize("field", ["timeout_s", "max_output_bytes"])
+@pytest.mark.parametrize("value", [10**400, -(10**400), float("inf"), float("nan")])
+def test_numbers_past_any_float_are_a_400_not_a_crash(field: str, value: float) -> None:
+    """JSON integers have no size limit (and Python's json reads 1e400 as inf, NaN as nan)."""
+    with pytest.raises(ApiError, match=f"^{field} must be "):
+        parse_exec_request({"command": "ls", field: value})
+
+
 def test_unknown_fields_missing_fields_and_non_objects_are_400s_that_say_what_fits() -> None:
     cases = [
         (ExecRequest, {"command": "ls", "comand": "x"}, "unknown field(s) ['comand']"),
