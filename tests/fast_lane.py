@@ -12,6 +12,7 @@ from __future__ import annotations
 FAST_MODULES = frozenset(
     {
         "agent/test_agent_layout.py",
+        "agent/test_agent_wire.py",
         "conformance/test_wire_tables.py",
         "core/test_procfs.py",
         "envs/test_observation.py",

@@ -10,7 +10,8 @@ import json
 
 from aiohttp import web
 
-from .contract import ErrorCode
+from ._wire import reply
+from .contract import ErrorBody, ErrorCode
 
 __all__ = ["ApiError", "body_timeout_error", "code_for_status", "error_body", "error_response"]
 
@@ -44,7 +45,7 @@ class ApiError(Exception):
 
 
 def error_body(code: ErrorCode, message: str) -> bytes:
-    return json.dumps({"error": {"code": code, "message": message}}).encode()
+    return json.dumps(reply(ErrorBody, {"error": {"code": code, "message": message}})).encode()
 
 
 def error_response(

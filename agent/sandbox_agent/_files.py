@@ -27,7 +27,8 @@ from aiohttp import web
 
 from ._errors import ApiError, body_timeout_error
 from ._numbers import parse_decimal, parse_octal
-from .contract import MAX_FILE_OFFSET, ErrorCode
+from ._wire import reply
+from .contract import MAX_FILE_OFFSET, ErrorCode, FileStat, UploadReply
 
 __all__ = ["FileHandlers", "UPLOAD_SUFFIX"]
 
@@ -256,13 +257,14 @@ def _stat(path: str) -> dict[str, Any]:
         kind = "symlink"
     else:
         kind = "other"
-    return {
+    values = {
         "path": path,
         "type": kind,
         "size": st.st_size,
         "mode": stat.S_IMODE(st.st_mode),
         "mtime": st.st_mtime,
     }
+    return reply(FileStat, values)
 
 
 _RANGE = re.compile(r"bytes=([0-9]*)-([0-9]*)", re.IGNORECASE | re.ASCII)
@@ -393,7 +395,7 @@ class FileHandlers:
             raise
         finally:
             await loop.run_in_executor(None, os.close, fd)
-        return web.json_response({"path": path, "size": pos, "sha256": digest})
+        return web.json_response(reply(UploadReply, {"path": path, "size": pos, "sha256": digest}))
 
     async def get(self, request: web.Request) -> web.StreamResponse:
         path = _path_param(request, file=True)

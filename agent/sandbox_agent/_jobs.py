@@ -38,6 +38,8 @@ from ._output import TAIL_CHUNK, HeadTailBuffer
 from ._procfs import outside_group
 from ._requests import ExecSpec, parse_exec_request
 from ._users import Credentials, resolve_user
+from ._wire import reply
+from .contract import Job as JobReply
 
 __all__ = [
     "AnyJob",
@@ -153,19 +155,22 @@ class Job:
         out = self.out.render() if self.out is not None else ("", False)
         err = self.err.render() if self.err is not None else ("", False)
         end = self._t1 if self._t1 is not None else time.monotonic()
-        return {
-            "id": self.id,
-            "state": self.state,
-            "exit_code": self.exit_code,
-            "signal": self.signal,
-            "stdout": out[0],
-            "stderr": err[0],
-            "stdout_truncated": out[1],
-            "stderr_truncated": err[1],
-            "started_at": self.started_at,
-            "duration_ms": round((end - self._t0) * 1000.0, 3),
-            "error": self.error,
-        }
+        return reply(
+            JobReply,
+            {
+                "id": self.id,
+                "state": self.state,
+                "exit_code": self.exit_code,
+                "signal": self.signal,
+                "stdout": out[0],
+                "stderr": err[0],
+                "stdout_truncated": out[1],
+                "stderr_truncated": err[1],
+                "started_at": self.started_at,
+                "duration_ms": round((end - self._t0) * 1000.0, 3),
+                "error": self.error,
+            },
+        )
 
 
 def _spec_digest(spec: ExecSpec) -> bytes:

@@ -11,8 +11,9 @@ field. Regular expressions spell digits `[0-9]`, because `\\d` matches every Uni
 from __future__ import annotations
 
 import re
+from typing import Any
 
-__all__ = ["parse_decimal", "parse_number", "parse_octal"]
+__all__ = ["json_integer", "parse_decimal", "parse_number", "parse_octal"]
 
 _DECIMAL = re.compile(r"[0-9]{1,20}")
 # The JSON number grammar (RFC 8259, section 6), which is how the document types `wait`.
@@ -40,3 +41,14 @@ def parse_octal(text: str) -> int | None:
     """Permission bits as 1-4 octal digits, optionally after a lower-case `0o`: 644, 0644, 0o644."""
     match = _OCTAL.fullmatch(text)
     return None if match is None else int(match.group(1), 8)
+
+
+def json_integer(value: Any) -> int | None:
+    """A JSON integer as JSON Schema counts them (`1e3` and `1000.0` are 1000), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None

@@ -3,7 +3,8 @@
 `agent/openapi.json` in the repository is this document rendered with
 `python -m sandbox_agent._openapi > agent/openapi.json`; a test checks that the file, the
 document served at GET /v1/openapi.json and the server's routes agree, and the contract tests
-validate every JSON response against the schemas (`_openapi_schemas`).
+validate every JSON response against the schemas. The schemas are derived from the declarations
+in `contract.py` (`_wire.schema`); only paths, parameters and responses are written here.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import sys
 from typing import Any
 
 from . import __version__
-from ._openapi_schemas import ABSOLUTE_PATTERN, FILE_PATH_PATTERN, SCHEMAS
+from ._fields import ABSOLUTE_PATTERN, FILE_PATH_PATTERN
+from ._wire import schema
 from .contract import (
     ACTOR_ID_HEADER,
     MAX_FILE_OFFSET,
@@ -21,6 +23,7 @@ from .contract import (
     MAX_PTY_READ_BYTES,
     MAX_PTY_SESSIONS,
     MAX_WAIT_S,
+    MESSAGES,
 )
 
 __all__ = ["openapi_document"]
@@ -35,7 +38,7 @@ def _json(name: str, description: str) -> dict[str, Any]:
 
 
 def _err(description: str) -> dict[str, Any]:
-    return _json("Error", description)
+    return _json("ErrorBody", description)
 
 
 def _no_body(description: str) -> dict[str, Any]:
@@ -166,11 +169,11 @@ def _file_get(operation_id: str, head: bool) -> dict[str, Any]:
             "400": answer(
                 "A directory or another non-file, a malformed Range, or `name_too_long`, "
                 "`too_many_links`.",
-                "Error",
+                "ErrorBody",
             ),
-            "403": answer("`permission_denied`.", "Error"),
-            "404": answer("No such file.", "Error"),
-            "416": answer("The range starts past the end of the file.", "Error"),
+            "403": answer("`permission_denied`.", "ErrorBody"),
+            "404": answer("No such file.", "ErrorBody"),
+            "416": answer("The range starts past the end of the file.", "ErrorBody"),
         },
     }
 
@@ -187,7 +190,7 @@ def openapi_document() -> dict[str, Any]:
             "except GET /readyz needs Authorization: Bearer <token>.",
         },
         "components": {
-            "schemas": SCHEMAS,
+            "schemas": {decl.__name__: schema(decl) for decl in MESSAGES},
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
         "security": [{"bearer": []}],
@@ -212,7 +215,7 @@ def _service_paths() -> dict[str, Any]:
                 "security": [],
                 "parameters": [_ACTOR_PARAM],
                 "responses": {
-                    "200": _json("Ready", "The agent serves; identity read now."),
+                    "200": _json("Readiness", "The agent serves; identity read now."),
                     **{k: v for k, v in _COMMON_ERRORS.items() if k != "401"},
                 },
             }
@@ -329,7 +332,7 @@ def _file_paths() -> dict[str, Any]:
                 },
                 "responses": {
                     "200": _with_links(
-                        _json("UploadResult", "The chunk (or the whole file) is stored."),
+                        _json("UploadReply", "The chunk (or the whole file) is stored."),
                         _FILE_LINKS,
                     ),
                     **_COMMON_ERRORS,
@@ -499,7 +502,7 @@ def _pty_control_paths() -> dict[str, Any]:
                     "description": f"Raw bytes, at most {MAX_PTY_INPUT_BYTES}.",
                 },
                 "responses": {
-                    "200": _json("PtyInputResult", "Received; the program reads them."),
+                    "200": _json("PtyInputReply", "Received; the program reads them."),
                     **_COMMON_ERRORS,
                     "400": _err("A bad `offset`."),
                     "404": _err("Unknown session id."),
@@ -559,7 +562,7 @@ def _stat_path() -> dict[str, Any]:
                 "operationId": "stat",
                 "parameters": [_STAT_PATH_PARAM, _ACTOR_PARAM],
                 "responses": {
-                    "200": _json("Stat", "What is at the path (symlinks not followed)."),
+                    "200": _json("FileStat", "What is at the path (symlinks not followed)."),
                     **_COMMON_ERRORS,
                     "400": _err("`name_too_long` or `too_many_links`."),
                     "403": _err("`permission_denied`."),

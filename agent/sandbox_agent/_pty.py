@@ -42,7 +42,9 @@ from ._procfs import outside_group
 from ._requests import PtySpec
 from ._terminal import interactive_shell, popen, set_size
 from ._users import Credentials, resolve_user
-from .contract import PtyState
+from ._wire import reply
+from .contract import PtyOutput, PtyState
+from .contract import PtySession as PtySessionReply
 
 __all__ = ["PtyManager", "PtySession"]
 
@@ -98,22 +100,25 @@ class PtySession:
 
     def to_json(self) -> dict[str, Any]:
         end = self._t1 if self._t1 is not None else time.monotonic()
-        return {
-            "id": self.id,
-            "mode": self.mode,
-            "state": self.state,
-            "exit_code": self.exit_code,
-            "signal": self.signal,
-            "error": self.error,
-            "rows": self.rows,
-            "cols": self.cols,
-            "started_at": self.started_at,
-            "duration_ms": round((end - self._t0) * 1000.0, 3),
-            "stdout_offset": self.out.end,
-            "stderr_offset": self.err.end,
-            "input_offset": self.input_offset,
-            "input_pending": len(self.pending),
-        }
+        return reply(
+            PtySessionReply,
+            {
+                "id": self.id,
+                "mode": self.mode,
+                "state": self.state,
+                "exit_code": self.exit_code,
+                "signal": self.signal,
+                "error": self.error,
+                "rows": self.rows,
+                "cols": self.cols,
+                "started_at": self.started_at,
+                "duration_ms": round((end - self._t0) * 1000.0, 3),
+                "stdout_offset": self.out.end,
+                "stderr_offset": self.err.end,
+                "input_offset": self.input_offset,
+                "input_pending": len(self.pending),
+            },
+        )
 
     # ----- waiting
 
@@ -457,18 +462,21 @@ class PtyManager:
             await session.changed(left)
         session.resume_reading()
         next_offset = pos + len(data)
-        return {
-            "id": session.id,
-            "stream": stream_name,
-            "offset": pos,
-            "next_offset": next_offset,
-            "skipped": pos - offset,
-            "data": base64.b64encode(data).decode("ascii"),
-            "eof": session.finished and next_offset == stream.end,
-            "state": session.state,
-            "exit_code": session.exit_code,
-            "signal": session.signal,
-        }
+        return reply(
+            PtyOutput,
+            {
+                "id": session.id,
+                "stream": stream_name,
+                "offset": pos,
+                "next_offset": next_offset,
+                "skipped": pos - offset,
+                "data": base64.b64encode(data).decode("ascii"),
+                "eof": session.finished and next_offset == stream.end,
+                "state": session.state,
+                "exit_code": session.exit_code,
+                "signal": session.signal,
+            },
+        )
 
     def resize(self, session: PtySession, rows: int, cols: int) -> None:
         if session.finished:

@@ -13,8 +13,9 @@ from ._config import AgentConfig
 from ._errors import ApiError, body_timeout_error
 from ._numbers import parse_decimal
 from ._pty import PtyManager, PtySession
-from ._requests import bad_request, check_fields, parse_pty_request, terminal_size
-from .contract import MAX_FILE_OFFSET, MAX_PTY_INPUT_BYTES, MAX_PTY_READ_BYTES, PTY_SIGNALS
+from ._requests import bad_request, parse_pty_request, parse_resize, parse_signal
+from ._wire import reply
+from .contract import MAX_FILE_OFFSET, MAX_PTY_INPUT_BYTES, MAX_PTY_READ_BYTES, PtyInputReply
 
 __all__ = ["PtyHandlers"]
 
@@ -115,29 +116,24 @@ class PtyHandlers:
             raise body_timeout_error(self._config.body_timeout_s) from None
         session.write_input(offset, b"".join(chunks), MAX_PTY_INPUT_BYTES)
         return web.json_response(
-            {
-                "id": session.id,
-                "input_offset": session.input_offset,
-                "input_pending": len(session.pending),
-            }
+            reply(
+                PtyInputReply,
+                {
+                    "id": session.id,
+                    "input_offset": session.input_offset,
+                    "input_pending": len(session.pending),
+                },
+            )
         )
 
     async def resize(self, request: web.Request) -> web.Response:
-        body = check_fields(await self._read_json(request), ("rows", "cols"), '{"rows": 40}')
-        if "rows" not in body or "cols" not in body:
-            raise bad_request('rows and cols are both required, e.g. {"rows": 40, "cols": 120}')
-        rows = terminal_size(body["rows"], "rows", None)
-        cols = terminal_size(body["cols"], "cols", None)
+        rows, cols = parse_resize(await self._read_json(request))
         session = self._session(request)
         self._pty.resize(session, rows, cols)
         return self._answer(session)
 
     async def signal(self, request: web.Request) -> web.Response:
-        body = check_fields(await self._read_json(request), ("signal",), '{"signal": "SIGINT"}')
-        name = body.get("signal")
-        if name not in PTY_SIGNALS:
-            msg = f"signal must be one of {', '.join(PTY_SIGNALS)}, got {str(name)[:64]!r}"
-            raise bad_request(msg)
+        name = parse_signal(await self._read_json(request))
         session = self._session(request)
         self._pty.signal(session, name)
         return self._answer(session)

@@ -29,7 +29,8 @@ from ._openapi import openapi_document
 from ._pty import PtyManager
 from ._pty_http import PtyHandlers
 from ._requests import parse_exec_request
-from .contract import ACTOR_ID_HEADER, MAX_WAIT_S
+from ._wire import reply
+from .contract import ACTOR_ID_HEADER, MAX_WAIT_S, Readiness
 
 __all__ = ["create_app", "JOBS_KEY", "CONFIG_KEY", "PTY_KEY"]
 
@@ -162,15 +163,14 @@ class _Agent:
 
     async def readyz(self, request: web.Request) -> web.Response:
         actor_id = await self.current_actor_id()
-        return web.json_response(
-            {
-                "status": "ok",
-                "agent_version": __version__,
-                "actor_id": actor_id,
-                "boot_id": self.identity.boot_id,
-                "uptime_s": round(self.identity.uptime_s, 3),
-            }
-        )
+        values = {
+            "status": "ok",
+            "agent_version": __version__,
+            "actor_id": actor_id,
+            "boot_id": self.identity.boot_id,
+            "uptime_s": round(self.identity.uptime_s, 3),
+        }
+        return web.json_response(reply(Readiness, values))
 
     async def openapi(self, request: web.Request) -> web.Response:
         return web.Response(body=self._doc_body, content_type="application/json")

@@ -1,14 +1,29 @@
-"""Contract v1 as data: the header, limits, job states and body shapes both sides rely on.
+"""Contract v1 as data: the header, limits, job states and every message both sides rely on.
 
-The agent enforces these values and the provider speaks them, so they live here once, with no
-import beyond the standard library: the provider imports this module without pulling in the
-agent's server (aiohttp handlers, the job table). `agent/contract.md` is the prose; a test checks
-that the OpenAPI document agrees with the states and limits named here.
+Each request and reply body is declared once, here, as a TypedDict whose fields carry their
+limits, patterns, defaults and descriptions in `typing.Annotated` (the markers of `_fields`).
+The agent derives from these declarations everything else (`_wire`): the validation of request
+bodies and its 400 messages, the replies it builds, and the schemas of the OpenAPI document.
+The provider imports this module for the same types and limits; it needs nothing beyond the
+standard library (and `_fields`), so the provider never pulls in the agent's server.
+`agent/contract.md` is the prose.
 """
 
-from __future__ import annotations
+from typing import Annotated, Final, Literal, Required, TypedDict, get_args
 
-from typing import Final, Literal, TypedDict, get_args
+from ._fields import (
+    ABSOLUTE_PATTERN,
+    ContentEncoding,
+    Default,
+    DigitsAtMost,
+    Doc,
+    Example,
+    FirstNotEmpty,
+    MinLength,
+    NoNul,
+    Pattern,
+    Range,
+)
 
 __all__ = [
     "ACTOR_ID_HEADER",
@@ -35,8 +50,10 @@ __all__ = [
     "PTY_RETAINED_ENDED",
     "PTY_SIGNALS",
     "PTY_STATES",
+    "MESSAGES",
     "ErrorBody",
     "ErrorCode",
+    "ErrorDetail",
     "ExecRequest",
     "FileStat",
     "Job",
@@ -46,7 +63,10 @@ __all__ = [
     "PtyMode",
     "PtyOutput",
     "PtyRequest",
+    "PtyResize",
     "PtySession",
+    "PtySignal",
+    "PtySignalName",
     "PtyState",
     "Readiness",
     "UploadReply",
@@ -90,7 +110,7 @@ PTY_RETAINED_ENDED: Final = 64
 # rows and cols are unsigned shorts in the kernel's struct winsize; 0 means "unknown" there.
 MAX_TERMINAL_SIZE: Final = 65535
 # The signals POST /v1/pty/{id}/signal delivers, by name.
-PTY_SIGNALS: Final = (
+PtySignalName = Literal[
     "SIGHUP",
     "SIGINT",
     "SIGQUIT",
@@ -102,7 +122,8 @@ PTY_SIGNALS: Final = (
     "SIGSTOP",
     "SIGTSTP",
     "SIGWINCH",
-)
+]
+PTY_SIGNALS: Final[tuple[PtySignalName, ...]] = get_args(PtySignalName)
 
 # The `code` of every error body. contract.md says when each is sent; a test checks that the
 # OpenAPI document lists exactly these.
@@ -136,25 +157,82 @@ JOB_STATES: Final[tuple[JobState, ...]] = ("running", "exited", "timeout", "kill
 FINISHED_STATES: Final = frozenset(JOB_STATES) - {"running"}
 
 
+# Field types several messages share.
+JobId = Annotated[str, Pattern("^[A-Za-z0-9._-]{1,128}$")]
+Command = Annotated[str, MinLength(1), NoNul()]
+Argv = Annotated[list[Annotated[str, NoNul()]], MinLength(1), FirstNotEmpty()]
+AbsolutePath = Annotated[
+    str, Pattern(ABSOLUTE_PATTERN, "an absolute path (starting with /)"), NoNul()
+]
+EnvName = Annotated[str, MinLength(1), Pattern("^[^=\\x00]*$", "not empty, without '=' or NUL")]
+Environment = dict[EnvName, Annotated[str, NoNul()]]
+UserName = Annotated[str, MinLength(1), NoNul(), DigitsAtMost(MAX_UID, "a uid")]
+Uid = Annotated[int, Range(minimum=0, maximum=MAX_UID)]
+TerminalSize = Annotated[int, Range(minimum=1, maximum=MAX_TERMINAL_SIZE)]
+Count = Annotated[int, Range(minimum=0)]
+
+
 class ExecRequest(TypedDict, total=False):
     """`POST /v1/exec` body. Only `command` is required."""
 
-    id: str | None
-    command: str | list[str]
-    shell: str
-    cwd: str | None
-    env: dict[str, str]
-    timeout_s: float | None
+    id: Annotated[
+        JobId | None,
+        Doc(
+            "Idempotency key; the same id with the same body never starts a second process, "
+            "with a different body it is a 409 id_conflict."
+        ),
+    ]
+    command: Required[
+        Annotated[
+            Command | Argv,
+            Doc(
+                "A string runs as [shell, -c, command]; a list is the argv (its first item, the "
+                "program, not empty). No NUL characters."
+            ),
+            Example("echo hi"),
+        ]
+    ]
+    shell: Annotated[str | None, MinLength(1), NoNul(), Default("/bin/sh")]
+    cwd: AbsolutePath | None
+    env: Annotated[
+        Environment | None,
+        Default({}),
+        Doc("Added to the agent's environment; names are not empty and hold no = or NUL."),
+    ]
+    timeout_s: Annotated[
+        float | None,
+        Range(exclusive_minimum=0, maximum=MAX_TIMEOUT_S),
+        Doc("Seconds; null for no timeout."),
+    ]
     stdin: str | None
-    user: str | int | None
-    max_output_bytes: int
-    background_services: bool | None
+    user: Annotated[
+        UserName | Uid | None,
+        Doc(
+            "A uid 0..4294967294 (an integer, or a string of ASCII digits), or the name of a "
+            "user in the sandbox's passwd; anything else is a 400."
+        ),
+    ]
+    max_output_bytes: Annotated[
+        int | None,
+        Range(minimum=0, maximum=MAX_OUTPUT_BYTES),
+        Default(DEFAULT_MAX_OUTPUT_BYTES),
+        Doc("Per stream; beyond it the head and the tail are kept."),
+    ]
+    background_services: Annotated[
+        bool | None,
+        Default(False),
+        Doc(
+            "true: processes the command leaves running (services) may keep its stdout and "
+            "stderr; the job still finishes when the command exits, and the agent goes on "
+            "reading and discarding their output, so they never get SIGPIPE."
+        ),
+    ]
 
 
-class Job(TypedDict, total=False):
+class Job(TypedDict):
     """A job as `POST /v1/exec`, `GET /v1/exec/{id}` and `DELETE` return it."""
 
-    id: str
+    id: JobId
     state: JobState
     exit_code: int | None
     signal: int | None
@@ -162,8 +240,8 @@ class Job(TypedDict, total=False):
     stderr: str
     stdout_truncated: bool
     stderr_truncated: bool
-    started_at: float
-    duration_ms: float
+    started_at: Annotated[float, Doc("Unix time in seconds.")]
+    duration_ms: Annotated[float, Range(minimum=0)]
     error: str | None
 
 
@@ -175,34 +253,76 @@ PTY_STATES: Final[tuple[PtyState, ...]] = ("running", "exited", "killed", "faile
 class PtyRequest(TypedDict, total=False):
     """`POST /v1/pty` body. Every field is optional: no `command` is an interactive shell."""
 
-    id: str | None
-    command: str | list[str] | None
-    shell: str | None
-    cwd: str | None
-    env: dict[str, str]
-    user: str | int | None
-    rows: int
-    cols: int
-    pty: bool
+    id: Annotated[
+        JobId | None,
+        Doc(
+            "Idempotency key, as for exec: the same id with the same body returns the existing "
+            "session, with a different body it is a 409 id_conflict."
+        ),
+    ]
+    command: Annotated[
+        Command | Argv | None,
+        Doc(
+            "A string runs as [shell, -c, command]; a list is the argv; null (the default) is "
+            "an interactive shell: `shell`, else bash if it is on PATH, else /bin/sh."
+        ),
+        Example("bash"),
+    ]
+    shell: Annotated[str | None, MinLength(1), NoNul()]
+    cwd: AbsolutePath | None
+    env: Annotated[
+        Environment | None,
+        Default({}),
+        Doc(
+            "Added to the agent's environment; a terminal also gets TERM=xterm-256color unless "
+            "this sets TERM."
+        ),
+    ]
+    user: Annotated[
+        UserName | Uid | None,
+        Doc("As for exec: a uid or a user name of the sandbox's passwd."),
+    ]
+    rows: Annotated[
+        int | None, Range(minimum=1, maximum=MAX_TERMINAL_SIZE), Default(24), Example(24)
+    ]
+    cols: Annotated[
+        int | None, Range(minimum=1, maximum=MAX_TERMINAL_SIZE), Default(80), Example(80)
+    ]
+    pty: Annotated[
+        bool,
+        Default(True),
+        Doc(
+            "true: a terminal (all output on stdout); false: pipes, stdout and stderr apart, "
+            "rows and cols unused."
+        ),
+    ]
 
 
 class PtySession(TypedDict):
     """A session as `POST /v1/pty`, `GET`, `DELETE /v1/pty/{id}` and resize/signal return it."""
 
-    id: str
+    id: JobId
     mode: PtyMode
     state: PtyState
     exit_code: int | None
     signal: int | None
-    error: str | None
-    rows: int
-    cols: int
-    started_at: float
-    duration_ms: float
-    stdout_offset: int
-    stderr_offset: int
-    input_offset: int
-    input_pending: int
+    error: Annotated[str | None, Doc("Why the process could not start (state failed).")]
+    rows: TerminalSize
+    cols: TerminalSize
+    started_at: Annotated[float, Doc("Unix time in seconds.")]
+    duration_ms: Annotated[float, Range(minimum=0)]
+    stdout_offset: Annotated[
+        Count, Doc("Bytes of output produced so far (the terminal's in pty mode).")
+    ]
+    stderr_offset: Count
+    input_offset: Annotated[
+        Count, Doc("Bytes of input received so far: where the next chunk starts.")
+    ]
+    input_pending: Annotated[
+        int,
+        Range(minimum=0, maximum=MAX_PTY_INPUT_BYTES),
+        Doc("Received bytes the program has not read yet."),
+    ]
 
 
 class PtyOutput(TypedDict):
@@ -210,11 +330,22 @@ class PtyOutput(TypedDict):
 
     id: str
     stream: Literal["stdout", "stderr"]
-    offset: int
-    next_offset: int
-    skipped: int
-    data: str
-    eof: bool
+    offset: Annotated[Count, Doc("Of data's first byte.")]
+    next_offset: Annotated[Count, Doc("Where the next read starts.")]
+    skipped: Annotated[
+        Count,
+        Doc(
+            "Bytes between the requested offset and `offset` that are no longer kept: each "
+            f"stream keeps its last {PTY_BUFFER_BYTES} bytes, and drops only bytes a read has "
+            "moved past (or all of them on DELETE)."
+        ),
+    ]
+    data: Annotated[
+        str,
+        ContentEncoding("base64"),
+        Doc(f"At most max_bytes ({MAX_PTY_READ_BYTES} by default) bytes."),
+    ]
+    eof: Annotated[bool, Doc("The session has ended and this is the end of the stream.")]
     state: PtyState
     exit_code: int | None
     signal: int | None
@@ -224,18 +355,31 @@ class PtyInputReply(TypedDict):
     """`POST /v1/pty/{id}/input`: bytes accepted so far, and how many the program has not read."""
 
     id: str
-    input_offset: int
-    input_pending: int
+    input_offset: Count
+    input_pending: Annotated[int, Range(minimum=0, maximum=MAX_PTY_INPUT_BYTES)]
+
+
+class PtyResize(TypedDict):
+    """`POST /v1/pty/{id}/resize` body: the terminal's new size, both fields required."""
+
+    rows: Annotated[TerminalSize, Example(40)]
+    cols: Annotated[TerminalSize, Example(120)]
+
+
+class PtySignal(TypedDict):
+    """`POST /v1/pty/{id}/signal` body."""
+
+    signal: Annotated[PtySignalName, Example("SIGINT")]
 
 
 class Readiness(TypedDict):
     """`GET /readyz`."""
 
-    status: str
+    status: Literal["ok"]
     agent_version: str
     actor_id: str | None
-    boot_id: str
-    uptime_s: float
+    boot_id: Annotated[str, Pattern("^[0-9a-f]{32}$")]
+    uptime_s: Annotated[float, Range(minimum=0)]
 
 
 class FileStat(TypedDict):
@@ -243,8 +387,8 @@ class FileStat(TypedDict):
 
     path: str
     type: Literal["file", "dir", "symlink", "other"]
-    size: int
-    mode: int
+    size: Count
+    mode: Annotated[Count, Doc("Permission bits.")]
     mtime: float
 
 
@@ -252,16 +396,36 @@ class UploadReply(TypedDict):
     """`PUT /v1/files`: `sha256` is set once the upload is final."""
 
     path: str
-    size: int
-    sha256: str | None
+    size: Count
+    sha256: Annotated[
+        Annotated[str, Pattern("^[0-9a-f]{64}$")] | None,
+        Doc("Of the whole file when final=true, else null."),
+    ]
 
 
 class ErrorDetail(TypedDict):
     code: ErrorCode
-    message: str
+    message: Annotated[str, MinLength(1)]
 
 
 class ErrorBody(TypedDict):
     """Every error the agent sends: `{"error": {"code", "message"}}`."""
 
     error: ErrorDetail
+
+
+# Every message on the wire, in the order the OpenAPI document lists their schemas.
+MESSAGES: Final = (
+    ErrorBody,
+    Readiness,
+    ExecRequest,
+    Job,
+    UploadReply,
+    FileStat,
+    PtyRequest,
+    PtySession,
+    PtyOutput,
+    PtyInputReply,
+    PtyResize,
+    PtySignal,
+)

@@ -222,10 +222,13 @@ def test_timeout_kills_whole_process_tree(agent: Any, tmp_path: Path) -> None:
 
 def test_delete_kills_and_is_idempotent(agent: Any, tmp_path: Path) -> None:
     job = agent.exec(wait=0, command=f"sleep 300 & echo $! > {tmp_path}/pid; wait").json()
+    pid_file = tmp_path / "pid"
     deadline = time.monotonic() + 5
-    while not (tmp_path / "pid").exists() and time.monotonic() < deadline:
+    # The shell creates the file before it writes the pid: wait for the whole line.
+    while not (pid_file.exists() and pid_file.read_text().endswith("\n")):
+        assert time.monotonic() < deadline, "the job never wrote its background pid"
         time.sleep(0.02)
-    pid = int((tmp_path / "pid").read_text())
+    pid = int(pid_file.read_text())
     killed = agent.request("DELETE", f"/v1/exec/{job['id']}").json()
     assert killed["state"] == "killed"
     assert killed["signal"] == 15

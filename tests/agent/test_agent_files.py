@@ -24,7 +24,7 @@ def test_put_creates_parents_and_returns_sha(agent: Any, tmp_path: Path, check_s
     resp = agent.request("PUT", f"/v1/files?path={_q(target)}", body=b"hello")
     assert resp.status == 200
     doc = resp.json()
-    check_schema(doc, "UploadResult")
+    check_schema(doc, "UploadReply")
     assert doc == {
         "path": str(target),
         "size": 5,
@@ -250,7 +250,7 @@ def test_stat(agent: Any, tmp_path: Path, check_schema: Any) -> None:
         resp = agent.request("GET", f"/v1/stat?path={_q(tmp_path / name)}")
         assert resp.status == 200
         doc = resp.json()
-        check_schema(doc, "Stat")
+        check_schema(doc, "FileStat")
         assert doc["type"] == kind
         assert doc["path"] == str(tmp_path / name)
         if size is not None:

@@ -197,13 +197,13 @@ def test_generated_requests_never_5xx(agent: Any, check_schema: Any, tmp_path: P
         if resp.headers.get("content-type", "").startswith("application/json") and resp.body:
             doc = json.loads(resp.body)
             if resp.status >= 400:
-                check_schema(doc, "Error")
+                check_schema(doc, "ErrorBody")
             elif path.startswith("/v1/exec"):
                 check_schema(doc, "Job")
             elif path.startswith("/v1/stat"):
-                check_schema(doc, "Stat")
+                check_schema(doc, "FileStat")
             elif method == "PUT":
-                check_schema(doc, "UploadResult")
+                check_schema(doc, "UploadReply")
 
     one()
     assert len(sent) >= MIN_REQUESTS

@@ -31,7 +31,7 @@ def _q(path: Path | str) -> str:
 def _error(resp: Any, status: int, code: str, check_schema: Any) -> str:
     assert resp.status == status, (resp.status, resp.body[:300])
     doc = resp.json()
-    check_schema(doc, "Error")
+    check_schema(doc, "ErrorBody")
     assert doc["error"]["code"] == code, doc
     return str(doc["error"]["message"])
 
@@ -333,7 +333,7 @@ def test_http_parser_errors_are_json(agent: Any, check_schema: Any, raw: bytes) 
     assert status == 400
     assert headers["content-type"].startswith("application/json")  # and then it closed
     doc = json.loads(body)
-    check_schema(doc, "Error")
+    check_schema(doc, "ErrorBody")
     assert doc["error"]["code"] == "bad_request"
     assert "Traceback" not in agent.log_text()
 
@@ -371,7 +371,7 @@ def _json_408(received: bytes, check_schema: Any) -> None:
     assert head.startswith(b"HTTP/1.1 408 "), received[:200]
     assert b"application/json" in head.lower()
     doc = json.loads(body)
-    check_schema(doc, "Error")
+    check_schema(doc, "ErrorBody")
     assert doc["error"]["code"] == "request_timeout"
 
 

@@ -107,7 +107,7 @@ def test_command_in_a_terminal_reads_input_and_reports_its_exit(
     assert pty.session["state"] == "running"
     assert b"TERM=xterm-256color" in pty.read_until(b"TERM=xterm-256color")
     reply = pty.write(b"hello\n")
-    check_schema(reply, "PtyInputResult")
+    check_schema(reply, "PtyInputReply")
     assert reply["input_offset"] == 6
     out = pty.drain()
     assert b"hello\r\n" in out, "the terminal echoes typed input"
@@ -431,7 +431,7 @@ def test_bad_input_is_a_400_that_says_why(
         target = path.replace("{s}", f"/v1/pty/{session['id']}")
     resp = agent.request(method, target, json_body=body)
     assert resp.status == 400, resp.body
-    check_schema(resp.json(), "Error")
+    check_schema(resp.json(), "ErrorBody")
     assert resp.json()["error"]["code"] == "bad_request"
     assert fragment in resp.json()["error"]["message"]
     if "{s}" in path:

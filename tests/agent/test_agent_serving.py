@@ -28,7 +28,7 @@ def test_readyz(agent: Any, check_schema: Any) -> None:
     resp = agent.request("GET", "/readyz")
     assert resp.status == 200
     doc = resp.json()
-    check_schema(doc, "Ready")
+    check_schema(doc, "Readiness")
     assert doc["status"] == "ok"
     assert doc["agent_version"] == __version__
     assert doc["actor_id"] is None
@@ -143,7 +143,7 @@ def test_token_auth(agent_factory: Any, tmp_path: Path, how: str) -> None:
         (b"{}", "command is required"),
         (b'{"command": 5}', "command must be"),
         (b'{"command": []}', "non-empty list"),
-        (b'{"command": ["ls", 1]}', "list of strings"),
+        (b'{"command": ["ls", 1]}', "command[1] must be a string"),
         (b'{"command": ""}', "must not be empty"),
         (b'{"command": "ls", "cwd": "relative"}', "absolute"),
         (b'{"command": "ls", "env": {"A": 1}}', "must be a string"),
@@ -175,7 +175,7 @@ def test_bad_exec_bodies_are_400(agent: Any, check_schema: Any, body: bytes, fra
     )
     assert resp.status == 400, body
     doc = resp.json()
-    check_schema(doc, "Error")
+    check_schema(doc, "ErrorBody")
     assert doc["error"]["code"] == "bad_request"
     assert fragment in doc["error"]["message"]
 
@@ -198,10 +198,10 @@ def test_oversize_json_is_413(agent: Any) -> None:
 def test_unknown_path_and_method(agent: Any, check_schema: Any) -> None:
     resp = agent.request("GET", "/v2/nothing")
     assert resp.status == 404
-    check_schema(resp.json(), "Error")
+    check_schema(resp.json(), "ErrorBody")
     resp = agent.request("PATCH", "/v1/exec")
     assert resp.status == 405
-    check_schema(resp.json(), "Error")
+    check_schema(resp.json(), "ErrorBody")
     assert resp.json()["error"]["code"] == "method_not_allowed"
     assert "POST" in resp.headers["allow"]
 
@@ -301,7 +301,7 @@ def test_openapi_paths_match_routes(openapi: dict[str, Any]) -> None:
 
 def test_openapi_error_codes_cover_the_contract(openapi: dict[str, Any]) -> None:
     codes = set(
-        openapi["components"]["schemas"]["Error"]["properties"]["error"]["properties"]["code"][
+        openapi["components"]["schemas"]["ErrorBody"]["properties"]["error"]["properties"]["code"][
             "enum"
         ]
     )
@@ -322,7 +322,7 @@ def test_contract_doc_mentions_every_path(openapi: dict[str, Any]) -> None:
     contract = (OPENAPI_FILE.parent / "contract.md").read_text()
     for path in openapi["paths"]:
         assert path.split("{")[0] in contract, path
-    for code in openapi["components"]["schemas"]["Error"]["properties"]["error"]["properties"][
+    for code in openapi["components"]["schemas"]["ErrorBody"]["properties"]["error"]["properties"][
         "code"
     ]["enum"]:
         assert f"`{code}`" in contract, code
