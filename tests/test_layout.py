@@ -7,6 +7,7 @@ the run ends with "import file mismatch" before any test runs (CI run of stop 26
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -63,3 +64,39 @@ def test_the_fast_lane_is_marked_on_collection(request: pytest.FixtureRequest) -
     """This module is in the lane: its tests carry the `fast` marker from conftest."""
     assert "test_layout.py" in FAST_MODULES
     assert request.node.get_closest_marker("fast") is not None
+
+
+# `assert LOW <= X <= HIGH` (or with `<`, or `>` both ways) where X is a measured time: a window
+# on the wall clock, which fails on a loaded machine and passes on a broken one. Timing is tested
+# against an injected clock, by counts, or with a one-sided bound on a `slow` test.
+_CHAIN = re.compile(
+    r"assert\s+[^<>=\n]+?\s(?:<=?|>=?)\s*(?P<mid>[^<>=\n]+?)\s*(?:<=?|>=?)\s*[^<>=\n]+"
+)
+_TIMED = re.compile(r"elapsed|took|monotonic|perf_counter|time\.time|started|seconds|duration")
+
+
+def _two_sided_time_windows(text: str) -> list[str]:
+    return [
+        line.strip()
+        for line in text.splitlines()
+        if (chain := _CHAIN.search(line)) and _TIMED.search(chain["mid"])
+    ]
+
+
+def test_the_window_check_finds_a_window_and_spares_one_sided_bounds() -> None:
+    low, high = "26.0 <= ", " <= 34.0"
+    assert _two_sided_time_windows(f"    assert {low}elapsed{high}, elapsed") != []
+    assert _two_sided_time_windows("assert 11.5 < time.monotonic() - started < 20") != []
+    assert _two_sided_time_windows("    assert elapsed >= 1.9, 'too soon'") == []
+    assert _two_sided_time_windows("    assert took < 2.0  # shed, not parked") == []
+    assert _two_sided_time_windows("    assert 2 <= len(calls) <= 8") == []
+
+
+def test_no_test_asserts_a_two_sided_wall_clock_window() -> None:
+    """No `low <= elapsed <= high` anywhere under tests/ (issue 25 item 4)."""
+    found = {
+        str(path.relative_to(TESTS)): windows
+        for path in sorted(TESTS.rglob("*.py"))
+        if path.name != "test_layout.py" and (windows := _two_sided_time_windows(path.read_text()))
+    }
+    assert not found, f"test these with an injected clock or a one-sided `slow` bound: {found}"
