@@ -56,8 +56,39 @@ def test_the_fast_lane_lists_real_modules_without_heavy_markers() -> None:
         path = TESTS / name
         assert path.is_file(), f"tests/fast_lane.py lists {name}, which does not exist"
         text = path.read_text()
-        heavy = [m for m in HEAVY_MARKERS if f"pytest.mark.{m}" in text]
+        # `slow` may mark single tests (conftest leaves them out of the lane), not the module
+        heavy = [
+            m
+            for m in HEAVY_MARKERS
+            if (m != "slow" and f"pytest.mark.{m}" in text)
+            or re.search(rf"^pytestmark\b.*pytest\.mark\.{m}\b", text, re.M)
+        ]
         assert not heavy, f"{name} is in the fast lane but marked {heavy}"
+
+
+class _Item:
+    """What conftest's marking reads of a collected test: its path and its markers."""
+
+    def __init__(self, module: str, *markers: str) -> None:
+        self.path = TESTS / module
+        self.markers = set(markers)
+
+    def get_closest_marker(self, name: str) -> object | None:
+        return name if name in self.markers else None
+
+    def add_marker(self, marker: pytest.MarkDecorator) -> None:
+        self.markers.add(marker.name)
+
+
+def test_a_slow_test_of_a_fast_module_is_left_out_of_the_lane() -> None:
+    """`pytest -m fast` never runs a test marked `slow`, whichever module holds it."""
+    import conftest
+
+    module = "local/test_router_resume.py"
+    assert module in FAST_MODULES
+    plain, slow, elsewhere = _Item(module), _Item(module, "slow"), _Item("local/test_api.py")
+    conftest.pytest_collection_modifyitems(None, [plain, slow, elsewhere])  # type: ignore[arg-type]
+    assert (plain.markers, slow.markers, elsewhere.markers) == ({"fast"}, {"slow"}, set())
 
 
 def test_the_fast_lane_is_marked_on_collection(request: pytest.FixtureRequest) -> None:

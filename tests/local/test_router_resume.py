@@ -134,10 +134,9 @@ async def test_a_non_retryable_error_is_answered_after_one_call() -> None:
     parking) are retried (`retryable`, ingress/resumer.go@18d1c266); NOT_FOUND is answered at
     once, well inside the 5 s budget, and touches no parking place."""
     async with RouterEnv(_always(Fail(C.NOT_FOUND, "Actor t/a not found"))) as env:
-        status, _, _, took = await _get(env)
+        status, _, _, _ = await _get(env)
         assert status == 404
-        assert env.control.calls == ["t/a"]
-        assert took < 5.0
+        assert env.control.calls == ["t/a"]  # one call, no retry, so no wait on the budget
         assert env.sample("atenet_router_parking_active") == 0
         assert _waits(env, "error") == 0
 
@@ -208,6 +207,7 @@ async def test_concurrent_requests_share_one_flight() -> None:
         assert _route(env, "ok", "none", template="known") == 1
 
 
+@pytest.mark.slow  # an upper bound on a measured wait: load-sensitive, so not in the fast lane
 async def test_the_budget_is_per_flight_and_joiners_share_what_is_left() -> None:
     """The budget starts with the first caller; later joiners share what remains
     (`runFlight`, resumer.go@18d1c266), so a joiner arriving half-way waits less than a whole
@@ -279,11 +279,11 @@ async def test_a_full_lot_sheds_with_the_quoted_503_and_spares_running_actors() 
     async with RouterEnv(script, parked_request_max=1, parked_request_budget_s=2.0, **FAST) as env:
         parked = asyncio.ensure_future(_get(env, "t/b"))
         await until(lambda: env.sample("atenet_router_parking_active") == 1)
-        status, text, headers, took = await _get(env, "t/c")
+        status, text, headers, _ = await _get(env, "t/c")
         assert (status, text) == (503, 'actor "t/c" unavailable: router at capacity')
         assert headers["Content-Type"] == "text/plain"
         assert "Retry-After" not in headers
-        assert took < 2.0  # shed, not parked
+        assert not parked.done()  # shed at once, while the parked caller still waits its 2 s
         assert env.sample("atenet_router_parking_rejected_total") == 1
         assert _route(env, "unavailable", "unknown") == 1
         assert (await _get(env, "t/a"))[0] == 200  # running: the full lot is not in its way
