@@ -80,14 +80,16 @@ class _Item:
         self.markers.add(marker.name)
 
 
-def test_a_slow_test_of_a_fast_module_is_left_out_of_the_lane() -> None:
+def test_a_slow_test_of_a_fast_module_is_left_out_of_the_lane(
+    pytestconfig: pytest.Config,
+) -> None:
     """`pytest -m fast` never runs a test marked `slow`, whichever module holds it."""
-    import conftest
-
+    conftest = pytestconfig.pluginmanager.get_plugin(str(TESTS / "conftest.py"))
+    assert conftest is not None, "tests/conftest.py is registered under its path"
     module = "local/test_router_resume.py"
     assert module in FAST_MODULES
     plain, slow, elsewhere = _Item(module), _Item(module, "slow"), _Item("local/test_api.py")
-    conftest.pytest_collection_modifyitems(None, [plain, slow, elsewhere])  # type: ignore[arg-type]
+    conftest.pytest_collection_modifyitems(None, [plain, slow, elsewhere])
     assert (plain.markers, slow.markers, elsewhere.markers) == ({"fast"}, {"slow"}, set())
 
 
