@@ -50,6 +50,12 @@ def test_no_module_is_over_700_lines() -> None:
     assert not over, f"split these by job: {over}"
 
 
+# A backend, a sandbox or an agent process: what a fast module never starts (fixtures included).
+_REAL_COMPONENT = re.compile(
+    r"\bmake_stack\(|\bLocalBackend\(|\bstart_agent\(|\bmake_actor\(|: Stack\b|: LocalBackend\b"
+)
+
+
 def test_the_fast_lane_lists_real_modules_without_heavy_markers() -> None:
     """A renamed module silently leaves the lane, and a heavy one makes it slow: neither may."""
     for name in sorted(FAST_MODULES):
@@ -64,6 +70,8 @@ def test_the_fast_lane_lists_real_modules_without_heavy_markers() -> None:
             or re.search(rf"^pytestmark\b.*pytest\.mark\.{m}\b", text, re.M)
         ]
         assert not heavy, f"{name} is in the fast lane but marked {heavy}"
+        real = [] if name == "test_layout.py" else sorted(set(_REAL_COMPONENT.findall(text)))
+        assert not real, f"{name} is in the fast lane but starts {real}: split those tests out"
 
 
 class _Item:
