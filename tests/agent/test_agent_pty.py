@@ -305,11 +305,9 @@ def test_stragglers_do_not_hold_the_session_open(agent: Any, tmp_path: Path) -> 
         f"sh -c 'trap \"\" HUP; echo $$ > {immune}; exec sleep 30' & "
         f"while [ ! -s {immune} ]; do sleep 0.01; done",
     )
-    started = time.monotonic()
-    end = pty.state(wait=8)
+    end = pty.state(wait=8)  # answers at the change, else at 8 s with the session still running
     assert end["state"] == "exited"
     assert end["exit_code"] == 0
-    assert time.monotonic() - started < 3
     hup_pid, immune_pid = int(hup.read_text()), int(immune.read_text())
     deadline = time.monotonic() + 5
     while _alive(hup_pid) and time.monotonic() < deadline:
@@ -332,11 +330,10 @@ def test_delete_kills_the_whole_tree_and_is_idempotent(agent: Any, tmp_path: Pat
     pty = Pty(agent, command=f"setsid sleep 300 & echo $! > {pidfile}; echo ready; sleep 300")
     pty.read_until(b"ready")
     escaped = int(pidfile.read_text())
-    started = time.monotonic()
     closed = pty.close()
     assert closed["state"] == "killed"
+    # sh dies of SIGHUP at once: after the 2 s grace it would have died of SIGKILL
     assert closed["signal"] in (signal.SIGHUP, signal.SIGTERM)
-    assert time.monotonic() - started < 3, "sh dies of SIGHUP at once, no 2 s grace"
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and Path(f"/proc/{escaped}").exists():
         time.sleep(0.05)
@@ -362,9 +359,9 @@ def test_interactive_shell_is_ended_by_delete_without_waiting_for_sigkill(agent:
     pty = Pty(agent)  # bash ignores SIGTERM when interactive; SIGHUP ends it
     pty.write(b"echo ready\n")
     pty.read_until(b"ready\r\n")
-    started = time.monotonic()
-    assert pty.close()["state"] == "killed"
-    assert time.monotonic() - started < 1.5
+    closed = pty.close()
+    assert closed["state"] == "killed"
+    assert closed["signal"] == signal.SIGHUP, "ended by the hang-up, not SIGKILL after the grace"
 
 
 def test_same_id_is_the_same_session_and_a_different_body_conflicts(
