@@ -69,12 +69,15 @@ _problems: dict[str, str | None] = {}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the fast lane's tests (`pytest -m fast`; the list is in fast_lane.py)."""
+    """Mark the fast lane's tests (`pytest -m fast`; the list is in fast_lane.py). A test of a
+    fast module that is marked `slow` (a real limit, a one-sided bound on a measured time) stays
+    out of the lane."""
     tests = Path(__file__).resolve().parent
     for item in items:
         if (
             item.path.is_relative_to(tests)
             and item.path.relative_to(tests).as_posix() in FAST_MODULES
+            and item.get_closest_marker("slow") is None
         ):
             item.add_marker(pytest.mark.fast)
 

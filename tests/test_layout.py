@@ -7,6 +7,7 @@ the run ends with "import file mismatch" before any test runs (CI run of stop 26
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -49,17 +50,94 @@ def test_no_module_is_over_700_lines() -> None:
     assert not over, f"split these by job: {over}"
 
 
+# A backend, a sandbox or an agent process: what a fast module never starts (fixtures included).
+_REAL_COMPONENT = re.compile(
+    r"\bmake_stack\(|\bLocalBackend\(|\bstart_agent\(|\bmake_actor\(|: Stack\b|: LocalBackend\b"
+)
+
+
 def test_the_fast_lane_lists_real_modules_without_heavy_markers() -> None:
     """A renamed module silently leaves the lane, and a heavy one makes it slow: neither may."""
     for name in sorted(FAST_MODULES):
         path = TESTS / name
         assert path.is_file(), f"tests/fast_lane.py lists {name}, which does not exist"
         text = path.read_text()
-        heavy = [m for m in HEAVY_MARKERS if f"pytest.mark.{m}" in text]
+        # `slow` may mark single tests (conftest leaves them out of the lane), not the module
+        heavy = [
+            m
+            for m in HEAVY_MARKERS
+            if (m != "slow" and f"pytest.mark.{m}" in text)
+            or re.search(rf"^pytestmark\b.*pytest\.mark\.{m}\b", text, re.M)
+        ]
         assert not heavy, f"{name} is in the fast lane but marked {heavy}"
+        real = [] if name == "test_layout.py" else sorted(set(_REAL_COMPONENT.findall(text)))
+        assert not real, f"{name} is in the fast lane but starts {real}: split those tests out"
+
+
+class _Item:
+    """What conftest's marking reads of a collected test: its path and its markers."""
+
+    def __init__(self, module: str, *markers: str) -> None:
+        self.path = TESTS / module
+        self.markers = set(markers)
+
+    def get_closest_marker(self, name: str) -> object | None:
+        return name if name in self.markers else None
+
+    def add_marker(self, marker: pytest.MarkDecorator) -> None:
+        self.markers.add(marker.name)
+
+
+def test_a_slow_test_of_a_fast_module_is_left_out_of_the_lane(
+    pytestconfig: pytest.Config,
+) -> None:
+    """`pytest -m fast` never runs a test marked `slow`, whichever module holds it."""
+    conftest = pytestconfig.pluginmanager.get_plugin(str(TESTS / "conftest.py"))
+    assert conftest is not None, "tests/conftest.py is registered under its path"
+    module = "local/test_router_resume.py"
+    assert module in FAST_MODULES
+    plain, slow, elsewhere = _Item(module), _Item(module, "slow"), _Item("local/test_api.py")
+    conftest.pytest_collection_modifyitems(None, [plain, slow, elsewhere])
+    assert (plain.markers, slow.markers, elsewhere.markers) == ({"fast"}, {"slow"}, set())
 
 
 def test_the_fast_lane_is_marked_on_collection(request: pytest.FixtureRequest) -> None:
     """This module is in the lane: its tests carry the `fast` marker from conftest."""
     assert "test_layout.py" in FAST_MODULES
     assert request.node.get_closest_marker("fast") is not None
+
+
+# `assert LOW <= X <= HIGH` (or with `<`, or `>` both ways) where X is a measured time: a window
+# on the wall clock, which fails on a loaded machine and passes on a broken one. Timing is tested
+# against an injected clock, by counts, or with a one-sided bound on a `slow` test.
+_CHAIN = re.compile(
+    r"assert\s+[^<>=\n]+?\s(?:<=?|>=?)\s*(?P<mid>[^<>=\n]+?)\s*(?:<=?|>=?)\s*[^<>=\n]+"
+)
+_TIMED = re.compile(r"elapsed|took|monotonic|perf_counter|time\.time|started|seconds|duration")
+
+
+def _two_sided_time_windows(text: str) -> list[str]:
+    return [
+        line.strip()
+        for line in text.splitlines()
+        if (chain := _CHAIN.search(line)) and _TIMED.search(chain["mid"])
+    ]
+
+
+def test_the_window_check_finds_a_window_and_spares_one_sided_bounds() -> None:
+    low, high = "26.0 <= ", " <= 34.0"
+    assert _two_sided_time_windows(f"    assert {low}elapsed{high}, elapsed") != []
+    assert _two_sided_time_windows("assert 11.5 < time.monotonic() - started < 20") != []
+    assert _two_sided_time_windows("    assert elapsed >= 1.9, 'too soon'") == []
+    assert _two_sided_time_windows("    assert took < 2.0  # shed, not parked") == []
+    assert _two_sided_time_windows("    assert 2 <= len(calls) <= 8") == []
+
+
+def test_no_test_asserts_a_two_sided_wall_clock_window() -> None:
+    """No `low <= elapsed <= high` anywhere under tests/ (issue 25 item 4)."""
+    found = {
+        str(path.relative_to(TESTS)): windows
+        for path in sorted(TESTS.rglob("*.py"))
+        if path.name != "test_layout.py" and (windows := _two_sided_time_windows(path.read_text()))
+    }
+    assert not found, f"test these with an injected clock or a one-sided `slow` bound: {found}"

@@ -162,6 +162,7 @@ def test_out_of_range_user_is_400_and_leaves_no_job(agent: Any, check_schema: An
     _error(agent.request("DELETE", "/v1/exec/g1"), 404, "not_found", check_schema)
 
 
+@pytest.mark.slow  # a one-sided bound on a measured time
 async def test_a_spawn_failure_is_a_failed_job_that_ends() -> None:
     """Behind validation: whatever makes the spawn itself fail ends the job as `failed`."""
     jobs = JobManager(AgentConfig())
@@ -375,6 +376,7 @@ def _json_408(received: bytes, check_schema: Any) -> None:
     assert doc["error"]["code"] == "request_timeout"
 
 
+@pytest.mark.slow  # a one-sided bound on a measured time
 async def test_slowloris_headers_are_cut(check_schema: Any) -> None:
     async with _serving(header_timeout_s=2, idle_timeout_s=60) as port:
 
@@ -399,6 +401,7 @@ async def test_slowloris_headers_are_cut(check_schema: Any) -> None:
         _json_408(received, check_schema)
 
 
+@pytest.mark.slow  # a one-sided bound on a measured time
 async def test_idle_connections_are_cut() -> None:
     async with _serving(idle_timeout_s=1) as port:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -414,6 +417,7 @@ async def test_idle_connections_are_cut() -> None:
         writer.close()
 
 
+@pytest.mark.slow  # a one-sided bound on a measured time
 @pytest.mark.parametrize(
     ("method", "path"), [("POST", "/v1/exec?wait=0"), ("PUT", "/v1/files?path=/tmp/never")]
 )

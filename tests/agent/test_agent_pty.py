@@ -247,7 +247,11 @@ def test_flow_control_bounds_memory_and_loses_nothing(agent: Any) -> None:
     assert old["offset"] <= size - MiB
 
 
+@pytest.mark.slow
 def test_long_poll_answers_as_soon_as_output_comes(agent: Any) -> None:
+    """A read waiting for output answers when the output comes, not at the end of its wait:
+    the output only exists after the input is typed, and the answer comes well inside the 8 s
+    wait (a one-sided bound: the real limit)."""
     pty = Pty(agent, command="read x; echo got:$x; sleep 30", pty=False)
     # The writer needs a connection of its own: the fixture's client is one keep-alive socket.
     other = type(agent)(agent.proc, agent.port, agent.log_path, agent.workdir)
@@ -259,12 +263,12 @@ def test_long_poll_answers_as_soon_as_output_comes(agent: Any) -> None:
     writer.join()
     other.close_conn()
     assert base64.b64decode(doc["data"]) == b"got:x\n"
-    assert 0.8 < elapsed < 6, elapsed
+    assert elapsed < 6, elapsed
     pty.close()
 
 
 def _type_later(client: Any, session_id: str) -> None:
-    time.sleep(1.0)
+    time.sleep(0.3)  # the read is waiting by then
     client.request(
         "POST",
         f"/v1/pty/{session_id}/input?offset=0",
@@ -275,15 +279,17 @@ def _type_later(client: Any, session_id: str) -> None:
 
 @pytest.mark.slow
 def test_idle_long_poll_returns_empty_after_wait(agent: Any) -> None:
-    """wait is capped at 8 s, under the router's 10 s (real: cmd/atenet/internal/router/xds.go)."""
+    """A quiet read is held for its whole wait and answers empty; wait is capped at 8 s, under
+    the router's 10 s (real: cmd/atenet/internal/router/xds.go), so no held read outlives the
+    router's cut. Scaled down to a 1 s wait; the bound is one-sided (it waited, at least)."""
     pty = Pty(agent, command="sleep 30")
     started = time.monotonic()
-    doc = pty.read(wait=8)
+    doc = pty.read(wait=1)
     elapsed = time.monotonic() - started
     assert doc["data"] == ""
     assert not doc["eof"]
     assert doc["next_offset"] == doc["offset"] == 0
-    assert 7.5 < elapsed < 9.5, elapsed
+    assert elapsed >= 0.9, elapsed
     too_long = agent.request("GET", f"/v1/pty/{pty.id}/output?wait=9")
     assert too_long.status == 400
     pty.close()
@@ -299,11 +305,9 @@ def test_stragglers_do_not_hold_the_session_open(agent: Any, tmp_path: Path) -> 
         f"sh -c 'trap \"\" HUP; echo $$ > {immune}; exec sleep 30' & "
         f"while [ ! -s {immune} ]; do sleep 0.01; done",
     )
-    started = time.monotonic()
-    end = pty.state(wait=8)
+    end = pty.state(wait=8)  # answers at the change, else at 8 s with the session still running
     assert end["state"] == "exited"
     assert end["exit_code"] == 0
-    assert time.monotonic() - started < 3
     hup_pid, immune_pid = int(hup.read_text()), int(immune.read_text())
     deadline = time.monotonic() + 5
     while _alive(hup_pid) and time.monotonic() < deadline:
@@ -326,11 +330,10 @@ def test_delete_kills_the_whole_tree_and_is_idempotent(agent: Any, tmp_path: Pat
     pty = Pty(agent, command=f"setsid sleep 300 & echo $! > {pidfile}; echo ready; sleep 300")
     pty.read_until(b"ready")
     escaped = int(pidfile.read_text())
-    started = time.monotonic()
     closed = pty.close()
     assert closed["state"] == "killed"
+    # sh dies of SIGHUP at once: after the 2 s grace it would have died of SIGKILL
     assert closed["signal"] in (signal.SIGHUP, signal.SIGTERM)
-    assert time.monotonic() - started < 3, "sh dies of SIGHUP at once, no 2 s grace"
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and Path(f"/proc/{escaped}").exists():
         time.sleep(0.05)
@@ -356,9 +359,9 @@ def test_interactive_shell_is_ended_by_delete_without_waiting_for_sigkill(agent:
     pty = Pty(agent)  # bash ignores SIGTERM when interactive; SIGHUP ends it
     pty.write(b"echo ready\n")
     pty.read_until(b"ready\r\n")
-    started = time.monotonic()
-    assert pty.close()["state"] == "killed"
-    assert time.monotonic() - started < 1.5
+    closed = pty.close()
+    assert closed["state"] == "killed"
+    assert closed["signal"] == signal.SIGHUP, "ended by the hang-up, not SIGKILL after the grace"
 
 
 def test_same_id_is_the_same_session_and_a_different_body_conflicts(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import datetime
 import json
 import os
 import re
@@ -153,10 +154,15 @@ async def test_tls_verifies_against_the_ca_under_the_api_service_name(
     await stranger.close()
 
 
-def test_certificates_have_the_real_shape_and_private_keys_stay_private(tmp_path: Path) -> None:
+def test_certificates_have_the_real_shape_and_private_keys_stay_private(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """real: the CA is Ed25519 with an empty subject for 365 days (internal/localca/localca.go);
     the leaf is ECDSA P-256, SAN `api.ate-system.svc` only, client+server auth, 24 h from 2 min
-    back (servicednssigner.go). Keys are secrets: 0600, in a 0700 folder."""
+    back (servicednssigner.go). Keys are secrets: 0600, in a 0700 folder. The issuing clock is
+    pinned, so the back-dating is checked exactly rather than against the wall clock."""
+    issued = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    monkeypatch.setattr(material, "_now", lambda: issued)
     certs = material.ServerCertificates(tmp_path)
     ca = x509.load_pem_x509_certificate(certs.ca_file.read_bytes())
     leaf = x509.load_pem_x509_certificate(certs.cert_file.read_bytes())
@@ -174,7 +180,8 @@ def test_certificates_have_the_real_shape_and_private_keys_stay_private(tmp_path
     assert sans.get_values_for_type(x509.IPAddress) == []
     lifetime = leaf.not_valid_after_utc - leaf.not_valid_before_utc
     assert lifetime.total_seconds() == 24 * 3600
-    assert 60 <= time.time() - leaf.not_valid_before_utc.timestamp() <= 300
+    assert leaf.not_valid_before_utc == issued - datetime.timedelta(minutes=2)
+    assert ca.not_valid_before_utc == issued
     for name, mode in (("ca.key", 0o600), ("server.key", 0o600), ("ca.crt", 0o644)):
         assert stat.S_IMODE((tmp_path / "tls" / name).stat().st_mode) == mode, name
     assert stat.S_IMODE((tmp_path / "tls").stat().st_mode) == 0o700

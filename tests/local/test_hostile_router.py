@@ -1,7 +1,7 @@
 """The router under hostile input (issue 14, "The router"), over raw sockets: 4xx, never 500.
 
-The router tests run against fakes (router_fakes.py). The admin listener's tests at the end
-need a LocalBackend (its admin endpoints are the backend's).
+Against fakes (router_fakes.py) on loopback, so the module is in the fast lane; the admin
+listener's hostile-input tests need a LocalBackend and live in test_hostile_admin.py.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import socket
 import time
 from typing import Any
 
-import aiohttp
 import grpc
 import pytest
 from router_fakes import (
@@ -24,13 +23,9 @@ from router_fakes import (
     exchange,
     read_response,
     status_of,
-    target,
     until,
 )
 
-from gym_substrate.ateapi import ateapi_pb2 as pb
-from gym_substrate.local import LocalBackend
-from gym_substrate.local.backend import ADMIN_BODY_LIMIT
 from gym_substrate.local.router import HEAD_TIMEOUT_S
 
 
@@ -131,7 +126,7 @@ async def test_unfinished_request_heads_are_cut() -> None:
     assert HEAD_TIMEOUT_S == 10.0
     async with RouterEnv(head_timeout_s=0.5) as env:
 
-        def dribble() -> tuple[float, bytes]:
+        def dribble() -> bytes:
             started = time.monotonic()
             with socket.create_connection(("127.0.0.1", env.port), timeout=30) as sock:
                 sock.sendall(b"GET / HTTP/1.1\r\nHost: h\r\n")
@@ -148,11 +143,11 @@ async def test_unfinished_request_heads_are_cut() -> None:
                     if not chunk:
                         break
                     received += chunk
-                return time.monotonic() - started, received
+                return received
 
-        elapsed, received = await asyncio.to_thread(dribble)
+        # the 408 is the router's: a client giving up at its 10 s would have received nothing
+        received = await asyncio.to_thread(dribble)
         assert received.startswith(b"HTTP/1.1 408 "), received
-        assert elapsed < 10  # cut by the deadline, not by the client giving up
         answer = await exchange(env.port, _request("/", "h"))
         assert status_of(answer) == 200
 
@@ -236,100 +231,6 @@ async def test_an_idle_tunnel_is_closed() -> None:
             assert await asyncio.wait_for(reader.read(), 10) == b""  # closed by the router
         finally:
             writer.close()
-
-
-# ---------------------------------------------------------------- admin listener (LocalBackend)
-
-
-def _ref(name: str) -> pb.ObjectRef:
-    return pb.ObjectRef(atespace="t", name=name)
-
-
-async def test_admin_body_over_the_limit_is_413_and_does_not_stall_proxying(
-    stub: Any, backend: LocalBackend
-) -> None:
-    """An 8 MiB admin body streams in while a proxied exec completes; the admin answer is 413.
-
-    The admin listener has its own port but shares the router's event loop. Needs a
-    LocalBackend (`make_actor` from local_helpers).
-    """
-    from local_helpers import make_actor
-
-    await make_actor(stub, "busy")
-    await stub.ResumeActor(pb.ResumeActorRequest(actor=_ref("busy")))
-    started = asyncio.Event()
-    release = asyncio.Event()
-    loop = asyncio.get_running_loop()
-
-    def admin_upload() -> bytes:
-        with socket.create_connection(("127.0.0.1", backend.admin_port), timeout=60) as sock:
-            sock.sendall(
-                b"POST /_local/images HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                b"Authorization: Bearer %s\r\n"
-                b"Transfer-Encoding: chunked\r\n\r\n" % backend.admin_token.encode()
-            )
-            piece = b"a: " + b"x" * (256 * 1024 - 4) + b"\n"
-            sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
-            loop.call_soon_threadsafe(started.set)
-            asyncio.run_coroutine_threadsafe(release.wait(), loop).result(timeout=60)
-            try:
-                for _ in range(31):  # 8 MiB in all
-                    sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
-                sock.sendall(b"0\r\n\r\n")
-            except OSError:
-                pass  # the server answered 413 and closed before the last chunks
-            data = b""
-            while chunk := sock.recv(65536):
-                data += chunk
-            return data
-
-    upload = asyncio.ensure_future(asyncio.to_thread(admin_upload))
-    await started.wait()
-    # the admin request is in flight (its body is not finished): proxying must still work
-    async with (
-        aiohttp.ClientSession() as http,
-        http.post(
-            f"{backend.router_url}/v1/exec?wait=8",
-            json={"command": "echo ok"},
-            headers=target("t/busy"),
-        ) as response,
-    ):
-        assert response.status == 200
-        assert (await response.json())["stdout"] == "ok\n"
-    assert not upload.done()
-    release.set()
-    answer = await upload
-    assert status_of(answer) == 413, answer
-    error = json.loads(body_of(answer).split(b"\r\n\r\n")[-1] or b"{}")["error"]
-    assert error["code"] == "too_large"
-    assert str(ADMIN_BODY_LIMIT) in error["message"]
-    await stub.SuspendActor(pb.SuspendActorRequest(actor=_ref("busy")))
-
-
-async def test_admin_declared_length_over_the_limit_is_413_at_once(backend: LocalBackend) -> None:
-    raw = (
-        b"POST /_local/images HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer %s\r\n"
-        b"Content-Length: %d\r\n\r\n" % (backend.admin_token.encode(), 8 << 20)
-    )
-    answer = await exchange(backend.admin_port, raw)
-    assert status_of(answer) == 413
-    assert str(ADMIN_BODY_LIMIT).encode() in body_of(answer)
-
-
-async def test_admin_json_nested_5000_deep_is_400(backend: LocalBackend) -> None:
-    """An image registration nested far deeper than its two keys is a 400 saying what to send,
-    never the parser's recursion error as a 500."""
-    async with aiohttp.ClientSession() as http:
-        for deep in ("[" * 5000 + "]" * 5000, '{"a":' * 5000 + "1" + "}" * 5000):
-            async with http.post(
-                f"{backend.admin_url}/_local/images",
-                data=deep.encode(),
-                headers={"Authorization": f"Bearer {backend.admin_token}"},
-            ) as response:
-                assert response.status == 400
-                error = (await response.json())["error"]
-                assert error["code"] == "bad_request"
-                assert '{"name":' in error["message"]
 
 
 async def test_router_fuzzing_finds_nothing() -> None:

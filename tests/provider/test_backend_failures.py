@@ -86,6 +86,7 @@ async def test_a_resume_aborted_by_another_callers_lease_is_retried(stack: Stack
     await p.aclose()
 
 
+@pytest.mark.slow  # a one-sided bound on a measured time
 async def test_a_template_whose_golden_build_failed_fails_create_before_any_actor(
     stack: Stack,
 ) -> None:
@@ -120,6 +121,7 @@ async def test_close_of_an_actor_left_resuming_deletes_it(stack: Stack) -> None:
     await p.aclose()
 
 
+@pytest.mark.slow  # a one-sided bound on a measured time
 @pytest.mark.parametrize("runtime", ["process", pytest.param("gvisor", marks=pytest.mark.runsc)])
 async def test_a_dead_sandbox_is_a_sandbox_error_and_status_says_so(
     tmp_path: Path, runtime: str

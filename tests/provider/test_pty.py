@@ -118,7 +118,7 @@ async def test_a_read_outlasts_the_router_cut_by_polling(stack: Stack) -> None:
     session = await provider.create_pty(handle, SandboxPtySpec(command="sleep 12; echo late"))
     started = time.monotonic()
     assert await session.read() == b"late\r\n"
-    assert 11.5 < time.monotonic() - started < 20
+    assert time.monotonic() - started < 20  # one read, kept alive across polls (one-sided)
     assert await session.read() == b""
     quiet = await provider.create_pty(handle, SandboxPtySpec(command="sleep 30"))
     started = time.monotonic()

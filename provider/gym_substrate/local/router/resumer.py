@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Protocol
 
 import grpc
@@ -105,7 +105,11 @@ class ActorResumer:
         retry_factor: float = DEFAULT_RETRY_FACTOR,
         retry_jitter: float = DEFAULT_RETRY_JITTER,
         rng: random.Random | None = None,
+        clock: Callable[[], float] | None = None,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     ) -> None:
+        """`clock` and `sleep` time a flight's budget and backoff (default: the event loop's
+        clock and `asyncio.sleep`); tests pass a fake pair to count attempts exactly."""
         # the checks of ParkedRequestConfig.Validate (parking.go@4558b166)
         if budget_s <= 0:
             raise ValueError(f"parked request budget must be > 0 seconds, got {budget_s}")
@@ -120,6 +124,8 @@ class ActorResumer:
         self.budget_s = budget_s if lot.enabled else FAIL_FAST_BUDGET_S
         self._backoff = (retry_interval_s, retry_factor, retry_jitter)
         self._rng = rng or random.Random()
+        self._clock = clock
+        self._sleep = sleep
         self._flights: dict[str, _Flight] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._next_id = 0
@@ -185,14 +191,14 @@ class ActorResumer:
 
     async def _fly(self, key: str, ref: ActorRef, flight: _Flight) -> None:
         """Attempts until success, a non-retryable error or the budget; then publish."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.budget_s
+        now = self._clock or asyncio.get_running_loop().time
+        deadline = now() + self.budget_s
         delays = backoff_delays(*self._backoff, self._rng)
         last_retryable: ApiError | None = None
         outcome: pb.ResumeActorResponse | BaseException = ApiError(_C.UNKNOWN, "resume ended")
         try:
             while True:
-                if last_retryable is not None and loop.time() >= deadline:
+                if last_retryable is not None and now() >= deadline:
                     outcome = BudgetExhausted(last_retryable)
                     break
                 try:
@@ -209,9 +215,9 @@ class ActorResumer:
                     log.exception("ResumeActor of %s failed", ref)
                     outcome = ApiError(_C.UNKNOWN, str(exc))
                     break
-                remaining = deadline - loop.time()
+                remaining = deadline - now()
                 if remaining > 0:
-                    await asyncio.sleep(min(next(delays), remaining))
+                    await self._sleep(min(next(delays), remaining))
         except asyncio.CancelledError:
             outcome = ApiError(_C.CANCELLED, "router closed")
             raise
