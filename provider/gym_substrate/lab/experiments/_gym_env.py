@@ -45,7 +45,7 @@ MIN_PYTHON = (3, 13)
 # What Gym's Terminus agent needs beyond nemo-gym (its requirements.txt).
 AGENT_PACKAGES = ("harbor",)
 MARKER = "GYM_SUBSTRATE_GYM_ARM_RUN"
-CHECKOUT = Path(__file__).resolve().parents[3]
+CHECKOUT = Path(__file__).resolve().parents[4]  # lab/experiments/_gym_env.py -> the checkout
 
 
 def gym_env_path() -> Path | None:
