@@ -1,8 +1,9 @@
 """The synthetic arm's run: N lanes of create, think-and-exec steps and close, sampled as it goes.
 
-Kept apart from `arm`, which holds what an arm is (its config and records), how it is summarised
-and written: this module is the one that talks to the provider. `actor_names`, `status_counts`
-and `open_atespace` are shared with the Gym arm, which watches the same atespace the same way.
+Kept apart from `arm`, which summarises and writes arms, and `_arm_records`, which says what an
+arm and its records are: this module is the one that talks to the provider. `actor_names`,
+`status_counts` and `open_atespace` are shared with the Gym arm, which watches the same
+atespace the same way.
 """
 
 from __future__ import annotations
@@ -17,6 +18,14 @@ from typing import Any
 
 from gym_substrate import AlreadyExistsError
 from gym_substrate.core.states import STATES
+from gym_substrate.lab.experiments._arm_records import (
+    ArmConfig,
+    ArmProgress,
+    ArmResult,
+    RolloutRecord,
+    Sample,
+    StepRecord,
+)
 from gym_substrate.lab.experiments._errors import ExperimentError
 from gym_substrate.lab.experiments._instrument import (
     Instrument,
@@ -25,15 +34,6 @@ from gym_substrate.lab.experiments._instrument import (
     instrumented_provider,
 )
 from gym_substrate.lab.experiments._vocab import PHASES
-from gym_substrate.lab.experiments.arm import (
-    ArmConfig,
-    ArmProgress,
-    ArmResult,
-    RolloutRecord,
-    Sample,
-    StepRecord,
-    summarize,
-)
 from gym_substrate.lab.experiments.backend import Target, merged_kwargs
 
 
@@ -144,15 +144,17 @@ class ArmRun:
         self.provider: Any = None
         self.baseline: set[str] = set()
         self.started = 0.0
+        self.load_start = 0.0
         self.deadline: float | None = None
 
     async def run(self) -> ArmResult:
-        """All lanes at once, sampled every `sample_interval_s`; then the leaks and summary."""
+        """All lanes at once, sampled every `sample_interval_s`, then the leaks: the records
+        (`arm.run_arm` adds the summary)."""
         config = self.config
         async with instrumented_provider(self.kwargs, self.instrument) as provider:
             self.provider = provider
             self.baseline = await open_atespace(provider, self.atespace)
-            load_start = os.getloadavg()[0]
+            self.load_start = os.getloadavg()[0]
             self.started = time.monotonic()
             if config.duration_s is not None:
                 self.deadline = self.started + config.duration_s
@@ -167,7 +169,7 @@ class ArmRun:
             await self._sample_once()
             leaked = sorted(await actor_names(provider, self.atespace) - self.baseline)
             await delete_leaked(provider, self.atespace, leaked)
-        result = ArmResult(
+        return ArmResult(
             config,
             self.target.describe(),
             wall_s,
@@ -178,12 +180,6 @@ class ArmRun:
             self.parks,
             self.failures,
         )
-        result.summary = summarize(result, self.target.slots)
-        # Reverts the provider made of crashed actors (`lifecycle.on_crash: revert`; 0 with fail).
-        result.summary["reverts"] = self.instrument.reverts
-        # The host's other work shows in every figure: a busy machine is slower at everything.
-        result.summary["load_avg_1m"] = [load_start, os.getloadavg()[0]]
-        return result
 
     def _now(self) -> float:
         return time.monotonic() - self.started

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gym_substrate.lab.experiments._gym_env import read_rows
+from gym_substrate.lab.experiments._gym_env import AGENT, read_rows
 from gym_substrate.lab.experiments._stats import mean, percentile
 from gym_substrate.lab.experiments.arm import (
     ArmResult,
@@ -23,7 +23,6 @@ from gym_substrate.lab.experiments.arm import (
     StepRecord,
     summarize,
 )
-from gym_substrate.lab.experiments.gym import AGENT
 
 # Gym's per-rollout timings averaged into the summary.
 GYM_TIMINGS = (

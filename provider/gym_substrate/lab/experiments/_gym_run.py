@@ -2,8 +2,9 @@
 
 Kept apart from `gym`, which says what a Gym arm is (its config, the task and recording it
 runs): this module starts and watches Gym's processes, and `_gym_records` turns what they left
-into the arm's records. Every process carries `MARKER` in its environment, so teardown finds
-them all, Ray's daemons included, on success, failure and Ctrl-C.
+into the arm's records. It reads the task folder (`load_task`) and reports progress
+(`GymProgress`), which `gym` re-exports. Every process carries `MARKER` in its environment,
+so teardown finds them all, Ray's daemons included, on success, failure and Ctrl-C.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from gym_substrate.lab.experiments._arm_records import Sample
 from gym_substrate.lab.experiments._arm_run import (
     actor_names,
     delete_leaked,
@@ -29,7 +31,14 @@ from gym_substrate.lab.experiments._arm_run import (
 )
 from gym_substrate.lab.experiments._errors import ExperimentError
 from gym_substrate.lab.experiments._gym_env import (
+    AGENT,
+    INSIDE_TASK,
+    INSIDE_WORK,
     MARKER,
+    READY_LINE,
+    RESOURCES,
+    SERVER_CONFIGS,
+    SERVER_DIRS,
     GymEnv,
     count_lines,
     free_port,
@@ -37,19 +46,43 @@ from gym_substrate.lab.experiments._gym_env import (
 )
 from gym_substrate.lab.experiments._gym_records import GymRunFacts, gym_result
 from gym_substrate.lab.experiments._vocab import PHASES
-from gym_substrate.lab.experiments.arm import Sample
 from gym_substrate.lab.experiments.backend import merged_kwargs
-from gym_substrate.lab.experiments.gym import (
-    AGENT,
-    INSIDE_TASK,
-    INSIDE_WORK,
-    READY_LINE,
-    RESOURCES,
-    SERVER_CONFIGS,
-    SERVER_DIRS,
-    GymProgress,
-    load_task,
-)
+
+
+@dataclass
+class GymProgress:
+    """What the terminal shows while a Gym arm runs."""
+
+    name: str
+    stage: str  # "starting servers" | "collecting" | "stopping"
+    elapsed_s: float
+    rollouts_done: int
+    rollouts_total: int
+    statuses: dict[str, int]
+    phases: dict[str, int]
+    failures: int
+
+
+def load_task(folder: Path) -> dict[str, Any]:
+    """A terminal-bench style task folder: task.json (Gym's task row) and tests/test.sh."""
+    file = folder / "task.json"
+    if not file.is_file() or not (folder / "tests" / "test.sh").is_file():
+        raise ExperimentError(
+            f"--gym-task {folder}: needs task.json (the task row: responses_create_params, "
+            "task_name, docker_image) and tests/test.sh (the verifier)"
+        )
+    try:
+        task = json.loads(file.read_text())
+    except ValueError as exc:
+        raise ExperimentError(f"--gym-task {file}: not valid JSON ({exc})") from exc
+    if not isinstance(task, dict) or not all(
+        k in task for k in ("responses_create_params", "task_name", "docker_image")
+    ):
+        raise ExperimentError(
+            f"--gym-task {file}: needs responses_create_params, task_name and docker_image"
+        )
+    return task
+
 
 PROCESS_RUNTIME = (
     "--driver gym needs gVisor sandboxes on the local backend (the task writes to /app, "

@@ -14,18 +14,27 @@ Gym run; the arm only watches:
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from gym_substrate.core.states import HOLDING_STATES, STATES
-from gym_substrate.lab.experiments._errors import ExperimentError
+from gym_substrate.lab.experiments._arm_records import (
+    CRASH_POLICIES,
+    POLICIES,
+    ArmConfig,
+    ArmProgress,
+    ArmResult,
+    RolloutRecord,
+    Sample,
+    StepRecord,
+)
+from gym_substrate.lab.experiments._arm_run import ArmRun
 from gym_substrate.lab.experiments._stats import mean, percentile, ratio
-from gym_substrate.lab.experiments._think import ThinkSpec
 from gym_substrate.lab.experiments._vocab import PHASES
-from gym_substrate.lab.experiments._workload import Workload
 from gym_substrate.lab.experiments.artifacts import write_csv, write_json
 from gym_substrate.lab.experiments.backend import Target
 
@@ -43,140 +52,6 @@ __all__ = [
     "write_arm",
 ]
 
-POLICIES = ("never", "pause", "suspend")
-CRASH_POLICIES = ("fail", "revert")
-
-
-@dataclass(frozen=True)
-class ArmConfig:
-    """One arm: a policy, a concurrency, a rollout shape and a workload."""
-
-    policy: str
-    rollouts: int
-    steps: int
-    think: ThinkSpec
-    workload: Workload
-    name: str = ""
-    rounds: int = 1
-    idle_after_s: float = 0.1
-    duration_s: float | None = None  # no new step starts after this many seconds
-    exec_timeout_s: float = 120.0
-    seed: int = 0
-    sample_interval_s: float = 1.0
-    on_crash: str | None = None  # the provider's lifecycle.on_crash; None: the config's
-
-    def __post_init__(self) -> None:
-        if not self.name:
-            object.__setattr__(self, "name", self.policy)
-        if self.policy not in POLICIES:
-            raise ExperimentError(f"--policy {self.policy!r}: use one of {', '.join(POLICIES)}")
-        if self.on_crash is not None and self.on_crash not in CRASH_POLICIES:
-            raise ExperimentError(
-                f"--on-crash {self.on_crash!r}: use one of {', '.join(CRASH_POLICIES)}"
-            )
-        for label, value in (
-            ("--rollouts", self.rollouts),
-            ("--steps", self.steps),
-            ("--rounds", self.rounds),
-        ):
-            if value < 1:
-                raise ExperimentError(f"{label} must be >= 1, got {value}")
-        if self.think.kind == "recorded":
-            raise ExperimentError(
-                "--think-s recorded: a synthetic arm has no recording to take think times "
-                "from; give seconds (2) or a range (1-3)"
-            )
-        for label, number in (
-            ("--idle-after-s", self.idle_after_s),
-            ("--exec-timeout-s", self.exec_timeout_s),
-            ("sample interval", self.sample_interval_s),
-        ):
-            if not number > 0:
-                raise ExperimentError(f"{label} must be > 0, got {number}")
-        if self.duration_s is not None and not self.duration_s > 0:
-            raise ExperimentError(f"--duration-s must be > 0, got {self.duration_s}")
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["think"] = str(self.think)
-        data["workload"] = {"name": self.workload.name, "commands": list(self.workload.commands)}
-        return data
-
-
-@dataclass
-class StepRecord:
-    arm: str
-    rollout: str
-    lane: int
-    round: int
-    step: int
-    started_s: float  # since the arm started
-    think_s: float
-    total_s: float
-    wait_s: float
-    resume_s: float
-    exec_s: float
-    resumed: bool
-    return_code: int | None
-    failure: str = ""
-
-
-@dataclass
-class RolloutRecord:
-    arm: str
-    rollout: str
-    lane: int
-    round: int
-    started_s: float  # since the arm started
-    steps_planned: int
-    ended_s: float = 0.0
-    create_s: float | None = None
-    create_wait_s: float | None = None
-    close_s: float | None = None
-    steps_done: int = 0
-    ok: bool = False
-    failure: str = ""
-
-
-@dataclass
-class Sample:
-    t_s: float
-    statuses: dict[str, int]
-    phases: dict[str, int]
-
-    def row(self) -> dict[str, Any]:
-        return {"t_s": self.t_s, **self.statuses, **self.phases}
-
-
-@dataclass
-class ArmProgress:
-    """What a progress display shows, handed to `on_progress` once per sample."""
-
-    name: str
-    elapsed_s: float
-    steps_done: int
-    steps_total: int
-    rollouts_done: int
-    rollouts_total: int
-    failures: int
-    statuses: dict[str, int]
-    phases: dict[str, int]
-
-
-@dataclass
-class ArmResult:
-    config: ArmConfig
-    target: dict[str, Any]
-    wall_s: float
-    steps: list[StepRecord]
-    rollouts: list[RolloutRecord]
-    samples: list[Sample]
-    leaked: list[str]
-    parks: list[tuple[float, str]]
-    failures: list[str]  # the kind of every failure: create, a step's exec, close
-    summary: dict[str, Any] = field(default_factory=dict)
-
-
 # ---------------------------------------------------------------------------------- the run
 
 
@@ -187,9 +62,14 @@ async def run_arm(
     on_progress: Callable[[ArmProgress], None] | None = None,
 ) -> ArmResult:
     """Run one arm on `target` and return its raw records and summary (see `_arm_run`)."""
-    from gym_substrate.lab.experiments._arm_run import ArmRun
-
-    return await ArmRun(config, target, on_progress).run()
+    run = ArmRun(config, target, on_progress)
+    result = await run.run()
+    result.summary = summarize(result, target.slots)
+    # Reverts the provider made of crashed actors (`lifecycle.on_crash: revert`; 0 with fail).
+    result.summary["reverts"] = run.instrument.reverts
+    # The host's other work shows in every figure: a busy machine is slower at everything.
+    result.summary["load_avg_1m"] = [run.load_start, os.getloadavg()[0]]
+    return result
 
 
 # ---------------------------------------------------------------------------------- summary

@@ -30,12 +30,14 @@ from typing import Any
 
 from gym_substrate.lab.experiments._errors import ExperimentError
 from gym_substrate.lab.experiments._gym_env import (
+    AGENT,
     GYM_ENVS,
     GymEnv,
     gym_driver_error,
     gym_env_path,
     resolve_gym_env,
 )
+from gym_substrate.lab.experiments._gym_run import GymProgress, GymRun, load_task
 from gym_substrate.lab.experiments._think import ThinkSpec
 from gym_substrate.lab.experiments._workload import Workload
 from gym_substrate.lab.experiments.arm import CRASH_POLICIES, POLICIES, ArmConfig
@@ -55,26 +57,7 @@ __all__ = [
 ]
 
 DRIVERS = ("synthetic", "gym")
-AGENT = "terminus_2_sandboxed_agent"
-RESOURCES = "terminal_bench_2_1_resources_server"
-# Servers `gym env start` launches, as <type>/<implementation>; each runs from the prebuilt
-# environment (uv_venv_dir/<type>/<name>/.venv links to it, with skip_venv_if_present).
-SERVER_DIRS = (
-    "resources_servers/terminal_bench_2_1",
-    "responses_api_agents/terminus_2_sandboxed_agent",
-    "responses_api_models/openai_model",
-    "environment_servers/legacy_agent",
-)
-SERVER_CONFIGS = (
-    "resources_servers/terminal_bench_2_1/configs/terminal_bench_2_1.yaml",
-    "responses_api_agents/terminus_2_sandboxed_agent/configs/terminus_2_sandboxed_agent.yaml",
-    "responses_api_models/openai_model/configs/openai_model.yaml",
-)
-READY_LINE = "servers ready! Polling"
 DATA = Path(__file__).resolve().parent / "data" / "gym"
-# Where the run's folders appear inside the chroot.
-INSIDE_WORK = "/gs/work"
-INSIDE_TASK = "/gs/task"
 
 
 def default_task() -> Path:
@@ -195,42 +178,7 @@ def _keystrokes(text: str | None) -> str:
     return "".join(str(c.get("keystrokes") or "") for c in commands if isinstance(c, dict)).strip()
 
 
-def load_task(folder: Path) -> dict[str, Any]:
-    """A terminal-bench style task folder: task.json (Gym's task row) and tests/test.sh."""
-    file = folder / "task.json"
-    if not file.is_file() or not (folder / "tests" / "test.sh").is_file():
-        raise ExperimentError(
-            f"--gym-task {folder}: needs task.json (the task row: responses_create_params, "
-            "task_name, docker_image) and tests/test.sh (the verifier)"
-        )
-    try:
-        task = json.loads(file.read_text())
-    except ValueError as exc:
-        raise ExperimentError(f"--gym-task {file}: not valid JSON ({exc})") from exc
-    if not isinstance(task, dict) or not all(
-        k in task for k in ("responses_create_params", "task_name", "docker_image")
-    ):
-        raise ExperimentError(
-            f"--gym-task {file}: needs responses_create_params, task_name and docker_image"
-        )
-    return task
-
-
 # ---------------------------------------------------------------------------------- the arm
-
-
-@dataclass
-class GymProgress:
-    """What the terminal shows while a Gym arm runs."""
-
-    name: str
-    stage: str  # "starting servers" | "collecting" | "stopping"
-    elapsed_s: float
-    rollouts_done: int
-    rollouts_total: int
-    statuses: dict[str, int]
-    phases: dict[str, int]
-    failures: int
 
 
 async def run_gym_arm(
@@ -246,6 +194,4 @@ async def run_gym_arm(
 
     The driving is `_gym_run`'s, the records `_gym_records`'.
     """
-    from gym_substrate.lab.experiments._gym_run import GymRun
-
     return await GymRun(config, target, env, folder, on_progress, on_note).run()
