@@ -275,12 +275,32 @@ def revert_root_script(cfg: StackConfig) -> str:
     groups that did not exist are deleted; the account files' backups are put back last.
     """
     st = Paths(cfg).state_dir
-    files = " ".join(_FILES)
-    bins = " ".join(_BINARIES)
     return (
         PREAMBLE + _SBIN + f'STATE="{st}"\nROOT="${{GYM_SUBSTRATE_HOST_ROOT:-}}"\n'
         'if [ ! -f "$STATE/complete" ]; then echo "no state record at $STATE; nothing to '
         'revert" >&2; exit 0; fi\n'
+        + _revert_files()
+        + _revert_packages()
+        + _revert_settings()
+        + _revert_accounts()
+        + f"for f in {' '.join(_BACKUPS)}; do\n"
+        '  if grep -qx "$f" "$STATE/files.present"; then sudo cp -a "$STATE/files$ROOT$f" '
+        '"$ROOT$f"; fi\n'
+        "done\n"
+        'CREATED=$(cat "$STATE/dirs.created" 2>/dev/null || true)\n'
+        'sudo rm -rf "$STATE"\n'
+        # Deepest first; rmdir keeps a folder something else has put files in since.
+        'for d in $CREATED; do sudo rmdir "$d" 2>/dev/null || true; done\n'
+        f'rmdir "{Paths(cfg).workdir}" 2>/dev/null || true\n'
+        "echo reverted\n"
+    )
+
+
+def _revert_files() -> str:
+    """Revert: recorded files back (or removed), new binaries and home caches removed."""
+    files = " ".join(_FILES)
+    bins = " ".join(_BINARIES)
+    return (
         f"for f in {files}; do\n"
         '  if grep -qx "$f" "$STATE/files.present"; then sudo cp -a "$STATE/files$ROOT$f" '
         '"$ROOT$f"\n'
@@ -297,6 +317,12 @@ def revert_root_script(cfg: StackConfig) -> str:
         '    grep -qx "$h" "$STATE/home.present" || sudo rm -rf "${HOME:?}/$h"\n'
         "  done\n"
         "fi\n"
+    )
+
+
+def _revert_packages() -> str:
+    """Revert: packages installed since the record purged, upgraded ones downgraded."""
+    return (
         "mapfile -t NEW < <(dpkg-query -W -f='${Package}\\n' | sort |\n"
         '  comm -13 "$STATE/packages" -)\n'
         'if [ "${#NEW[@]}" -gt 0 ]; then\n'
@@ -314,6 +340,12 @@ def revert_root_script(cfg: StackConfig) -> str:
         'has $old" >&2\n'
         "  done\n"
         "fi\n"
+    )
+
+
+def _revert_settings() -> str:
+    """Revert: recorded sysctls and services' enabled/active state."""
+    return (
         "while IFS='=' read -r k v; do\n"
         '  if [ -n "$v" ]; then sudo sysctl -qw "$k=$v" || true; fi\n'
         'done < "$STATE/sysctls"\n'
@@ -328,6 +360,12 @@ def revert_root_script(cfg: StackConfig) -> str:
         '    *) sudo systemctl stop "$s" 2>/dev/null || true ;;\n'
         "  esac\n"
         'done < "$STATE/services"\n'
+    )
+
+
+def _revert_accounts() -> str:
+    """Revert: the docker group's new members; users and groups that did not exist."""
+    return (
         "if getent group docker >/dev/null; then\n"
         '  for u in $(getent group docker | cut -d: -f4 | tr , " "); do\n'
         '    tr , "\\n" < "$STATE/docker-group" | grep -qx "$u" || sudo gpasswd -d "$u" docker\n'
@@ -346,14 +384,4 @@ def revert_root_script(cfg: StackConfig) -> str:
         '    sudo groupdel "${P[@]}" "$g"\n'
         "  done\n"
         "fi\n"
-        f"for f in {' '.join(_BACKUPS)}; do\n"
-        '  if grep -qx "$f" "$STATE/files.present"; then sudo cp -a "$STATE/files$ROOT$f" '
-        '"$ROOT$f"; fi\n'
-        "done\n"
-        'CREATED=$(cat "$STATE/dirs.created" 2>/dev/null || true)\n'
-        'sudo rm -rf "$STATE"\n'
-        # Deepest first; rmdir keeps a folder something else has put files in since.
-        'for d in $CREATED; do sudo rmdir "$d" 2>/dev/null || true; done\n'
-        f'rmdir "{Paths(cfg).workdir}" 2>/dev/null || true\n'
-        "echo reverted\n"
     )

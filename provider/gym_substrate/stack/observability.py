@@ -83,68 +83,139 @@ def prometheus_config(cfg: StackConfig) -> str:
 def observability_objects(cfg: StackConfig) -> list[Obj]:
     """Prometheus (RBAC for pod discovery) and Grafana with the provisioned dashboard."""
     ns = cfg.observability.namespace
-    labels = dict(PART_OF)
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": _meta(ns, ns, namespaced=False)},
+        *_prometheus_objects(cfg),
+        *_grafana_objects(cfg),
+    ]
 
-    def meta(name: str, namespaced: bool = True) -> Obj:
-        m: Obj = {"name": name, "labels": dict(labels)}
-        if namespaced:
-            m["namespace"] = ns
-        return m
 
-    def deployment(
-        name: str,
-        image: str,
-        port: int,
-        args: list[str],
-        mounts: list[Obj],
-        volumes: list[Obj],
-        sa: str | None = None,
-        probe: str = "/",
-    ) -> Obj:
-        pod: Obj = {
-            "containers": [
+def _meta(ns: str, name: str, namespaced: bool = True) -> Obj:
+    """An object's metadata: its name, our part-of label and, when namespaced, the namespace."""
+    m: Obj = {"name": name, "labels": dict(PART_OF)}
+    if namespaced:
+        m["namespace"] = ns
+    return m
+
+
+def _deployment(
+    ns: str,
+    name: str,
+    image: str,
+    port: int,
+    args: list[str],
+    mounts: list[Obj],
+    volumes: list[Obj],
+    sa: str | None = None,
+    probe: str = "/",
+) -> Obj:
+    """One replica of one HTTP server: its port named http, a readiness probe, small requests."""
+    pod: Obj = {
+        "containers": [
+            {
+                "name": name,
+                "image": image,
+                "args": args,
+                "ports": [{"name": "http", "containerPort": port}],
+                "volumeMounts": mounts,
+                "readinessProbe": {"httpGet": {"path": probe, "port": port}},
+                "resources": {
+                    "requests": {"cpu": "100m", "memory": "128Mi"},
+                    "limits": {"memory": "1Gi"},
+                },
+            }
+        ],
+        "volumes": volumes,
+    }
+    if sa:
+        pod["serviceAccountName"] = sa
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(ns, name),
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name, **PART_OF}}, "spec": pod},
+        },
+    }
+
+
+def _service(ns: str, name: str, port: int, node_port: int) -> Obj:
+    """A NodePort service for `name`'s http port, so the host reaches it without a tunnel."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(ns, name),
+        "spec": {
+            "type": "NodePort",
+            "selector": {"app": name},
+            "ports": [{"name": "http", "port": port, "targetPort": port, "nodePort": node_port}],
+        },
+    }
+
+
+def _prometheus_objects(cfg: StackConfig) -> list[Obj]:
+    """Prometheus: a service account allowed to discover pods, its config, server and service."""
+    ns = cfg.observability.namespace
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(ns, "prometheus")},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": _meta(ns, "gym-substrate-prometheus", namespaced=False),
+            "rules": [
                 {
-                    "name": name,
-                    "image": image,
-                    "args": args,
-                    "ports": [{"name": "http", "containerPort": port}],
-                    "volumeMounts": mounts,
-                    "readinessProbe": {"httpGet": {"path": probe, "port": port}},
-                    "resources": {
-                        "requests": {"cpu": "100m", "memory": "128Mi"},
-                        "limits": {"memory": "1Gi"},
-                    },
+                    "apiGroups": [""],
+                    "resources": ["pods", "endpoints", "services"],
+                    "verbs": ["get", "list", "watch"],
                 }
             ],
-            "volumes": volumes,
-        }
-        if sa:
-            pod["serviceAccountName"] = sa
-        return {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": meta(name),
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": {"app": name}},
-                "template": {"metadata": {"labels": {"app": name, **labels}}, "spec": pod},
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": _meta(ns, "gym-substrate-prometheus", namespaced=False),
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "gym-substrate-prometheus",
             },
-        }
-
-    def service(name: str, port: int, node_port: int) -> Obj:
-        return {
+            "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": ns}],
+        },
+        {
             "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": meta(name),
-            "spec": {
-                "type": "NodePort",
-                "selector": {"app": name},
-                "ports": [
-                    {"name": "http", "port": port, "targetPort": port, "nodePort": node_port}
-                ],
-            },
-        }
+            "kind": "ConfigMap",
+            "metadata": _meta(ns, "prometheus-config"),
+            "data": {"prometheus.yml": prometheus_config(cfg)},
+        },
+        _deployment(
+            ns,
+            "prometheus",
+            cfg.observability.prometheus_image,
+            9090,
+            [
+                "--config.file=/etc/prometheus/prometheus.yml",
+                "--storage.tsdb.path=/prometheus",
+                "--storage.tsdb.retention.time=7d",
+            ],
+            [
+                {"name": "config", "mountPath": "/etc/prometheus"},
+                {"name": "data", "mountPath": "/prometheus"},
+            ],
+            [
+                {"name": "config", "configMap": {"name": "prometheus-config"}},
+                {"name": "data", "emptyDir": {}},
+            ],
+            sa="prometheus",
+            probe="/-/ready",
+        ),
+        _service(ns, "prometheus", 9090, cfg.access.prometheus_node_port),
+    ]
 
+
+def _grafana_provisioning(ns: str) -> dict[str, str]:
+    """Grafana's provisioning files: Prometheus as the default data source, our dashboards."""
     datasources = yaml.safe_dump(
         {
             "apiVersion": 1,
@@ -174,72 +245,27 @@ def observability_objects(cfg: StackConfig) -> list[Obj]:
             ],
         }
     )
+    return {"datasources.yaml": datasources, "dashboards.yaml": providers}
+
+
+def _grafana_objects(cfg: StackConfig) -> list[Obj]:
+    """Grafana: its provisioning and dashboard config maps, server and service."""
+    ns = cfg.observability.namespace
     return [
-        {"apiVersion": "v1", "kind": "Namespace", "metadata": meta(ns, namespaced=False)},
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta("prometheus")},
         {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": meta("gym-substrate-prometheus", namespaced=False),
-            "rules": [
-                {
-                    "apiGroups": [""],
-                    "resources": ["pods", "endpoints", "services"],
-                    "verbs": ["get", "list", "watch"],
-                }
-            ],
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": meta("gym-substrate-prometheus", namespaced=False),
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": "gym-substrate-prometheus",
-            },
-            "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": ns}],
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": _meta(ns, "grafana-provisioning"),
+            "data": _grafana_provisioning(ns),
         },
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",
-            "metadata": meta("prometheus-config"),
-            "data": {"prometheus.yml": prometheus_config(cfg)},
-        },
-        deployment(
-            "prometheus",
-            cfg.observability.prometheus_image,
-            9090,
-            [
-                "--config.file=/etc/prometheus/prometheus.yml",
-                "--storage.tsdb.path=/prometheus",
-                "--storage.tsdb.retention.time=7d",
-            ],
-            [
-                {"name": "config", "mountPath": "/etc/prometheus"},
-                {"name": "data", "mountPath": "/prometheus"},
-            ],
-            [
-                {"name": "config", "configMap": {"name": "prometheus-config"}},
-                {"name": "data", "emptyDir": {}},
-            ],
-            sa="prometheus",
-            probe="/-/ready",
-        ),
-        service("prometheus", 9090, cfg.access.prometheus_node_port),
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": meta("grafana-provisioning"),
-            "data": {"datasources.yaml": datasources, "dashboards.yaml": providers},
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": meta("grafana-dashboards"),
+            "metadata": _meta(ns, "grafana-dashboards"),
             "data": {"sandbox-lifecycle.json": json.dumps(dashboard(cfg), indent=2)},
         },
-        deployment(
+        _deployment(
+            ns,
             "grafana",
             cfg.observability.grafana_image,
             3000,
@@ -271,5 +297,5 @@ def observability_objects(cfg: StackConfig) -> list[Obj]:
             ],
             probe="/api/health",
         ),
-        service("grafana", 3000, cfg.access.grafana_node_port),
+        _service(ns, "grafana", 3000, cfg.access.grafana_node_port),
     ]

@@ -31,14 +31,13 @@ def _pct(values: list[float], q: float) -> float:
 
 
 async def run_bench(*, runtime: str, execs: int, cycles: int, transfer_mib: int) -> dict[str, Any]:
+    """Start a local backend and measure the provider on it; the figures `rows` shows."""
     import aiohttp
 
     from gym_substrate import SubstrateProvider
-    from gym_substrate.core.names import TARGET_ACTOR_HEADER
     from gym_substrate.lab.experiments import ExperimentError
     from gym_substrate.lab.experiments.backend import wait_for_golden
     from gym_substrate.local.backend import local_provider_kwargs
-    from gym_substrate.nemo.types import SandboxSpec
 
     out: dict[str, Any] = {"runtime": runtime}
     async with local_provider_kwargs({}, runtime=runtime, workers=2) as (kwargs, backend):
@@ -49,83 +48,13 @@ async def run_bench(*, runtime: str, execs: int, cycles: int, transfer_mib: int)
             raise BenchError(str(exc)) from exc
         provider = SubstrateProvider(**kwargs)
         try:
-            create_s: list[float] = []
-            handle = None
-            for _ in range(cycles):
-                t0 = time.perf_counter()
-                h = await provider.create(SandboxSpec())
-                create_s.append(time.perf_counter() - t0)
-                if handle is None:
-                    handle = h
-                else:
-                    await provider.close(h)
-            assert handle is not None
-
-            actor = handle.raw
-            headers = {
-                TARGET_ACTOR_HEADER: actor.target,
-                "X-Sandbox-Actor-Id": actor.actor_id,
-                "Content-Type": "application/json",
-            }
-            url = backend.router_url + "/v1/exec"
-            via_provider: list[float] = []
-            direct: list[float] = []
-            # Interleaved, so load from anything else on the machine hits both paths alike.
+            create_s, handle = await _creates(provider, cycles)
             async with aiohttp.ClientSession() as session:
-                for i in range(execs + 20):
-                    t0 = time.perf_counter()
-                    r = await provider.exec(handle, "true")
-                    t1 = time.perf_counter()
-                    if r.return_code != 0:
-                        raise BenchError(f"exec failed: {r}")
-                    body = json.dumps(
-                        {
-                            "id": f"b-{uuid.uuid4().hex}",
-                            "command": "true",
-                            "shell": "/bin/sh",
-                            "env": {},
-                            "timeout_s": 180.0,
-                        }
-                    )
-                    t2 = time.perf_counter()
-                    async with session.post(
-                        url, params={"wait": "8.000"}, data=body, headers=headers
-                    ) as resp:
-                        job = json.loads(await resp.read())
-                    t3 = time.perf_counter()
-                    if job.get("exit_code") != 0:
-                        raise BenchError(f"direct exec failed: {job}")
-                    if i >= 20:  # the first 20 warm both paths
-                        via_provider.append(t1 - t0)
-                        direct.append(t3 - t2)
-
-                via_router, to_agent = await _router_hop(session, backend, actor, execs)
-
-            pause_s: list[float] = []
-            resume_s: list[float] = []
-            for _ in range(cycles):
-                t0 = time.perf_counter()
-                await provider.pause(handle)
-                pause_s.append(time.perf_counter() - t0)
-                t0 = time.perf_counter()
-                await provider.resume(handle)
-                resume_s.append(time.perf_counter() - t0)
-
+                via_provider, direct = await _exec_pairs(provider, handle, session, backend, execs)
+                via_router, to_agent = await _router_hop(session, backend, handle.raw, execs)
+            pause_s, resume_s = await _park_cycles(provider, handle, cycles)
             size = transfer_mib * 1024 * 1024
-            with tempfile.TemporaryDirectory(prefix="gym-substrate-bench-") as tmp:
-                src, dst = Path(tmp) / "src.bin", Path(tmp) / "dst.bin"
-                src.write_bytes(os.urandom(size))
-                # the sandbox's own /tmp (a private one under either runtime), not the host's
-                remote = f"/tmp/gym-substrate-bench-{uuid.uuid4().hex}.bin"
-                t0 = time.perf_counter()
-                await provider.upload_file(handle, src, remote)
-                up = time.perf_counter() - t0
-                t0 = time.perf_counter()
-                await provider.download_file(handle, remote, dst)
-                down = time.perf_counter() - t0
-                if dst.read_bytes() != src.read_bytes():
-                    raise BenchError("downloaded bytes differ")
-                await provider.exec(handle, f"rm -f {remote}")
+            up, down = await _transfer(provider, handle, size)
             await provider.close(handle)
         finally:
             await provider.aclose()
@@ -153,6 +82,100 @@ async def run_bench(*, runtime: str, execs: int, cycles: int, transfer_mib: int)
         }
     )
     return out
+
+
+async def _creates(provider: Any, cycles: int) -> tuple[list[float], Any]:
+    """`cycles` creates, timed; the first sandbox is kept for the rest of the bench."""
+    from gym_substrate.nemo.types import SandboxSpec
+
+    create_s: list[float] = []
+    handle = None
+    for _ in range(cycles):
+        t0 = time.perf_counter()
+        h = await provider.create(SandboxSpec())
+        create_s.append(time.perf_counter() - t0)
+        if handle is None:
+            handle = h
+        else:
+            await provider.close(h)
+    assert handle is not None
+    return create_s, handle
+
+
+async def _exec_pairs(
+    provider: Any, handle: Any, session: Any, backend: Any, execs: int
+) -> tuple[list[float], list[float]]:
+    """`true` through the provider and as a bare POST to the same agent through the same
+    router, interleaved (so load from anything else on the machine hits both paths alike)."""
+    from gym_substrate.core.names import TARGET_ACTOR_HEADER
+
+    actor = handle.raw
+    headers = {
+        TARGET_ACTOR_HEADER: actor.target,
+        "X-Sandbox-Actor-Id": actor.actor_id,
+        "Content-Type": "application/json",
+    }
+    url = backend.router_url + "/v1/exec"
+    via_provider: list[float] = []
+    direct: list[float] = []
+    for i in range(execs + 20):
+        t0 = time.perf_counter()
+        r = await provider.exec(handle, "true")
+        t1 = time.perf_counter()
+        if r.return_code != 0:
+            raise BenchError(f"exec failed: {r}")
+        body = json.dumps(
+            {
+                "id": f"b-{uuid.uuid4().hex}",
+                "command": "true",
+                "shell": "/bin/sh",
+                "env": {},
+                "timeout_s": 180.0,
+            }
+        )
+        t2 = time.perf_counter()
+        async with session.post(url, params={"wait": "8.000"}, data=body, headers=headers) as resp:
+            job = json.loads(await resp.read())
+        t3 = time.perf_counter()
+        if job.get("exit_code") != 0:
+            raise BenchError(f"direct exec failed: {job}")
+        if i >= 20:  # the first 20 warm both paths
+            via_provider.append(t1 - t0)
+            direct.append(t3 - t2)
+    return via_provider, direct
+
+
+async def _park_cycles(provider: Any, handle: Any, cycles: int) -> tuple[list[float], list[float]]:
+    """`cycles` pauses and resumes of one sandbox, each timed."""
+    pause_s: list[float] = []
+    resume_s: list[float] = []
+    for _ in range(cycles):
+        t0 = time.perf_counter()
+        await provider.pause(handle)
+        pause_s.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        await provider.resume(handle)
+        resume_s.append(time.perf_counter() - t0)
+    return pause_s, resume_s
+
+
+async def _transfer(provider: Any, handle: Any, size: int) -> tuple[float, float]:
+    """Seconds to upload `size` random bytes and download them back (checked equal)."""
+    with tempfile.TemporaryDirectory(prefix="gym-substrate-bench-") as tmp:
+        src, dst = Path(tmp) / "src.bin", Path(tmp) / "dst.bin"
+        src.write_bytes(os.urandom(size))
+        # the sandbox's own /tmp (a private one under either runtime), not the host's
+        remote = f"/tmp/gym-substrate-bench-{uuid.uuid4().hex}.bin"
+        t0 = time.perf_counter()
+        await provider.upload_file(handle, src, remote)
+        up = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        await provider.download_file(handle, remote, dst)
+        down = time.perf_counter() - t0
+        if dst.read_bytes() != src.read_bytes():
+            raise BenchError("downloaded bytes differ")
+        await provider.exec(handle, f"rm -f {remote}")
+    return up, down
 
 
 async def _router_hop(

@@ -45,7 +45,26 @@ MIN_PYTHON = (3, 13)
 # What Gym's Terminus agent needs beyond nemo-gym (its requirements.txt).
 AGENT_PACKAGES = ("harbor",)
 MARKER = "GYM_SUBSTRATE_GYM_ARM_RUN"
-CHECKOUT = Path(__file__).resolve().parents[3]
+CHECKOUT = Path(__file__).resolve().parents[4]  # lab/experiments/_gym_env.py -> the checkout
+# The Gym servers an arm runs, and where its folders appear inside the chroot.
+AGENT = "terminus_2_sandboxed_agent"
+RESOURCES = "terminal_bench_2_1_resources_server"
+# Servers `gym env start` launches, as <type>/<implementation>; each runs from the prebuilt
+# environment (uv_venv_dir/<type>/<name>/.venv links to it, with skip_venv_if_present).
+SERVER_DIRS = (
+    "resources_servers/terminal_bench_2_1",
+    "responses_api_agents/terminus_2_sandboxed_agent",
+    "responses_api_models/openai_model",
+    "environment_servers/legacy_agent",
+)
+SERVER_CONFIGS = (
+    "resources_servers/terminal_bench_2_1/configs/terminal_bench_2_1.yaml",
+    "responses_api_agents/terminus_2_sandboxed_agent/configs/terminus_2_sandboxed_agent.yaml",
+    "responses_api_models/openai_model/configs/openai_model.yaml",
+)
+READY_LINE = "servers ready! Polling"
+INSIDE_WORK = "/gs/work"
+INSIDE_TASK = "/gs/task"
 
 
 def gym_env_path() -> Path | None:

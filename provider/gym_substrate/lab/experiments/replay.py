@@ -130,21 +130,48 @@ class Replayer:
     def match(
         self, items: Sequence[Item], *, pinned: str | None = None, previous: str | None = None
     ) -> Match:
+        """The recorded rollout and turn that answer `items` (an error saying why none does)."""
         conversation = tuple(i for i in items if i[0] != "output")
         if previous:
-            entry = self.issued.get(previous)
-            if entry is None:
-                raise ReplayError(
-                    404,
-                    "unknown_previous_response",
-                    f"previous_response_id {previous!r} was not issued by this replay server "
-                    "(it forgets them on restart); send the whole conversation as input instead",
-                )
-            rollout_id, turn, before = entry
-            rollout = self.store.by_id[rollout_id]
-            if turn + 1 >= len(rollout.turns):
-                raise self._past_end(rollout, turn + 1)
-            return Match(rollout, turn + 1, before + conversation)
+            return self._continue(previous, conversation)
+        candidates = self._candidates(items, pinned)
+        fitting: list[tuple[Rollout, int]] = []
+        reasons: list[ReplayError] = []
+        for rollout in candidates:
+            fit = self._fit(rollout, items)
+            if isinstance(fit, ReplayError):
+                reasons.append(fit)
+            else:
+                fitting.append((rollout, fit))
+        if not fitting:
+            past = [r for r in reasons if r.code == "past_end"]
+            diverged_ = [r for r in reasons if r.code == "conversation_diverged"]
+            raise (past or diverged_ or reasons)[0]
+        sticky = self.sticky.get(conversation)
+        chosen = next((f for f in fitting if f[0].rollout_id == sticky), None)
+        if chosen is None:
+            chosen = min(fitting, key=lambda f: (self.starts[f[0].rollout_id], f[1]))
+        return Match(chosen[0], chosen[1], conversation)
+
+    def _continue(self, previous: str, conversation: tuple[Item, ...]) -> Match:
+        """The turn after one this server issued: `previous_response_id` names the rollout."""
+        entry = self.issued.get(previous)
+        if entry is None:
+            raise ReplayError(
+                404,
+                "unknown_previous_response",
+                f"previous_response_id {previous!r} was not issued by this replay server "
+                "(it forgets them on restart); send the whole conversation as input instead",
+            )
+        rollout_id, turn, before = entry
+        rollout = self.store.by_id[rollout_id]
+        if turn + 1 >= len(rollout.turns):
+            raise self._past_end(rollout, turn + 1)
+        return Match(rollout, turn + 1, before + conversation)
+
+    def _candidates(self, items: Sequence[Item], pinned: str | None) -> list[Rollout]:
+        """The rollouts that may answer: the pinned one, else those whose key `items` fits;
+        none is an error naming what the store holds, so a wrong recording is plain."""
         if pinned is not None:
             if pinned not in self.store.by_id:
                 raise ReplayError(
@@ -154,9 +181,8 @@ class Replayer:
                     f"(ids: {', '.join(list(self.store.by_id)[:5])}"
                     f"{', ...' if len(self.store.by_id) > 5 else ''})",
                 )
-            candidates = [self.store.by_id[pinned]]
-        else:
-            candidates = self.store.candidates(items)
+            return [self.store.by_id[pinned]]
+        candidates = self.store.candidates(items)
         if not candidates:
             known = sorted({r.key for r in self.store.rollouts})
             first = next((i[2] for i in items if i[0] == "message" and i[1] == "user"), "")
@@ -168,53 +194,39 @@ class Replayer:
                 f"messages are: {'; '.join(repr(_short(k, 40)) for k in known[:3])}"
                 f"{'; ...' if len(known) > 3 else ''}",
             )
-        fitting: list[tuple[Rollout, int]] = []
-        reasons: list[ReplayError] = []
-        for rollout in candidates:
-            opening = rollout.opening(items)
-            if opening is None:
-                reasons.append(
-                    ReplayError(
-                        404,
-                        "unknown_conversation",
-                        f"the conversation does not start as rollout {rollout.rollout_id} "
-                        f"({rollout.source}) does: its opening messages differ",
-                    )
-                )
-                continue
-            runs = split_runs(items[opening:])
-            diverged = next(
-                (
-                    n
-                    for n, run in enumerate(runs[: len(rollout.turns)])
-                    if run != rollout.turns[n].items
-                ),
-                None,
+        return candidates
+
+    def _fit(self, rollout: Rollout, items: Sequence[Item]) -> int | ReplayError:
+        """The turn of `rollout` that answers `items`, or why it cannot (returned, not raised:
+        the caller reports the most telling reason over all candidates)."""
+        opening = rollout.opening(items)
+        if opening is None:
+            return ReplayError(
+                404,
+                "unknown_conversation",
+                f"the conversation does not start as rollout {rollout.rollout_id} "
+                f"({rollout.source}) does: its opening messages differ",
             )
-            if diverged is not None:
-                reasons.append(
-                    ReplayError(
-                        409,
-                        "conversation_diverged",
-                        f"the conversation left rollout {rollout.rollout_id} at turn "
-                        f"{diverged + 1}: recorded {_describe(rollout.turns[diverged].items)}, "
-                        f"got {_describe(runs[diverged])}",
-                    )
-                )
-                continue
-            if len(runs) >= len(rollout.turns):
-                reasons.append(self._past_end(rollout, len(runs)))
-                continue
-            fitting.append((rollout, len(runs)))
-        if not fitting:
-            past = [r for r in reasons if r.code == "past_end"]
-            diverged_ = [r for r in reasons if r.code == "conversation_diverged"]
-            raise (past or diverged_ or reasons)[0]
-        sticky = self.sticky.get(conversation)
-        chosen = next((f for f in fitting if f[0].rollout_id == sticky), None)
-        if chosen is None:
-            chosen = min(fitting, key=lambda f: (self.starts[f[0].rollout_id], f[1]))
-        return Match(chosen[0], chosen[1], conversation)
+        runs = split_runs(items[opening:])
+        diverged = next(
+            (
+                n
+                for n, run in enumerate(runs[: len(rollout.turns)])
+                if run != rollout.turns[n].items
+            ),
+            None,
+        )
+        if diverged is not None:
+            return ReplayError(
+                409,
+                "conversation_diverged",
+                f"the conversation left rollout {rollout.rollout_id} at turn "
+                f"{diverged + 1}: recorded {_describe(rollout.turns[diverged].items)}, "
+                f"got {_describe(runs[diverged])}",
+            )
+        if len(runs) >= len(rollout.turns):
+            return self._past_end(rollout, len(runs))
+        return len(runs)
 
     @staticmethod
     def _past_end(rollout: Rollout, turn: int) -> ReplayError:

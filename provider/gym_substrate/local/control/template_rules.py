@@ -76,14 +76,29 @@ def _clean_mount_path(value: str) -> bool:
 
 
 def _container(errors: FieldErrors, path: str, c: pb.Container, volumes: set[str]) -> None:
+    """One container's rules, a function per field; the errors come in this order."""
     check_short_name(errors, f"{path}.name", c.name)
     _image(errors, f"{path}.image", c.image)
+    _argv(errors, path, c)
+    _env(errors, path, c)
+    _wakeup_probe(errors, path, c)
+    _volume_mounts(errors, path, c, volumes)
+    _capabilities(errors, path, c)
+    _limits(errors, f"{path}.resources", c.resources if c.HasField("resources") else None)
+
+
+def _argv(errors: FieldErrors, path: str, c: pb.Container) -> None:
+    """command and args: at most 64 items of at most 4096 characters each."""
     for field, items in (("command", c.command), ("args", c.args)):
         if len(items) > 64:
             errors.too_many(f"{path}.{field}", len(items), 64)
         for i, item in enumerate(items):
             if len(item) > 4096:
                 errors.too_long(f"{path}.{field}[{i}]", 4096)
+
+
+def _env(errors: FieldErrors, path: str, c: pb.Container) -> None:
+    """env: at most 32, each named with printable ASCII but '=', no name twice."""
     if len(c.env) > 32:
         errors.too_many(f"{path}.env", len(c.env), 32)
     seen_env: set[str] = set()
@@ -98,6 +113,10 @@ def _container(errors: FieldErrors, path: str, c: pb.Container, volumes: set[str
         elif env.name in seen_env:
             errors.duplicate(where, env.name)
         seen_env.add(env.name)
+
+
+def _wakeup_probe(errors: FieldErrors, path: str, c: pb.Container) -> None:
+    """wakeup_probe: an HTTP GET of a clean path on a valid port, 1-3600 s timeout."""
     if c.HasField("wakeup_probe"):
         probe = c.wakeup_probe
         where = f"{path}.wakeup_probe"
@@ -127,6 +146,10 @@ def _container(errors: FieldErrors, path: str, c: pb.Container, volumes: set[str
                 if probe.timeout_seconds > 3600
                 else "must be greater than or equal to 1",
             )
+
+
+def _volume_mounts(errors: FieldErrors, path: str, c: pb.Container, volumes: set[str]) -> None:
+    """volume_mounts: at most 32, of declared volumes, at clean paths no mount nests in."""
     if len(c.volume_mounts) > 32:
         errors.too_many(f"{path}.volume_mounts", len(c.volume_mounts), 32)
     mounts: list[str] = []
@@ -155,6 +178,10 @@ def _container(errors: FieldErrors, path: str, c: pb.Container, volumes: set[str
                     )
                     break
             mounts.append(mount.mount_path)
+
+
+def _capabilities(errors: FieldErrors, path: str, c: pb.Container) -> None:
+    """Capabilities to add and drop: named without CAP_, and never add ALL."""
     if c.HasField("security_context") and c.security_context.HasField("capabilities"):
         caps = c.security_context.capabilities
         for field, names in (("add", caps.add), ("drop", caps.drop)):
@@ -177,7 +204,6 @@ def _container(errors: FieldErrors, path: str, c: pb.Container, volumes: set[str
                     errors.invalid(
                         where, name, "must be an uppercase capability name like 'NET_BIND_SERVICE'"
                     )
-    _limits(errors, f"{path}.resources", c.resources if c.HasField("resources") else None)
 
 
 def _limits(errors: FieldErrors, path: str, resources: pb.Resources | None) -> None:

@@ -21,9 +21,11 @@ import ipaddress
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 from aiohttp import web
+from multidict import CIMultiDict
 from yarl import URL
 
 from gym_substrate.local.router import headers as hdr
@@ -113,7 +115,7 @@ async def forward(
         host=host,
     )
     url = URL(f"http://{authority}{target}", encoded=True)  # forwarded as sent
-    response: web.StreamResponse | None = None
+    begun: list[web.StreamResponse] = []  # the streamed answer, once there is one
     loop = asyncio.get_running_loop()
     body = _Body(request, limits.idle_timeout_s) if request.body_exists else None
     try:
@@ -124,68 +126,102 @@ async def forward(
                 start_clock()
             else:
                 body.at_end = start_clock
-            for attempt in (0, 1):
-                sent = loop.time()
-                try:
-                    upstream_cm = pool.request(
-                        request.method,
-                        url,
-                        headers=headers,
-                        data=body.chunks() if body is not None else None,
-                        allow_redirects=False,
-                        compress=None,
-                    )
-                    upstream = await upstream_cm.__aenter__()
-                except _CONNECT_FAILED as exc:
-                    raise SandboxDown(str(exc) or type(exc).__name__) from exc
-                except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
-                    # a pooled keep-alive connection died with its sandbox; retry once on a
-                    # fresh one when no body bytes were consumed
-                    if attempt == 0 and body is None:
-                        continue
-                    raise
-                break
             try:
-                kept = hdr.downstream_headers(upstream.headers.items(), loop.time() - sent)
-                length = upstream.headers.get("Content-Length")
-                if (
-                    length is not None
-                    and length.isdigit()
-                    and int(length) <= _SMALL_BODY
-                    and request.method != "HEAD"  # HEAD's Content-Length is not its body
-                ):
-                    # the common case (exec JSON): one read, one write back
-                    return web.Response(
-                        status=upstream.status,
-                        reason=upstream.reason,
-                        body=await upstream.read(),
-                        headers=kept,
-                    )
-                if length is not None:
-                    kept["Content-Length"] = length
-                response = web.StreamResponse(
-                    status=upstream.status, reason=upstream.reason, headers=kept
-                )
-                if length is None and request.version >= (1, 1):
-                    response.enable_chunked_encoding()
-                await response.prepare(request)
-                async for chunk in upstream.content.iter_chunked(_CHUNK):
-                    await response.write(chunk)
-                await response.write_eof()
+                upstream_cm, upstream, sent = await _send(pool, request, url, headers, body)
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                # a pooled keep-alive connection died with its sandbox; retry once on a
+                # fresh one when no body bytes were consumed
+                if body is not None:
+                    raise
+                upstream_cm, upstream, sent = await _send(pool, request, url, headers, body)
+            try:
+                return await _relay(request, upstream, loop.time() - sent, begun)
             finally:
                 await upstream_cm.__aexit__(None, None, None)
-            return response
     except (TimeoutError, aiohttp.ClientError) as exc:
-        if body is not None and body.idle:
-            # Envoy's stream idle timeout: the upload stalled for that long
-            answer = text_reply(408, "stream timeout")
-            answer.force_close()
-            return answer
-        if response is not None and response.prepared:
-            return _cut(request, response)  # headers went out: cut, as Envoy does
-        if isinstance(exc, TimeoutError):
-            return text_reply(504, "upstream request timeout")
+        return _failed(request, exc, body, begun[0] if begun else None)
+
+
+async def _send(
+    pool: aiohttp.ClientSession,
+    request: web.BaseRequest,
+    url: URL,
+    headers: CIMultiDict[str],
+    body: _Body | None,
+) -> tuple[Any, aiohttp.ClientResponse, float]:
+    """The request sent: its context manager, the actor's response (headers in) and when it
+    went out; a connection the actor refuses or does not take is `SandboxDown`."""
+    sent = asyncio.get_running_loop().time()
+    try:
+        upstream_cm = pool.request(
+            request.method,
+            url,
+            headers=headers,
+            data=body.chunks() if body is not None else None,
+            allow_redirects=False,
+            compress=None,
+        )
+        upstream = await upstream_cm.__aenter__()
+    except _CONNECT_FAILED as exc:
         raise SandboxDown(str(exc) or type(exc).__name__) from exc
+    return upstream_cm, upstream, sent
+
+
+async def _relay(
+    request: web.BaseRequest,
+    upstream: aiohttp.ClientResponse,
+    waited_s: float,
+    begun: list[web.StreamResponse],
+) -> web.StreamResponse:
+    """The actor's answer back to the client: a small body in one write, else streamed (the
+    streamed response goes into `begun` first, so a failure midway knows headers went out)."""
+    kept = hdr.downstream_headers(upstream.headers.items(), waited_s)
+    length = upstream.headers.get("Content-Length")
+    if (
+        length is not None
+        and length.isdigit()
+        and int(length) <= _SMALL_BODY
+        and request.method != "HEAD"  # HEAD's Content-Length is not its body
+    ):
+        # the common case (exec JSON): one read, one write back
+        return web.Response(
+            status=upstream.status,
+            reason=upstream.reason,
+            body=await upstream.read(),
+            headers=kept,
+        )
+    if length is not None:
+        kept["Content-Length"] = length
+    response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers=kept)
+    begun.append(response)
+    if length is None and request.version >= (1, 1):
+        response.enable_chunked_encoding()
+    await response.prepare(request)
+    async for chunk in upstream.content.iter_chunked(_CHUNK):
+        await response.write(chunk)
+    await response.write_eof()
+    return response
+
+
+def _failed(
+    request: web.BaseRequest,
+    exc: BaseException,
+    body: _Body | None,
+    response: web.StreamResponse | None,
+) -> web.StreamResponse:
+    """What the client gets when the exchange failed, as Envoy answers it: 408 for a stalled
+    upload, a cut connection once headers went out, 504 for the route timeout; anything else
+    is `SandboxDown`."""
+    if body is not None and body.idle:
+        # Envoy's stream idle timeout: the upload stalled for that long
+        answer = text_reply(408, "stream timeout")
+        answer.force_close()
+        return answer
+    if response is not None and response.prepared:
+        return _cut(request, response)  # headers went out: cut, as Envoy does
+    if isinstance(exc, TimeoutError):
+        return text_reply(504, "upstream request timeout")
+    raise SandboxDown(str(exc) or type(exc).__name__) from exc
 
 
 async def forward_websocket(

@@ -52,122 +52,150 @@ _HOSTS = (b"app.example", b"127.0.0.1", b"localhost", b"x.actors.resources.subst
 
 
 def _cases(rng: random.Random, targets: Sequence[str]) -> bytes:
-    """One generated input."""
+    """One generated input: a routing header, then one of the kinds below (the draws in this
+    order, so a seed replays the same inputs)."""
     route = TARGET_ACTOR_HEADER.encode() + b": " + rng.choice(targets).encode()
     host = b"Host: " + rng.choice(_HOSTS)
     close = b"Connection: close"
     kind = rng.randrange(13)
-    if kind <= 2:  # routed traffic
-        body = rng.choice((b"", b"{}", b'{"command": "true"}', rng.randbytes(64)))
-        return _request(rng.choice(_METHODS), rng.choice(_PATHS), [host, route, close], body)
-    if kind == 3:  # routing values the router cannot use
-        bad = rng.choice(
-            (
-                b"fz/nope",
-                route.split(b": ", 1)[1].upper(),
-                b"fz",
-                b"fz/r0/x",
-                b"/r0",
-                b"",
-                b"\xff\xfe/\xfa",
-                b"fz/" + b"a" * 5000,
-                b"fz/r0, fz/r1",
-            )
+    return _KINDS[min(kind, len(_KINDS) - 1)](rng, host, route, close)
+
+
+def _routed(rng: random.Random, host: bytes, route: bytes, close: bytes) -> bytes:
+    """Routed traffic: a method, path and body the router forwards."""
+    body = rng.choice((b"", b"{}", b'{"command": "true"}', rng.randbytes(64)))
+    return _request(rng.choice(_METHODS), rng.choice(_PATHS), [host, route, close], body)
+
+
+def _bad_route(rng: random.Random, host: bytes, route: bytes, close: bytes) -> bytes:
+    """Routing values the router cannot use: malformed, doubled or missing."""
+    bad = rng.choice(
+        (
+            b"fz/nope",
+            route.split(b": ", 1)[1].upper(),
+            b"fz",
+            b"fz/r0/x",
+            b"/r0",
+            b"",
+            b"\xff\xfe/\xfa",
+            b"fz/" + b"a" * 5000,
+            b"fz/r0, fz/r1",
         )
-        headers = [host, TARGET_ACTOR_HEADER.encode() + b": " + bad, close]
-        if rng.random() < 0.2:
-            headers = [host, route, route, close]  # a second copy
-        elif rng.random() < 0.2:
-            headers = [host, close]  # none at all
-        return _request(b"GET", b"/readyz", headers)
-    if kind == 4:  # request lines
-        return rng.choice(
-            (
-                b"GET /readyz HTTP/9.9\r\n" + host + b"\r\n" + route + b"\r\n\r\n",
-                b"GET /readyz\r\n\r\n",
-                b"GET\r\n\r\n",
-                b"\r\n\r\n",
-                b"GET " + b"/a" * 40_000 + b" HTTP/1.1\r\n" + host + b"\r\n\r\n",
-                b"GET http://app.example/readyz HTTP/1.1\r\nHost: x\r\n"
-                + route
-                + b"\r\n"
-                + close
-                + b"\r\n\r\n",
-                b"GET /readyz HTTP/1.0\r\n" + route + b"\r\n\r\n",
-                b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
-                b"G\x00T / HTTP/1.1\r\n" + host + b"\r\n\r\n",
-            )
+    )
+    headers = [host, TARGET_ACTOR_HEADER.encode() + b": " + bad, close]
+    if rng.random() < 0.2:
+        headers = [host, route, route, close]  # a second copy
+    elif rng.random() < 0.2:
+        headers = [host, close]  # none at all
+    return _request(b"GET", b"/readyz", headers)
+
+
+def _request_line(rng: random.Random, host: bytes, route: bytes, close: bytes) -> bytes:
+    """Request lines: bad versions, missing parts, huge targets, absolute forms."""
+    return rng.choice(
+        (
+            b"GET /readyz HTTP/9.9\r\n" + host + b"\r\n" + route + b"\r\n\r\n",
+            b"GET /readyz\r\n\r\n",
+            b"GET\r\n\r\n",
+            b"\r\n\r\n",
+            b"GET " + b"/a" * 40_000 + b" HTTP/1.1\r\n" + host + b"\r\n\r\n",
+            b"GET http://app.example/readyz HTTP/1.1\r\nHost: x\r\n"
+            + route
+            + b"\r\n"
+            + close
+            + b"\r\n\r\n",
+            b"GET /readyz HTTP/1.0\r\n" + route + b"\r\n\r\n",
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+            b"G\x00T / HTTP/1.1\r\n" + host + b"\r\n\r\n",
         )
-    if kind == 5:  # headers
-        return _request(
-            b"GET",
-            b"/readyz",
-            rng.choice(
-                (
-                    [host, route, b"X-Big: " + b"a" * 100_000],
-                    [host, route, *(b"X-%d: v" % i for i in range(500))],
-                    [host, b"Host: other", route],
-                    [host, route, b"no-colon-here"],
-                    [host, route, b"X-Fold: a", b" folded"],
-                    [host, route, b"X-Nul: a\x00b"],
-                    [host, route, b"\xff\xfe: v"],
-                    [host, route, b"X-Ate-Target-Port: 22", b"X-Forwarded-For: 6.6.6.6"],
-                    [b"Host : x", route],
-                    [],
-                ),
+    )
+
+
+def _headers(rng: random.Random, host: bytes, route: bytes, close: bytes) -> bytes:
+    """Headers: huge, many, duplicated Host, no colon, folded, NUL, hop-by-hop."""
+    return _request(
+        b"GET",
+        b"/readyz",
+        rng.choice(
+            (
+                [host, route, b"X-Big: " + b"a" * 100_000],
+                [host, route, *(b"X-%d: v" % i for i in range(500))],
+                [host, b"Host: other", route],
+                [host, route, b"no-colon-here"],
+                [host, route, b"X-Fold: a", b" folded"],
+                [host, route, b"X-Nul: a\x00b"],
+                [host, route, b"\xff\xfe: v"],
+                [host, route, b"X-Ate-Target-Port: 22", b"X-Forwarded-For: 6.6.6.6"],
+                [b"Host : x", route],
+                [],
             ),
+        ),
+    )
+
+
+def _framing(rng: random.Random, host: bytes, route: bytes, close: bytes) -> bytes:
+    """Body framing: bad and conflicting Content-Length, broken chunking."""
+    post = b"POST /v1/jobs HTTP/1.1\r\n" + host + b"\r\n" + route + b"\r\n"
+    return post + rng.choice(
+        (
+            b"Content-Length: abc\r\n\r\n",
+            b"Content-Length: -1\r\n\r\n",
+            b"Content-Length: 2\r\nContent-Length: 3\r\n\r\nabc",
+            b"Content-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+            b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\nzz\r\nab\r\n0\r\n\r\n",
+            b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n2;ext=\xff\r\n{}\r\n0\r\n\r\n",
+            b"Transfer-Encoding: gzip, chunked\r\nConnection: close\r\n\r\n0\r\n\r\n",
+            b"Content-Length: 99999999999999999999999\r\n\r\n",
         )
-    if kind == 6:  # body framing
-        post = b"POST /v1/jobs HTTP/1.1\r\n" + host + b"\r\n" + route + b"\r\n"
-        return post + rng.choice(
-            (
-                b"Content-Length: abc\r\n\r\n",
-                b"Content-Length: -1\r\n\r\n",
-                b"Content-Length: 2\r\nContent-Length: 3\r\n\r\nabc",
-                b"Content-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
-                b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\nzz\r\nab\r\n0\r\n\r\n",
-                b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n2;ext=\xff\r\n{}\r\n"
-                b"0\r\n\r\n",
-                b"Transfer-Encoding: gzip, chunked\r\nConnection: close\r\n\r\n0\r\n\r\n",
-                b"Content-Length: 99999999999999999999999\r\n\r\n",
-            )
+    )
+
+
+def _upgrade(rng: random.Random, host: bytes, route: bytes, close: bytes) -> bytes:
+    """Upgrades (websocket, h2c, raw) and pipelined requests."""
+    upgrade = [host, route, b"Connection: Upgrade"]
+    return rng.choice(
+        (
+            _request(
+                b"GET",
+                b"/",
+                [
+                    *upgrade,
+                    b"Upgrade: websocket",
+                    b"Sec-WebSocket-Version: 13",
+                    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+                ],
+            ),
+            _request(b"GET", b"/", [*upgrade, b"Upgrade: h2c"]),
+            _request(b"GET", b"/", [*upgrade, b"Upgrade: tcp"]),
+            _request(b"GET", b"/readyz", [host, route]) * 3,
         )
-    if kind == 7:  # upgrades and pipelining
-        upgrade = [host, route, b"Connection: Upgrade"]
-        return rng.choice(
-            (
-                _request(
-                    b"GET",
-                    b"/",
-                    [
-                        *upgrade,
-                        b"Upgrade: websocket",
-                        b"Sec-WebSocket-Version: 13",
-                        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
-                    ],
-                ),
-                _request(b"GET", b"/", [*upgrade, b"Upgrade: h2c"]),
-                _request(b"GET", b"/", [*upgrade, b"Upgrade: tcp"]),
-                _request(b"GET", b"/readyz", [host, route]) * 3,
-            )
+    )
+
+
+def _tunnel(rng: random.Random, host: bytes, route: bytes, close: bytes) -> bytes:
+    """CONNECT tunnels, with HTTP (or not) inside."""
+    authority = rng.choice((b"fz:80", b"fz:1", b"fz:65535", b"fz", b"fz:99999", b"[::1]:80"))
+    outer = b"CONNECT " + authority + b" HTTP/1.1\r\nHost: " + authority + b"\r\n"
+    if rng.random() < 0.8:
+        outer += route + b"\r\n"
+    inner = rng.choice(
+        (
+            b"GET /readyz HTTP/1.1\r\nHost: in\r\n" + close + b"\r\n\r\n",
+            b"CONNECT fz:80 HTTP/1.1\r\nHost: fz:80\r\n\r\n",
+            b"\x16\x03\x01\x00\xa5\x01\x00",
+            b"",
         )
-    if kind == 8:  # CONNECT tunnels, with HTTP (or not) inside
-        authority = rng.choice((b"fz:80", b"fz:1", b"fz:65535", b"fz", b"fz:99999", b"[::1]:80"))
-        outer = b"CONNECT " + authority + b" HTTP/1.1\r\nHost: " + authority + b"\r\n"
-        if rng.random() < 0.8:
-            outer += route + b"\r\n"
-        inner = rng.choice(
-            (
-                b"GET /readyz HTTP/1.1\r\nHost: in\r\n" + close + b"\r\n\r\n",
-                b"CONNECT fz:80 HTTP/1.1\r\nHost: fz:80\r\n\r\n",
-                b"\x16\x03\x01\x00\xa5\x01\x00",
-                b"",
-            )
-        )
-        return outer + b"\r\n" + inner
-    if kind == 9:  # bare LF line ends
-        return b"GET /readyz HTTP/1.1\n" + host + b"\n" + route + b"\n" + close + b"\n\n"
-    # byte mutations of a valid request's head (its blank line kept, so it stays complete)
+    )
+    return outer + b"\r\n" + inner
+
+
+def _bare_lf(rng: random.Random, host: bytes, route: bytes, close: bytes) -> bytes:
+    """Bare LF line ends."""
+    return b"GET /readyz HTTP/1.1\n" + host + b"\n" + route + b"\n" + close + b"\n\n"
+
+
+def _mutated(rng: random.Random, host: bytes, route: bytes, close: bytes) -> bytes:
+    """Byte mutations of a valid request's head (its blank line kept, so it stays complete)."""
     head = bytearray(b"GET /readyz HTTP/1.1\r\n" + host + b"\r\n" + route + b"\r\n" + close)
     for _ in range(rng.randint(1, 4)):
         op = rng.randrange(3)
@@ -179,6 +207,14 @@ def _cases(rng: random.Random, targets: Sequence[str]) -> bytes:
         else:
             head[at:at] = bytes([rng.randrange(256)])
     return bytes(head) + b"\r\n\r\n"
+
+
+_Kind = Callable[[random.Random, bytes, bytes, bytes], bytes]
+# by the draw `randrange(13)`: 0-2 routed, then one each, 10-12 byte mutations
+_KINDS: tuple[_Kind, ...] = (
+    _routed, _routed, _routed, _bad_route, _request_line, _headers, _framing, _upgrade, _tunnel,
+    _bare_lf, _mutated,
+)  # fmt: skip
 
 
 def _exchange(address: tuple[str, int], data: bytes) -> tuple[str, str]:
