@@ -17,6 +17,7 @@ FAST_MODULES = frozenset(
         "envs/test_rewards.py",
         "envs/test_spaces.py",
         "local/test_control_unit.py",
+        "local/test_pause_tier_option.py",
         "provider/test_capacity.py",
         "provider/test_crash.py",
         "provider/test_seam.py",
