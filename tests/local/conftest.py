@@ -46,8 +46,11 @@ async def backend(
     # sys.executable, uploads of host paths); test_rootfs.py covers the Debian default. One
     # actor per worker unless a test asks for more, so "no free worker" is easy to reach.
     options = {"default_rootfs": "host", "actors_per_worker": 1, **backend_options}
-    # gVisor's PauseActor tier: LB_PAUSE_TIER=checkpoint runs a suite on the checkpoint tier
-    options.setdefault("pause_tier", os.environ.get("LB_PAUSE_TIER", "checkpoint"))
+    # gVisor's PauseActor tier: the backend's default (freeze) unless LB_PAUSE_TIER names one
+    # (LB_PAUSE_TIER=checkpoint runs a suite on the checkpoint tier; on CI the pause-sensitive
+    # fidelity tests run there too, test_fidelity_checkpoint_tier.py)
+    if os.environ.get("LB_PAUSE_TIER"):
+        options.setdefault("pause_tier", os.environ["LB_PAUSE_TIER"])
     async with LocalBackend(state, runtime=runtime_name, **options) as started:
         await settle_golden(started)
         yield started

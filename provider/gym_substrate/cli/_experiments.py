@@ -1,16 +1,17 @@
 """What every experiment command shares: target options, the output folder, progress, errors.
 
-`target_options` adds `--config/--runtime/--workers/--actors-per-worker`; `run` runs a command's
-coroutine with an `ExperimentError` turned into one line and exit 1; `arm_progress` is the live
-progress of arms (a rich bar on a terminal, a plain line every 10 s on a pipe); `report_files`
-prints where the run's files went. Output goes through `gym_substrate.cli._output` like every
-other command.
+`target_options` adds `--config/--runtime/--pause-tier/--workers/--actors-per-worker`; `run`
+runs a command's coroutine with an `ExperimentError` turned into one line and exit 1;
+`arm_progress` is the live progress of arms (a rich bar on a terminal, a plain line every 10 s
+on a pipe); `report_files` prints where the run's files went. Output goes through
+`gym_substrate.cli._output` like every other command.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
@@ -48,12 +49,28 @@ T = TypeVar("T")
 
 
 def target_options(func: F) -> F:
-    """`--config FILE`, `--runtime`, `--workers`, `--actors-per-worker`: where it runs.
+    """`--config FILE`, `--runtime`, `--pause-tier`, `--workers`, `--actors-per-worker`: where
+    it runs.
 
     Multiples and utilisation count in actor slots, workers x actors per worker; one actor per
     worker (the default) keeps a worker what the experiments meant by one before workers held
-    several actors.
+    several actors. `--pause-tier` reaches the local backend the command starts
+    (`local_or_config`) without passing through the command's own arguments.
     """
+    from gym_substrate.lab.experiments.backend import local_pause_tier
+    from gym_substrate.local.runtimes import DEFAULT_PAUSE_TIER, PAUSE_TIER_ENV, PAUSE_TIERS
+
+    command = func
+
+    @functools.wraps(command)
+    def with_pause_tier(*args: Any, pause_tier: str | None, **kwargs: Any) -> Any:
+        token = local_pause_tier.set(pause_tier)
+        try:
+            return command(*args, **kwargs)
+        finally:
+            local_pause_tier.reset(token)
+
+    func = with_pause_tier  # type: ignore[assignment]
     options = [
         click.option(
             "--config",
@@ -69,6 +86,15 @@ def target_options(func: F) -> F:
             default="auto",
             show_default=True,
             help="Local backend's sandbox runtime (auto: gVisor when runsc works, else process).",
+        ),
+        click.option(
+            "--pause-tier",
+            type=click.Choice(PAUSE_TIERS),
+            default=None,
+            help="What PauseActor does on the local backend's gVisor runtime: freeze the "
+            "sandbox in memory (~1 ms) or checkpoint it to disk (~0.1-0.5 s); see `local up "
+            f"--pause-tier`. Default: ${PAUSE_TIER_ENV}, else {DEFAULT_PAUSE_TIER}. Ignored "
+            "with --config.",
         ),
         click.option(
             "--workers",

@@ -39,7 +39,13 @@ from gym_substrate.local.client_config import (
     provider_config_yaml,
 )
 from gym_substrate.local.errors import BackendError
-from gym_substrate.local.runtimes import PAUSE_TIERS, RUNTIME_NAMES
+from gym_substrate.local.runtimes import (
+    DEFAULT_PAUSE_TIER,
+    PAUSE_TIER_ENV,
+    PAUSE_TIERS,
+    RUNTIME_NAMES,
+    resolve_pause_tier,
+)
 from gym_substrate.local.runtimes.base import RuntimeFailure
 
 __all__ = ["local"]
@@ -196,11 +202,11 @@ local.add_command(rootfs_group)
 @click.option(
     "--pause-tier",
     type=click.Choice(PAUSE_TIERS),
-    default="checkpoint",
-    show_default=True,
+    default=None,
     help="What PauseActor does under gVisor: freeze the sandbox in memory (its worker is free "
     "at once; ~1 ms) or checkpoint it to node-local disk (~0.1-0.5 s). Frozen actors past "
-    "--frozen-memory are checkpointed, least recently paused first.",
+    "--frozen-memory are checkpointed, least recently paused first. Default: "
+    f"${PAUSE_TIER_ENV}, else {DEFAULT_PAUSE_TIER}.",
 )
 @click.option(
     "--frozen-memory",
@@ -233,7 +239,7 @@ def up(
     suspend_on_stop: bool,
     tls: bool,
     auth: str,
-    pause_tier: str,
+    pause_tier: str | None,
     frozen_memory: str | None,
     rootfs: str,
     allow_host_rootfs: bool,
@@ -262,6 +268,10 @@ def up(
         )
     except ValueError as exc:
         raise fail(f"--frozen-memory: {exc}") from None
+    try:
+        pause_tier = resolve_pause_tier(pause_tier)
+    except ValueError as exc:
+        raise fail(str(exc)) from None
     per_worker = actors_per_worker or default_actors_per_worker(workers)
     if workers * per_worker > 250:
         raise fail(

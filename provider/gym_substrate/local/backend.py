@@ -44,10 +44,9 @@ from gym_substrate.local.metrics import Metrics
 from gym_substrate.local.resume_client import ResumeClient
 from gym_substrate.local.router import Router
 from gym_substrate.local.runtimes import (
-    PAUSE_TIER_ENV,
-    PAUSE_TIERS,
     RUNTIME_NAMES,
     create_runtime,
+    resolve_pause_tier,
     select_runtime,
 )
 from gym_substrate.local.runtimes.base import RuntimeConfig, SandboxRuntime
@@ -182,14 +181,8 @@ class LocalBackend:
             raise ValueError(f"parked_request_max must be >= 0, got {parked_request_max}")
         if parked_request_budget_s <= 0:
             raise ValueError(f"parked_request_budget_s must be > 0, got {parked_request_budget_s}")
-        # the checkpoint tier unless asked (issue 22: the freeze tier is opt-in while its
-        # address and crash handling catch up); the variable reaches backends that tools start
-        pause_tier = pause_tier or os.environ.get(PAUSE_TIER_ENV) or "checkpoint"
-        if pause_tier not in PAUSE_TIERS:
-            raise ValueError(
-                f"unknown pause tier {pause_tier!r} (--pause-tier or {PAUSE_TIER_ENV}): use one of "
-                f"{', '.join(PAUSE_TIERS)}"
-            )
+        # the freeze tier unless told (or $GYM_SUBSTRATE_PAUSE_TIER says) otherwise
+        pause_tier = resolve_pause_tier(pause_tier)
         if frozen_memory is not None and frozen_memory < 0:
             raise ValueError(f"frozen_memory must be >= 0 bytes, got {frozen_memory}")
         if auth not in AUTH_MODES:

@@ -60,7 +60,7 @@ def spawn(
     tls: bool = False,
     auth: str = "mtls",
     rootfs: str = "debian",
-    pause_tier: str = "checkpoint",
+    pause_tier: str = "freeze",
     frozen_memory: int | None = None,
     allow_host_rootfs: bool = False,
 ) -> subprocess.Popen[bytes]:

@@ -13,6 +13,7 @@ cluster the user says what it has.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
 import json
 import os
@@ -27,7 +28,20 @@ from gym_substrate.lab.experiments._errors import ExperimentError
 if TYPE_CHECKING:
     from gym_substrate.local.control.records import ActorRecord
 
-__all__ = ["RUNTIMES", "Target", "local_or_config", "merged_kwargs", "wait_for_golden"]
+__all__ = [
+    "RUNTIMES",
+    "Target",
+    "local_or_config",
+    "local_pause_tier",
+    "merged_kwargs",
+    "wait_for_golden",
+]
+
+# `--pause-tier` of the experiment command that runs (cli._experiments.target_options sets it):
+# the pause tier of the local backend `local_or_config` starts when not given one.
+local_pause_tier: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "local_pause_tier", default=None
+)
 
 RUNTIMES = ("auto", "gvisor", "process")
 # Set in the environment of every process-runtime sandbox (gym_substrate.local.runtimes.process).
@@ -75,6 +89,10 @@ class Target:
             "where": self.where,
             "runtime": self.runtime,
             "runtime_reason": self.runtime_reason,
+            # what PauseActor did on the local gVisor backend (None elsewhere)
+            "pause_tier": getattr(self._backend, "pause_tier", None)
+            if self.runtime == "gvisor"
+            else None,
             "workers": self.workers,
             "actors_per_worker": self.actors_per_worker,
             "slots": self.slots,
@@ -273,14 +291,16 @@ async def local_or_config(
     runtime: str = "auto",
     workers: int = 2,
     actors_per_worker: int = 1,
+    pause_tier: str | None = None,
 ) -> AsyncIterator[Target]:
     """A `Target` for the run: the cluster `config_path` describes, else a local backend.
 
     The local backend gets `workers` workers of `actors_per_worker` actors each and `runtime`
     (`auto` picks gVisor when runsc works here, else the process runtime; the reason is
-    `Target.runtime_reason`), in a temporary state folder; it is ready when its default
-    template's golden snapshot is, and it is stopped, with every sandbox it ran, when the
-    block exits.
+    `Target.runtime_reason`), and `pause_tier` (else the command's `--pause-tier`, else
+    $GYM_SUBSTRATE_PAUSE_TIER, else freeze), in a temporary state folder; it is ready when its
+    default template's golden snapshot is, and it is stopped, with every sandbox it ran, when
+    the block exits.
     """
     if workers < 1:
         raise ExperimentError(f"--workers must be >= 1, got {workers}")
@@ -313,6 +333,7 @@ async def local_or_config(
                 runtime=runtime,
                 workers=workers,
                 actors_per_worker=actors_per_worker,
+                pause_tier=pause_tier or local_pause_tier.get(),
             )
             await stack.enter_async_context(backend)
         except (BackendError, RuntimeFailure, ValueError) as exc:

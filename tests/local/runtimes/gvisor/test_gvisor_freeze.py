@@ -5,12 +5,20 @@ Every test here runs on four runtimes: the checkpoint tier (today's pause), the 
 sandbox as soon as it froze (eviction to the checkpoint tier), and the freeze tier through
 `runsc pause` (the fallback). A pause must keep memory, files and the actor's id
 on all three, and give the worker's slot back at once; the conftest's teardown proves nothing
-of any tier is left on the host (sandboxes, netns, veths, cgroups, leases).
+of any tier is left on the host (sandboxes, netns, veths, cgroups, leases, nft tables).
+
+Addresses follow upstream's rule on every tier: a started actor's address is its slot's worker
+IP and its agent answers on port 80 there (kagent:controlapi/workflow_resume.go@2559ec02
+copies the worker's IPs onto the actor), also once a frozen sandbox took its namespace along,
+after a thaw onto another slot and after a restart; connections open at pause are reset, so
+none reaches a paused actor after another one took its worker's IP.
 """
 
 from __future__ import annotations
 
 import asyncio
+import http.client
+import json
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +70,11 @@ async def test_pause_keeps_memory_files_and_frees_the_slot_on_every_tier(
     template = counter_template(tmp_path / "snaps")
     actor = ActorSpec("default", "tiered", template)
     started = await runtime.start(actor, Slot(0), None, timeout_s=30)
+    assert started.address == runtime.worker_ip(Slot(0))
     await aget(started.address, "/write?text=kept")
     before = await aget(started.address, "/state")
+    kept_alive = http.client.HTTPConnection(started.address, 80, timeout=10)
+    await asyncio.to_thread(_request, kept_alive, "/readyz")
 
     paused = await runtime.checkpoint(
         actor, started.handle, SnapshotKind.LOCAL, tmp_path / "local" / "p1"
@@ -88,9 +99,15 @@ async def test_pause_keeps_memory_files_and_frees_the_slot_on_every_tier(
     # The slot is free at once: another actor runs there while the first one is paused.
     other = ActorSpec("default", "neighbour", counter_template(tmp_path / "snaps", marker=False))
     neighbour = await runtime.start(other, Slot(0), None, timeout_s=30)
+    assert neighbour.address == runtime.worker_ip(Slot(0))
     assert (await aget(neighbour.address, "/state"))["actor_id"] == "neighbour"
+    # the connection opened before the pause was reset: it reaches neither actor
+    with pytest.raises((OSError, http.client.HTTPException)):
+        await asyncio.to_thread(_request, kept_alive, "/readyz")
+    kept_alive.close()
 
     resumed = await runtime.start(actor, Slot(1), paused.snapshot, timeout_s=30)
+    assert resumed.address == runtime.worker_ip(Slot(1))  # thawed onto the other slot
     assert resumed.memory_restored
     after = await aget(resumed.address, "/state")
     assert after["boot_nonce"] == before["boot_nonce"]
@@ -109,10 +126,19 @@ async def test_pause_keeps_memory_files_and_frees_the_slot_on_every_tier(
     assert (dest / "checkpoint.img").is_file()
     assert not await runtime.is_alive(resumed.handle)
     back = await runtime.start(actor, Slot(1), uploaded.snapshot, timeout_s=30)
+    assert back.address == runtime.worker_ip(Slot(1))
     final = await aget(back.address, "/state")
     assert (final["boot_nonce"], final["counter"]) == (before["boot_nonce"], before["counter"] + 2)
     assert final["marker"] == "kept"
     await _settle(runtime)
+
+
+def _request(connection: http.client.HTTPConnection, path: str) -> dict[str, Any]:
+    """GET ``path`` on a kept-alive connection (the connection stays open for the next)."""
+    connection.request("GET", path)
+    response = connection.getresponse()
+    data: dict[str, Any] = json.loads(response.read())
+    return data
 
 
 @pytest.mark.parametrize("tier", ["freeze"])  # the tier that keeps sandboxes across restarts
@@ -133,6 +159,7 @@ async def test_frozen_actors_survive_a_runtime_restart_and_are_parked_at_down(
             )
         )
     await _settle(runtime)
+    worker_ips = [runtime.worker_ip(Slot(i)) for i in (0, 1)]
     await runtime.close()  # the control plane goes (as after SIGKILL: state is on disk)
 
     again = GvisorRuntime(runtime_config)
@@ -140,7 +167,10 @@ async def test_frozen_actors_survive_a_runtime_restart_and_are_parked_at_down(
     try:
         assert set(again.tier.frozen) == {s.retained_handle for s in snaps}
         assert await again.sweep(keep=[s.retained_handle for s in snaps]) == []
+        # both slots' namespaces went with frozen sandboxes; the workers keep their IPs
+        assert [again.worker_ip(Slot(i)) for i in (0, 1)] == worker_ips
         resumed = await again.start(actors[0], Slot(1), snaps[0].snapshot, timeout_s=30)
+        assert resumed.address == worker_ips[1]  # actor 0 froze on slot 0
         state = await aget(resumed.address, "/state")
         assert (state["boot_nonce"], state["counter"]) == (
             states[0]["boot_nonce"],
@@ -153,6 +183,7 @@ async def test_frozen_actors_survive_a_runtime_restart_and_are_parked_at_down(
             assert (snap.snapshot.path / "checkpoint.img").is_file()
             assert not (snap.snapshot.path / FROZEN_MARKER).exists()
         restored = await again.start(actors[2], Slot(0), snaps[2].snapshot, timeout_s=30)
+        assert restored.address == worker_ips[0]
         state = await aget(restored.address, "/state")
         assert state["boot_nonce"] == states[2]["boot_nonce"]
     finally:

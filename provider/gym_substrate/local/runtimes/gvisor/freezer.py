@@ -43,7 +43,7 @@ from gym_substrate.local.runtimes.base import (
     StartedSandbox,
     pss_bytes,
 )
-from gym_substrate.local.runtimes.gvisor import cgfreeze, host, net
+from gym_substrate.local.runtimes.gvisor import cgfreeze, host, net, slotaddr
 from gym_substrate.local.runtimes.gvisor._proc import run_command
 from gym_substrate.local.runtimes.gvisor.runsc import ContainerState, RunscError
 from gym_substrate.local.snapshots import PARTIAL_SUFFIX
@@ -211,14 +211,26 @@ class FreezeTier:
         self.rt._nets.pop(slot, None)
         unit = self.spares.pop(0) if self.spares else self._new_unit()
         self.slots[slot] = unit
-        known = self._spare_nets.pop(unit, None)
-        if known is not None:
-            self.rt._nets[slot] = known
-            return
-        task = asyncio.create_task(asyncio.to_thread(net.setup_slot_net, self.rt.instance, unit))
+        task = asyncio.create_task(self._hand_over(slot, unit, self._spare_nets.pop(unit, None)))
         self._refills[slot] = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _hand_over(self, slot: int, unit: int, known: net.SlotNet | None) -> net.SlotNet:
+        """In the background after a freeze (the next start on the slot waits for it): reset
+        the connections still open to the slot's worker IP, which conntrack keeps pointing at
+        the frozen sandbox, so no keep-alive connection reaches it when another actor holds
+        the IP; give the slot ``unit``'s namespace and point the worker IP at it."""
+        worker = self.rt._worker_ips.get(slot)
+        if worker is not None:
+            await slotaddr.reset_connections(worker)
+        made = known
+        if made is None:
+            made = await asyncio.to_thread(net.setup_slot_net, self.rt.instance, unit)
+        if self.slots.get(slot) == unit:  # still this slot's unit (a thaw may have come first)
+            self.rt._nets[slot] = made
+            self.rt.publish_slots()
+        return made
 
     # -- listing -----------------------------------------------------------------------------
     async def containers(self) -> list[ContainerState]:
@@ -409,12 +421,13 @@ class FreezeTier:
             self.rt._nets[slot.index] = unit_net
             del self.frozen[cid]
             self.rt._set_sandbox_slot(cid, slot.index)
+            self.rt.publish_slots()  # the slot's worker IP reaches this sandbox from now on
             self._save()
             with contextlib.suppress(OSError):
                 await asyncio.to_thread((folder / FROZEN_MARKER).unlink)
-        net_ = self.rt._nets[slot.index]
-        await self.rt._wait_ready(actor.template, net_, cid, deadline)
-        return StartedSandbox(handle=cid, address=net_.sandbox_ip, memory_restored=True)
+        address = self.rt.worker_ip(slot)
+        await self.rt._wait_ready(actor.template, address, cid, deadline)
+        return StartedSandbox(handle=cid, address=address, memory_restored=True)
 
     # -- evict -------------------------------------------------------------------------------
     async def evict(self, cid: str, *, reason: str, dest: Path | None = None) -> Path | None:
@@ -438,8 +451,7 @@ class FreezeTier:
                     raise RuntimeFailure("the frozen sandbox died")
                 await self._set_frozen(cid, pids[0], False, entry.method)
                 if entry.slotnet is not None:
-                    ip = entry.slotnet.sandbox_ip
-                    await run_command(["ss", "-K", "-t", "dst", ip], timeout_s=10, check=False)
+                    await slotaddr.reset_connections(entry.slotnet.sandbox_ip)
                 await asyncio.to_thread(target.mkdir, parents=True, exist_ok=True)
                 await self.rt.runsc.checkpoint(
                     cid, target, compression=self.rt.compression, timeout_s=_CHECKPOINT_TIMEOUT_S

@@ -15,7 +15,8 @@ Safety (gvisor-local.md §3.3): the namespace gets no default route, the host si
 and IPv6 off, so a sandbox can reach nothing but the host end of its own /30. An nftables table
 per backend (``inet gym_substrate_<instance>``) also drops every connection a sandbox opens to
 the host itself, so services listening on all host interfaces stay out of reach; only replies
-to connections the host opened (the router, readiness probes) pass.
+to connections the host opened (the router, readiness probes) pass. The same table holds the
+NAT that keeps each slot's IP pointing at the namespace holding the slot (``slotaddr.py``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gym_substrate.local.runtimes._leases import lease_lock
+from gym_substrate.local.runtimes.gvisor import slotaddr
 from gym_substrate.local.runtimes.gvisor._proc import run_command
 
 __all__ = [
@@ -356,7 +358,8 @@ def _nft(script: str | None, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def install_firewall(instance: str) -> bool:
-    """(Re)create the instance's nftables table; False when ``nft`` is not installed."""
+    """(Re)create the instance's nftables table (its slot map empty); False when ``nft`` is not
+    installed."""
     if shutil.which("nft") is None:
         return False
     table = firewall_table(instance)
@@ -374,7 +377,7 @@ table inet {table} {{
     iifname {pattern} drop
     oifname {pattern} drop
   }}
-}}
+{slotaddr.nat_rules(instance)}}}
 """
     result = _nft(script, "-f", "-")
     if result.returncode != 0:

@@ -39,8 +39,8 @@ from gym_substrate.local.runtimes.base import (
     TemplateSpec,
     pss_bytes,
 )
-from gym_substrate.local.runtimes.gvisor import cgfreeze, host, net
-from gym_substrate.local.runtimes.gvisor._proc import pid_running, run_command, wait_pid_exit
+from gym_substrate.local.runtimes.gvisor import cgfreeze, host, net, slotaddr
+from gym_substrate.local.runtimes.gvisor._proc import pid_running, wait_pid_exit
 from gym_substrate.local.runtimes.gvisor.bundle import masks_for, write_actor_id, write_bundle
 from gym_substrate.local.runtimes.gvisor.freezer import FROZEN_MARKER, FreezeTier
 from gym_substrate.local.runtimes.gvisor.phases import Phases
@@ -164,8 +164,9 @@ class GvisorRuntime:
         if self._firewall is False:
             return (
                 "nft (nftables) is not installed: gVisor actors cannot leave the machine, but "
-                "they can reach host services listening on all interfaces; apt-get install "
-                "nftables to block that"
+                "they can reach host services listening on all interfaces, and PauseActor "
+                "checkpoints (the freeze tier needs nftables to keep worker IPs); apt-get "
+                "install nftables to fix both"
             )
         return None
 
@@ -177,14 +178,19 @@ class GvisorRuntime:
             self.dir.mkdir(parents=True, exist_ok=True)
             self.sandboxes_dir.mkdir(exist_ok=True)
             self._firewall = await asyncio.to_thread(net.install_firewall, self.instance)
+            self.tier.enabled = self.tier.enabled and self._firewall  # see warning()
             self.tier.load()
             for index in range(self.config.workers):
-                self._nets[index] = await asyncio.to_thread(
-                    net.setup_slot_net, self.instance, self.tier.unit_of(index)
-                )
-                self._worker_ips[index] = self._nets[index].sandbox_ip
+                unit = self.tier.unit_of(index)
+                self._nets[index] = await asyncio.to_thread(net.setup_slot_net, self.instance, unit)
+                # the worker's IP: its home unit's sandbox address, whichever unit holds it now
+                home = self._nets[index]
+                if unit != index:
+                    home = await asyncio.to_thread(net.setup_slot_net, self.instance, index)
+                self._worker_ips[index] = home.sandbox_ip
             self._opened = True
             await self.tier.open()
+            self.publish_slots()
 
     async def close(self) -> None:
         await self.tier.close()
@@ -198,10 +204,25 @@ class GvisorRuntime:
         self._drains.clear()
 
     def worker_ip(self, slot: Slot) -> str:
-        """The slot's veth address when the runtime opened, as a pod IP (stable while frozen
-        sandboxes take their namespaces along and the slot gets another)."""
+        """The slot's pod IP for life: its home unit's sandbox address, translated to the
+        namespace holding the slot now (``publish_slots``); every actor's address."""
         known = self._worker_ips.get(slot.index)
         return known if known is not None else self._net(slot).sandbox_ip
+
+    def publish_slots(self) -> None:
+        """Point each worker IP at the sandbox address of the unit holding its slot now
+        (slotaddr.py); call after every change of ``_nets``. In-process, well under 1 ms."""
+        if not self._firewall:
+            return
+        targets = {
+            self._worker_ips[index]: slot_net.sandbox_ip
+            for index, slot_net in self._nets.items()
+            if self._worker_ips.get(index, slot_net.sandbox_ip) != slot_net.sandbox_ip
+        }
+        try:
+            slotaddr.set_slot_targets(net.firewall_table(self.instance), targets)
+        except RuntimeError as exc:
+            raise RuntimeFailure(str(exc)) from None
 
     def _net(self, slot: Slot) -> net.SlotNet:
         if not self._opened:
@@ -306,7 +327,7 @@ class GvisorRuntime:
                         sandbox.directory, cid, source.path, log_path=console, timeout_s=remaining
                     )
             with self.phases.timed(f"{what}: until the agent answers"):
-                await self._wait_ready(actor.template, net_, cid, deadline)
+                await self._wait_ready(actor.template, self.worker_ip(slot), cid, deadline)
         except (RunscError, RuntimeFailure, OSError) as exc:
             await self._discard(cid)
             detail = getattr(exc, "output", "") or ""
@@ -319,7 +340,7 @@ class GvisorRuntime:
             raise
         log.debug("%s %s on slot %d as %s", what, actor.key, slot.index, cid)
         return StartedSandbox(
-            handle=cid, address=net_.sandbox_ip, memory_restored=source is not None
+            handle=cid, address=self.worker_ip(slot), memory_restored=source is not None
         )
 
     async def _thaw(
@@ -358,7 +379,7 @@ class GvisorRuntime:
         await self.tier.park_all()
 
     async def _wait_ready(
-        self, template: TemplateSpec, net_: net.SlotNet, cid: str, deadline: float
+        self, template: TemplateSpec, address: str, cid: str, deadline: float
     ) -> None:
         if template.readyz_path is None:  # no wakeup probe: started is ready
             return
@@ -366,7 +387,7 @@ class GvisorRuntime:
         last_check = time.monotonic()
         while True:
             status = await http_status(
-                net_.sandbox_ip, template.readyz_port, template.readyz_path, timeout_s=1.0
+                address, template.readyz_port, template.readyz_path, timeout_s=1.0
             )
             if status == 200:
                 return
@@ -469,17 +490,9 @@ class GvisorRuntime:
         would with Substrate's own checkpoint.
         """
         net_ = self._nets.get(slot)
-        # (reading /proc/net/tcp to skip ss when no connection exists costs 28-45 ms on this
-        # machine kind, more than ss itself: measured for issue 22, not done)
-        if net_ is None:
-            return
-        result = await run_command(
-            ["ss", "-K", "-t", "dst", net_.sandbox_ip], timeout_s=10, check=False
-        )
-        killed = [line for line in result.stdout.splitlines()[1:] if line.strip()]
-        if killed:
-            log.debug("reset %d host connection(s) into slot %d", len(killed), slot)
-            await asyncio.sleep(0.01)  # let the sandbox's netstack take the RSTs in
+        if net_ is not None:
+            worker = self._worker_ips.get(slot, net_.sandbox_ip)
+            await slotaddr.reset_connections(worker, net_.sandbox_ip)
 
     async def _drain(self, cid: str, pid: int) -> None:
         """After a checkpoint: wait for the sandbox process to exit, then delete it."""
@@ -547,7 +560,8 @@ class GvisorRuntime:
     async def adopt(
         self, actor: ActorSpec, slot: Slot, handle: str, address: str
     ) -> StartedSandbox | None:
-        net_ = self._net(slot)
+        self._net(slot)  # the runtime is open and the slot exists
+        expected = self.worker_ip(slot)
         unrecorded = not handle
         if unrecorded:  # a restore the backend did not live to record (a RESUMING actor)
             handle = await self._find_sandbox(actor, slot) or ""
@@ -559,12 +573,11 @@ class GvisorRuntime:
         if unrecorded:  # its resume may have ended before the wakeup probe answered
             deadline = time.monotonic() + actor.template.probe_timeout_s
             try:
-                await self._wait_ready(actor.template, net_, handle, deadline)
+                await self._wait_ready(actor.template, expected, handle, deadline)
             except RuntimeFailure as exc:
                 log.warning("not adopting %s for %s: %s", handle, actor.key, exc)
                 await self._discard(handle)
                 return None
-        expected = net_.sandbox_ip
         if address != expected:
             log.warning("adopted %s answers at %s, not the recorded %s", handle, expected, address)
         return StartedSandbox(handle=handle, address=expected, memory_restored=True)
