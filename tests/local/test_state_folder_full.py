@@ -148,7 +148,12 @@ def _tmpfs(folder: Path, size: str) -> Iterator[Path]:
 async def small_backend(tmp_path: Path) -> AsyncIterator[LocalBackend]:
     with _tmpfs(tmp_path / "state", "12m") as state_dir:
         backend = LocalBackend(
-            state_dir, runtime="process", workers=2, actors_per_worker=1, default_rootfs="host"
+            state_dir,
+            runtime="process",
+            workers=2,
+            actors_per_worker=1,
+            default_rootfs="host",
+            actor_disk=0,  # no per-actor limit: the folder itself must fill
         )
         async with backend:
             await settle_golden(backend)

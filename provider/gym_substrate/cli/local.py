@@ -209,6 +209,14 @@ local.add_command(rootfs_group)
     help="Memory (PSS) paused actors may keep frozen, e.g. 2G or 512M; 0 checkpoints every "
     "pause (default: a quarter of the memory available at start, printed).",
 )
+@click.option(
+    "--actor-disk",
+    metavar="SIZE",
+    default=None,
+    help="Disk each process-runtime actor's folder (working folder, /tmp) may hold, e.g. 1GiB "
+    "or 512M; a write past it fails with ENOSPC in that actor only; 0 turns the limit off "
+    "(default: 1GiB, printed; needs root).",
+)
 @rootfs_option
 @click.option(
     "--allow-host-rootfs",
@@ -235,6 +243,7 @@ def up(
     auth: str,
     pause_tier: str,
     frozen_memory: str | None,
+    actor_disk: str | None,
     rootfs: str,
     allow_host_rootfs: bool,
     daemon: bool,
@@ -262,6 +271,16 @@ def up(
         )
     except ValueError as exc:
         raise fail(f"--frozen-memory: {exc}") from None
+    from gym_substrate.local.runtimes.actor_disk import (
+        DEFAULT_ACTOR_DISK,
+        format_size,
+        parse_size,
+    )
+
+    try:
+        disk_bytes = parse_size(actor_disk) if actor_disk else None
+    except ValueError as exc:
+        raise fail(f"--actor-disk: {exc}") from None
     per_worker = actors_per_worker or default_actors_per_worker(workers)
     if workers * per_worker > 250:
         raise fail(
@@ -293,7 +312,14 @@ def up(
         "pause_tier": pause_tier,
         "frozen_memory": frozen_bytes,
         "allow_host_rootfs": allow_host_rootfs,
+        "actor_disk": disk_bytes,
     }
+    if runtime != "gvisor" and not as_json:
+        shown = DEFAULT_ACTOR_DISK if disk_bytes is None else disk_bytes
+        err.print(
+            f"actor disk (process runtime): {format_size(shown)} per actor (--actor-disk); "
+            "a write past it fails with ENOSPC in that actor"
+        )
     if pause_tier == "freeze" and not as_json:
         err.print(
             f"pause tier (gVisor runtime): freeze; up to {frozen_bytes / 2**20:.0f} MiB of "
@@ -332,6 +358,7 @@ async def _foreground(folder: Path, options: dict[str, Any], as_json: bool) -> N
         pause_tier=options["pause_tier"],
         frozen_memory=options["frozen_memory"],
         allow_host_rootfs=options["allow_host_rootfs"],
+        actor_disk=options["actor_disk"],
     )
     backend.standalone = True
     stop = asyncio.Event()
