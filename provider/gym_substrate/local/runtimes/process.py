@@ -77,6 +77,7 @@ from gym_substrate.local.runtimes.process_host import signal_all as _signal_all
 from gym_substrate.local.runtimes.process_host import tail as _tail
 from gym_substrate.local.runtimes.process_host import write_new as _write_new
 from gym_substrate.local.runtimes.process_net import ActorNets, NetError, netns_problem
+from gym_substrate.local.snapshots import tree_bytes
 
 __all__ = [
     "ROOTFS_WORKDIR",
@@ -550,6 +551,12 @@ class ProcessRuntime(NothingToPark):
             memory_kept=kind is SnapshotKind.LOCAL,
             retained_handle=retained,
         )
+
+    async def suspend_estimate(self, handle: str) -> int | None:
+        """Bytes a suspend copies, its working folder and /tmp (a pause writes nothing)."""
+        entry = self._entry(handle)
+        folder = Path(str(entry["workdir"])).parent if entry else None
+        return None if folder is None else await asyncio.to_thread(tree_bytes, folder)
 
     async def upload(
         self, actor: ActorSpec, local: SnapshotRef, retained_handle: str, dest: Path
