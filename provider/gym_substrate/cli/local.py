@@ -213,9 +213,9 @@ local.add_command(rootfs_group)
     "--actor-disk",
     metavar="SIZE",
     default=None,
-    help="Disk each process-runtime actor's folder (working folder, /tmp) may hold, e.g. 1GiB "
-    "or 512M; a write past it fails with ENOSPC in that actor only; 0 turns the limit off "
-    "(default: 1GiB, printed; needs root).",
+    help="Files each actor may write, e.g. 1GiB or 512M (gVisor: its root overlay, in memory; "
+    "process runtime: its working folder and /tmp, on disk, needs root); a write past it fails "
+    "with ENOSPC in that actor only; 0 turns the limit off (default: 1GiB, printed).",
 )
 @rootfs_option
 @click.option(
@@ -314,11 +314,14 @@ def up(
         "allow_host_rootfs": allow_host_rootfs,
         "actor_disk": disk_bytes,
     }
-    if runtime != "gvisor" and not as_json:
+    if not as_json:
         shown = DEFAULT_ACTOR_DISK if disk_bytes is None else disk_bytes
         err.print(
-            f"actor disk (process runtime): {format_size(shown)} per actor (--actor-disk); "
-            "a write past it fails with ENOSPC in that actor"
+            f"actor disk: {format_size(shown)} of files per actor (--actor-disk); a write past "
+            "it fails with ENOSPC in that actor"
+            if shown
+            else "actor disk: no limit (--actor-disk 0): one actor can fill the host's memory "
+            "(gVisor) or the state folder (process runtime)"
         )
     if pause_tier == "freeze" and not as_json:
         err.print(

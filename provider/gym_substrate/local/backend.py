@@ -201,7 +201,8 @@ class LocalBackend:
                 raise ValueError(f"{ACTOR_DISK_ENV}: {exc}") from None
         if actor_disk is not None and actor_disk < 0:
             raise ValueError(f"actor_disk must be >= 0 bytes, got {actor_disk}")
-        # bytes of disk each process-runtime actor's folder may hold (None: the default 1 GiB)
+        # bytes of files each actor may write (None: the default 1 GiB): the process runtime's
+        # actor folder, gVisor's root overlay
         self.actor_disk = actor_disk
         if auth not in AUTH_MODES:
             raise ValueError(f"unknown auth mode {auth!r}: use one of {', '.join(AUTH_MODES)}")
@@ -349,7 +350,7 @@ class LocalBackend:
         if self.frozen_memory is not None:
             extra["gvisor.frozen_memory"] = str(self.frozen_memory)
         if self.actor_disk is not None:
-            extra["process.actor_disk"] = str(self.actor_disk)
+            extra["actor_disk"] = str(self.actor_disk)
         config = RuntimeConfig(self.state_dir / "runtime" / name, instance, slots, extra)
         self.runtime = create_runtime(name, config)
         warning = self.runtime.warning()

@@ -127,7 +127,7 @@ class ProcessRuntime(NothingToPark):
         )
         self.nets = ActorNets(config.instance, self.root) if self.netns_problem is None else None
         # each actor folder a file system of its own of this many bytes (actor_disk.py)
-        limit = int(config.extra.get("process.actor_disk", actor_disk.DEFAULT_ACTOR_DISK))
+        limit = int(config.extra.get("actor_disk", actor_disk.DEFAULT_ACTOR_DISK))
         self.disk_problem = actor_disk.problem() if limit else None
         self.disks = actor_disk.ActorDisks(0 if self.disk_problem else limit)
 
