@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from gym_substrate import SubstrateProvider
-from gym_substrate.types import SandboxHandle, SandboxSpec
+from gym_substrate.nemo.types import SandboxHandle, SandboxSpec
 
 ACTIONS = ("A", "B", "C", "D")
 DEPTH = 3
@@ -157,7 +157,7 @@ async def provider_for(args: argparse.Namespace) -> AsyncIterator[tuple[Substrat
     """A provider on `--config`'s Substrate, or on a local backend started for the run."""
     pause = {"pause_mode": "suspend"}  # a paused node holds no worker while it waits its turn
     if args.config:
-        from gym_substrate._yaml import load_substrate_block
+        from gym_substrate.nemo.config_file import load_substrate_block
 
         async with SubstrateProvider(**{**load_substrate_block(args.config), **pause}) as p:
             yield p, args.config

@@ -13,9 +13,11 @@ FAST_MODULES = frozenset(
     {
         "agent/test_agent_layout.py",
         "conformance/test_wire_tables.py",
+        "core/test_procfs.py",
         "envs/test_observation.py",
         "envs/test_rewards.py",
         "envs/test_spaces.py",
+        "local/test_agent_forms_unit.py",
         "local/test_control_unit.py",
         "provider/test_capacity.py",
         "provider/test_crash.py",
@@ -30,6 +32,7 @@ FAST_MODULES = frozenset(
         "stack/test_objects.py",
         "stack/test_render.py",
         "test_ateapi_stubs.py",
+        "test_layers.py",
         "test_layout.py",
         "test_shellcheck.py",
     }

@@ -18,7 +18,7 @@ from types import ModuleType
 import pytest
 from ci_policy import missing
 
-from gym_substrate._capabilities import runtime_check_script
+from gym_substrate.nemo._capabilities import runtime_check_script
 from gym_substrate.stack import host, install_scripts, scripts
 from gym_substrate.stack.config import load_stack_file, stack_file
 from gym_substrate.stack.render import render_stack

@@ -1,9 +1,9 @@
 """gym-substrate: Agent Substrate as the sandbox backend for NeMo Gym and Gymnasium.
 
-The public API is flat: `from gym_substrate import SubstrateProvider, ConnectionConfig, ...`.
-Implementation modules are private (`_config`, `_errors`, `_grpc`, ...). Names are resolved on
-first access (PEP 562), so `import gym_substrate` (e.g. by the CLI) pulls in neither grpc nor
-aiohttp; each exported class gets `__module__ = "gym_substrate"` so reprs show the public path.
+The public API is flat: `from gym_substrate import SubstrateProvider, ConnectionConfig, ...`. The
+provider lives in `gym_substrate.nemo`. Names are resolved on first access (PEP 562), so `import
+gym_substrate` (e.g. by the CLI) pulls in neither grpc nor aiohttp; each exported class gets
+`__module__ = "gym_substrate"` so reprs show the public path.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gym_substrate._config import (
+    from gym_substrate.nemo.config import (
         ConnectionConfig,
         CreateConfig,
         ExecConfig,
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
         TLSConfig,
         TokenConfig,
     )
-    from gym_substrate._errors import (
+    from gym_substrate.nemo.errors import (
         ActorCrashedError,
         ActorMismatchError,
         ActorNotFoundError,
@@ -49,13 +49,17 @@ if TYPE_CHECKING:
         TransientControlPlaneError,
         UnsupportedServerError,
     )
-    from gym_substrate._snapshot import (
+    from gym_substrate.nemo.provider import (
+        SANDBOX_RUNTIME_RETURN_CODE,
+        SubstrateActor,
+        SubstrateProvider,
+    )
+    from gym_substrate.nemo.snapshot import (
         SandboxSnapshot,
         SnapshotCapabilities,
         SupportsSandboxFork,
         SupportsSandboxSnapshot,
     )
-    from gym_substrate.nemo import SANDBOX_RUNTIME_RETURN_CODE, SubstrateActor, SubstrateProvider
 
 __version__ = "0.1.0"
 
@@ -105,7 +109,7 @@ __all__ = [
 
 _EXPORTS: dict[str, str] = {}
 for _module, _names in {
-    "gym_substrate._config": (
+    "gym_substrate.nemo.config": (
         "ConnectionConfig",
         "CreateConfig",
         "ExecConfig",
@@ -116,7 +120,7 @@ for _module, _names in {
         "TLSConfig",
         "TokenConfig",
     ),
-    "gym_substrate._errors": (
+    "gym_substrate.nemo.errors": (
         "ActorCrashedError",
         "ActorMismatchError",
         "ActorNotFoundError",
@@ -142,13 +146,17 @@ for _module, _names in {
         "TransientControlPlaneError",
         "UnsupportedServerError",
     ),
-    "gym_substrate._snapshot": (
+    "gym_substrate.nemo.snapshot": (
         "SandboxSnapshot",
         "SnapshotCapabilities",
         "SupportsSandboxFork",
         "SupportsSandboxSnapshot",
     ),
-    "gym_substrate.nemo": ("SANDBOX_RUNTIME_RETURN_CODE", "SubstrateActor", "SubstrateProvider"),
+    "gym_substrate.nemo.provider": (
+        "SANDBOX_RUNTIME_RETURN_CODE",
+        "SubstrateActor",
+        "SubstrateProvider",
+    ),
 }.items():
     for _name in _names:
         _EXPORTS[_name] = _module

@@ -6,8 +6,8 @@ import json
 
 from click.testing import CliRunner
 
-from gym_substrate.bench.agent import TARGETS
 from gym_substrate.cli.bench import agent as command
+from gym_substrate.lab.bench.agent import TARGETS
 
 
 def test_bench_json_has_every_figure() -> None:

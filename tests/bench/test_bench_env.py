@@ -69,7 +69,7 @@ def test_bench_env_with_the_stack_down_says_why(tmp_path: Path) -> None:
 def test_bench_env_against_a_configured_stack(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gym_substrate.envs._backend import running_local_backend
+    from gym_substrate.envs.backend import running_local_backend
 
     with running_local_backend(runtime="process", workers=2, default_rootfs="host") as backend:
         connection = backend.connection()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from envs_helpers import Operator
 
-from gym_substrate.envs._backend import BackgroundBackend, running_local_backend
+from gym_substrate.envs.backend import BackgroundBackend, running_local_backend
 
 
 # Module scope: the backend lives only while this area's end-to-end module runs, so it never

@@ -18,11 +18,11 @@ from typing import Any
 
 import grpc
 
-from gym_substrate._snapshot import SandboxSnapshot
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
-from gym_substrate.envs._backend import BackgroundBackend
-from gym_substrate.types import SandboxExecResult, SandboxHandle, SandboxSpec
+from gym_substrate.envs.backend import BackgroundBackend
+from gym_substrate.nemo.snapshot import SandboxSnapshot
+from gym_substrate.nemo.types import SandboxExecResult, SandboxHandle, SandboxSpec
 
 Handler = Callable[[str], Awaitable[SandboxExecResult | None]]
 

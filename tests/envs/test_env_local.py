@@ -24,7 +24,7 @@ from gym_substrate.envs import (
     SparseTaskTermination,
     StepPenaltyReward,
 )
-from gym_substrate.envs._backend import BackgroundBackend
+from gym_substrate.envs.backend import BackgroundBackend
 from gym_substrate.envs.env import READY_OBSERVATION
 
 

@@ -116,7 +116,7 @@ def test_a_plain_sandbox_snapshot_starts_a_new_episode_on_its_state(fake: FakePr
 
 
 def _handle(sandbox_id: str) -> Any:
-    from gym_substrate.types import SandboxHandle
+    from gym_substrate.nemo.types import SandboxHandle
 
     return SandboxHandle(sandbox_id=sandbox_id, provider_name="fake", raw=None)
 

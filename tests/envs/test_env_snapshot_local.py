@@ -14,7 +14,7 @@ from envs_helpers import Operator
 from gymnasium.vector import AsyncVectorEnv
 
 from gym_substrate.envs import FileCreatedReward, SandboxEnv, SparseTaskTermination
-from gym_substrate.envs._backend import BackgroundBackend
+from gym_substrate.envs.backend import BackgroundBackend
 
 PREFIX = ["mkdir -p /tmp/ep && cd /tmp/ep && echo 1 > n", "ls /tmp/ep"]
 REST = [

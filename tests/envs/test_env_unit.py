@@ -385,7 +385,7 @@ def test_loop_is_not_the_callers(fake: FakeProvider) -> None:
 
 
 def test_a_failed_create_leaves_no_episode(fake: FakeProvider) -> None:
-    from gym_substrate.types import SandboxCreateError
+    from gym_substrate.nemo.types import SandboxCreateError
 
     with make(fake) as env:
         env.reset()
@@ -437,7 +437,7 @@ def test_loop_thread_is_recreated_after_fork() -> None:
 
 
 def test_a_bad_provider_config_fails_in_the_constructor() -> None:
-    from gym_substrate._errors import ConfigError
+    from gym_substrate.nemo.errors import ConfigError
 
     with pytest.raises(ConfigError, match="^connection: missing required key"):
         make({"substrate": {"connection": {"api": "127.0.0.1:1"}}})

@@ -43,7 +43,7 @@ class ThreadBackend:
 
     async def _serve(self) -> None:
         try:
-            from gym_substrate.experiments._backend import local_or_config
+            from gym_substrate.lab.experiments.backend import local_or_config
 
             # the experiments' own start: 2 workers x 1 actor, ready once its golden snapshot is
             async with local_or_config(None, self.runtime, self.workers) as target:

@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
-from gym_substrate.experiments import ThinkSpec, Workload, _plots
-from gym_substrate.experiments._arm import ArmConfig, ArmProgress, ArmResult, run_arm
-from gym_substrate.experiments._backend import local_or_config
-from gym_substrate.experiments._vocab import HOLDING_STATUSES
+from gym_substrate.core.states import HOLDING_STATES
+from gym_substrate.lab.experiments import ThinkSpec, Workload
+from gym_substrate.lab.experiments import plots as _plots
+from gym_substrate.lab.experiments.arm import ArmConfig, ArmProgress, ArmResult, run_arm
+from gym_substrate.lab.experiments.backend import local_or_config
 
 from .helpers import assert_png, invoke, invoke_json
 
@@ -51,7 +52,7 @@ def test_arm_pause_parks_resumes_and_writes_its_folder(config: Path, tmp_path: P
     samples = _csv(out / "occupancy.csv")
     assert samples
     assert {"RUNNING", "PAUSED", "thinking", "waiting"} <= set(samples[0])
-    held = any(int(r.get(k) or 0) for r in samples for k in HOLDING_STATUSES)
+    held = any(int(r.get(k) or 0) for r in samples for k in HOLDING_STATES)
     assert (s["worker_utilisation"] > 0) == held, samples
     assert json.loads((out / "summary.json").read_text())["summary"] == s
     assert_png(out / "occupancy.png")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gym_substrate.experiments import ExperimentError, ThinkSpec, load_workload
-from gym_substrate.experiments._artifacts import make_out_dir
+from gym_substrate.lab.experiments import ExperimentError, ThinkSpec, load_workload
+from gym_substrate.lab.experiments.artifacts import make_out_dir
 
 from .helpers import invoke
 
@@ -150,8 +150,8 @@ def test_gym_driver_refuses_what_it_cannot_use(command: str, args: list[str], me
 def test_shipped_gym_recording_replays_terminus_turns() -> None:
     """The shipped recording is valid for the Gym arm: one shape of turns, each a Terminus
     JSON answer; a shell command in most of them; it matches Terminus' live first prompt."""
-    from gym_substrate.experiments._gym import GymArmConfig
-    from gym_substrate.experiments._rollouts import responses_items
+    from gym_substrate.lab.experiments.gym import GymArmConfig
+    from gym_substrate.lab.experiments.rollouts import responses_items
 
     config = GymArmConfig.create("pause", 2, ThinkSpec.parse("1"))
     assert config.steps == len(config.store.rollouts[0].turns) - 1 >= 5
@@ -167,7 +167,7 @@ def test_shipped_gym_recording_replays_terminus_turns() -> None:
 def test_gym_environment_whose_provider_does_not_import_is_refused() -> None:
     """A wheel installed --no-deps (as `.ci/gym-env install-wheel` does) can lack a newer
     dependency; the environment check says so before Gym starts, not Gym's provider later."""
-    from gym_substrate.experiments._gym_env import _check_probe
+    from gym_substrate.lab.experiments._gym_env import _check_probe
 
     probe = {
         "python": [3, 13, 14],

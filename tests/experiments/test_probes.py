@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from gym_substrate.experiments import ThinkSpec, load_workload
-from gym_substrate.experiments._arm import ArmConfig, run_arm
-from gym_substrate.experiments._backend import local_or_config
-from gym_substrate.experiments._probes import probe_memory
+from gym_substrate.lab.experiments import ThinkSpec, load_workload
+from gym_substrate.lab.experiments.arm import ArmConfig, run_arm
+from gym_substrate.lab.experiments.backend import local_or_config
+from gym_substrate.lab.experiments.probes import probe_memory
 
 from .helpers import assert_png, invoke_json
 

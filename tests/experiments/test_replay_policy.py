@@ -19,9 +19,9 @@ from aiohttp import web
 from ci_policy import missing
 from openai import AsyncOpenAI
 
-from gym_substrate.experiments import ExperimentError, ThinkSpec
-from gym_substrate.experiments._replay import REPLAYER, create_app
-from gym_substrate.experiments._rollouts import load_rollouts
+from gym_substrate.lab.experiments import ExperimentError, ThinkSpec
+from gym_substrate.lab.experiments.replay import REPLAYER, create_app
+from gym_substrate.lab.experiments.rollouts import load_rollouts
 
 from .helpers import invoke
 

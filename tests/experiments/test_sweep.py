@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from gym_substrate import SubstrateProvider
-from gym_substrate._yaml import load_substrate_block
-from gym_substrate.types import SandboxSpec
+from gym_substrate.nemo.config_file import load_substrate_block
+from gym_substrate.nemo.types import SandboxSpec
 
 from .helpers import invoke, invoke_json
 

@@ -42,7 +42,7 @@ from gym_helpers import (
 )
 from policy_scripts import HELLO_MARKER
 
-from gym_substrate.experiments._gym import default_task, load_task
+from gym_substrate.lab.experiments.gym import default_task, load_task
 
 pytestmark = [pytest.mark.gym, pytest.mark.runsc, pytest.mark.timeout(900)]
 

@@ -22,6 +22,7 @@ import pytest
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
+from gym_substrate.core.states import state_name
 from gym_substrate.local import LocalBackend
 
 # runtimes a lifecycle test runs against; gVisor needs runsc and root (the `runsc` marker)
@@ -65,7 +66,7 @@ def host(name: str, atespace: str = "t") -> dict[str, str]:
 
 def state(actor: pb.Actor) -> str:
     """The actor's state as design.md spells it outside the wire (`RUNNING`, `CRASHED`, ...)."""
-    return pb.ActorState.Name(actor.status.state).removeprefix("ACTOR_STATE_")
+    return state_name(actor.status.state)
 
 
 # ---------------------------------------------------------------------------- calls

@@ -2,7 +2,7 @@
 and crashes the ones it cannot, `down` crashes running actors unless `--suspend`, and leaves
 nothing behind; a June state folder is refused until purged.
 
-These run the CLI exactly as a user does (`python -m gym_substrate.local up ...`) and kill it
+These run the CLI exactly as a user does (`python -m gym_substrate.cli local up ...`) and kill it
 with SIGKILL, because only a separate process shows what survives a crash of the control plane.
 Crash semantics are upstream's (cmd/ateapi/internal/controlapi/crash.go): an
 actor whose worker goes away is CRASHED with `status.crash`, refuses resume until RevertActor
@@ -63,7 +63,8 @@ class Up:
                 [
                     sys.executable,
                     "-m",
-                    "gym_substrate.local",
+                    "gym_substrate.cli",
+                    "local",
                     "up",
                     "--state-dir",
                     str(state),

@@ -211,7 +211,7 @@ def test_an_unknown_crash_phase_is_refused(tmp_path: Path) -> None:
     import sys
 
     result = subprocess.run(
-        [sys.executable, "-m", "gym_substrate.local", "up", "--runtime", "process",
+        [sys.executable, "-m", "gym_substrate.cli", "local", "up", "--runtime", "process",
          "--state-dir", str(tmp_path / "s"), "--api-port", "0", "--router-port", "0",
          "--admin-port", "0", "--rootfs", "host"],
         env=env, capture_output=True, text=True, timeout=120,

@@ -40,7 +40,7 @@ from gym_substrate.local import credentials as material
 from gym_substrate.local.auth import CLIENT_JWT_ISSUER, encode_jwt
 from gym_substrate.local.client_config import provider_config_env
 from gym_substrate.local.statedir import read_backend_info
-from gym_substrate.types import SandboxSpec
+from gym_substrate.nemo.types import SandboxSpec
 
 C = grpc.StatusCode
 NAME = "api.ate-system.svc"
@@ -629,7 +629,7 @@ def test_local_up_refuses_bad_auth_options(tmp_path: Path) -> None:
 
 def test_tls_provider_block_and_variables() -> None:
     """The printed block uses the provider's own keys (connection.tls.ca_file / server_name,
-    connection.token.file), which it validates (gym_substrate/_config.py)."""
+    connection.token.file), which it validates (gym_substrate/nemo/config.py)."""
     block = provider_config(
         "127.0.0.1:1", "http://127.0.0.1:2", ca_file="/s/tls/ca.crt", token_file="/s/auth/token"
     )

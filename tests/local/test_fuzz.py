@@ -24,10 +24,10 @@ from local_helpers import create_actor, golden_tag, object_ref
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.cli import main
+from gym_substrate.lab.tools.fuzz import Tally, delete_everything, fuzz_api, fuzz_router
+from gym_substrate.lab.tools.fuzz.api import _classify
 from gym_substrate.local import LocalBackend
 from gym_substrate.local.servicer import POLICY_RPCS
-from gym_substrate.tools.fuzz import Tally, delete_everything, fuzz_api, fuzz_router
-from gym_substrate.tools.fuzz.api import _classify
 
 
 async def test_api_fuzzing_finds_nothing_and_reaches_the_state_machine(

@@ -336,7 +336,7 @@ async def test_router_fuzzing_finds_nothing() -> None:
     """`gym-substrate fuzz router`'s generated input (tools/fuzz/router.py: routed requests,
     unusable routing values, broken framing, upgrades, CONNECT tunnels, mutated heads) gets
     no 500 and no hang from the router; routed cases reach the actor."""
-    from gym_substrate.tools.fuzz import fuzz_router
+    from gym_substrate.lab.tools.fuzz import fuzz_router
 
     async with RouterEnv(head_timeout_s=2.0) as env:
         address = env.plane.records["t/a"].address
@@ -352,7 +352,7 @@ async def test_router_fuzzing_finds_nothing() -> None:
 
 def test_router_fuzzer_wants_actor_references() -> None:
     """The fuzzer routes by `ate-target-actor`, so it is given references, not Host names."""
-    from gym_substrate.tools.fuzz import fuzz_router
+    from gym_substrate.lab.tools.fuzz import fuzz_router
 
     with pytest.raises(ValueError, match="'r0.fz.actors.resources.substrate.ate.dev' is not"):
         fuzz_router(

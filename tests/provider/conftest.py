@@ -30,7 +30,7 @@ from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
 
 TEMPLATE = "local/sandbox"
 
-# The Gym conformance tests need nemo-gym on sys.path before gym_substrate.types is imported;
+# The Gym conformance tests need nemo-gym on sys.path before gym_substrate.nemo.types is imported;
 # test_gym_conformance.py runs them in a subprocess that sets this.
 collect_ignore = [] if os.environ.get("GYM_SUBSTRATE_GYM_CONFORMANCE") else ["gym_conformance"]
 # The forwarder serves every Control RPC the proto declares.
@@ -238,8 +238,8 @@ class Stack:
     @contextlib.asynccontextmanager
     async def control(self) -> AsyncIterator[Any]:
         """A control client straight to the backend (no proxy, no faults)."""
-        from gym_substrate._config import ConnectionConfig
-        from gym_substrate._grpc import ControlClient, create_channel
+        from gym_substrate.nemo.config import ConnectionConfig
+        from gym_substrate.nemo.control_client import ControlClient, create_channel
 
         conn = ConnectionConfig(
             api=self.backend.api_address, router=self.backend.router_url, tls={"plaintext": True}

@@ -26,11 +26,11 @@ from urllib.parse import urlsplit
 
 import grpc
 
-from gym_substrate._agent_client import HttpResponse
-from gym_substrate._errors import AgentTransportError, ControlPlaneError, translate_grpc_error
-from gym_substrate._grpc import Resumed
-from gym_substrate._names import TARGET_ACTOR_HEADER, parse_ref
 from gym_substrate.ateapi import ateapi_pb2 as pb
+from gym_substrate.core.names import TARGET_ACTOR_HEADER, parse_ref
+from gym_substrate.nemo.agent_client import HttpResponse
+from gym_substrate.nemo.control_client import Resumed
+from gym_substrate.nemo.errors import AgentTransportError, ControlPlaneError, translate_grpc_error
 
 RUNNING, SUSPENDED, PAUSED = pb.ACTOR_STATE_RUNNING, pb.ACTOR_STATE_SUSPENDED, pb.ACTOR_STATE_PAUSED
 CRASHED, DELETING = pb.ACTOR_STATE_CRASHED, pb.ACTOR_STATE_DELETING

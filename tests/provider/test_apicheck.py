@@ -24,11 +24,11 @@ from gym_substrate import (
     TransientControlPlaneError,
     UnsupportedServerError,
 )
-from gym_substrate._config import ConnectionConfig
-from gym_substrate._grpc import ControlClient, create_channel
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
-from gym_substrate.types import SandboxSpec
+from gym_substrate.nemo.config import ConnectionConfig
+from gym_substrate.nemo.control_client import ControlClient, create_channel
+from gym_substrate.nemo.types import SandboxSpec
 
 # ateapi.Control and SessionIdentity as they were in June (5d48b0e's ateapi.proto).
 JUNE_CONTROL = (

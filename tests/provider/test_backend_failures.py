@@ -21,7 +21,7 @@ import pytest
 from gym_substrate import SubstrateCreateError
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
-from gym_substrate.types import SandboxSpec, SandboxStatus
+from gym_substrate.nemo.types import SandboxSpec, SandboxStatus
 
 from .conftest import TEMPLATE, Stack, make_stack
 

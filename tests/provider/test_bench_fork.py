@@ -11,8 +11,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from gym_substrate.bench.fork import rows
 from gym_substrate.cli import main
+from gym_substrate.lab.bench.fork import rows
 
 
 @pytest.mark.runsc

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from gym_substrate import SubstrateCreateError, SubstrateProvider
-from gym_substrate._capacity import queue_for
-from gym_substrate.types import SandboxHandle, SandboxSpec
+from gym_substrate.nemo._capacity import queue_for
+from gym_substrate.nemo.types import SandboxHandle, SandboxSpec
 
 from .fakes import FakeAgents, FakeControl
 

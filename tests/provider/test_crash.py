@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from gym_substrate import SubstrateCreateVerificationError, SubstrateProvider, TransferError
-from gym_substrate._metrics import METRICS
-from gym_substrate.types import SandboxSpec, SandboxStatus
+from gym_substrate.nemo._metrics import METRICS
+from gym_substrate.nemo.types import SandboxSpec, SandboxStatus
 
 from .fakes import CRASHED, SUSPENDED, FakeAgents, FakeControl
 

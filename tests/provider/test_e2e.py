@@ -16,9 +16,9 @@ from gym_substrate import (
     SubstrateActor,
     SubstrateCreateError,
     TransferError,
-    _shared,
 )
-from gym_substrate.types import SandboxSpec, SandboxStatus
+from gym_substrate.nemo import _shared
+from gym_substrate.nemo.types import SandboxSpec, SandboxStatus
 
 from .conftest import Stack, make_stack
 
@@ -197,7 +197,7 @@ async def test_idle_policy_lets_16_rollouts_share_4_workers(tmp_path: Path) -> N
 async def test_metrics_endpoint_serves_counters(stack: Stack) -> None:
     import aiohttp
 
-    from gym_substrate._metrics import serve_metrics
+    from gym_substrate.nemo._metrics import serve_metrics
 
     p = stack.provider(metrics={"port": 0})
     h = await p.create(SandboxSpec())
@@ -388,7 +388,7 @@ async def test_ledger_is_written_off_the_event_loop(
 ) -> None:
     import threading
 
-    from gym_substrate._ledger import Ledger
+    from gym_substrate.nemo.ledger import Ledger
 
     threads: list[threading.Thread] = []
     append = Ledger.append

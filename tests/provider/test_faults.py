@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from gym_substrate import SubstrateCreateError, SubstrateCreateVerificationError, TransferError
-from gym_substrate.types import SandboxSpec, SandboxStatus
+from gym_substrate.nemo.types import SandboxSpec, SandboxStatus
 
 from .conftest import (
     GrpcFault,

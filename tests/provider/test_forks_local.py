@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gym_substrate import SnapshotInUseError, SubstrateProvider
-from gym_substrate.types import SandboxSpec
+from gym_substrate.nemo.types import SandboxSpec
 
 from .conftest import make_stack
 

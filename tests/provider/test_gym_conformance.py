@@ -3,7 +3,7 @@ into build/ (cached), then run tests/provider/gym_conformance in a subprocess wi
 
 nemo-gym requires Python >= 3.13.14, but its `nemo_gym.sandbox` package (facades, registry,
 protocols) runs on 3.11 with pyyaml, pydantic and omegaconf. A subprocess is needed because
-`gym_substrate.types` picks Gym's classes at import time. If the wheel cannot be fetched this
+`gym_substrate.nemo.types` picks Gym's classes at import time. If the wheel cannot be fetched this
 test fails with the reason; it never skips.
 """
 

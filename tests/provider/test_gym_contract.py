@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from gym_substrate import SubstrateCreateError, _create, _shared
-from gym_substrate.types import SandboxSpec
+from gym_substrate import SubstrateCreateError
+from gym_substrate.nemo import _create, _shared
+from gym_substrate.nemo.types import SandboxSpec
 
 from .conftest import Stack
 

@@ -16,7 +16,7 @@ import asyncio
 import grpc
 import pytest
 
-from gym_substrate._grpc import ControlClient, create_channel
+from gym_substrate.nemo.control_client import ControlClient, create_channel
 
 from .conftest import Stack
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from gym_substrate._capabilities import NETWORKING, PORT_FORWARDING, SHARED_STORAGE
-from gym_substrate.types import SandboxPtyError, SandboxPtySpec, SandboxSpec
+from gym_substrate.nemo._capabilities import NETWORKING, PORT_FORWARDING, SHARED_STORAGE
+from gym_substrate.nemo.types import SandboxPtyError, SandboxPtySpec, SandboxSpec
 
 from .conftest import Stack
 

@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 
 from gym_substrate import SubstrateProvider
-from gym_substrate._config import ConnectionConfig
-from gym_substrate._connhints import grpc_hint
-from gym_substrate._errors import ConnectionConfigError
 from gym_substrate.local import LocalBackend
-from gym_substrate.types import SandboxSpec, SandboxStatus
+from gym_substrate.nemo._connhints import grpc_hint
+from gym_substrate.nemo.config import ConnectionConfig
+from gym_substrate.nemo.errors import ConnectionConfigError
+from gym_substrate.nemo.types import SandboxSpec, SandboxStatus
 
 from .conftest import TEMPLATE
 
@@ -207,7 +207,7 @@ async def test_the_admin_listener_as_the_router_names_connection_router(
 
 async def _no_actor_left(backend: LocalBackend) -> None:
     """The failed create deleted what it made."""
-    from gym_substrate._grpc import ControlClient, create_channel
+    from gym_substrate.nemo.control_client import ControlClient, create_channel
 
     conn = ConnectionConfig(  # type: ignore[arg-type]
         api=backend.api_address, router=backend.router_url, tls={"plaintext": True}

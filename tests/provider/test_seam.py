@@ -13,14 +13,10 @@ from typing import Any
 import grpc
 import pytest
 
-from gym_substrate import (
-    SubstrateCreateError,
-    SubstrateCreateVerificationError,
-    SubstrateProvider,
-    _shared,
-)
-from gym_substrate._metrics import METRICS
-from gym_substrate.types import SandboxSpec
+from gym_substrate import SubstrateCreateError, SubstrateCreateVerificationError, SubstrateProvider
+from gym_substrate.nemo import _shared
+from gym_substrate.nemo._metrics import METRICS
+from gym_substrate.nemo.types import SandboxSpec
 
 from .fakes import PAUSED, SUSPENDED, FakeAgents, FakeControl
 

@@ -28,7 +28,7 @@ from gym_substrate import (
     SupportsSandboxFork,
     SupportsSandboxSnapshot,
 )
-from gym_substrate.types import SandboxSpec, SandboxStatus
+from gym_substrate.nemo.types import SandboxSpec, SandboxStatus
 
 from .fakes import PAUSED, RUNNING, SUSPENDED, FakeAgents, FakeControl, _error
 

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from gym_substrate import SubstrateProvider
-from gym_substrate.tools.sweep import SweepTarget, delete_targets, find_targets, sweep_actors
-from gym_substrate.types import SandboxSpec
+from gym_substrate.lab.tools.sweep import SweepTarget, delete_targets, find_targets, sweep_actors
+from gym_substrate.nemo.types import SandboxSpec
 
 from .conftest import make_stack
 from .fakes import CRASHED, PAUSED, RUNNING, SUSPENDED, FakeActor, FakeAgents, FakeControl

@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from gym_substrate import ConfigError, SubstrateCreateError, SubstrateProvider
-from gym_substrate.types import SandboxSpec
+from gym_substrate.nemo.types import SandboxSpec
 
 from .fakes import READY, FakeAgents, FakeControl
 

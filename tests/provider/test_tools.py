@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from gym_substrate.cli import main
-from gym_substrate.tools.sweep import sweep_actors
-from gym_substrate.types import SandboxSpec
+from gym_substrate.lab.tools.sweep import sweep_actors
+from gym_substrate.nemo.types import SandboxSpec
 
 from .conftest import Stack
 

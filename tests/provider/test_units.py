@@ -19,30 +19,29 @@ from gym_substrate import (
     RetryError,
     SubstrateProvider,
     TransientControlPlaneError,
-    _compat,
-    _retry,
 )
-from gym_substrate._actor import gym_status
-from gym_substrate._agent_client import AgentClient
-from gym_substrate._errors import (
+from gym_substrate.ateapi import ateapi_pb2 as pb
+from gym_substrate.core.states import state_name
+from gym_substrate.nemo import _compat, _retry
+from gym_substrate.nemo._actor import gym_status
+from gym_substrate.nemo._exec import job_result as _job_result
+from gym_substrate.nemo.agent_client import AgentClient
+from gym_substrate.nemo.config_file import load_substrate_block
+from gym_substrate.nemo.control_client import (
+    actor_state,
+    crash_message,
+    template_of,
+    worker_address,
+)
+from gym_substrate.nemo.errors import (
     ActorMismatchError,
     ActorUnavailableError,
     AgentResponseError,
     RouterError,
     translate_grpc_error,
 )
-from gym_substrate._exec import job_result as _job_result
-from gym_substrate._grpc import (
-    actor_state,
-    crash_message,
-    state_name,
-    template_of,
-    worker_address,
-)
-from gym_substrate._ledger import Ledger
-from gym_substrate._yaml import load_substrate_block
-from gym_substrate.ateapi import ateapi_pb2 as pb
-from gym_substrate.types import SandboxStatus
+from gym_substrate.nemo.ledger import Ledger
+from gym_substrate.nemo.types import SandboxStatus
 
 ROOT = Path(__file__).resolve().parents[2]
 CONN = {"api": "127.0.0.1:1", "router": "http://127.0.0.1:2", "tls": {"plaintext": True}}
@@ -392,7 +391,7 @@ def test_ledger_folds_events(tmp_path: Path) -> None:
 
 
 def test_ca_file_gone_after_construction_is_a_config_error(tmp_path: Path) -> None:
-    from gym_substrate._grpc import create_channel
+    from gym_substrate.nemo.control_client import create_channel
 
     ca = tmp_path / "ca.pem"
     ca.write_text("-----BEGIN CERTIFICATE-----\n")

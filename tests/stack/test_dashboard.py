@@ -58,7 +58,7 @@ PROMQL_WORDS = {
 
 
 def _provider_metrics() -> set[str]:
-    from gym_substrate._metrics import Metrics
+    from gym_substrate.nemo._metrics import Metrics
 
     names: set[str] = set()
     for family in Metrics().registry.collect():

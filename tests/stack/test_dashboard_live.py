@@ -133,7 +133,7 @@ async def _short_run(local: LocalApi, metrics_port: int, tmp: Path) -> None:
     """What the panels watch, each thing at least twice, seconds apart (so each series has a
     rate over the 1 s scrapes)."""
     from gym_substrate.nemo import SubstrateProvider
-    from gym_substrate.types import SandboxSpec
+    from gym_substrate.nemo.types import SandboxSpec
 
     block = local.backend.provider_config()
     provider = SubstrateProvider(

@@ -287,7 +287,7 @@ async def _run_a_sandbox(block: dict[str, Any], local: LocalApi, tmp_path: Path)
     import os
 
     from gym_substrate.nemo import SubstrateProvider
-    from gym_substrate.types import SandboxSpec
+    from gym_substrate.nemo.types import SandboxSpec
 
     os.environ["SUBSTRATE_TOKEN"] = local.token()
     provider = SubstrateProvider(**block, lifecycle={"ledger": str(tmp_path / "ledger.jsonl")})

@@ -212,9 +212,9 @@ def gym_arms(
 ) -> tuple[list[Any], Any, Path]:
     """Every input of a Gym-driven command checked before anything starts: one GymArmConfig
     per (policy, rollouts), the Gym environment, the output folder."""
-    from gym_substrate.experiments import ExperimentError
-    from gym_substrate.experiments._artifacts import make_out_dir
-    from gym_substrate.experiments._gym import GymArmConfig, resolve_gym_env
+    from gym_substrate.lab.experiments import ExperimentError
+    from gym_substrate.lab.experiments.artifacts import make_out_dir
+    from gym_substrate.lab.experiments.gym import GymArmConfig, resolve_gym_env
 
     idle_after_s = gym_idle_after_s(ctx, idle_after_s)
     try:
@@ -252,8 +252,8 @@ def run_gym_arms(
     """Run the arms through Gym one after the other on one target, then write their files.
 
     SIGTERM ends the run as Ctrl-C does, so Gym's servers are stopped either way."""
-    from gym_substrate.experiments._backend import local_or_config
-    from gym_substrate.experiments._gym import run_gym_arm
+    from gym_substrate.lab.experiments.backend import local_or_config
+    from gym_substrate.lab.experiments.gym import run_gym_arm
 
     terminate_as_interrupt()
 
@@ -312,7 +312,7 @@ def synthetic_only(ctx: click.Context, names: tuple[str, ...]) -> None:
 
 
 def _think(ctx: click.Context, param: click.Parameter, value: str) -> Any:
-    from gym_substrate.experiments import ThinkSpec
+    from gym_substrate.lab.experiments import ThinkSpec
 
     try:
         return ThinkSpec.parse(value)
@@ -400,7 +400,7 @@ def terminate_as_interrupt() -> None:
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run an experiment coroutine; its `ExperimentError` becomes one line and exit 1."""
-    from gym_substrate.experiments import ExperimentError
+    from gym_substrate.lab.experiments import ExperimentError
 
     try:
         return asyncio.run(coro)

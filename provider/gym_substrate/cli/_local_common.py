@@ -26,10 +26,14 @@ def rootfs_option(func: Any) -> Any:
     )(func)
 
 
-def prepare_rootfs() -> None:
+def prepare_rootfs(runtime: str = "auto") -> None:
+    """Build the rootfs and the agent the backend will bind (here, with progress): the static
+    one, and the unpacked one unless the runtime is the process one ("auto" may be gVisor)."""
     try:
         rootfs_mod.ensure_rootfs()
         rootfs_mod.agent_binary()
+        if runtime != "process" and rootfs_mod.agent_form("gvisor") == "unpacked":
+            rootfs_mod.agent_folder()
     except rootfs_mod.RootfsError as exc:
         raise fail(str(exc)) from exc
 

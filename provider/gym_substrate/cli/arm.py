@@ -73,10 +73,10 @@ def arm(
     provider and the replay policy as the model, N rollouts of one task collected at once by
     `gym eval run`; each step is then an agent turn between two model calls.
     """
-    from gym_substrate.experiments import ExperimentError, load_workload
-    from gym_substrate.experiments._arm import ArmConfig, run_arm, write_arm
-    from gym_substrate.experiments._artifacts import make_out_dir
-    from gym_substrate.experiments._backend import local_or_config
+    from gym_substrate.lab.experiments import ExperimentError, load_workload
+    from gym_substrate.lab.experiments.arm import ArmConfig, run_arm, write_arm
+    from gym_substrate.lab.experiments.artifacts import make_out_dir
+    from gym_substrate.lab.experiments.backend import local_or_config
 
     gym = GymInputs(gym_env, gym_python, gym_task, replay_rollouts)
     if driver == "gym":
@@ -115,7 +115,7 @@ def arm(
     if as_json:
         emit_json(written)
     else:
-        from gym_substrate.experiments._compare import figure_rows
+        from gym_substrate.lab.experiments.compare import figure_rows
 
         emit(
             figure_rows([summary]),
@@ -143,8 +143,8 @@ def _gym_arm(
     out: str | None,
     as_json: bool,
 ) -> None:
-    from gym_substrate.experiments._arm import write_arm
-    from gym_substrate.experiments._compare import figure_rows
+    from gym_substrate.lab.experiments.arm import write_arm
+    from gym_substrate.lab.experiments.compare import figure_rows
 
     configs, env, folder = gym_arms(
         ctx,

@@ -69,8 +69,8 @@ def agent(
     as_json: bool,
 ) -> None:
     """Benchmark the sandbox agent on loopback against the spawn floor measured in the same run."""
-    from gym_substrate.bench import BenchError
-    from gym_substrate.bench import agent as agent_bench
+    from gym_substrate.lab.bench import BenchError
+    from gym_substrate.lab.bench import agent as agent_bench
 
     for name, value in (("requests", requests), ("clients", clients), ("starts", starts)):
         if value < 1:
@@ -126,8 +126,8 @@ def agent(
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 def provider(runtime: str, execs: int, cycles: int, transfer_mib: int, as_json: bool) -> None:
     """The NeMo Gym provider against a direct agent call, on the local backend."""
-    from gym_substrate.bench import BenchError
-    from gym_substrate.bench import provider as provider_bench
+    from gym_substrate.lab.bench import BenchError
+    from gym_substrate.lab.bench import provider as provider_bench
 
     if execs < 1 or cycles < 1 or transfer_mib < 1:
         raise click.UsageError("--execs, --cycles and --transfer-mib must be >= 1")
@@ -203,8 +203,8 @@ def env(
     as_json: bool,
 ) -> None:
     """Steps per second of SandboxEnv (action `true`): one env and a vector env, with baselines."""
-    from gym_substrate.bench import BenchConfigError, BenchError
-    from gym_substrate.bench import env as env_bench
+    from gym_substrate.lab.bench import BenchConfigError, BenchError
+    from gym_substrate.lab.bench import env as env_bench
 
     try:
         with env_bench.provider_config(config, runtime, max(4, num_envs), progress) as (

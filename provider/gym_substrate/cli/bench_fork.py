@@ -65,8 +65,8 @@ def fork(
     """Fork latency (snapshot of a sandbox running a process that holds --memory-mib, then the
     child's first exec) and fan-out, against a fresh create and a fresh 10-step prefix replay
     measured in the same run. Targets are printed with a verdict, not enforced."""
-    from gym_substrate.bench import BenchError
-    from gym_substrate.bench import fork as fork_bench
+    from gym_substrate.lab.bench import BenchError
+    from gym_substrate.lab.bench import fork as fork_bench
 
     try:
         with progress.status("benchmarking forks") as status:

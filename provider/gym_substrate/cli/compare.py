@@ -72,11 +72,11 @@ def compare(
     parking arms run --rollouts. Prints every figure side by side with the ratios to never and
     writes each arm's folder plus compare.csv, compare.json and compare.png.
     """
-    from gym_substrate.experiments import ExperimentError, load_workload
-    from gym_substrate.experiments._arm import ArmConfig
-    from gym_substrate.experiments._artifacts import make_out_dir
-    from gym_substrate.experiments._backend import local_or_config
-    from gym_substrate.experiments._compare import compare_rows, run_compare, write_compare
+    from gym_substrate.lab.experiments import ExperimentError, load_workload
+    from gym_substrate.lab.experiments.arm import ArmConfig
+    from gym_substrate.lab.experiments.artifacts import make_out_dir
+    from gym_substrate.lab.experiments.backend import local_or_config
+    from gym_substrate.lab.experiments.compare import compare_rows, run_compare, write_compare
 
     gym = GymInputs(gym_env, gym_python, gym_task, replay_rollouts)
     if driver == "gym":
@@ -152,7 +152,7 @@ def _gym_compare(
     as_json: bool,
 ) -> None:
     """The same comparison through Gym: one Gym run per arm, one after the other."""
-    from gym_substrate.experiments._compare import compare_rows, write_compare
+    from gym_substrate.lab.experiments.compare import compare_rows, write_compare
 
     slots = workers * actors_per_worker
     policies = [("never", slots if never_rollouts is None else never_rollouts)]

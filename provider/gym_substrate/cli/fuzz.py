@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from gym_substrate.cli._output import Column, console, emit_json, progress, table
+from gym_substrate.core import procfs
 
 _SERVERS = ("api", "router")
 
@@ -35,20 +36,17 @@ def _bar(total: int, label: str) -> Iterator[Callable[[int], None]]:
 
 def _process_figures() -> dict[str, int]:
     fds = len(os.listdir("/proc/self/fd"))
-    rss_kb = 0
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            rss_kb = int(line.split()[1])
+    rss_kb = int(procfs.status(os.getpid()).get("VmRSS", "0 kB").split()[0])
     return {"fds": fds, "rss_mb": rss_kb // 1024}
 
 
 async def _run(servers: tuple[str, ...], requests: int, seed: int, runtime: str) -> list[Any]:
     import grpc
 
+    from gym_substrate.lab.tools.fuzz import delete_everything, fuzz_api, fuzz_router
+    from gym_substrate.lab.tools.fuzz.api import ATESPACES
+    from gym_substrate.lab.tools.fuzz.rpc import ensure_actors, wait_golden
     from gym_substrate.local import LocalBackend
-    from gym_substrate.tools.fuzz import delete_everything, fuzz_api, fuzz_router
-    from gym_substrate.tools.fuzz._rpc import ensure_actors, wait_golden
-    from gym_substrate.tools.fuzz.api import ATESPACES
 
     tallies = []
     with tempfile.TemporaryDirectory(prefix="gym-substrate-fuzz-") as state:

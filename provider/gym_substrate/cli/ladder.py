@@ -41,7 +41,7 @@ def _multiples(ctx: click.Context, param: click.Parameter, value: str) -> tuple[
 
 
 def _think(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    from gym_substrate.experiments import ThinkSpec
+    from gym_substrate.lab.experiments import ThinkSpec
 
     try:
         return str(ThinkSpec.parse(value))
@@ -118,11 +118,11 @@ def run_stage(
     arms (--burn). Stop rules are checked after each stage; exit code 3 when one fired.
     Resume with the same DIR and no plan options: `ladder run --stage next --out DIR`.
     """
-    from gym_substrate.experiments import ExperimentError, ThinkSpec, load_workload
-    from gym_substrate.experiments._arm import ArmConfig, run_arm, write_arm
-    from gym_substrate.experiments._artifacts import make_out_dir
-    from gym_substrate.experiments._backend import local_or_config
-    from gym_substrate.experiments._ladder import (
+    from gym_substrate.lab.experiments import ExperimentError, ThinkSpec, load_workload
+    from gym_substrate.lab.experiments.arm import ArmConfig, run_arm, write_arm
+    from gym_substrate.lab.experiments.artifacts import make_out_dir
+    from gym_substrate.lab.experiments.backend import local_or_config
+    from gym_substrate.lab.experiments.ladder import (
         LadderPlan,
         load_state,
         new_state,
@@ -267,8 +267,8 @@ def _print_stage(stage: Any, summary: dict[str, Any], rules: list[dict[str, Any]
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def summarize(folder: str, as_json: bool) -> None:
     """One row per arm of the ladder in DIR, the knee, and a plot of throughput and p95."""
-    from gym_substrate.experiments import ExperimentError
-    from gym_substrate.experiments._ladder import summarize_ladder
+    from gym_substrate.lab.experiments import ExperimentError
+    from gym_substrate.lab.experiments.ladder import summarize_ladder
 
     try:
         data = summarize_ladder(Path(folder))

@@ -271,11 +271,7 @@ def up(
         )
     except ValueError as exc:
         raise fail(f"--frozen-memory: {exc}") from None
-    from gym_substrate.local.runtimes.actor_disk import (
-        DEFAULT_ACTOR_DISK,
-        format_size,
-        parse_size,
-    )
+    from gym_substrate.local.runtimes.actor_disk import describe, parse_size
 
     try:
         disk_bytes = parse_size(actor_disk) if actor_disk else None
@@ -315,14 +311,7 @@ def up(
         "actor_disk": disk_bytes,
     }
     if not as_json:
-        shown = DEFAULT_ACTOR_DISK if disk_bytes is None else disk_bytes
-        err.print(
-            f"actor disk: {format_size(shown)} of files per actor (--actor-disk); a write past "
-            "it fails with ENOSPC in that actor"
-            if shown
-            else "actor disk: no limit (--actor-disk 0): one actor can fill the host's memory "
-            "(gVisor) or the state folder (process runtime)"
-        )
+        err.print(describe(disk_bytes))
     if pause_tier == "freeze" and not as_json:
         err.print(
             f"pause tier (gVisor runtime): freeze; up to {frozen_bytes / 2**20:.0f} MiB of "
@@ -330,7 +319,7 @@ def up(
         )
     if daemon:
         if rootfs == "debian":  # a first build takes minutes: here, with progress, not detached
-            prepare_rootfs()
+            prepare_rootfs(runtime)
         _up_detached(folder, options, as_json)
         return
     logging.basicConfig(
@@ -667,13 +656,25 @@ def demo(runtime: str, sandboxes: int, rootfs: str) -> None:
     help="The backend's pause tier under gVisor (see `local up --pause-tier`).",
 )
 @rootfs_option
+@click.option(
+    "--phases",
+    is_flag=True,
+    help="Also print the gVisor runtime's time step by step (restore, checkpoint, the exit "
+    "wait, connection resets, the unshare wrapper, the background delete after a park).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Also print the figures as JSON.")
 def bench(
-    runtime: str, iterations: int, execs: int, pause_tier: str, rootfs: str, as_json: bool
+    runtime: str,
+    iterations: int,
+    execs: int,
+    pause_tier: str,
+    rootfs: str,
+    phases: bool,
+    as_json: bool,
 ) -> None:
     """Time the actor lifecycle on this machine next to runsc's own floor (p50/p90, ratios,
     memory per running and per paused actor)."""
-    from gym_substrate.local.lifecycle_bench import run_bench
+    from gym_substrate.lab.bench.local import run_bench
 
     logging.basicConfig(level=logging.ERROR)
     try:
@@ -685,6 +686,7 @@ def bench(
                 execs=execs,
                 default_rootfs=rootfs,
                 pause_tier=pause_tier,
+                phases=phases,
             )
         )
     except (BackendError, RuntimeFailure) as exc:

@@ -79,11 +79,11 @@ def oversub(
     Reports completion (sandboxes that ran every step), step latency and fairness: the slowest
     sandbox's steps per second against the median's (1.0 = perfectly fair).
     """
-    from gym_substrate.experiments import ExperimentError, ThinkSpec, load_workload
-    from gym_substrate.experiments._arm import ArmConfig, run_arm, write_arm
-    from gym_substrate.experiments._artifacts import make_out_dir
-    from gym_substrate.experiments._backend import local_or_config
-    from gym_substrate.experiments._oversub import progress_plot, sandbox_rows
+    from gym_substrate.lab.experiments import ExperimentError, ThinkSpec, load_workload
+    from gym_substrate.lab.experiments.arm import ArmConfig, run_arm, write_arm
+    from gym_substrate.lab.experiments.artifacts import make_out_dir
+    from gym_substrate.lab.experiments.backend import local_or_config
+    from gym_substrate.lab.experiments.oversub import progress_plot, sandbox_rows
 
     slots = workers * actors_per_worker
     count = (

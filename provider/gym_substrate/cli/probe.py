@@ -37,9 +37,9 @@ def _probe(
     plot: Callable[[Any, Path], Any] | None = None,
 ) -> None:
     """Run one probe: target, progress, table, verdict line, output folder; exit 1 on FAIL."""
-    from gym_substrate.experiments import ExperimentError
-    from gym_substrate.experiments._artifacts import make_out_dir, write_csv, write_json
-    from gym_substrate.experiments._backend import local_or_config
+    from gym_substrate.lab.experiments import ExperimentError
+    from gym_substrate.lab.experiments.artifacts import make_out_dir, write_csv, write_json
+    from gym_substrate.lab.experiments.backend import local_or_config
 
     try:
         folder = make_out_dir(out, f"probe-{name}")
@@ -109,8 +109,8 @@ def memory(
     out: str | None, as_json: bool,
 ) -> None:  # fmt: skip
     """Known data survives pause and suspend byte for byte; pause/resume cost against size."""
-    from gym_substrate.experiments._plots import lines_plot
-    from gym_substrate.experiments._probes import probe_memory
+    from gym_substrate.lab.experiments.plots import lines_plot
+    from gym_substrate.lab.experiments.probes import probe_memory
 
     def plot(result: Any, folder: Path) -> Any:
         return lines_plot(
@@ -143,8 +143,8 @@ def footprint(
     as_json: bool,
 ) -> None:
     """Guest-side against host-side memory of one sandbox, running and paused."""
-    from gym_substrate.experiments._plots import bars_plot
-    from gym_substrate.experiments._probes import probe_footprint
+    from gym_substrate.lab.experiments.plots import bars_plot
+    from gym_substrate.lab.experiments.probes import probe_footprint
 
     def plot(result: Any, folder: Path) -> Any:
         keys = {
@@ -181,8 +181,8 @@ def burst(
     as_json: bool,
 ) -> None:
     """K creates at once: time to all ready, failures, host counts before/peak/after close."""
-    from gym_substrate.experiments._plots import lines_plot
-    from gym_substrate.experiments._probes import probe_burst
+    from gym_substrate.lab.experiments.plots import lines_plot
+    from gym_substrate.lab.experiments.probes import probe_burst
 
     if count < 1:
         raise click.BadParameter(f"K must be >= 1, got {count}", param_hint="--count")
@@ -226,7 +226,7 @@ def cancelled_pause(
     actors_per_worker: int, out: str | None, as_json: bool,
 ) -> None:  # fmt: skip
     """A pause raced by a resume, an exec and a delete: no state lost, nothing stuck."""
-    from gym_substrate.experiments._probes import probe_cancelled_pause
+    from gym_substrate.lab.experiments.probes import probe_cancelled_pause
 
     names = [r.strip() for r in races.split(",") if r.strip()]
     _probe(

@@ -21,8 +21,8 @@ JSON object per line:
 
 
 def _load(path: str) -> Any:
-    from gym_substrate.experiments import ExperimentError
-    from gym_substrate.experiments._rollouts import load_rollouts
+    from gym_substrate.lab.experiments import ExperimentError
+    from gym_substrate.lab.experiments.rollouts import load_rollouts
 
     try:
         return load_rollouts(path)
@@ -31,7 +31,7 @@ def _load(path: str) -> Any:
 
 
 def _think(ctx: click.Context, param: click.Parameter, value: str) -> Any:
-    from gym_substrate.experiments import ThinkSpec
+    from gym_substrate.lab.experiments import ThinkSpec
 
     try:
         return ThinkSpec.parse(value)
@@ -101,7 +101,7 @@ def serve(path: str, think: Any, host: str, port: int, seed: int, as_json: bool)
     """
     from aiohttp import web
 
-    from gym_substrate.experiments._replay import REPLAYER, create_app
+    from gym_substrate.lab.experiments.replay import REPLAYER, create_app
 
     if not 0 <= port <= 65535:
         raise click.BadParameter(f"must be 0..65535, got {port}", param_hint="--port")
@@ -115,7 +115,7 @@ def serve(path: str, think: Any, host: str, port: int, seed: int, as_json: bool)
             try:
                 await web.TCPSite(runner, host, port).start()
             except OSError as exc:
-                from gym_substrate.experiments import ExperimentError
+                from gym_substrate.lab.experiments import ExperimentError
 
                 raise ExperimentError(
                     f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port"

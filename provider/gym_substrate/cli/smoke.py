@@ -36,10 +36,10 @@ def smoke(
     config_file: str | None, local_runtime: str | None, template: str | None, as_json: bool
 ) -> None:
     """Take one sandbox through every provider method and print how long each step took."""
-    from gym_substrate._errors import ConfigError
-    from gym_substrate._yaml import load_substrate_block
+    from gym_substrate.lab.tools.smoke import SmokeStep, run_smoke
     from gym_substrate.local.backend import local_provider_kwargs
-    from gym_substrate.tools.smoke import SmokeStep, run_smoke
+    from gym_substrate.nemo.config_file import load_substrate_block
+    from gym_substrate.nemo.errors import ConfigError
 
     if config_file is None and local_runtime is None:
         raise click.UsageError("give --config FILE, --local RUNTIME, or both")

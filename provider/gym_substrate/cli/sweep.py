@@ -12,7 +12,7 @@ from gym_substrate.cli._output import Column, emit, fail, progress
 
 
 def _states(ctx: click.Context, param: click.Parameter, value: str | None) -> list[str] | None:
-    from gym_substrate.tools.sweep import STATES
+    from gym_substrate.lab.tools.sweep import STATES
 
     if value is None:
         return None
@@ -93,9 +93,9 @@ def sweep(
     if snapshots and states:
         raise click.UsageError("--state selects actors; it cannot be combined with --snapshots")
     from gym_substrate import SubstrateProvider
-    from gym_substrate._errors import ConfigError, ConnectionConfigError, SubstrateError
-    from gym_substrate._yaml import load_substrate_block
-    from gym_substrate.tools.sweep import SweepResult, delete_targets, find_targets
+    from gym_substrate.lab.tools.sweep import SweepResult, delete_targets, find_targets
+    from gym_substrate.nemo.config_file import load_substrate_block
+    from gym_substrate.nemo.errors import ConfigError, ConnectionConfigError, SubstrateError
 
     selecting = everything or pattern is not None or bool(states) or snapshots
     what = "snapshot(s)" if snapshots else "actor(s)"

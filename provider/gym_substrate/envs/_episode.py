@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from gym_substrate._snapshot import SandboxSnapshot
 from gym_substrate.envs.rewards import RewardFn, TerminationFn
+from gym_substrate.nemo.snapshot import SandboxSnapshot
 
 __all__ = ["EnvSnapshot", "Episode", "episode_of"]
 

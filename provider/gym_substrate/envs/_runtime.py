@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 from gym_substrate.envs._loop import LoopThread
 
 if TYPE_CHECKING:
-    from gym_substrate._snapshot import SandboxSnapshot
-    from gym_substrate.types import SandboxExecResult, SandboxHandle, SandboxSpec
+    from gym_substrate.nemo.snapshot import SandboxSnapshot
+    from gym_substrate.nemo.types import SandboxExecResult, SandboxHandle, SandboxSpec
 
 __all__ = [
     "EXEC_GRACE_S",

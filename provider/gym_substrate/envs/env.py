@@ -29,7 +29,7 @@ from gym_substrate.envs._spaces import UnicodeText, sanitize
 from gym_substrate.envs.rewards import RewardFn, TerminationFn
 
 if TYPE_CHECKING:
-    from gym_substrate._snapshot import SandboxSnapshot
+    from gym_substrate.nemo.snapshot import SandboxSnapshot
 
 __all__ = [
     "ACTION_MAX_LENGTH",
@@ -313,7 +313,7 @@ class SandboxEnv(gym.Env[str, str]):
 
         self._in_episode = False
         self._release_quietly()
-        from gym_substrate.types import SandboxSpec
+        from gym_substrate.nemo.types import SandboxSpec
 
         provider_options: dict[str, Any] = {"template": self.template} if self.template else {}
         if episode is not None:

@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
+from gym_substrate.core.states import state_name
 from gym_substrate.local.client_config import API_SERVER_NAME
 from gym_substrate.local.control.records import GOLDEN_ATESPACE
 from gym_substrate.local.errors import BackendError
@@ -249,7 +250,7 @@ class BackendApi:
             )
         except BackendError:
             return ""
-        return str(pb.ActorState.Name(actor.status.state)).removeprefix("ACTOR_STATE_")
+        return state_name(actor.status.state)
 
     def wait_golden(
         self, ref: pb.ObjectRef, *, timeout_s: float, progress: GoldenProgress | None = None

@@ -482,7 +482,10 @@ class LocalBackend:
                 )
         try:
             built = rootfs.ensure_rootfs(self.rootfs_dir)
-            agent = rootfs.agent_binary(self.rootfs_dir)
+            if rootfs.agent_form(runtime) == "unpacked":
+                agent = rootfs.agent_folder(self.rootfs_dir)
+            else:
+                agent = rootfs.agent_binary(self.rootfs_dir)
         except rootfs.RootfsError as exc:
             raise BackendError(str(exc)) from exc
         image = self.images.add_rootfs_build(built.path, built.path / rootfs.MARKER)

@@ -1,6 +1,6 @@
 """A backend in another process: start it detached, ask it what it serves, stop it.
 
-`local up --daemon` re-executes `python -m gym_substrate.local up ...` in a new session with its
+`local up --daemon` re-executes `python -m gym_substrate.cli local up ...` in a new session with its
 output in `<state-dir>/backend.log`, and is done once the API, the router and the admin listener
 answer. Other commands find such a backend through `backend.json` (`statedir.read_backend_info`)
 and talk to it over its admin listener (`/_local/status`, `/_local/images`; the router port
@@ -68,7 +68,7 @@ def spawn(
     """Start `local up` for ``folder`` detached, logging to `<folder>/backend.log`."""
     folder.mkdir(parents=True, exist_ok=True)
     argv = [
-        sys.executable, "-m", "gym_substrate.local", "up",
+        sys.executable, "-m", "gym_substrate.cli", "local", "up",
         "--workers", str(workers), "--runtime", runtime, "--state-dir", str(folder),
         "--api-port", str(api_port), "--router-port", str(router_port),
         "--admin-port", str(admin_port), "--router-timeout", str(router_timeout),

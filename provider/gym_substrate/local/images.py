@@ -35,6 +35,7 @@ __all__ = [
     "ImageCatalogue",
     "ImageError",
     "LocalImage",
+    "content_digest",
     "split_reference",
     "tree_digest",
 ]
@@ -76,6 +77,16 @@ def _sha256_file(path: Path) -> str:
     with open(path, "rb") as fh:
         while chunk := fh.read(1 << 20):
             digest.update(chunk)
+    return "sha256:" + digest.hexdigest()
+
+
+def content_digest(root: Path) -> str:
+    """A digest of a folder's files (relative path, mode bits and bytes of each, sorted)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()):
+        rel = path.relative_to(root).as_posix()
+        digest.update(f"{rel}\0{path.stat().st_mode & 0o777}\0".encode())
+        digest.update(_sha256_file(path).encode() + b"\n")
     return "sha256:" + digest.hexdigest()
 
 
@@ -137,8 +148,12 @@ class ImageCatalogue:
         return self.add(LocalImage(DEBIAN_IMAGE, _sha256_file(marker), "rootfs", tree))
 
     def add_agent(self, binary: Path) -> LocalImage:
-        """The static agent; its image is the folder holding it (content-addressed already)."""
-        return self.add(LocalImage(AGENT_IMAGE, _sha256_file(binary), "files", binary.parent))
+        """The agent; its image is the folder holding it (content-addressed already): the static
+        binary alone, or the unpacked build (the entry beside its ``_internal`` folder)."""
+        folder = binary.parent
+        if (folder / "_internal").is_dir():
+            return self.add(LocalImage(AGENT_IMAGE, content_digest(folder), "files", folder))
+        return self.add(LocalImage(AGENT_IMAGE, _sha256_file(binary), "files", folder))
 
     def register_tree(self, name: str, tree: Path) -> LocalImage:
         """An operator's root filesystem folder, as `local/<name>@sha256:...` (persisted)."""

@@ -18,6 +18,9 @@ The sandbox agent is not installed into the tree: its static binary (``agent/bui
 build-static.sh``, or ``$GYM_SUBSTRATE_AGENT_BINARY``) is copied to ``agent/<sha>/`` and bound
 read-only at ``AGENT_PATH`` by both runtimes, so one rootfs serves every agent version and a
 new agent never reuses a golden snapshot of an old one (the path is in the template digest).
+Its unpacked form (``agent/build/build-unpacked.sh``, or ``$GYM_SUBSTRATE_AGENT_DIR``), which
+the gVisor runtime uses by default, is copied to ``agent/u-<sha>/`` and its whole folder is
+bound read-only at ``AGENT_PATH``'s folder: nothing is unpacked into the sandbox's memory.
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ from typing import Any
 
 __all__ = [
     "AGENT_BINARY_ENV",
+    "AGENT_DIR_ENV",
+    "AGENT_FORMS",
+    "AGENT_FORM_ENV",
     "AGENT_PATH",
     "MARKER",
     "MIRROR_ENV",
@@ -53,6 +59,8 @@ __all__ = [
     "BuiltRootfs",
     "RootfsError",
     "agent_binary",
+    "agent_folder",
+    "agent_form",
     "build_rootfs",
     "debian_mirror",
     "default_rootfs_dir",
@@ -64,6 +72,10 @@ __all__ = [
 ROOTFS_DIR_ENV = "GYM_SUBSTRATE_ROOTFS_DIR"
 MIRROR_ENV = "GYM_SUBSTRATE_DEBIAN_MIRROR"
 AGENT_BINARY_ENV = "GYM_SUBSTRATE_AGENT_BINARY"
+AGENT_DIR_ENV = "GYM_SUBSTRATE_AGENT_DIR"
+# which agent build the default template runs: "unpacked" (gVisor's default) or "static"
+AGENT_FORM_ENV = "GYM_SUBSTRATE_AGENT_FORM"
+AGENT_FORMS = ("unpacked", "static")
 
 SUITE = "bookworm"
 ROOTFS_NAME = f"debian-{SUITE}"
@@ -77,6 +89,7 @@ AGENT_PATH = "/opt/sandbox-agent/sandbox-agent"
 _DEBOOTSTRAP_TIMEOUT_S = 1800
 _REPO = Path(__file__).resolve().parents[3]
 _BUILD_SCRIPT = _REPO / "agent" / "build" / "build-static.sh"
+_UNPACKED_SCRIPT = _REPO / "agent" / "build" / "build-unpacked.sh"
 
 Progress = Callable[[str], None]
 
@@ -414,14 +427,18 @@ def _sha256(path: Path) -> str:
 
 
 def _static_build(progress: Progress) -> Path:
-    if not _BUILD_SCRIPT.is_file():
+    return _run_build(_BUILD_SCRIPT, "static", AGENT_BINARY_ENV, progress)
+
+
+def _run_build(script: Path, what: str, env_name: str, progress: Progress) -> Path:
+    if not script.is_file():
         raise RootfsError(
-            f"no static sandbox agent: set {AGENT_BINARY_ENV} to its path (built by "
-            "agent/build/build-static.sh in a gym-substrate checkout), or opt in to the host's "
+            f"no {what} sandbox agent: set {env_name} to its path (built by "
+            f"agent/build/{script.name} in a gym-substrate checkout), or opt in to the host's "
             "root filesystem with `rootfs: host`"
         )
     proc = subprocess.Popen(
-        ["bash", str(_BUILD_SCRIPT)],
+        ["bash", str(script)],
         cwd=_REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -430,19 +447,19 @@ def _static_build(progress: Progress) -> Path:
     try:
         stdout, stderr = proc.communicate(timeout=2)
     except subprocess.TimeoutExpired:  # not cached: a real build, about a minute
-        progress(f"building the static sandbox agent ({_BUILD_SCRIPT.relative_to(_REPO)})")
+        progress(f"building the {what} sandbox agent ({script.relative_to(_REPO)})")
         try:
             stdout, stderr = proc.communicate(timeout=900)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
-            raise RootfsError("building the static sandbox agent took over 15 minutes") from None
+            raise RootfsError(f"building the {what} sandbox agent took over 15 minutes") from None
     done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     if done.returncode != 0:
         raise RootfsError(
-            "building the static sandbox agent failed:\n"
+            f"building the {what} sandbox agent failed:\n"
             + done.stderr.strip()[-3000:]
-            + f"\nset {AGENT_BINARY_ENV} to a built one, or use `rootfs: host`"
+            + f"\nset {env_name} to a built one, or use `rootfs: host`"
         )
     return _REPO / done.stdout.strip().splitlines()[-1]
 
@@ -465,3 +482,51 @@ def agent_binary(base: Path | None = None, *, progress: Progress = _stderr) -> P
     tmp.chmod(0o755)
     tmp.replace(dest)
     return dest
+
+
+def agent_form(runtime: str) -> str:
+    """Which agent build the default template runs under ``runtime``: ``$GYM_SUBSTRATE_AGENT_FORM``
+    if set, else the unpacked folder under gVisor (nothing unpacked into sandbox memory) and
+    the static binary under the process runtime."""
+    chosen = os.environ.get(AGENT_FORM_ENV, "").strip()
+    if not chosen:
+        return "unpacked" if runtime == "gvisor" else "static"
+    if chosen not in AGENT_FORMS:
+        raise RootfsError(
+            f"{AGENT_FORM_ENV}={chosen!r} is not one of {', '.join(AGENT_FORMS)}; unset it for "
+            "the runtime's default"
+        )
+    return chosen
+
+
+def agent_folder(base: Path | None = None, *, progress: Progress = _stderr) -> Path:
+    """The unpacked agent, copied to ``<base>/agent/u-<sha>/`` (content-addressed, so never
+    changed under a golden snapshot that maps it); returns the entry ``.../sandbox-agent``."""
+    from gym_substrate.local.images import content_digest
+
+    base = base or default_rootfs_dir()
+    override = os.environ.get(AGENT_DIR_ENV)
+    source = (
+        Path(override).expanduser()
+        if override
+        else _run_build(_UNPACKED_SCRIPT, "unpacked", AGENT_DIR_ENV, progress)
+    )
+    entry = source / "sandbox-agent"
+    if not (source / "_internal").is_dir() or not os.access(entry, os.X_OK):
+        raise RootfsError(
+            f"{source} is not an unpacked agent build (no executable sandbox-agent beside an "
+            f"_internal folder); point {AGENT_DIR_ENV} at the folder build-unpacked.sh prints"
+        )
+    digest = content_digest(source).removeprefix("sha256:")[:16]
+    dest = base / "agent" / f"u-{digest}"
+    if (dest / "sandbox-agent").is_file():
+        return dest / "sandbox-agent"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.parent / f".u-{digest}.{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(source, tmp, symlinks=True)
+    try:
+        tmp.rename(dest)
+    except OSError:  # another process placed the same build first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest / "sandbox-agent"

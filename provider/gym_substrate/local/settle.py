@@ -20,8 +20,8 @@ from pathlib import Path
 from gym_substrate.local import rootfs, statedir
 from gym_substrate.local.control.plane import ControlPlane
 from gym_substrate.local.control.records import (
-    ACTIVE_STATES,
     GOLDEN_ATESPACE,
+    HOLDING_STATES,
     ActorRecord,
 )
 from gym_substrate.local.control.store import StaleStateError, Store, read_meta
@@ -51,7 +51,7 @@ def active_actors(state_dir: Path) -> list[str]:
     return [
         f"{r.key} {r.state}"
         for r in records
-        if r.state in ACTIVE_STATES and r.atespace != GOLDEN_ATESPACE
+        if r.state in HOLDING_STATES and r.atespace != GOLDEN_ATESPACE
     ]
 
 
@@ -93,7 +93,7 @@ async def settle_stopped_backend(state_dir: Path, *, suspend: bool) -> tuple[lis
     store: Store | None = None
     try:
         store = Store(state_dir / "state.db")
-        before = {r.key: r for r in store.load(ActorRecord) if r.state in ACTIVE_STATES}
+        before = {r.key: r for r in store.load(ActorRecord) if r.state in HOLDING_STATES}
         if not any(r.atespace != GOLDEN_ATESPACE for r in before.values()):
             return [], []
         instance = meta.get("instance") or statedir.instance_name(state_dir)

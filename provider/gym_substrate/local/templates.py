@@ -284,7 +284,11 @@ def resolve(template: pb.ActorTemplate, images: ImageCatalogue) -> TemplateSpec:
                 f"image volume {mount.name}: {files.reference} is a root filesystem; an image "
                 "volume here holds files (e.g. local/sandbox-agent)"
             )
-        for item in sorted(files.path.iterdir()):
+        items = sorted(files.path.iterdir())
+        if any(item.is_dir() for item in items):  # e.g. the unpacked agent: the whole folder
+            binds.append((files.path, mount.mount_path))
+            continue
+        for item in items:
             if item.is_file():
                 binds.append((item, f"{mount.mount_path}/{item.name}"))
     if image.kind == "host":

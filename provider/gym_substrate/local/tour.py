@@ -26,10 +26,11 @@ from rich.console import Console
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
+from gym_substrate.core.states import state_name
 from gym_substrate.local.backend import LocalBackend
 from gym_substrate.local.templates import DEFAULT_TEMPLATE_ATESPACE, DEFAULT_TEMPLATE_NAME
 
-__all__ = ["TARGET_HEADER", "Session", "print_step", "run_demo", "state_name"]
+__all__ = ["TARGET_HEADER", "Session", "print_step", "run_demo", "state_of"]
 
 T = TypeVar("T")
 ATESPACE = "demo"
@@ -38,9 +39,9 @@ TARGET_HEADER = "ate-target-actor"
 _GOLDEN_WAIT_S = 120.0
 
 
-def state_name(actor: pb.Actor) -> str:
-    """`RUNNING`, `SUSPENDED`, ...: the state without its `ACTOR_STATE_` prefix."""
-    return str(pb.ActorState.Name(actor.status.state)).removeprefix("ACTOR_STATE_")
+def state_of(actor: pb.Actor) -> str:
+    """`RUNNING`, `SUSPENDED`, ...: the actor's state as `gym_substrate.core.states` spells it."""
+    return state_name(actor.status.state)
 
 
 def placement(actor: pb.Actor) -> str:
@@ -268,10 +269,10 @@ async def _demo_steps(session: Session, sandboxes: int, note: Note) -> None:
     ids = [f"demo-{uuid.uuid4().hex[:6]}" for _ in range(sandboxes)]
     for actor_id in ids:
         actor, ms = await _timed(session.create(actor_id))
-        note(f"CreateActor {actor_id}", f"{state_name(actor)}, on the golden snapshot", ms)
+        note(f"CreateActor {actor_id}", f"{state_of(actor)}, on the golden snapshot", ms)
     results = await asyncio.gather(*(_timed(session.resume(a)) for a in ids))
     for actor_id, (actor, ms) in zip(ids, results, strict=True):
-        note(f"ResumeActor {actor_id}", f"{state_name(actor)} {placement(actor)}", ms)
+        note(f"ResumeActor {actor_id}", f"{state_of(actor)} {placement(actor)}", ms)
     first = ids[0]
     job, ms = await _timed(session.exec(first, "uname -sr && echo $((6 * 7))"))
     note("exec `uname -sr && echo $((6*7))`", job["stdout"].strip().replace("\n", " | "), ms)
@@ -301,7 +302,7 @@ async def _pause_and_park(session: Session, actor_id: str, note: Note) -> None:
     await asyncio.sleep(0.5)
     before = (await session.exec(actor_id, "cat counter"))["stdout"].strip()
     actor, ms = await _timed(session.pause(actor_id))
-    note("PauseActor", f"{state_name(actor)} (counter was {before})", ms)
+    note("PauseActor", f"{state_of(actor)} (counter was {before})", ms)
     await asyncio.sleep(0.5)
     job, ms = await _timed(session.exec(actor_id, "cat counter"))
     after = job["stdout"].strip()
@@ -311,9 +312,9 @@ async def _pause_and_park(session: Session, actor_id: str, note: Note) -> None:
         ms,
     )
     actor, ms = await _timed(session.suspend(actor_id))
-    note("SuspendActor", state_name(actor), ms)
+    note("SuspendActor", state_of(actor), ms)
     actor, ms = await _timed(session.resume(actor_id))
-    note("ResumeActor (from suspend)", f"{state_name(actor)} {placement(actor)}", ms)
+    note("ResumeActor (from suspend)", f"{state_of(actor)} {placement(actor)}", ms)
 
 
 async def _tag_fork_revert(session: Session, actor_id: str, payload: bytes, note: Note) -> None:
@@ -331,12 +332,12 @@ async def _tag_fork_revert(session: Session, actor_id: str, payload: bytes, note
     fork = f"{actor_id}-f"
     _, ms = await _timed(session.create(fork, source_tag=f"{session.atespace}/{name}"))
     actor, ms2 = await _timed(session.resume(fork))
-    note(f"CreateActor {fork} from it + resume", state_name(actor), ms + ms2)
+    note(f"CreateActor {fork} from it + resume", state_of(actor), ms + ms2)
     job, ms = await _timed(session.exec(fork, "cat hello.txt"))
     note("the fork sees hello.txt", "yes" if job["stdout"].encode() == payload else "no", ms)
     await session.exec(fork, "echo scratch > scratch.txt && rm hello.txt")
     actor, ms = await _timed(session.revert(fork))
-    note("write + delete in the fork, RevertActor", state_name(actor), ms)
+    note("write + delete in the fork, RevertActor", state_of(actor), ms)
     await session.resume(fork)
     job, ms = await _timed(session.exec(fork, "ls"))
     listing = job["stdout"].split()

@@ -2,9 +2,9 @@
 
 The stack's `ActorTemplate` and `Atespace` resources (`stack/templates.py`) run inside Pulumi's
 dynamic provider, which calls plain functions, so this client is blocking `grpc` rather than the
-provider's `grpc.aio` one (`gym_substrate._grpc`); it shares the stubs generated from the same
-proto (`gym_substrate.ateapi`). A connection is a plain mapping, as the resources carry it in
-their inputs:
+provider's `grpc.aio` one (`gym_substrate.nemo.control_client`); it shares the stubs generated from
+the same proto (`gym_substrate.ateapi`). A connection is a plain mapping, as the resources carry it
+in their inputs:
 
     {"api": "127.0.0.1:30443", "serverName": "api.ate-system.svc", "caPem": "-----BEGIN ...",
      "plaintext": False, "token": {"file": ...} | {"env": "SUBSTRATE_TOKEN"} | {"value": ...}}

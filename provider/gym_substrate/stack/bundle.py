@@ -27,7 +27,7 @@ import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from gym_substrate._errors import ConfigError
+from gym_substrate.core.errors import ConfigError
 
 __all__ = [
     "BINARIES",

@@ -38,7 +38,7 @@ from gym_substrate.stack.config_sections import (
     SUBSTRATE_IMAGES,
     SUBSTRATE_REPO,
     SUBSTRATE_VERSION,
-    AgentConfig,
+    AgentImageConfig,
     DatabaseConfig,
     ExistingConfig,
     PoolConfig,
@@ -62,7 +62,7 @@ __all__ = [
     "SUBSTRATE_REPO",
     "SUBSTRATE_VERSION",
     "AccessConfig",
-    "AgentConfig",
+    "AgentImageConfig",
     "ClusterConfig",
     "ConfigError",
     "DatabaseConfig",
@@ -151,7 +151,7 @@ class StackConfig:
     cluster: ClusterConfig
     substrate: SubstrateConfig
     pool: PoolConfig
-    agent: AgentConfig
+    agent: AgentImageConfig
     workloads: tuple[WorkloadConfig, ...]
     templates: TemplatesConfig
     access: AccessConfig

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gym_substrate._errors import ConfigError
-from gym_substrate._names import is_dns_label
+from gym_substrate.core.errors import ConfigError
+from gym_substrate.core.names import is_dns_label
 
 __all__ = [
     "ADDRESS",

@@ -41,7 +41,7 @@ __all__ = [
     "SUBSTRATE_IMAGES",
     "SUBSTRATE_REPO",
     "SUBSTRATE_VERSION",
-    "AgentConfig",
+    "AgentImageConfig",
     "DatabaseConfig",
     "ExistingConfig",
     "PoolConfig",
@@ -166,7 +166,10 @@ def _sandbox_memory_mi(memory: str, per_worker: int) -> int:
 
 
 @dataclass(frozen=True)
-class AgentConfig:
+class AgentImageConfig:
+    """The stack's `agent:` section: how the sandbox agent is built and rides into templates
+    (the agent's own runtime settings are `sandbox_agent.AgentConfig`)."""
+
     port: int = 80
     args: tuple[str, ...] = ("--host", "0.0.0.0", "--port", "80")
     build_script: str = "agent/build/build-static.sh"
@@ -462,7 +465,7 @@ def parse_pool(top: Section, target: str, runtime: str) -> PoolConfig:
     return pool
 
 
-def parse_agent(top: Section, target: str) -> AgentConfig:
+def parse_agent(top: Section, target: str) -> AgentImageConfig:
     a = Section("agent", top.get("agent"))
     refuse(
         a,
@@ -471,7 +474,7 @@ def parse_agent(top: Section, target: str) -> AgentConfig:
         "workload image runs untouched",
         "remove `agent.mount`",
     )
-    args = a.get("args", list(AgentConfig.args))
+    args = a.get("args", list(AgentImageConfig.args))
     if not isinstance(args, list) or not all(isinstance(x, str) for x in args):
         raise fail(
             "agent.args",
@@ -493,10 +496,10 @@ def parse_agent(top: Section, target: str) -> AgentConfig:
             "is only used with target 'existing'",
             "remove it; kind and host stacks build the agent image at `pulumi up`",
         )
-    agent = AgentConfig(
+    agent = AgentImageConfig(
         args=tuple(args),
-        build_script=a.string("buildScript", AgentConfig.build_script),
-        dockerfile=a.string("dockerfile", AgentConfig.dockerfile),
+        build_script=a.string("buildScript", AgentImageConfig.build_script),
+        dockerfile=a.string("dockerfile", AgentImageConfig.dockerfile),
         image=image,
     )
     a.done()

@@ -5,7 +5,7 @@ for `pulumi up` and `gym-substrate render`); `dashboard` only fills in its const
 queries use the names Substrate exports after Prometheus' escaping (dots become underscores, a
 unit suffix, `_total` on counters), from upstream's metric registry
 (docs/metrics/registry/metrics.yaml@09c2ac9c), and the NeMo Gym provider's own metrics
-(`gym_substrate._metrics`). tests/stack/test_dashboard_live.py evaluates every panel against a
+(`gym_substrate.nemo._metrics`). tests/stack/test_dashboard_live.py evaluates every panel against a
 real Prometheus scraping a local backend and a provider.
 """
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from gym_substrate._errors import SubstrateError
+from gym_substrate.core.errors import SubstrateError
 from gym_substrate.stack.config import StackConfig
 
 __all__ = [

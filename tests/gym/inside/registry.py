@@ -42,7 +42,7 @@ def registry_lookup() -> str:
 def gym_types() -> str:
     from nemo_gym.sandbox.providers import base
 
-    import gym_substrate.types as ours
+    import gym_substrate.nemo.types as ours
 
     for name in ("SandboxSpec", "SandboxHandle", "SandboxExecResult", "SandboxStatus"):
         check(getattr(ours, name) is getattr(base, name), f"{name} is not Gym's own class")

@@ -1,7 +1,7 @@
 """Driven by NeMo Gym's own code (nemo-gym 0.7.0 installed without its dependencies).
 
 Collected only inside the subprocess started by `tests/provider/test_gym_conformance.py`, which
-puts the wheel on PYTHONPATH *before* anything imports `gym_substrate.types`, so the provider
+puts the wheel on PYTHONPATH *before* anything imports `gym_substrate.nemo.types`, so the provider
 really hands Gym's own dataclasses to Gym's own facade.
 """
 
@@ -18,7 +18,7 @@ from nemo_gym.sandbox import AsyncSandbox, Sandbox
 from nemo_gym.sandbox.providers import base, registry
 
 from gym_substrate import SubstrateProvider
-from gym_substrate.types import NEMO_GYM_TYPES
+from gym_substrate.nemo.types import NEMO_GYM_TYPES
 
 from ..conftest import Stack
 
@@ -38,7 +38,7 @@ PROTOCOLS = [
 
 
 def test_types_are_gyms_own() -> None:
-    import gym_substrate.types as t
+    import gym_substrate.nemo.types as t
 
     assert NEMO_GYM_TYPES
     for name in (

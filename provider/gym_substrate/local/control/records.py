@@ -1,10 +1,10 @@
 """The control plane's records: what SQLite stores and the in-memory mirror holds.
 
-Plain frozen dataclasses, so a record handed to a caller never changes under it; every write
-makes a new one with a higher `Meta.version` (the ateapi precondition). States are the
-`ActorState` names without their prefix (`RUNNING`, `CRASHED`, ...): the one spelling outside
-the wire. What only the local backend needs (sandbox handles, snapshot folders, runtime slots)
-sits beside the API fields and never reaches a client.
+Plain frozen dataclasses, so a record handed to a caller never changes under it; every write makes a
+new one with a higher `Meta.version` (the ateapi precondition). States are
+`gym_substrate.core.states`' names (`RUNNING`, `CRASHED`, ...), re-exported here for the backend's
+modules. What only the local backend needs (sandbox handles, snapshot folders, runtime slots) sits
+beside the API fields and never reaches a client.
 """
 
 from __future__ import annotations
@@ -14,12 +14,26 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from gym_substrate.core.states import (
+    CRASHED,
+    DELETING,
+    HOLDING_STATES,
+    PAUSED,
+    PAUSING,
+    RESUMING,
+    REVERTING,
+    RUNNING,
+    STATES,
+    SUSPENDED,
+    SUSPENDING,
+)
+
 __all__ = [
-    "ACTIVE_STATES",
     "CRASHED",
     "DELETING",
     "DRAINING",
     "GOLDEN_ATESPACE",
+    "HOLDING_STATES",
     "PAUSED",
     "PAUSING",
     "RESUMING",
@@ -45,18 +59,6 @@ __all__ = [
 # the reserved atespace of the templates' golden actors and golden tags
 GOLDEN_ATESPACE = "ate-golden"
 
-RESUMING = "RESUMING"
-RUNNING = "RUNNING"
-SUSPENDING = "SUSPENDING"
-SUSPENDED = "SUSPENDED"
-PAUSING = "PAUSING"
-PAUSED = "PAUSED"
-CRASHED = "CRASHED"
-DELETING = "DELETING"
-REVERTING = "REVERTING"
-STATES = (RESUMING, RUNNING, SUSPENDING, SUSPENDED, PAUSING, PAUSED, CRASHED, DELETING, REVERTING)
-# an actor in one of these holds a worker (and, but for RESUMING, a sandbox)
-ACTIVE_STATES = frozenset({RESUMING, RUNNING, PAUSING, SUSPENDING})
 
 WORKER_ACTIVE = "ACTIVE"
 DRAINING = "DRAINING"

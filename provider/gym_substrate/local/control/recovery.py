@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING
 
 from gym_substrate.local.control.interrupted import INTERRUPTED_STATES, Interrupted
 from gym_substrate.local.control.records import (
-    ACTIVE_STATES,
     CRASHED,
     GOLDEN_ATESPACE,
+    HOLDING_STATES,
     PAUSED,
     RUNNING,
     SUSPENDED,
@@ -130,7 +130,7 @@ class Recovery:
             if record.atespace == GOLDEN_ATESPACE and record.state != SUSPENDED:
                 await plane.actors.remove(record)  # its build starts over at the next start
                 continue
-            if record.state in ACTIVE_STATES and (record.handle or record.worker):
+            if record.state in HOLDING_STATES and (record.handle or record.worker):
                 await plane.revert.crash_lost(record, WORKER_GONE)
             if record.retained_handle:
                 await plane.stop_sandbox(record.retained_handle)

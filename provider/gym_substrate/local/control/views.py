@@ -13,8 +13,9 @@ from pathlib import Path
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
+from gym_substrate.core.states import state_value
 from gym_substrate.local.control.records import (
-    ACTIVE_STATES,
+    HOLDING_STATES,
     PAUSED,
     ActorRecord,
     AtespaceRecord,
@@ -81,12 +82,12 @@ class Views:
 
     def actor(self, record: ActorRecord) -> pb.Actor:
         status = pb.ActorStatus(
-            state=pb.ActorState.Value(f"ACTOR_STATE_{record.state}"),  # type: ignore[arg-type]
+            state=state_value(record.state),  # type: ignore[arg-type]
             snapshots=[snapshot(s) for s in record.snapshots],
             last_assigned_generation=record.last_generation,
         )
         worker = self.workers.by_name(record.worker) if record.worker else None
-        if worker is not None and record.state in ACTIVE_STATES:
+        if worker is not None and record.state in HOLDING_STATES:
             status.worker_assignment.CopyFrom(self.assignment(worker, record.worker_epoch))
         if worker is not None or record.state == PAUSED:
             status.assigned_node = self.workers.node_name

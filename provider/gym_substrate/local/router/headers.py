@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from gym_substrate._names import is_dns_label
+from gym_substrate.core.names import is_dns_label
 
 __all__ = [
     "DEFAULT_ACTOR_PORT",

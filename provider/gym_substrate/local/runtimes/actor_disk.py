@@ -27,6 +27,7 @@ __all__ = [
     "ACTOR_DISK_ENV",
     "DEFAULT_ACTOR_DISK",
     "ActorDisks",
+    "describe",
     "format_size",
     "mounts_under",
     "parse_size",
@@ -66,6 +67,20 @@ def format_size(size: int) -> str:
     if size % (1 << 30) == 0:
         return f"{size >> 30} GiB"
     return f"{size / (1 << 20):.0f} MiB"
+
+
+def describe(limit: int | None) -> str:
+    """What `local up` prints about the limit (None: the default)."""
+    size = DEFAULT_ACTOR_DISK if limit is None else limit
+    if not size:
+        return (
+            "actor disk: no limit (--actor-disk 0): one actor can fill the host's memory "
+            "(gVisor) or the state folder (process runtime)"
+        )
+    return (
+        f"actor disk: {format_size(size)} of files per actor (--actor-disk); a write past it "
+        "fails with ENOSPC in that actor"
+    )
 
 
 @functools.cache

@@ -59,10 +59,12 @@ Calls
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
+
+from gym_substrate.core.procfs import pss_bytes
 
 __all__ = [
     "ActorSpec",
@@ -80,25 +82,6 @@ __all__ = [
     "TemplateSpec",
     "pss_bytes",
 ]
-
-
-def pss_bytes(pids: Iterable[int]) -> int:
-    """Proportional set size summed over ``pids`` (``smaps_rollup``), in bytes.
-
-    Both runtimes report an actor's memory this way, so their figures compare. It reads /proc:
-    call it off the event loop. Processes that vanished meanwhile count as zero.
-    """
-    total = 0
-    for pid in pids:
-        try:
-            text = Path(f"/proc/{pid}/smaps_rollup").read_text()
-        except OSError:
-            continue
-        for line in text.splitlines():
-            if line.startswith("Pss:"):
-                total += int(line.split()[1]) * 1024
-                break
-    return total
 
 
 class NothingToPark:
@@ -129,9 +112,9 @@ class Rootfs:
     ``host``: the host's ``/`` read-only under an in-memory overlay (gVisor
     ``--overlay2=root:memory``), the process runtime's bubblewrap binding it read-only.
     ``directory``: ``path`` (absolute, existing) as ``/``, the same way; the process runtime
-    can give that only under bubblewrap. ``binds``: (host file, path inside) pairs bound
-    read-only into the sandbox, e.g. the static agent (``rootfs.AGENT_PATH``); the path inside
-    must exist in the tree.
+    can give that only under bubblewrap. ``binds``: (host file or folder, path inside) pairs
+    bound read-only into the sandbox, e.g. the static agent (``rootfs.AGENT_PATH``) or the
+    unpacked agent's folder; the path inside must exist in the tree.
     """
 
     kind: Literal["host", "directory"]

@@ -45,6 +45,7 @@ from typing import Any
 
 import aiohttp
 
+from gym_substrate.core import procfs
 from gym_substrate.local.runtimes import actor_disk, loopback, process_host
 from gym_substrate.local.runtimes.base import (
     ActorSpec,
@@ -67,12 +68,9 @@ from gym_substrate.local.runtimes.process_host import (
 )
 from gym_substrate.local.runtimes.process_host import agent_url as _url
 from gym_substrate.local.runtimes.process_host import alive as _alive
-from gym_substrate.local.runtimes.process_host import descendants as _descendants
 from gym_substrate.local.runtimes.process_host import free_port as _free_port
 from gym_substrate.local.runtimes.process_host import ip_of as _ip_of
-from gym_substrate.local.runtimes.process_host import marked as _marked
 from gym_substrate.local.runtimes.process_host import popen as _popen
-from gym_substrate.local.runtimes.process_host import proc_stat as _stat
 from gym_substrate.local.runtimes.process_host import signal_all as _signal_all
 from gym_substrate.local.runtimes.process_host import tail as _tail
 from gym_substrate.local.runtimes.process_host import write_new as _write_new
@@ -279,10 +277,10 @@ class ProcessRuntime(NothingToPark):
         return self.actors / actor.atespace / actor.actor_id / "tmp"
 
     def _pids(self, handle: str, entry: dict[str, Any] | None) -> set[int]:
-        pids = set(_marked(SANDBOX_ENV, handle))
+        pids = set(procfs.marked(SANDBOX_ENV, handle))
         if entry is not None and _alive(int(entry["pid"]), int(entry["start"])):
             pids.add(int(entry["pid"]))
-            pids |= _descendants(int(entry["pid"]))
+            pids |= procfs.descendants([int(entry["pid"])])
         return pids
 
     async def _ready(
@@ -502,7 +500,7 @@ class ProcessRuntime(NothingToPark):
                 f"cannot run {argv[0]!r} for template {actor.template.key}: {exc}; fix "
                 "spec.containers[0].command"
             ) from exc
-        stat = _stat(proc.pid)
+        stat = procfs.stat(proc.pid)
         entry = {
             "pid": proc.pid,
             "start": stat[2] if stat else 0,
@@ -583,7 +581,7 @@ class ProcessRuntime(NothingToPark):
             deadline = time.monotonic() + _TERM_GRACE_S
             while time.monotonic() < deadline:
                 await asyncio.sleep(0.02)
-                pids = {pid for pid in pids if (s := _stat(pid)) is not None and s[0] != "Z"}
+                pids = {pid for pid in pids if procfs.alive(pid)}
                 self._reap(handle)
                 if not pids:
                     break
@@ -638,7 +636,7 @@ class ProcessRuntime(NothingToPark):
             if handle not in keep:
                 await self.stop(handle)
                 removed.append(f"process {entry.get('pid')} of {entry.get('actor')} ({handle})")
-        strays = await asyncio.to_thread(_marked, INSTANCE_ENV, self.config.instance)
+        strays = await asyncio.to_thread(procfs.marked, INSTANCE_ENV, self.config.instance)
         stray_pids = [pid for pid in strays if not self._kept(pid, keep)]
         if stray_pids:
             _signal_all(stray_pids, signal.SIGKILL)
@@ -646,11 +644,8 @@ class ProcessRuntime(NothingToPark):
         return removed
 
     def _kept(self, pid: int, keep: Collection[str]) -> bool:
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:
-            return False
-        return any(f"{SANDBOX_ENV}={handle}".encode() in environ.split(b"\0") for handle in keep)
+        environ = procfs.environ(pid)
+        return any(f"{SANDBOX_ENV}={handle}".encode() in environ for handle in keep)
 
     async def forget_actor(self, actor: ActorSpec) -> None:
         await asyncio.to_thread(self.disks.release, self._folder(actor))
@@ -686,7 +681,7 @@ class ProcessRuntime(NothingToPark):
         for handle, entry in self._entries().items():
             if _alive(int(entry["pid"]), int(entry["start"])):
                 found.append(f"process {entry['pid']} of {entry.get('actor')} ({handle})")
-        strays = await asyncio.to_thread(_marked, INSTANCE_ENV, self.config.instance)
+        strays = await asyncio.to_thread(procfs.marked, INSTANCE_ENV, self.config.instance)
         found += [f"process {pid} marked {INSTANCE_ENV}={self.config.instance}" for pid in strays]
         lease = loopback.find_lease(self.lease_dir, self.config.instance, self.root.resolve())
         if lease is not None:

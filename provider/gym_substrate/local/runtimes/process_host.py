@@ -2,9 +2,8 @@
 
 `rewrite_argv` points an agent-style command at its address; `bwrap_problem`, `rootfs_argv` and
 `sandboxed_argv` wrap it in bubblewrap (what each actor sees of the host: `process.py` says
-why); `popen` starts it in a session of its own. The /proc helpers find an actor's processes by
-the marker in their environment (`marked`), by parentage (`descendants`) and by start time
-(`alive`), so a pid the kernel reused is never taken for the actor's.
+why); `popen` starts it in a session of its own. `alive` checks a pid by its start time, so a
+pid the kernel reused is never taken for the actor's (the /proc reading is `core.procfs`).
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ import sys
 from collections.abc import Collection
 from pathlib import Path
 
+from gym_substrate.core import procfs
 from gym_substrate.local.runtimes.base import Rootfs
 
 __all__ = [
@@ -26,12 +26,9 @@ __all__ = [
     "agent_url",
     "alive",
     "bwrap_problem",
-    "descendants",
     "free_port",
     "ip_of",
-    "marked",
     "popen",
-    "proc_stat",
     "rewrite_argv",
     "rootfs_argv",
     "sandboxed_argv",
@@ -221,18 +218,8 @@ def ip_of(address: str) -> str:
     return address.rpartition(":")[0] if ":" in address else address
 
 
-def proc_stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, ppid, starttime) of a live pid, or None."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = raw[raw.rfind(")") + 2 :].split()
-    return fields[0], int(fields[1]), int(fields[19])
-
-
 def alive(pid: int, start: int) -> bool:
-    stat = proc_stat(pid)
+    stat = procfs.stat(pid)
     if stat is None or stat[2] != start:
         return False
     if stat[0] in ("Z", "X"):
@@ -240,46 +227,6 @@ def alive(pid: int, start: int) -> bool:
             os.waitpid(pid, os.WNOHANG)
         return False
     return True
-
-
-def marked(name: str, value: str | None) -> dict[int, str]:
-    """pid -> marker value of every live process whose environment carries `name`."""
-    needle = f"{name}=".encode()
-    found: dict[int, str] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as fh:
-                environ = fh.read()
-        except OSError:
-            continue
-        for item in environ.split(b"\0"):
-            if item.startswith(needle):
-                got = item[len(needle) :].decode(errors="replace")
-                if value is None or got == value:
-                    stat = proc_stat(int(entry.name))
-                    if stat is not None and stat[0] not in ("Z", "X"):
-                        found[int(entry.name)] = got
-                break
-    return found
-
-
-def descendants(root: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            stat = proc_stat(int(entry.name))
-            if stat is not None:
-                children.setdefault(stat[1], []).append(int(entry.name))
-    out: set[int] = set()
-    todo = [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in out:
-                out.add(child)
-                todo.append(child)
-    return out
 
 
 def signal_all(pids: Collection[int], signum: int) -> None:

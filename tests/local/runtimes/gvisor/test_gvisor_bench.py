@@ -1,4 +1,5 @@
-"""`local bench --runtime gvisor` prints runsc's floor, then ours with each ratio to it."""
+"""`local bench --runtime gvisor` prints runsc's floor, then ours with each ratio to it, and with
+`--phases` the runtime's own steps around runsc (issue 22 item 4)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ def test_bench_shows_the_floor_and_our_ratio_to_it() -> None:
     result = CliRunner().invoke(
         local,
         ["bench", "--runtime", "gvisor", "--rootfs", "host", "--iterations", "3", "--execs",
-         "10", "--json"],
+         "10", "--phases", "--json"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "runsc's floor on this machine" in result.output
@@ -35,3 +36,19 @@ def test_bench_shows_the_floor_and_our_ratio_to_it() -> None:
     assert series["pause"]["floor"] == "cgroup freeze"
     # a frozen actor keeps its sandbox: its memory is measured while paused
     assert figures["memory_mib"]["memory per paused actor (PSS, median)"] > 10
+    # a suspend writes a checkpoint image; its size is reported per actor
+    assert figures["image_mib"] > 1
+    # each step around runsc, with as many samples as the actors' parks and restores
+    steps = figures["phases"]
+    for name in (
+        "park: connection reset",
+        "park: runsc checkpoint",
+        "park: exit wait after checkpoint",
+        "after park (background): runsc state/delete, folder",
+        "restore: runsc restore (with the unshare wrapper)",
+        "restore: until the agent answers",
+    ):
+        assert steps[name]["n"] >= 3, name
+        assert 0 <= steps[name]["p50_ms"] <= steps[name]["p90_ms"], name
+    assert steps["start of `true` through the unshare wrapper"]["n"] == 3
+    assert "gVisor runtime, step by step" in result.output

@@ -46,7 +46,7 @@ class _Up:
     def __init__(self, state: Path, *extra: str) -> None:
         self.log = state.parent / f"up-{time.monotonic_ns()}.log"
         argv = [
-            sys.executable, "-m", "gym_substrate.local", "up", "--state-dir", str(state),
+            sys.executable, "-m", "gym_substrate.cli", "local", "up", "--state-dir", str(state),
             "--runtime", "gvisor", "--rootfs", "host", "--workers", "2",
             "--actors-per-worker", "1", "--api-port", "0", "--router-port", "0",
             "--admin-port", "0", "--pause-tier", "freeze", *extra,

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from gym_substrate.core import procfs
+
 __all__ = [
     "CommandError",
     "CommandResult",
@@ -124,13 +126,10 @@ async def run_command(
 
 def pid_running(pid: int, cid: str | None = None) -> bool:
     """``pid`` exists and is no zombie (and, given ``cid``, is that container's sandbox)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        if cid is not None and f"/{cid}".encode() not in Path(f"/proc/{pid}/cmdline").read_bytes():
-            return False  # the pid was reused by an unrelated process
-    except OSError:
+    if not procfs.alive(pid):
         return False
-    return stat[stat.rfind(")") + 2 :][:1] not in {"Z", "X", ""}
+    # given a container id, a pid the kernel reused for an unrelated process is not it
+    return cid is None or any(f"/{cid}".encode() in arg for arg in procfs.cmdline(pid))
 
 
 async def wait_pid_exit(pid: int, *, timeout_s: float) -> bool:

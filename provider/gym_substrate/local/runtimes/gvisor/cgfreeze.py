@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from gym_substrate.core import procfs
+
 __all__ = ["CgroupFreezer", "FreezeError", "find_freezer", "thaw_instance_cgroups"]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -82,14 +84,9 @@ class CgroupFreezer:
 
 
 def _cgroup2_mount() -> Path | None:
-    try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        left, _, right = line.partition(" - ")
-        if right.split()[:1] == ["cgroup2"]:
-            return Path(left.split()[4])
+    for point, fstype in procfs.mounts():
+        if fstype == "cgroup2":
+            return Path(point)
     return None
 
 

@@ -9,12 +9,16 @@ with the backend's instance prefix, which makes this exact and safe next to othe
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
+
+from gym_substrate.core import procfs
 
 __all__ = [
     "CGROUP_ROOT",
@@ -23,6 +27,7 @@ __all__ = [
     "find_mounts",
     "find_processes",
     "kill_processes",
+    "remove_actor_dirs",
     "remove_cgroups",
     "unmount",
 ]
@@ -31,22 +36,14 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 def _cmdline(pid: int) -> list[str]:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return []
-    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
-
-
-def _pids() -> list[int]:
-    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    return [part.decode(errors="replace") for part in procfs.cmdline(pid)]
 
 
 def find_processes(runsc_root: Path) -> list[tuple[int, str]]:
     """Processes (runsc CLI, sandbox, gofer) started with ``--root=<runsc_root>``."""
     flag = f"--root={runsc_root}"
     found = []
-    for pid in _pids():
+    for pid in procfs.pids(include_self=True):
         argv = _cmdline(pid)
         if flag in argv:
             found.append((pid, " ".join(argv)[:160]))
@@ -55,24 +52,7 @@ def find_processes(runsc_root: Path) -> list[tuple[int, str]]:
 
 def children_of(pids: set[int]) -> set[int]:
     """``pids`` plus all their descendants (systrap stubs are children of the sandbox)."""
-    parent: dict[int, int] = {}
-    for pid in _pids():
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 1:
-            parent[pid] = int(fields[1])
-    result = set(pids)
-    changed = True
-    while changed:
-        changed = False
-        for pid, ppid in parent.items():
-            if ppid in result and pid not in result:
-                result.add(pid)
-                changed = True
-    return result
+    return set(pids) | procfs.descendants(pids)
 
 
 def kill_processes(pids: list[int], *, wait_s: float = 5.0) -> None:
@@ -118,17 +98,20 @@ def remove_cgroups(paths: list[Path]) -> list[Path]:
 
 def find_mounts(needles: list[str]) -> list[str]:
     """Mount points in the host mount namespace whose path contains one of ``needles``."""
-    found = []
-    try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        parts = line.split()
-        if len(parts) > 4 and any(n in parts[4] for n in needles):
-            found.append(parts[4])
-    return found
+    return [point for point, _ in procfs.mounts() if any(n in point for n in needles)]
 
 
 def unmount(path: str) -> None:
     subprocess.run(["umount", "-l", path], capture_output=True, timeout=20, check=False)
+
+
+def remove_actor_dirs(sandboxes_dir: Path, actor_key: str, keep: set[str]) -> None:
+    """Remove the sandbox folders (bundle, console log) ``actor_key``'s interrupted runs left,
+    except those of containers in ``keep``; blocking, so callers run it in a thread."""
+    for directory in list(sandboxes_dir.iterdir()):
+        if directory.name in keep:
+            continue
+        with contextlib.suppress(OSError, ValueError, KeyError, AttributeError):
+            meta = json.loads((directory / "meta.json").read_text())
+            if meta.get("actor") == actor_key:
+                shutil.rmtree(directory, ignore_errors=True)

@@ -44,6 +44,7 @@ from gym_substrate.local.runtimes.gvisor import cgfreeze, host, net
 from gym_substrate.local.runtimes.gvisor._proc import pid_running, run_command, wait_pid_exit
 from gym_substrate.local.runtimes.gvisor.bundle import masks_for, write_actor_id, write_bundle
 from gym_substrate.local.runtimes.gvisor.freezer import FROZEN_MARKER, FreezeTier
+from gym_substrate.local.runtimes.gvisor.phases import Phases
 from gym_substrate.local.runtimes.gvisor.runsc import ContainerState, Runsc, RunscError
 
 __all__ = ["AGENT_PORT", "GvisorRuntime", "http_status"]
@@ -151,6 +152,7 @@ class GvisorRuntime:
         self._firewall: bool | None = None if shutil.which("nft") else False
         # PauseActor's frozen tier (freezer.py): off unless gvisor.pause_tier is "freeze"
         self.tier = FreezeTier(self, config.extra)
+        self.phases = Phases()  # each lifecycle step's wall time (`local bench --phases`)
 
     # -- paths -------------------------------------------------------------------------------
     @property
@@ -238,7 +240,7 @@ class GvisorRuntime:
                 "create it or use rootfs: host"
             )
         for source, _inside in template.rootfs.binds:
-            if not source.is_file():
+            if not source.exists():
                 raise RuntimeFailure(
                     f"template {template.key}: {source}, bound into its rootfs, is gone; "
                     "restart the backend to rebuild it"
@@ -292,20 +294,26 @@ class GvisorRuntime:
             )
         self._refuse_busy_slot(slot)
         cid = self._new_cid(f"{actor.atespace}-{actor.actor_id}")
-        sandbox = await asyncio.to_thread(self._prepare_dir, actor, slot.index, cid)
+        what = "restore" if source is not None else "boot"
+        with self.phases.timed(f"{what}: bundle folder"):
+            sandbox = await asyncio.to_thread(self._prepare_dir, actor, slot.index, cid)
         self._sandboxes[cid] = sandbox
         console = sandbox.directory / "console.log"
-        what = "restore" if source is not None else "boot"
         try:
-            await net.reset_sandbox_addr(net_)
+            with self.phases.timed(f"{what}: veth address reset"):
+                await net.reset_sandbox_addr(net_)
             remaining = max(1.0, deadline - time.monotonic())
-            if source is None:
-                await self.runsc.run(sandbox.directory, cid, log_path=console, timeout_s=remaining)
-            else:
-                await self.runsc.restore(
-                    sandbox.directory, cid, source.path, log_path=console, timeout_s=remaining
-                )
-            await self._wait_ready(actor.template, net_, cid, deadline)
+            with self.phases.timed(f"{what}: runsc {what} (with the unshare wrapper)"):
+                if source is None:
+                    await self.runsc.run(
+                        sandbox.directory, cid, log_path=console, timeout_s=remaining
+                    )
+                else:
+                    await self.runsc.restore(
+                        sandbox.directory, cid, source.path, log_path=console, timeout_s=remaining
+                    )
+            with self.phases.timed(f"{what}: until the agent answers"):
+                await self._wait_ready(actor.template, net_, cid, deadline)
         except (RunscError, RuntimeFailure, OSError) as exc:
             await self._discard(cid)
             detail = getattr(exc, "output", "") or ""
@@ -405,20 +413,24 @@ class GvisorRuntime:
             )
         sandbox_pid = pids[0]
         if kind is SnapshotKind.LOCAL and self.tier.enabled:
-            return await self.tier.freeze(actor, handle, sandbox.slot, sandbox_pid, dest)
+            with self.phases.timed("park: freeze tier"):
+                return await self.tier.freeze(actor, handle, sandbox.slot, sandbox_pid, dest)
         await asyncio.to_thread(dest.mkdir, parents=True, exist_ok=True)
-        await self._abort_host_connections(sandbox.slot)
+        with self.phases.timed("park: connection reset"):
+            await self._abort_host_connections(sandbox.slot)
         try:
-            await self.runsc.checkpoint(
-                handle, dest, compression=self.compression, timeout_s=_CHECKPOINT_TIMEOUT_S
-            )
+            with self.phases.timed("park: runsc checkpoint"):
+                await self.runsc.checkpoint(
+                    handle, dest, compression=self.compression, timeout_s=_CHECKPOINT_TIMEOUT_S
+                )
         except RunscError as exc:
             raise await self._checkpoint_failed(actor, handle, sandbox_pid, exc) from None
         # The image is complete; the sandbox exits within ~15 ms. Its zombie may linger until
         # the host's init reaps it (1.5 s on Firecracker guests), and runsc refuses to delete
         # it until then, so the delete runs in the background: nothing of the sandbox holds
         # the slot any more.
-        await wait_pid_exit(sandbox_pid, timeout_s=10)
+        with self.phases.timed("park: exit wait after checkpoint"):
+            await wait_pid_exit(sandbox_pid, timeout_s=10)
         task = asyncio.create_task(self._drain(handle, sandbox_pid))
         self._drains.add(task)
         task.add_done_callback(self._drains.discard)
@@ -447,7 +459,8 @@ class GvisorRuntime:
     async def checkpoint_estimate(self, handle: str) -> int | None:
         """Bytes a checkpoint of ``handle`` would plainly need (None when unknown): its memory
         usage uncompressed, a quarter of it compressed (flate shrinks images ~3x)."""
-        usage = await self.runsc.memory_usage(handle)
+        with self.phases.timed("park: room check (runsc events --stats)"):
+            usage = await self.runsc.memory_usage(handle)
         if usage is None:
             return None
         return usage if self.compression == "none" else usage // 4
@@ -463,6 +476,8 @@ class GvisorRuntime:
         would with Substrate's own checkpoint.
         """
         net_ = self._nets.get(slot)
+        # (reading /proc/net/tcp to skip ss when no connection exists costs 28-45 ms on this
+        # machine kind, more than ss itself: measured for issue 22, not done)
         if net_ is None:
             return
         result = await run_command(
@@ -475,18 +490,23 @@ class GvisorRuntime:
 
     async def _drain(self, cid: str, pid: int) -> None:
         """After a checkpoint: wait for the sandbox process to exit, then delete it."""
-        for _ in range(600):  # up to 30 s for the zombie to be reaped
-            if not await asyncio.to_thread(os.path.exists, f"/proc/{pid}"):
-                break
-            await asyncio.sleep(0.05)
+        with self.phases.timed("after park (background): until the zombie is reaped"):
+            for _ in range(600):  # up to 30 s for the zombie to be reaped
+                if not await asyncio.to_thread(os.path.exists, f"/proc/{pid}"):
+                    break
+                await asyncio.sleep(0.05)
         try:
-            await self._discard(cid)
+            with self.phases.timed("after park (background): runsc state/delete, folder"):
+                await self._discard(cid, exited=True)
         except Exception:  # noqa: BLE001 - a drain must never raise into a later start
             log.warning("could not delete checkpointed sandbox %s", cid, exc_info=True)
 
-    async def _discard(self, cid: str) -> None:
-        """Make a container gone (any state) and remove its directory."""
-        await self.runsc.destroy(cid)
+    async def _discard(self, cid: str, *, exited: bool = False) -> None:
+        """Make a container gone (any state) and remove its directory. ``exited``: its sandbox
+        process is known gone, so one ``runsc delete`` usually does (destroy's state, kill,
+        state, delete cost three more runsc starts)."""
+        if not (exited and await self.runsc.delete(cid)):
+            await self.runsc.destroy(cid)
         sandbox = self._sandboxes.pop(cid, None)
         directory = sandbox.directory if sandbox else self.sandboxes_dir / cid
         await asyncio.to_thread(shutil.rmtree, directory, True)
@@ -588,7 +608,7 @@ class GvisorRuntime:
         if self.sandboxes_dir.is_dir():
             for directory in self.sandboxes_dir.iterdir():
                 if directory.name not in keep and directory.is_dir():
-                    shutil.rmtree(directory, ignore_errors=True)
+                    await asyncio.to_thread(shutil.rmtree, directory, True)
         return described
 
     async def forget_actor(self, actor: ActorSpec) -> None:
@@ -597,13 +617,7 @@ class GvisorRuntime:
         if not self.sandboxes_dir.is_dir():
             return
         live = {s.id for s in await self._containers()}
-        for directory in list(self.sandboxes_dir.iterdir()):
-            if directory.name in live:
-                continue
-            with contextlib.suppress(OSError, ValueError, KeyError):
-                meta = json.loads((directory / "meta.json").read_text())
-                if meta.get("actor") == actor.key:
-                    shutil.rmtree(directory, ignore_errors=True)
+        await asyncio.to_thread(host.remove_actor_dirs, self.sandboxes_dir, actor.key, live)
 
     async def memory_bytes(self, handle: str) -> int | None:
         pids = self.runsc.pids(handle)
