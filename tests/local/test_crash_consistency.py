@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 import pytest
-from local_helpers import RUNTIMES, object_ref, state_of
+from local_helpers import RUNTIMES, new_actor_request, object_ref, state_of
 from test_crash_and_cli import Up
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
@@ -159,6 +159,49 @@ def test_a_kill_mid_resume_adopts_the_restored_sandbox(
     assert not actor.status.HasField("crash")
     assert _log(up, "c") == "one\n"
     assert up.http("c", "/v1/exec/ctr")["state"] == "running"
+    up.stop()
+
+
+@pytest.mark.parametrize("runtime_name", RUNTIMES)
+def test_a_kill_mid_tag_copy_leaves_no_half_copy(
+    state: Path, runtime_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tags and golden tags are copied into a `.partial` folder, fsynced and renamed, as pause
+    images are. Killed before the rename, the restart removes the unfinished copy and its tag
+    (CreateTag never answered; a golden build starts over) instead of leaving a tag whose
+    folder is half a snapshot; CreateTag then works and an actor made from it has the files."""
+    phase = "tag-copied-before-commit"
+    # the golden build's own tag copy is the first to reach the phase: the start dies there
+    up = _crashing(state, runtime_name, phase, monkeypatch)
+    up.proc.wait(120)
+    up.channel.close()
+    assert _partials(state), "the crash phase comes after the copy is written"
+    up = Up(state, runtime_name, "--rootfs", "host", workers=2)
+    up.wait_golden()
+    assert _partials(state) == []
+    up.create("s")
+    up.resume("s")
+    _append(up, "s", "one")
+    up.stub.SuspendActor(pb.SuspendActorRequest(actor=object_ref("s")))
+    up.kill()
+
+    up = _crashing(state, runtime_name, phase, monkeypatch)
+    tag = pb.Tag(
+        metadata=pb.ResourceMetadata(atespace="t", name="keep"),
+        scope=pb.TAG_SCOPE_ATESPACE,
+        source_actor=object_ref("s"),
+    )
+    _dies(up, up.stub.CreateTag, pb.CreateTagRequest(tag=tag))
+    assert _partials(state)
+    up = Up(state, runtime_name, "--rootfs", "host", workers=2)
+    assert _partials(state) == []
+    with pytest.raises(grpc.RpcError) as gone:
+        up.stub.GetTag(pb.GetTagRequest(tag=object_ref("keep")))
+    assert gone.value.code() == grpc.StatusCode.NOT_FOUND
+    up.stub.CreateTag(pb.CreateTagRequest(tag=tag))
+    up.stub.CreateActor(new_actor_request("from-tag", source_tag=object_ref("keep")))
+    up.resume("from-tag")
+    assert _log(up, "from-tag") == "one\n"
     up.stop()
 
 

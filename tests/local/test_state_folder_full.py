@@ -27,6 +27,7 @@ from local_helpers import make_actor, ref, run_in, settle_golden, state
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
 from gym_substrate.local import LocalBackend
+from gym_substrate.local.snapshots import free_bytes
 from gym_substrate.local.statedir import state_leftovers
 
 C = grpc.StatusCode
@@ -148,7 +149,12 @@ def _tmpfs(folder: Path, size: str) -> Iterator[Path]:
 async def small_backend(tmp_path: Path) -> AsyncIterator[LocalBackend]:
     with _tmpfs(tmp_path / "state", "12m") as state_dir:
         backend = LocalBackend(
-            state_dir, runtime="process", workers=2, actors_per_worker=1, default_rootfs="host"
+            state_dir,
+            runtime="process",
+            workers=2,
+            actors_per_worker=1,
+            default_rootfs="host",
+            actor_disk=0,  # no per-actor limit: the folder itself must fill
         )
         async with backend:
             await settle_golden(backend)
@@ -187,3 +193,49 @@ async def test_an_actor_that_fills_the_state_folder_wedges_nothing(
         resumed = await stub.ResumeActor(pb.ResumeActorRequest(actor=ref("other")))
         assert state(resumed.actor) == "RUNNING"
         await stub.DeleteActor(pb.DeleteActorRequest(actor=ref("other"), any_state=True))
+
+
+async def test_a_suspend_that_cannot_fit_is_refused_and_the_actor_keeps_running(
+    tmp_path: Path,
+) -> None:
+    """Process runtime: a suspend copies the actor's files into the state folder; when they
+    plainly do not fit it is refused up front (RESOURCE_EXHAUSTED, MiB needed and free) and the
+    actor keeps running with its files. Before, the copy started, failed with ENOSPC after the
+    agent was stopped, and the actor was lost. A pause, which writes nothing, still works."""
+    with _tmpfs(tmp_path / "state", "24m") as state_dir:
+        backend = LocalBackend(
+            state_dir,
+            runtime="process",
+            workers=2,
+            actors_per_worker=1,
+            default_rootfs="host",
+            actor_disk=0,
+        )
+        async with (
+            backend,
+            grpc.aio.insecure_channel(backend.api_address) as channel,
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http,
+        ):
+            await settle_golden(backend)
+            stub = pb_grpc.ControlStub(channel)
+            await make_actor(stub, "big")
+            await stub.ResumeActor(pb.ResumeActorRequest(actor=ref("big")))
+            size = free_bytes(state_dir) * 6 // 10  # after it, 40% free: the copy cannot fit
+            job = await run_in(http, backend, "big", f"head -c {size} /dev/zero > data && echo ok")
+            assert job["stdout"].strip() == "ok", job
+
+            code, message = await _answer(
+                stub.SuspendActor(pb.SuspendActorRequest(actor=ref("big")))
+            )
+            assert code == C.RESOURCE_EXHAUSTED, (code, message)
+            assert "MiB but only" in message, message
+            assert "keeps running" in message, message
+            got = await stub.GetActor(pb.GetActorRequest(actor=ref("big")))
+            assert state(got) == "RUNNING"
+            job = await run_in(http, backend, "big", "wc -c < data")
+            assert job["stdout"].strip() == str(size), job
+
+            paused = await stub.PauseActor(pb.PauseActorRequest(actor=ref("big")))
+            assert state(paused.actor) == "PAUSED"
+            await stub.DeleteActor(pb.DeleteActorRequest(actor=ref("big"), any_state=True))
+        assert await state_leftovers(state_dir) == []

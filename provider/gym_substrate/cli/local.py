@@ -215,6 +215,14 @@ local.add_command(rootfs_group)
     help="Memory (PSS) paused actors may keep frozen, e.g. 2G or 512M; 0 checkpoints every "
     "pause (default: a quarter of the memory available at start, printed).",
 )
+@click.option(
+    "--actor-disk",
+    metavar="SIZE",
+    default=None,
+    help="Files each actor may write, e.g. 1GiB or 512M (gVisor: its root overlay, in memory; "
+    "process runtime: its working folder and /tmp, on disk, needs root); a write past it fails "
+    "with ENOSPC in that actor only; 0 turns the limit off (default: 1GiB, printed).",
+)
 @rootfs_option
 @click.option(
     "--allow-host-rootfs",
@@ -241,6 +249,7 @@ def up(
     auth: str,
     pause_tier: str | None,
     frozen_memory: str | None,
+    actor_disk: str | None,
     rootfs: str,
     allow_host_rootfs: bool,
     daemon: bool,
@@ -272,6 +281,12 @@ def up(
         pause_tier = resolve_pause_tier(pause_tier)
     except ValueError as exc:
         raise fail(str(exc)) from None
+    from gym_substrate.local.runtimes.actor_disk import describe, parse_size
+
+    try:
+        disk_bytes = parse_size(actor_disk) if actor_disk else None
+    except ValueError as exc:
+        raise fail(f"--actor-disk: {exc}") from None
     per_worker = actors_per_worker or default_actors_per_worker(workers)
     if workers * per_worker > 250:
         raise fail(
@@ -303,7 +318,10 @@ def up(
         "pause_tier": pause_tier,
         "frozen_memory": frozen_bytes,
         "allow_host_rootfs": allow_host_rootfs,
+        "actor_disk": disk_bytes,
     }
+    if not as_json:
+        err.print(describe(disk_bytes))
     if pause_tier == "freeze" and not as_json:
         err.print(
             f"pause tier (gVisor runtime): freeze; up to {frozen_bytes / 2**20:.0f} MiB of "
@@ -342,6 +360,7 @@ async def _foreground(folder: Path, options: dict[str, Any], as_json: bool) -> N
         pause_tier=options["pause_tier"],
         frozen_memory=options["frozen_memory"],
         allow_host_rootfs=options["allow_host_rootfs"],
+        actor_disk=options["actor_disk"],
     )
     backend.standalone = True
     stop = asyncio.Event()

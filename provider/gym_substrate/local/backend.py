@@ -49,6 +49,7 @@ from gym_substrate.local.runtimes import (
     resolve_pause_tier,
     select_runtime,
 )
+from gym_substrate.local.runtimes.actor_disk import ACTOR_DISK_ENV, parse_size
 from gym_substrate.local.runtimes.base import RuntimeConfig, SandboxRuntime
 from gym_substrate.local.runtimes.process import bwrap_problem
 from gym_substrate.local.templates import default_template
@@ -154,6 +155,7 @@ class LocalBackend:
         pause_tier: str | None = None,
         frozen_memory: int | None = None,
         allow_host_rootfs: bool = False,
+        actor_disk: int | None = None,
     ) -> None:
         if default_rootfs not in DEFAULT_ROOTFS_CHOICES:
             raise ValueError(
@@ -185,6 +187,16 @@ class LocalBackend:
         pause_tier = resolve_pause_tier(pause_tier)
         if frozen_memory is not None and frozen_memory < 0:
             raise ValueError(f"frozen_memory must be >= 0 bytes, got {frozen_memory}")
+        if actor_disk is None and os.environ.get(ACTOR_DISK_ENV):  # what tools' backends get
+            try:
+                actor_disk = parse_size(os.environ[ACTOR_DISK_ENV])
+            except ValueError as exc:
+                raise ValueError(f"{ACTOR_DISK_ENV}: {exc}") from None
+        if actor_disk is not None and actor_disk < 0:
+            raise ValueError(f"actor_disk must be >= 0 bytes, got {actor_disk}")
+        # bytes of files each actor may write (None: the default 1 GiB): the process runtime's
+        # actor folder, gVisor's root overlay
+        self.actor_disk = actor_disk
         if auth not in AUTH_MODES:
             raise ValueError(f"unknown auth mode {auth!r}: use one of {', '.join(AUTH_MODES)}")
         if auth == "jwt" and not tls:
@@ -330,6 +342,8 @@ class LocalBackend:
         extra = {"gvisor.pause_tier": self.pause_tier}
         if self.frozen_memory is not None:
             extra["gvisor.frozen_memory"] = str(self.frozen_memory)
+        if self.actor_disk is not None:
+            extra["actor_disk"] = str(self.actor_disk)
         config = RuntimeConfig(self.state_dir / "runtime" / name, instance, slots, extra)
         self.runtime = create_runtime(name, config)
         warning = self.runtime.warning()

@@ -19,6 +19,7 @@ PHASES = {
     "after-checkpoint-before-commit": "a pause/suspend checkpoint is written, not yet committed",
     "after-checkpoint-before-record": "the checkpoint is committed, the record not yet updated",
     "mid-resume-after-restore": "a resume's sandbox runs, the record still says RESUMING",
+    "tag-copied-before-commit": "a tag's (or golden tag's) copy is written, not yet committed",
 }
 
 

@@ -63,6 +63,7 @@ def spawn(
     pause_tier: str = "freeze",
     frozen_memory: int | None = None,
     allow_host_rootfs: bool = False,
+    actor_disk: int | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start `local up` for ``folder`` detached, logging to `<folder>/backend.log`."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -78,6 +79,8 @@ def spawn(
         argv += ["--frozen-memory", str(frozen_memory)]
     if actors_per_worker is not None:
         argv += ["--actors-per-worker", str(actors_per_worker)]
+    if actor_disk is not None:
+        argv += ["--actor-disk", str(actor_disk)]
     argv += (["--suspend-on-stop"] if suspend_on_stop else []) + (["--tls"] if tls else [])
     argv += ["--allow-host-rootfs"] if allow_host_rootfs else []
     with open(folder / "backend.log", "ab") as log_file:

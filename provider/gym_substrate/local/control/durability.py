@@ -61,8 +61,14 @@ def lost_since(record: ActorRecord) -> str:
     )
 
 
-async def _estimate(plane: ControlPlane, handle: str) -> int | None:
-    estimate = getattr(plane.runtime, "checkpoint_estimate", None)
+async def _estimate(plane: ControlPlane, handle: str, durable: bool) -> int | None:
+    """The runtime's guess of the bytes a park of ``handle`` writes: ``suspend_estimate`` for a
+    durable one where the runtime has it (the process runtime, whose pause writes nothing and
+    whose suspend copies the actor's files), else ``checkpoint_estimate`` (gVisor: both write
+    an image of the sandbox)."""
+    estimate = getattr(plane.runtime, "suspend_estimate", None) if durable else None
+    if estimate is None:
+        estimate = getattr(plane.runtime, "checkpoint_estimate", None)
     if estimate is None or not handle:
         return None
     try:
@@ -79,15 +85,19 @@ async def check_room(
     operation: str,
     dest: Path,
     *,
+    durable: bool = False,
     upload_from: Path | None = None,
 ) -> None:
-    """RESOURCE_EXHAUSTED when ``dest``'s file system plainly cannot take the new image."""
+    """RESOURCE_EXHAUSTED when ``dest``'s file system plainly cannot take the new image
+    (``durable``: a suspend's; ``upload_from``: a paused actor's local image, moved or copied)."""
     if upload_from is not None:
-        if await asyncio.to_thread(_same_device, upload_from, dest):
-            return  # a rename: no new bytes
-        needed: int | None = await asyncio.to_thread(tree_bytes, upload_from)
+        needed: int | None = 0
+        if not await asyncio.to_thread(_same_device, upload_from, dest):  # else a rename
+            needed = await asyncio.to_thread(tree_bytes, upload_from)
+        if getattr(plane.runtime, "suspend_estimate", None) is not None:  # files beside it
+            needed = (needed or 0) + (await _estimate(plane, record.retained_handle, True) or 0)
     else:
-        needed = await _estimate(plane, record.handle)
+        needed = await _estimate(plane, record.handle, durable)
     if not needed:
         return
     free = await asyncio.to_thread(free_bytes, dest)

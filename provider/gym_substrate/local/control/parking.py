@@ -176,7 +176,7 @@ class Parking:
             result = await self._upload(record, template, Path(local.path), dest)
         else:
             if record.state == RUNNING:
-                await check_room(plane, record, "suspend", dest)
+                await check_room(plane, record, "suspend", dest, durable=True)
             record = self._new_generation(record, template, "DURABLE", dest, SUSPENDING)
             result = await self._checkpoint(
                 record, template, "suspend", SnapshotKind.EXTERNAL, dest

@@ -62,6 +62,7 @@ class Recovery:
     # ---------------------------------------------------------------- start
     async def recover(self) -> None:
         plane = self.plane
+        await plane.tags.recover()  # before golden builds start: a cut-short golden tag goes
         keep: set[str] = set()
         lost_workers: set[str] = set()
         for record in list(plane.state.actors.values()):

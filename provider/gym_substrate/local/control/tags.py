@@ -13,6 +13,7 @@ proto says). UpdateTag changes the scope only.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import shutil
@@ -37,8 +38,9 @@ from gym_substrate.local.control.validation import (
     check_short_name,
     validated_ref,
 )
+from gym_substrate.local.crashpoint import crash_point
 from gym_substrate.local.errors import ApiError
-from gym_substrate.local.snapshots import remove_snapshot
+from gym_substrate.local.snapshots import commit_snapshot, partial_path, remove_snapshot
 
 if TYPE_CHECKING:
     from gym_substrate.local.control.plane import ControlPlane
@@ -69,6 +71,21 @@ def copy_snapshot(source: Path, dest: Path) -> int:
                 shutil.copy2(src, dst)
             total += dst.stat().st_size
     return total
+
+
+def _copy_and_commit(source: Path, dest: Path) -> int:
+    """``copy_snapshot`` into ``dest``'s `.partial` twin, then fsync and rename it to ``dest``
+    (`snapshots.commit_snapshot`), as pause checkpoints are: ``dest`` is complete or absent."""
+    partial = partial_path(dest)
+    remove_snapshot(partial)
+    try:
+        size = copy_snapshot(source, partial)
+        crash_point("tag-copied-before-commit")
+        commit_snapshot(partial, dest)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return size
 
 
 def _scope(errors: FieldErrors, value: int) -> str:
@@ -178,6 +195,26 @@ class Tags:
             return record
 
     # ---------------------------------------------------------------- internal
+    async def recover(self) -> None:
+        """At start: finish the tags a killed backend was copying. A copy committed before
+        the kill is recorded COMPLETED; an unfinished one (its `.partial` folder) is removed
+        with its tag, whose CreateTag never answered (a golden tag's build starts over)."""
+        for record in list(self.plane.state.tags.values()):
+            storage = record.snapshot.storage if record.snapshot is not None else ()
+            pending = [s for s in storage if s.status == "IN_PROGRESS"]
+            if record.snapshot is None or not pending:
+                continue
+            folder = Path(pending[0].path)
+            await asyncio.to_thread(remove_snapshot, partial_path(folder))
+            if await asyncio.to_thread(folder.is_dir):
+                done = dataclasses.replace(pending[0], status="COMPLETED")
+                snapshot = dataclasses.replace(record.snapshot, storage=(done,))
+                self.plane.state.save(record, snapshot=snapshot)
+                log.info("tag %s: its copy was complete before the restart: kept", record.meta.key)
+            else:
+                log.warning("tag %s: its copy was cut short by a restart: removed", record.meta.key)
+                await self.remove(record)
+
     async def remove(self, record: TagRecord) -> None:
         """The tag and the snapshot it owns (the copy, even one half made)."""
         if record.snapshot is not None:
@@ -233,7 +270,7 @@ class Tags:
                 )
             )
             try:
-                size = await asyncio.to_thread(copy_snapshot, Path(stored.path), folder)
+                size = await asyncio.to_thread(_copy_and_commit, Path(stored.path), folder)
             except OSError as exc:
                 log.warning("tag %s: copying %s failed: %s", key, stored.path, exc)
                 raise ApiError(

@@ -46,7 +46,7 @@ from typing import Any
 import aiohttp
 
 from gym_substrate.core import procfs
-from gym_substrate.local.runtimes import loopback, process_host
+from gym_substrate.local.runtimes import actor_disk, loopback, process_host
 from gym_substrate.local.runtimes.base import (
     ActorSpec,
     CheckpointResult,
@@ -75,6 +75,7 @@ from gym_substrate.local.runtimes.process_host import signal_all as _signal_all
 from gym_substrate.local.runtimes.process_host import tail as _tail
 from gym_substrate.local.runtimes.process_host import write_new as _write_new
 from gym_substrate.local.runtimes.process_net import ActorNets, NetError, netns_problem
+from gym_substrate.local.snapshots import tree_bytes
 
 __all__ = [
     "ROOTFS_WORKDIR",
@@ -123,6 +124,10 @@ class ProcessRuntime(NothingToPark):
             else netns_problem()
         )
         self.nets = ActorNets(config.instance, self.root) if self.netns_problem is None else None
+        # each actor folder a file system of its own of this many bytes (actor_disk.py)
+        limit = int(config.extra.get("actor_disk", actor_disk.DEFAULT_ACTOR_DISK))
+        self.disk_problem = actor_disk.problem() if limit else None
+        self.disks = actor_disk.ActorDisks(0 if self.disk_problem else limit)
 
     def warning(self) -> str | None:
         return process_host.warning(
@@ -130,6 +135,8 @@ class ProcessRuntime(NothingToPark):
             own_network=self.nets is not None,
             netns_problem=self.netns_problem,
             bwrap_problem=self.bwrap_problem,
+            disk=actor_disk.format_size(self.disks.limit),
+            disk_problem=self.disk_problem,
         )
 
     # ------------------------------------------------------------------ addresses
@@ -261,6 +268,10 @@ class ProcessRuntime(NothingToPark):
     def _workdir(self, actor: ActorSpec) -> Path:
         return self.actors / actor.atespace / actor.actor_id / "work"
 
+    def _folder(self, actor: ActorSpec) -> Path:
+        """The actor's folder (working folder, /tmp, log): its own size-limited file system."""
+        return self.actors / actor.atespace / actor.actor_id
+
     def _tmpdir(self, actor: ActorSpec) -> Path:
         """The actor's /tmp: kept across pause and suspend like its working folder."""
         return self.actors / actor.atespace / actor.actor_id / "tmp"
@@ -339,6 +350,7 @@ class ProcessRuntime(NothingToPark):
         timeout_s: float,
     ) -> StartedSandbox:
         deadline = time.monotonic() + timeout_s
+        await asyncio.to_thread(self._mount, actor)
         if source is not None and source.kind is SnapshotKind.LOCAL:
             resumed = await self._continue(actor, slot, source, deadline)
             if resumed is not None:
@@ -394,6 +406,12 @@ class ProcessRuntime(NothingToPark):
         await self._ready(address, actor.template.readyz_path, deadline, None, Path("/dev/null"))
         return StartedSandbox(handle=handle, address=address, memory_restored=True)
 
+    def _mount(self, actor: ActorSpec) -> None:
+        try:
+            self.disks.ensure(self._folder(actor))
+        except OSError as exc:
+            raise RuntimeFailure(f"actor {actor.key}: cannot set up its disk: {exc}") from exc
+
     def _restore_files(self, actor: ActorSpec, source: SnapshotRef | None) -> None:
         """Make the actor's working folder and /tmp exactly its snapshot's (empty for none)."""
         for name, here in (("work", self._workdir(actor)), ("tmp", self._tmpdir(actor))):
@@ -405,6 +423,7 @@ class ProcessRuntime(NothingToPark):
 
     def _save_files(self, actor: ActorSpec, dest: Path) -> int:
         """Copy the actor's working folder and /tmp into a snapshot; the bytes copied."""
+        self._mount(actor)  # after `local down`, a paused actor's disk is not mounted
         dest.mkdir(parents=True, exist_ok=True)
         total = 0
         for name, here in (("work", self._workdir(actor)), ("tmp", self._tmpdir(actor))):
@@ -531,6 +550,12 @@ class ProcessRuntime(NothingToPark):
             retained_handle=retained,
         )
 
+    async def suspend_estimate(self, handle: str) -> int | None:
+        """Bytes a suspend copies, its working folder and /tmp (a pause writes nothing)."""
+        entry = self._entry(handle)
+        folder = Path(str(entry["workdir"])).parent if entry else None
+        return None if folder is None else await asyncio.to_thread(tree_bytes, folder)
+
     async def upload(
         self, actor: ActorSpec, local: SnapshotRef, retained_handle: str, dest: Path
     ) -> CheckpointResult:
@@ -623,7 +648,8 @@ class ProcessRuntime(NothingToPark):
         return any(f"{SANDBOX_ENV}={handle}".encode() in environ for handle in keep)
 
     async def forget_actor(self, actor: ActorSpec) -> None:
-        shutil.rmtree(self.actors / actor.atespace / actor.actor_id, ignore_errors=True)
+        await asyncio.to_thread(self.disks.release, self._folder(actor))
+        shutil.rmtree(self._folder(actor), ignore_errors=True)
         with contextlib.suppress(OSError):
             (self.actors / actor.atespace).rmdir()
 
@@ -636,6 +662,7 @@ class ProcessRuntime(NothingToPark):
     async def cleanup(self) -> list[str]:
         removed = await self.sweep(keep=())
         shutil.rmtree(self.procs, ignore_errors=True)
+        await asyncio.to_thread(self.disks.unmount_all, self.actors)  # images stay
         released = await asyncio.to_thread(
             loopback.release_block, self.lease_dir, self.config.instance, self.root.resolve()
         )
@@ -661,4 +688,5 @@ class ProcessRuntime(NothingToPark):
             found.append(f"loopback lease {lease}")
         if self.nets is not None:
             found += await asyncio.to_thread(self.nets.leftovers)
+        found += [f"actor disk mounted at {p}" for p in actor_disk.mounts_under(self.actors)]
         return found

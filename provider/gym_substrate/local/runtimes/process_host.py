@@ -271,8 +271,18 @@ def warning(
     own_network: bool,
     netns_problem: str | None,
     bwrap_problem: str | None,
+    disk: str = "no limit",
+    disk_problem: str | None = None,
 ) -> str:
     """What `local up` prints about the process runtime's isolation, from what works here."""
+    if disk_problem is not None:
+        disk_note = f" Actors have NO disk limit ({disk_problem}): one can fill the state folder."
+    elif disk == "no limit":
+        disk_note = " Actors have no disk limit (--actor-disk 0): one can fill the state folder."
+    else:
+        disk_note = (
+            f" Each actor's folder (working folder, /tmp) holds at most {disk} (--actor-disk)."
+        )
     memory = (
         "their memory does not survive suspend (only the files in their working folder and /tmp do)"
     )
@@ -310,7 +320,7 @@ def warning(
             "but for their working folder and a private /tmp, own pid/uts/ipc namespaces, "
             f"no capabilities but switching users and binding port 80; {network}; they "
             f"run as this user, and {memory}. Install runsc and run as root for gVisor "
-            "sandboxes." + ports
+            "sandboxes." + ports + disk_note
         )
     return (
         f"NO ISOLATION: bubblewrap cannot run here ({bwrap_problem}), so the process "
@@ -318,5 +328,7 @@ def warning(
         f"this user's full rights on this machine: model-written code can read, change and "
         f"delete anything this user can, and /tmp is the host's (TMPDIR points to a folder "
         f"of their own); {network}. Their {memory.removeprefix('their ')}. Install "
-        "bubblewrap (apt-get install bubblewrap) or runsc before running untrusted code." + ports
+        "bubblewrap (apt-get install bubblewrap) or runsc before running untrusted code."
+        + ports
+        + disk_note
     )

@@ -133,8 +133,10 @@ def write_bundle(
     mask_dirs: Sequence[str] = (),
     mask_files: Sequence[str] = (),
     binds: Sequence[tuple[str, str]] = (),
+    mask_size: int = 0,
 ) -> Path:
-    """Write ``bundle_dir/config.json``; returns the bundle directory."""
+    """Write ``bundle_dir/config.json``; returns the bundle directory. ``mask_size`` bounds
+    each masking tmpfs (a writable /tmp of a host-rootfs sandbox) as the root overlay is."""
     resolv, hosts, empty = write_etc_files(etc_dir)
     mounts: list[dict[str, Any]] = [
         {"destination": "/proc", "type": "proc", "source": "proc"},
@@ -152,7 +154,8 @@ def write_bundle(
                 "destination": mask,
                 "type": "tmpfs",
                 "source": "tmpfs",
-                "options": ["nosuid", "nodev", "mode=1777"],
+                "options": ["nosuid", "nodev", "mode=1777"]
+                + ([f"size={mask_size}"] if mask_size else []),
             }
         )
     for mask in mask_files:

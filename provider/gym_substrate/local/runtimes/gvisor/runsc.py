@@ -5,6 +5,14 @@ The wrappers encode gvisor-local.md's hard-won rules so callers cannot forget th
 ``/proc/sys/net`` (workaround 1, google/gvisor#10704), sandboxes always get
 ``--net-disconnect-ok`` (otherwise an open TCP connection fails the checkpoint, and a failed
 checkpoint kills the sandbox), and ids are checked so one never is a prefix of another.
+
+Disk limit: with ``overlay_limit`` bytes, a sandbox's writable root overlay keeps its files in a
+tmpfs of that size (``--overlay2=root:dir=...``, the tmpfs mounted in the same private mount
+namespace, so it goes when the sandbox does), instead of unbounded sentry memory
+(``root:memory``): a write past it is ENOSPC inside that sandbox, which keeps running. The
+limit is recorded in the bundle and copied into every image it checkpoints (``OVERLAY_MARKER``),
+since an image restores only with the overlay medium it was saved with: an image without the
+marker (made before limits) is restored on ``root:memory``.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from typing import Any
 
 from gym_substrate.local.runtimes.gvisor._proc import CommandError, CommandResult, run_command, tail
 
-__all__ = ["ContainerState", "Runsc", "RunscError", "check_container_id"]
+__all__ = ["OVERLAY_MARKER", "ContainerState", "Runsc", "RunscError", "check_container_id"]
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +39,12 @@ log = logging.getLogger(__name__)
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*\.[0-9a-f]{8}")  # fullmatch
 
 _MASK_SCRIPT = 'mount -t tmpfs -o size=4k,mode=0555 gsnetmask /proc/sys/net && exec "$0" "$@"'
+# the same, and a tmpfs of {size} bytes at {folder} for the root overlay's files
+_OVERLAY_SCRIPT = (
+    "mount -t tmpfs -o size=4k,mode=0555 gsnetmask /proc/sys/net && "
+    'mount -t tmpfs -o size={size},mode=0700 gsoverlay {folder} && exec "$0" "$@"'
+)
+OVERLAY_MARKER = "overlay-limit"
 
 
 class RunscError(Exception):
@@ -68,8 +82,15 @@ class Runsc:
         binary: str | None = None,
         platform: str | None = None,
         extra_flags: Sequence[str] = (),
+        overlay_limit: int = 0,
+        bundle_root: Path | None = None,
     ) -> None:
         self.root = root
+        # bytes of files a sandbox's root overlay holds (0: unbounded, in sentry memory);
+        # bundles live under ``bundle_root``/<cid>, where checkpoint finds a sandbox's limit
+        self.overlay_limit = overlay_limit
+        self.bundle_root = bundle_root
+        self._overlay_dir = root / "overlay"  # a mount point in each sandbox's namespace only
         found = binary or shutil.which("runsc")
         if found is None:
             raise RunscError("runsc is not installed: apt-get install -t bookworm-backports runsc")
@@ -81,18 +102,38 @@ class Runsc:
     def _base(self) -> list[str]:
         return [self.binary, f"--root={self.root}"]
 
-    def sandbox_flags(self, network: str = "sandbox") -> list[str]:
+    def sandbox_flags(self, network: str = "sandbox", overlay_limit: int = 0) -> list[str]:
+        medium = f"dir={self._overlay_dir}" if overlay_limit else "memory"
         flags = [
             f"--network={network}",
-            "--overlay2=root:memory",
+            f"--overlay2=root:{medium}",
             "--net-disconnect-ok",
         ]
         if self._platform:
             flags.append(f"--platform={self._platform}")
         return flags + list(self._extra)
 
-    def _masked(self, args: Sequence[str]) -> list[str]:
-        return ["unshare", "-m", "--propagation", "private", "sh", "-c", _MASK_SCRIPT, *args]
+    def _masked(self, args: Sequence[str], overlay_limit: int = 0) -> list[str]:
+        script = _MASK_SCRIPT
+        if overlay_limit:
+            self._overlay_dir.mkdir(parents=True, exist_ok=True)
+            script = _OVERLAY_SCRIPT.format(size=overlay_limit, folder=self._overlay_dir)
+        return ["unshare", "-m", "--propagation", "private", "sh", "-c", script, *args]
+
+    @staticmethod
+    def _mark(folder: Path, limit: int) -> None:
+        marker = folder / OVERLAY_MARKER
+        if limit:
+            marker.write_text(str(limit))
+        else:
+            marker.unlink(missing_ok=True)
+
+    @staticmethod
+    def _marked_limit(folder: Path) -> int:
+        try:
+            return max(0, int((folder / OVERLAY_MARKER).read_text()))
+        except (OSError, ValueError):
+            return 0
 
     async def _call(
         self, args: Sequence[str], *, timeout_s: float, log_path: Path | None = None
@@ -109,31 +150,36 @@ class Runsc:
     ) -> None:
         check_container_id(cid)
         self.root.mkdir(parents=True, exist_ok=True)
+        limit = self.overlay_limit
+        self._mark(bundle, limit)
         args = [
             *self._base(),
-            *self.sandbox_flags(network),
+            *self.sandbox_flags(network, limit),
             "run",
             "--detach",
             f"--bundle={bundle}",
             cid,
         ]
-        await self._call(self._masked(args), timeout_s=timeout_s, log_path=log_path)
+        await self._call(self._masked(args, limit), timeout_s=timeout_s, log_path=log_path)
 
     async def restore(
         self, bundle: Path, cid: str, image: Path, *, log_path: Path, timeout_s: float
     ) -> None:
         check_container_id(cid)
         self.root.mkdir(parents=True, exist_ok=True)
+        saved = self._marked_limit(image)  # 0: saved on root:memory, restored on it
+        limit = max(saved, self.overlay_limit) if saved else 0
+        self._mark(bundle, limit)
         args = [
             *self._base(),
-            *self.sandbox_flags(),
+            *self.sandbox_flags(overlay_limit=limit),
             "restore",
             "--detach",
             f"--image-path={image}",
             f"--bundle={bundle}",
             cid,
         ]
-        await self._call(self._masked(args), timeout_s=timeout_s, log_path=log_path)
+        await self._call(self._masked(args, limit), timeout_s=timeout_s, log_path=log_path)
 
     async def checkpoint(
         self, cid: str, image: Path, *, compression: str = "none", timeout_s: float
@@ -146,6 +192,8 @@ class Runsc:
             cid,
         ]
         await self._call(args, timeout_s=timeout_s)
+        if self.bundle_root is not None:  # the image restores only on the medium it was saved on
+            self._mark(image, self._marked_limit(self.bundle_root / cid))
 
     async def state(self, cid: str, *, timeout_s: float = 10.0) -> ContainerState | None:
         """The container's state, or None when runsc does not know it."""

@@ -27,6 +27,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
+from gym_substrate.local.runtimes.actor_disk import DEFAULT_ACTOR_DISK
 from gym_substrate.local.runtimes.base import (
     ActorSpec,
     CheckpointResult,
@@ -135,7 +136,12 @@ class GvisorRuntime:
                 f"gvisor.compression {compression!r} is not one of {', '.join(_COMPRESSIONS)}"
             )
         self.compression = compression
-        self.runsc = Runsc(self.dir / "runsc", platform=config.extra.get("gvisor.platform"))
+        self.runsc = Runsc(
+            self.dir / "runsc",
+            platform=config.extra.get("gvisor.platform"),
+            overlay_limit=int(config.extra.get("actor_disk", DEFAULT_ACTOR_DISK)),
+            bundle_root=self.sandboxes_dir,
+        )
         self._nets: dict[int, net.SlotNet] = {}
         self._worker_ips: dict[int, str] = {}  # a slot's address at open: its pod IP
         self._sandboxes: dict[str, _Sandbox] = {}
@@ -279,6 +285,7 @@ class GvisorRuntime:
             mask_dirs=mask_dirs,
             mask_files=mask_files,
             binds=[(str(src), inside) for src, inside in actor.template.rootfs.binds],
+            mask_size=self.runsc.overlay_limit,
         )
         (directory / "meta.json").write_text(
             json.dumps({"slot": slot, "actor": actor.key, "template": actor.template.key})
