@@ -66,6 +66,8 @@ async def _estimate(plane: ControlPlane, handle: str, durable: bool) -> int | No
     durable one where the runtime has it (the process runtime, whose pause writes nothing and
     whose suspend copies the actor's files), else ``checkpoint_estimate`` (gVisor: both write
     an image of the sandbox)."""
+    if not durable and not getattr(plane.runtime, "pause_writes_image", lambda: True)():
+        return None  # gVisor's freeze tier: a pause keeps the sandbox, no image is written now
     estimate = getattr(plane.runtime, "suspend_estimate", None) if durable else None
     if estimate is None:
         estimate = getattr(plane.runtime, "checkpoint_estimate", None)

@@ -46,7 +46,7 @@ from gym_substrate.local.runtimes.base import (
 from gym_substrate.local.runtimes.gvisor import cgfreeze, host, net, slotaddr
 from gym_substrate.local.runtimes.gvisor._proc import run_command
 from gym_substrate.local.runtimes.gvisor.runsc import ContainerState, RunscError
-from gym_substrate.local.snapshots import PARTIAL_SUFFIX
+from gym_substrate.local.snapshots import PARTIAL_SUFFIX, free_bytes
 
 if TYPE_CHECKING:
     from gym_substrate.local.runtimes.gvisor.runtime import GvisorRuntime
@@ -371,7 +371,9 @@ class FreezeTier:
             if entry.lock.locked():
                 continue
             over -= entry.pss or _GUESS_PSS
-            self._spawn(self.evict(entry.cid, reason="over the frozen-memory budget"))
+            self._spawn(
+                self.evict(entry.cid, reason="over the frozen-memory budget", room_first=True)
+            )
 
     # -- thaw --------------------------------------------------------------------------------
     def claims(self, folder: Path) -> str | None:
@@ -430,10 +432,15 @@ class FreezeTier:
         return StartedSandbox(handle=cid, address=address, memory_restored=True)
 
     # -- evict -------------------------------------------------------------------------------
-    async def evict(self, cid: str, *, reason: str, dest: Path | None = None) -> Path | None:
+    async def evict(
+        self, cid: str, *, reason: str, dest: Path | None = None, room_first: bool = False
+    ) -> Path | None:
         """Checkpoint frozen sandbox ``cid`` into its snapshot folder (or ``dest``) and end it.
 
-        Returns the folder holding the image, or None when ``cid`` was not frozen any more.
+        Returns the folder holding the image, or None when ``cid`` was not frozen any more, or
+        (``room_first``: an eviction nobody asked for) when its folder's file system plainly
+        cannot take the image: then it stays frozen past the budget, which loses nothing,
+        where a checkpoint cut short by a full disk would lose the sandbox.
         """
         entry = self.frozen.get(cid)
         if entry is None:
@@ -444,6 +451,8 @@ class FreezeTier:
             if dest is None:
                 await _committed(entry)
             target = dest or _folder(entry)
+            if room_first and not await self._room_for(entry, target):
+                return None
             started = time.perf_counter()
             pids = self.rt.runsc.pids(cid)
             try:
@@ -472,6 +481,24 @@ class FreezeTier:
             )
             await self._end(entry)
         return target
+
+    async def _room_for(self, entry: _Frozen, target: Path) -> bool:
+        needed = entry.pss or _GUESS_PSS
+        if self.rt.compression != "none":
+            needed //= 4  # as checkpoint_estimate: flate shrinks images ~3x
+        folder = next((p for p in (target, *target.parents) if p.exists()), target.anchor)
+        free = await asyncio.to_thread(free_bytes, Path(folder))
+        if free >= needed:
+            return True
+        log.warning(
+            "kept %s frozen past the frozen-memory budget: its image needs about %.0f MiB and "
+            "only %.0f MiB are free in %s",
+            entry.actor,
+            needed / 2**20,
+            free / 2**20,
+            folder,
+        )
+        return False
 
     async def _end(self, entry: _Frozen) -> None:
         """The sandbox is gone (or going): delete it, then its unit becomes a spare."""

@@ -477,6 +477,11 @@ class GvisorRuntime:
             sandbox_lost=True,
         )
 
+    def pause_writes_image(self) -> bool:
+        """False on the freeze tier: PauseActor freezes, so the room check (a runsc start, most
+        of a freeze-tier pause) has nothing to guard; an eviction checks its own room."""
+        return not self.tier.enabled
+
     async def checkpoint_estimate(self, handle: str) -> int | None:
         """Bytes a checkpoint of ``handle`` would plainly need (None when unknown): its memory
         usage uncompressed, a quarter of it compressed (flate shrinks images ~3x)."""
