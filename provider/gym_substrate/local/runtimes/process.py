@@ -94,7 +94,16 @@ _TERM_GRACE_S = 2.0
 
 
 class _PortTaken(RuntimeFailure):
-    """Another process bound the probed port first; worth another try with a new port."""
+    """A start lost a race it may win next time: another process bound the probed port first,
+    or a mount under the host root (another actor's /run/netns entry) went away while bwrap
+    was binding the root recursively. Worth another try."""
+
+
+def _start_race(tail: str) -> bool:
+    """What `_PortTaken` covers, read from the failed start's last output."""
+    return "already in use" in tail or (
+        "bwrap: Can't bind mount" in tail and "No such file or directory" in tail
+    )
 
 
 class ProcessRuntime(NothingToPark):
@@ -303,7 +312,7 @@ class ProcessRuntime(NothingToPark):
         while True:
             if proc is not None and proc.poll() is not None:
                 tail = _tail(log_path)
-                error = _PortTaken if "already in use" in tail[-300:] else RuntimeFailure
+                error = _PortTaken if _start_race(tail[-300:]) else RuntimeFailure
                 raise error(
                     f"the actor's command exited with status {proc.returncode} before its "
                     f"readyz answered; last output:\n{tail}"
@@ -370,7 +379,7 @@ class ProcessRuntime(NothingToPark):
         tmpdir.mkdir(exist_ok=True)
         tmpdir.chmod(0o1777)  # like /tmp: the agent's jobs may run as other users
         last_error: RuntimeFailure | None = None
-        for _ in range(3):  # a free port can be taken between probing and binding
+        for _ in range(3):  # a start that lost a race (`_PortTaken`) is tried again
             try:
                 return await self._spawn(actor, slot, workdir, deadline)
             except _PortTaken as exc:
