@@ -46,6 +46,7 @@ from gym_substrate.local.runtimes.gvisor.bundle import masks_for, write_actor_id
 from gym_substrate.local.runtimes.gvisor.freezer import FROZEN_MARKER, FreezeTier
 from gym_substrate.local.runtimes.gvisor.phases import Phases
 from gym_substrate.local.runtimes.gvisor.runsc import ContainerState, Runsc, RunscError
+from gym_substrate.local.runtimes.gvisor.warm import WarmPool
 
 __all__ = ["AGENT_PORT", "GvisorRuntime", "http_status"]
 
@@ -153,6 +154,8 @@ class GvisorRuntime:
         # PauseActor's frozen tier (freezer.py): off unless gvisor.pause_tier is "freeze"
         self.tier = FreezeTier(self, config.extra)
         self.phases = Phases()  # each lifecycle step's wall time (`local bench --phases`)
+        # golden sandboxes kept restored and frozen per template (warm.py): gvisor.warm_pool
+        self.warm = WarmPool(self, config.extra)
 
     # -- paths -------------------------------------------------------------------------------
     @property
@@ -195,10 +198,12 @@ class GvisorRuntime:
                     home = await asyncio.to_thread(net.setup_slot_net, self.instance, index)
                 self._worker_ips[index] = home.sandbox_ip
             self._opened = True
+            await self.warm.open()
             await self.tier.open()
             self.publish_slots()
 
     async def close(self) -> None:
+        await self.warm.close()
         await self.tier.close()
         await self._await_drains()
         self._opened = False
@@ -293,6 +298,20 @@ class GvisorRuntime:
         return _Sandbox(cid=cid, slot=slot, actor_key=actor.key, directory=directory)
 
     async def start(
+        self,
+        actor: ActorSpec,
+        slot: Slot,
+        source: SnapshotRef | None,
+        *,
+        timeout_s: float,
+    ) -> StartedSandbox:
+        async with self.warm.foreground():
+            claimed = await self.warm.claim(actor, slot, source, time.monotonic() + timeout_s)
+            if claimed is not None:
+                return claimed
+            return await self._start_sandbox(actor, slot, source, timeout_s=timeout_s)
+
+    async def _start_sandbox(
         self,
         actor: ActorSpec,
         slot: Slot,
@@ -647,6 +666,7 @@ class GvisorRuntime:
     # -- cleanup -------------------------------------------------------------------------------
     async def cleanup(self) -> list[str]:
         removed: list[str] = []
+        await self.warm.close()
         await self.tier.close()
         await self._await_drains()
         if not self._opened:  # `local down` after a crash: what that run froze is on disk
