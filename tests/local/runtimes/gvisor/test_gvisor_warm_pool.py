@@ -21,12 +21,13 @@ import aiohttp
 import grpc
 import pytest
 from gvisor_helpers import kernel_leftovers
-from local_helpers import agent_url, make_actor, ref, register_template
+from local_helpers import agent_url, make_actor, ref, register_template, settle_golden
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
 from gym_substrate.local import LocalBackend
 from gym_substrate.local.control.warm_targets import warm_targets
+from gym_substrate.local.runtimes.gvisor.runtime import default_agent_command
 from gym_substrate.local.statedir import state_leftovers
 
 pytestmark = pytest.mark.runsc
@@ -46,7 +47,8 @@ def backend_options() -> dict[str, Any]:
 
 def _warm(backend: LocalBackend) -> Any:
     runtime: Any = backend.runtime
-    assert runtime is not None and runtime.name == "gvisor"
+    assert runtime is not None
+    assert runtime.name == "gvisor"
     return runtime.warm
 
 
@@ -64,7 +66,13 @@ async def _until(backend: LocalBackend, check: Callable[[], bool]) -> None:
 async def _full(backend: LocalBackend) -> None:
     warm, plane = _warm(backend), backend.plane
     assert plane is not None
-    await _until(backend, lambda: all(warm.count(k) >= warm.size for k in warm_targets(plane)))
+    await settle_golden(backend)
+
+    def full() -> bool:
+        targets = warm_targets(plane)
+        return bool(targets) and all(warm.count(k) >= warm.size for k in targets)
+
+    await _until(backend, full)
 
 
 def _count_restores(backend: LocalBackend) -> list[str]:
@@ -110,7 +118,8 @@ async def test_create_and_resume_take_a_pooled_sandbox_that_answers_as_the_new_a
     running = (await stub.ResumeActor(pb.ResumeActorRequest(actor=ref("wp-a")))).actor
     assert running.status.state == pb.ACTOR_STATE_RUNNING
     record = backend.plane.lookup("t", "wp-a") if backend.plane else None
-    assert record is not None and record.handle == pooled  # the pooled sandbox, thawed
+    assert record is not None
+    assert record.handle == pooled  # the pooled sandbox, thawed
     assert _foreground(restores) == []  # no golden restore on the resume's path
     assert warm.claims == 1
 
@@ -125,7 +134,7 @@ async def test_create_and_resume_take_a_pooled_sandbox_that_answers_as_the_new_a
     await _full(backend)
     (refilled,) = [e.cid for e in warm.entries]
     assert refilled != pooled
-    assert len(restores) == 1 and restores[0] == refilled
+    assert restores == [refilled]
     await make_actor(stub, "wp-b")
     await stub.ResumeActor(pb.ResumeActorRequest(actor=ref("wp-b")))
     ready_b = await _readyz(http, backend, "wp-b")
@@ -160,7 +169,7 @@ async def test_a_pool_of_zero_restores_every_actor_from_the_golden_snapshot(
 async def test_deleting_a_template_drains_its_pool(backend: LocalBackend, stub: Any) -> None:
     warm = _warm(backend)
     runtime: Any = backend.runtime
-    await register_template(backend, "second", ("python3", "-m", "sandbox_agent", "--port", "80"))
+    await register_template(backend, "second", default_agent_command())
     await _full(backend)
     (entry,) = [e for e in warm.entries if e.template.key == "local/second"]
     assert await runtime.is_alive(entry.cid)
@@ -169,9 +178,9 @@ async def test_deleting_a_template_drains_its_pool(backend: LocalBackend, stub: 
         pb.DeleteActorTemplateRequest(actor_template=ref("second", "local"))
     )
     await _until(backend, lambda: warm.count("local/second") == 0)
-    await _until(backend, lambda: not warm._drops)
+    await asyncio.gather(*list(warm._drops))  # the drop: thaw, delete, namespace removed
     assert not await runtime.is_alive(entry.cid)
-    assert not Path(f"/run/netns/{entry.slotnet.netns}").exists()
+    assert not await asyncio.to_thread(Path(f"/run/netns/{entry.slotnet.netns}").exists)
     assert warm.count("local/sandbox") == 1  # the other template's pool stays
 
 
@@ -214,8 +223,9 @@ async def test_a_restart_drops_the_pool_and_down_leaves_nothing(tmp_path: Path) 
     (old,) = [e for e in _warm(first).entries]
     instance = first._instance
     await first.detach()  # a control-plane restart: actors' sandboxes stay, the pool does not
-    assert not Path(f"/run/netns/{old.slotnet.netns}").exists()
-    assert not (state / "runtime" / "gvisor" / "sandboxes" / old.cid).exists()
+    assert not await asyncio.to_thread(Path(f"/run/netns/{old.slotnet.netns}").exists)
+    folder = state / "runtime" / "gvisor" / "sandboxes" / old.cid
+    assert not await asyncio.to_thread(folder.exists)
 
     async with LocalBackend(state, runtime="gvisor", **options) as second:
         await _full(second)
@@ -226,6 +236,7 @@ async def test_a_restart_drops_the_pool_and_down_leaves_nothing(tmp_path: Path) 
             await make_actor(stub, "after")
             await stub.ResumeActor(pb.ResumeActorRequest(actor=ref("after")))
             record = second.plane.lookup("t", "after") if second.plane else None
-            assert record is not None and record.handle == new.cid
+            assert record is not None
+            assert record.handle == new.cid
     assert await state_leftovers(state) == []
     assert kernel_leftovers(instance, state / "runtime" / "gvisor") == []
