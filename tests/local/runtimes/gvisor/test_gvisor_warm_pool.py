@@ -193,11 +193,10 @@ async def test_the_pool_stays_in_the_frozen_memory_budget_and_yields_to_paused_a
 ) -> None:
     warm = _warm(backend)
     tier = backend.runtime.tier  # type: ignore[union-attr]
-    await _until(backend, lambda: warm.fills >= 1 and warm._filling is None)
-    await asyncio.sleep(0)  # let the loop decide about a next fill: the budget stops it
+    # it fills until one more sandbox would not fit, short of its size
+    await _until(backend, lambda: warm._filling is None and not warm._budget_allows())
     assert 1 <= len(warm.entries) < warm.size
     assert tier.frozen_bytes() + warm.bytes() <= tier.budget
-    assert not warm._budget_allows()
 
     await make_actor(stub, "frozen")
     await stub.ResumeActor(pb.ResumeActorRequest(actor=ref("frozen")))
