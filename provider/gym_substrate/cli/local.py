@@ -340,12 +340,8 @@ def up(
             "paused actors stay frozen in memory (--frozen-memory), past it they are checkpointed"
         )
     if runtime != "process" and not as_json:
-        err.print(
-            f"warm pool (gVisor runtime): {warm_pool} frozen golden sandbox(es) per template "
-            "(--warm-pool), within --frozen-memory"
-            if warm_pool
-            else "warm pool (gVisor runtime): off (--warm-pool 0)"
-        )
+        pool = f"{warm_pool} frozen golden sandbox(es) per template" if warm_pool else "off"
+        err.print(f"warm pool (gVisor runtime, --warm-pool): {pool}, within --frozen-memory")
     if daemon:
         if rootfs == "debian":  # a first build takes minutes: here, with progress, not detached
             prepare_rootfs(runtime)
@@ -685,6 +681,14 @@ def demo(runtime: str, sandboxes: int, rootfs: str) -> None:
     show_default=True,
     help="The backend's pause tier under gVisor (see `local up --pause-tier`).",
 )
+@click.option(
+    "--warm-pool",
+    type=click.IntRange(0, 16),
+    default=1,
+    show_default=True,
+    metavar="N",
+    help="gVisor's warm pool (`local up --warm-pool`): create is timed with and without it.",
+)
 @rootfs_option
 @click.option(
     "--phases",
@@ -698,6 +702,7 @@ def bench(
     iterations: int,
     execs: int,
     pause_tier: str,
+    warm_pool: int,
     rootfs: str,
     phases: bool,
     as_json: bool,
@@ -717,6 +722,7 @@ def bench(
                 default_rootfs=rootfs,
                 pause_tier=pause_tier,
                 phases=phases,
+                warm_pool=warm_pool,
             )
         )
     except (BackendError, RuntimeFailure) as exc:
