@@ -13,6 +13,11 @@ folder; the teardown here also checks the kernel for the instance's netns, links
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -20,12 +25,15 @@ from typing import Any
 import aiohttp
 import grpc
 import pytest
+from click.testing import CliRunner
 from gvisor_helpers import kernel_leftovers
 from local_helpers import agent_url, make_actor, ref, register_template, settle_golden
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
+from gym_substrate.cli.local import local
 from gym_substrate.local import LocalBackend
+from gym_substrate.local.control.store import Store
 from gym_substrate.local.control.warm_targets import warm_targets
 from gym_substrate.local.runtimes.gvisor.runtime import default_agent_command
 from gym_substrate.local.statedir import state_leftovers
@@ -239,3 +247,66 @@ async def test_a_restart_drops_the_pool_and_down_leaves_nothing(tmp_path: Path) 
             assert record.handle == new.cid
     assert await state_leftovers(state) == []
     assert kernel_leftovers(instance, state / "runtime" / "gvisor") == []
+
+
+def _pooled(state: Path) -> list[str]:
+    """The sandboxes `<runtime>/warm.json` lists as ready (the pool's own record)."""
+    try:
+        data = json.loads((state / "runtime" / "gvisor" / "warm.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return [str(entry["cid"]) for entry in data.get("entries", [])]
+
+
+def _up(state: Path) -> subprocess.Popen[bytes]:
+    argv = [
+        sys.executable, "-m", "gym_substrate.local", "up", "--state-dir", str(state),
+        "--runtime", "gvisor", "--rootfs", "host", "--workers", "2", "--api-port", "0",
+        "--router-port", "0", "--admin-port", "0", "--warm-pool", "1",
+    ]  # fmt: skip
+    log = state.parent / f"up-{time.monotonic_ns()}.log"
+    with open(log, "wb") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_pooled(state: Path, proc: subprocess.Popen[bytes], other_than: str = "") -> str:
+    deadline = time.monotonic() + _WAIT_S
+    while True:
+        ready = [cid for cid in _pooled(state) if cid != other_than]
+        if ready:
+            return ready[0]
+        assert proc.poll() is None, "local up exited"
+        assert time.monotonic() < deadline, "the warm pool did not fill"
+        time.sleep(0.1)
+
+
+def test_a_sigkilled_backend_leaves_its_pool_to_the_next_start_and_down_removes_all(
+    tmp_path: Path,
+) -> None:
+    """`local up --warm-pool 1`, kill -9 once the pool holds a frozen sandbox: the next `up`
+    removes that sandbox and its namespace and fills anew; `local down` leaves nothing."""
+    state = tmp_path / "state"
+    state.mkdir()
+    first = _up(state)
+    try:
+        old = _wait_pooled(state, first)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+    store = Store(state / "state.db")
+    instance = store.get_meta("instance") or ""
+    store.close()
+    assert instance
+    second = _up(state)
+    try:
+        new = _wait_pooled(state, second, other_than=old)
+        assert new != old
+        assert not (state / "runtime" / "gvisor" / "sandboxes" / old).exists()
+        assert _pooled(state) == [new]
+    finally:
+        second.send_signal(signal.SIGTERM)
+        second.wait(180)
+    down = CliRunner().invoke(local, ["down", "--state-dir", str(state)])
+    assert down.exit_code == 0, down.output
+    assert kernel_leftovers(instance, state / "runtime" / "gvisor") == []
+    assert not (state / "runtime" / "gvisor").exists()
