@@ -97,6 +97,10 @@ def _count_restores(backend: LocalBackend) -> list[str]:
     return calls
 
 
+def _namespaces(backend: LocalBackend) -> list[str]:
+    return sorted(p.name for p in Path("/run/netns").glob(f"{backend._instance}-w*"))
+
+
 def _foreground(calls: list[str]) -> list[str]:
     return [cid for cid in calls if "-warm." not in cid]
 
@@ -121,6 +125,8 @@ async def test_create_and_resume_take_a_pooled_sandbox_that_answers_as_the_new_a
     await _full(backend)
     (pooled,) = [e.cid for e in warm.entries]
     restores = _count_restores(backend)
+    namespaces = await asyncio.to_thread(_namespaces, backend)
+    assert len(namespaces) == 3  # two slots and the pooled sandbox's
 
     await make_actor(stub, "wp-a")
     running = (await stub.ResumeActor(pb.ResumeActorRequest(actor=ref("wp-a")))).actor
@@ -150,6 +156,9 @@ async def test_create_and_resume_take_a_pooled_sandbox_that_answers_as_the_new_a
     assert ready_b["boot_id"] != ready_a["boot_id"]  # each actor is a boot of its own
     assert (await _readyz(http, backend, "wp-a"))["actor_id"] == "wp-a"
     assert _foreground(restores) == []
+    await _full(backend)
+    # each claim leaves the slot's old namespace spare and the refill reuses it: no growth
+    assert len(await asyncio.to_thread(_namespaces, backend)) == len(namespaces)
 
     # A pooled actor is an ordinary one afterwards: it pauses and resumes as itself.
     await stub.PauseActor(pb.PauseActorRequest(actor=ref("wp-a")))

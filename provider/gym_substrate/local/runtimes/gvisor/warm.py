@@ -299,6 +299,17 @@ class WarmPool:
                 await asyncio.to_thread(net.release_slot_net, self.rt.instance, unit)
         await self._notify()
 
+    def _take_unit(self) -> tuple[int, net.SlotNet | None]:
+        """A namespace for the next pooled sandbox: a spare of the frozen tier (each claim
+        leaves the slot's old one spare, so their number stays bounded), else a new number."""
+        tier = self.rt.tier
+        if tier.spares:
+            unit = tier.spares.pop(0)
+            with contextlib.suppress(OSError):
+                tier._save()
+            return unit, tier._spare_nets.pop(unit, None)
+        return self._free_unit(), None
+
     def _free_unit(self) -> int:
         tier = self.rt.tier
         used = set(tier.slots.values()) | set(tier.spares) | self.units()
@@ -311,13 +322,15 @@ class WarmPool:
     async def _fill(self, target: WarmTarget) -> None:
         """Restore one sandbox of ``target``'s golden snapshot, wait for it, freeze it."""
         rt, (spec, golden) = self.rt, target
-        unit = self._free_unit()
+        unit, known = self._take_unit()
         cid = rt._new_cid("warm")
         self._filling = (cid, unit)
         self._save()
         method = "cgroup"
         try:
-            slotnet = await asyncio.to_thread(net.setup_slot_net, rt.instance, unit)
+            slotnet = known
+            if slotnet is None:
+                slotnet = await asyncio.to_thread(net.setup_slot_net, rt.instance, unit)
             directory = rt.sandboxes_dir / cid
             await asyncio.to_thread(self._prepare, spec, slotnet, cid, directory)
             deadline = time.monotonic() + spec.probe_timeout_s + _FILL_TIMEOUT_S
