@@ -62,6 +62,7 @@ _GUESS_PSS = 128 * 1024 * 1024  # until a pooled sandbox is measured
 _POLL_S = 1.0  # how often targets are looked at without a kick
 _QUIET_S = 0.2  # a refill waits this long after the last foreground start ended
 _FILL_TIMEOUT_S = 60.0
+_BACKOFF_MAX_S = 60.0  # between refills that keep failing (a golden that does not restore)
 
 
 def parse_warm_pool(text: str) -> int:
@@ -229,6 +230,7 @@ class WarmPool:
 
     # -- the refill loop ---------------------------------------------------------------------
     async def _run(self) -> None:
+        failures = 0
         while True:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(_POLL_S):
@@ -242,12 +244,14 @@ class WarmPool:
                     continue
                 await self._wait_quiet()
                 await self._fill(wanted)
+                failures = 0
                 self.kick()  # maybe more to fill
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - a failed refill must not end the loop
-                log.warning("warm pool refill failed", exc_info=True)
-                await asyncio.sleep(_POLL_S)
+                failures += 1
+                log.warning("warm pool refill failed (%d in a row)", failures, exc_info=True)
+                await asyncio.sleep(min(_BACKOFF_MAX_S, _POLL_S * 2**failures))
 
     def _wanted(self, targets: Mapping[str, WarmTarget]) -> WarmTarget | None:
         short = [t for key, t in sorted(targets.items()) if self.count(key) < self.size]
