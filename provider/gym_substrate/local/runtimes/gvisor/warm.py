@@ -251,7 +251,7 @@ class WarmPool:
             except Exception:  # noqa: BLE001 - a failed refill must not end the loop
                 failures += 1
                 log.warning("warm pool refill failed (%d in a row)", failures, exc_info=True)
-                await asyncio.sleep(min(_BACKOFF_MAX_S, _POLL_S * 2**failures))
+                await asyncio.sleep(min(_BACKOFF_MAX_S, _POLL_S * 2 ** min(failures, 8)))
 
     def _wanted(self, targets: Mapping[str, WarmTarget]) -> WarmTarget | None:
         short = [t for key, t in sorted(targets.items()) if self.count(key) < self.size]
