@@ -164,7 +164,24 @@ async def test_create_and_resume_take_a_pooled_sandbox_that_answers_as_the_new_a
     await stub.PauseActor(pb.PauseActorRequest(actor=ref("wp-a")))
     await stub.ResumeActor(pb.ResumeActorRequest(actor=ref("wp-a")))
     assert (await _readyz(http, backend, "wp-a"))["actor_id"] == "wp-a"
-    for name in ("wp-a", "wp-b"):
+
+    # An actor started from a user's tag is restored from that tag, never from the pool.
+    await stub.SuspendActor(pb.SuspendActorRequest(actor=ref("wp-b")))
+    tag = pb.Tag(
+        metadata=pb.ResourceMetadata(atespace="t", name="mine"),
+        scope=pb.TAG_SCOPE_ATESPACE,
+        source_actor=ref("wp-b"),
+    )
+    await stub.CreateTag(pb.CreateTagRequest(tag=tag))
+    await _full(backend)
+    before = list(restores)
+    await make_actor(stub, "from-tag", source_tag=ref("mine"))
+    await stub.ResumeActor(pb.ResumeActorRequest(actor=ref("from-tag")))
+    assert len(_foreground(restores)) == len(_foreground(before)) + 1
+    assert warm.claims == 2
+    assert warm.count("local/sandbox") == 1
+    assert (await _readyz(http, backend, "from-tag"))["actor_id"] == "from-tag"
+    for name in ("wp-a", "wp-b", "from-tag"):
         await stub.DeleteActor(pb.DeleteActorRequest(actor=ref(name), any_state=True))
 
 
