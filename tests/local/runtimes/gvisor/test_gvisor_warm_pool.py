@@ -286,7 +286,7 @@ def _pooled(state: Path) -> list[str]:
 
 def _up(state: Path) -> subprocess.Popen[bytes]:
     argv = [
-        sys.executable, "-m", "gym_substrate.local", "up", "--state-dir", str(state),
+        sys.executable, "-m", "gym_substrate.cli", "local", "up", "--state-dir", str(state),
         "--runtime", "gvisor", "--rootfs", "host", "--workers", "2", "--api-port", "0",
         "--router-port", "0", "--admin-port", "0", "--warm-pool", "1",
     ]  # fmt: skip
