@@ -46,7 +46,7 @@ from gym_substrate.local.runtimes.gvisor.bundle import masks_for, write_actor_id
 from gym_substrate.local.runtimes.gvisor.freezer import FROZEN_MARKER, FreezeTier
 from gym_substrate.local.runtimes.gvisor.phases import Phases
 from gym_substrate.local.runtimes.gvisor.runsc import ContainerState, Runsc, RunscError
-from gym_substrate.local.runtimes.gvisor.warm import WarmPool
+from gym_substrate.local.runtimes.gvisor.warm import WarmPool, warm_first
 
 __all__ = ["AGENT_PORT", "GvisorRuntime", "http_status"]
 
@@ -154,8 +154,7 @@ class GvisorRuntime:
         # PauseActor's frozen tier (freezer.py): off unless gvisor.pause_tier is "freeze"
         self.tier = FreezeTier(self, config.extra)
         self.phases = Phases()  # each lifecycle step's wall time (`local bench --phases`)
-        # golden sandboxes kept restored and frozen per template (warm.py): gvisor.warm_pool
-        self.warm = WarmPool(self, config.extra)
+        self.warm = WarmPool(self, config.extra)  # warm.py: gvisor.warm_pool
 
     # -- paths -------------------------------------------------------------------------------
     @property
@@ -297,21 +296,8 @@ class GvisorRuntime:
         )
         return _Sandbox(cid=cid, slot=slot, actor_key=actor.key, directory=directory)
 
+    @warm_first  # a pooled sandbox of the template's golden snapshot, when one fits (warm.py)
     async def start(
-        self,
-        actor: ActorSpec,
-        slot: Slot,
-        source: SnapshotRef | None,
-        *,
-        timeout_s: float,
-    ) -> StartedSandbox:
-        async with self.warm.foreground():
-            claimed = await self.warm.claim(actor, slot, source, time.monotonic() + timeout_s)
-            if claimed is not None:
-                return claimed
-            return await self._start_sandbox(actor, slot, source, timeout_s=timeout_s)
-
-    async def _start_sandbox(
         self,
         actor: ActorSpec,
         slot: Slot,

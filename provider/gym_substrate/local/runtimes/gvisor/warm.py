@@ -23,14 +23,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import shutil
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from gym_substrate.local.runtimes.base import (
     ActorSpec,
@@ -50,7 +51,14 @@ from gym_substrate.local.runtimes.gvisor.runsc import RunscError
 if TYPE_CHECKING:
     from gym_substrate.local.runtimes.gvisor.runtime import GvisorRuntime
 
-__all__ = ["DEFAULT_WARM_POOL", "MAX_WARM_POOL", "WarmPool", "WarmTarget", "parse_warm_pool"]
+__all__ = [
+    "DEFAULT_WARM_POOL",
+    "MAX_WARM_POOL",
+    "WarmPool",
+    "WarmTarget",
+    "parse_warm_pool",
+    "warm_first",
+]
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +89,32 @@ def parse_warm_pool(text: str) -> int:
 
 # a template the pool serves: what it runs, and the golden snapshot folder it restores
 WarmTarget = tuple[TemplateSpec, Path]
+
+
+_Start = TypeVar("_Start", bound=Callable[..., Awaitable[StartedSandbox]])
+
+
+def warm_first(start: _Start) -> _Start:
+    """``GvisorRuntime.start``: a pooled sandbox when one fits, else ``start`` itself; either
+    way a foreground start, which refills wait for."""
+
+    @functools.wraps(start)
+    async def first(
+        rt: GvisorRuntime,
+        actor: ActorSpec,
+        slot: Slot,
+        source: SnapshotRef | None,
+        *,
+        timeout_s: float,
+    ) -> StartedSandbox:
+        async with rt.warm.foreground():
+            claimed = await rt.warm.claim(actor, slot, source, time.monotonic() + timeout_s)
+            if claimed is not None:
+                return claimed
+            started: StartedSandbox = await start(rt, actor, slot, source, timeout_s=timeout_s)
+            return started
+
+    return cast(_Start, first)
 
 
 @dataclass
