@@ -681,14 +681,6 @@ def demo(runtime: str, sandboxes: int, rootfs: str) -> None:
     show_default=True,
     help="The backend's pause tier under gVisor (see `local up --pause-tier`).",
 )
-@click.option(
-    "--warm-pool",
-    type=click.IntRange(0, 16),
-    default=1,
-    show_default=True,
-    metavar="N",
-    help="gVisor's warm pool (`local up --warm-pool`): create is timed with and without it.",
-)
 @rootfs_option
 @click.option(
     "--phases",
@@ -702,7 +694,6 @@ def bench(
     iterations: int,
     execs: int,
     pause_tier: str,
-    warm_pool: int,
     rootfs: str,
     phases: bool,
     as_json: bool,
@@ -722,7 +713,6 @@ def bench(
                 default_rootfs=rootfs,
                 pause_tier=pause_tier,
                 phases=phases,
-                warm_pool=warm_pool,
             )
         )
     except (BackendError, RuntimeFailure) as exc:
