@@ -403,8 +403,6 @@ class WarmPool:
         self.rt.tier._enforce_budget()
 
     def _prepare(self, spec: TemplateSpec, slotnet: net.SlotNet, cid: str, directory: Path) -> None:
-        from gym_substrate.local.runtimes.gvisor.runtime import _Sandbox
-
         directory.mkdir(parents=True)
         run_ate = directory / "run-ate"
         write_actor_id(run_ate, "")  # nobody yet: the agent reports no actor id
@@ -424,7 +422,8 @@ class WarmPool:
         (directory / "meta.json").write_text(
             json.dumps({"slot": -1, "actor": "", "template": spec.key, "warm": True})
         )
-        self.rt._sandboxes[cid] = _Sandbox(cid=cid, slot=-1, actor_key="", directory=directory)
+        if self.rt._load_sandbox(cid) is None:  # registers it with the runtime
+            raise RuntimeFailure(f"pooled sandbox {cid}: its meta.json cannot be read back")
 
     # -- claim -------------------------------------------------------------------------------
     def _match(self, actor: ActorSpec, source: SnapshotRef | None) -> _Warm | None:
