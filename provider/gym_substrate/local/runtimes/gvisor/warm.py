@@ -381,7 +381,7 @@ class WarmPool:
                 timeout_s=_FILL_TIMEOUT_S,
             )
             self.fills += 1
-            await rt._wait_ready(spec, slotnet, cid, deadline)
+            await rt._wait_ready(spec, slotnet.sandbox_ip, cid, deadline)
             pids = rt.runsc.pids(cid)
             if pids is None:
                 raise RuntimeFailure(f"pooled sandbox {cid} is gone")
