@@ -223,6 +223,16 @@ local.add_command(rootfs_group)
     "process runtime: its working folder and /tmp, on disk, needs root); a write past it fails "
     "with ENOSPC in that actor only; 0 turns the limit off (default: 1GiB, printed).",
 )
+@click.option(
+    "--warm-pool",
+    type=click.IntRange(0, 16),
+    default=1,
+    show_default=True,
+    metavar="N",
+    help="Sandboxes per template kept restored from its golden snapshot and frozen (gVisor), "
+    "so an actor's first resume thaws one (~tens of ms) instead of restoring (~0.5 s); each "
+    "holds ~130 MiB inside --frozen-memory, dropped before any paused actor. 0: no pool.",
+)
 @rootfs_option
 @click.option(
     "--allow-host-rootfs",
@@ -250,6 +260,7 @@ def up(
     pause_tier: str | None,
     frozen_memory: str | None,
     actor_disk: str | None,
+    warm_pool: int,
     rootfs: str,
     allow_host_rootfs: bool,
     daemon: bool,
@@ -317,6 +328,7 @@ def up(
         "rootfs": rootfs,
         "pause_tier": pause_tier,
         "frozen_memory": frozen_bytes,
+        "warm_pool": warm_pool,
         "allow_host_rootfs": allow_host_rootfs,
         "actor_disk": disk_bytes,
     }
@@ -327,6 +339,9 @@ def up(
             f"pause tier (gVisor runtime): freeze; up to {frozen_bytes / 2**20:.0f} MiB of "
             "paused actors stay frozen in memory (--frozen-memory), past it they are checkpointed"
         )
+    if runtime != "process" and not as_json:
+        pool = f"{warm_pool} frozen golden sandbox(es) per template" if warm_pool else "off"
+        err.print(f"warm pool (gVisor runtime, --warm-pool): {pool}, within --frozen-memory")
     if daemon:
         if rootfs == "debian":  # a first build takes minutes: here, with progress, not detached
             prepare_rootfs(runtime)
@@ -359,6 +374,7 @@ async def _foreground(folder: Path, options: dict[str, Any], as_json: bool) -> N
         default_rootfs=options["rootfs"],
         pause_tier=options["pause_tier"],
         frozen_memory=options["frozen_memory"],
+        warm_pool=options["warm_pool"],
         allow_host_rootfs=options["allow_host_rootfs"],
         actor_disk=options["actor_disk"],
     )

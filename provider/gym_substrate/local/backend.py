@@ -84,6 +84,7 @@ ADMIN_BODY_LIMIT = 64 * 1024
 # an actor's sandbox (gVisor, the default Debian image, the agent): PSS measured 100-131 MiB
 _ACTOR_MEMORY = 256 * 1024 * 1024
 _MAX_ACTORS = 64
+WARM_POOL_ENV = "GYM_SUBSTRATE_WARM_POOL"  # LocalBackend's warm pool when not given
 
 
 def default_actors_per_worker(workers: int) -> int:
@@ -154,6 +155,7 @@ class LocalBackend:
         rootfs_dir: Path | None = None,
         pause_tier: str | None = None,
         frozen_memory: int | None = None,
+        warm_pool: int | None = None,
         allow_host_rootfs: bool = False,
         actor_disk: int | None = None,
     ) -> None:
@@ -197,6 +199,11 @@ class LocalBackend:
         # bytes of files each actor may write (None: the default 1 GiB): the process runtime's
         # actor folder, gVisor's root overlay
         self.actor_disk = actor_disk
+        # golden sandboxes kept frozen per template (gVisor): `local up` asks for 1; an
+        # embedded backend has none unless asked (or GYM_SUBSTRATE_WARM_POOL says)
+        warm_pool = warm_pool if warm_pool is not None else _warm_pool_from_env()
+        if not 0 <= warm_pool <= 16:
+            raise ValueError(f"warm_pool must be 0..16 sandboxes per template, got {warm_pool}")
         if auth not in AUTH_MODES:
             raise ValueError(f"unknown auth mode {auth!r}: use one of {', '.join(AUTH_MODES)}")
         if auth == "jwt" and not tls:
@@ -219,6 +226,7 @@ class LocalBackend:
         # frozen_memory bytes of PSS (default: a quarter of the memory available at start)
         self.pause_tier = pause_tier
         self.frozen_memory = frozen_memory
+        self.warm_pool = warm_pool
         self.tls = bool(tls)
         self.auth = auth
         # "debian": the default template runs in the built rootfs (rootfs.py); "host": on `/`
@@ -339,7 +347,7 @@ class LocalBackend:
         store.set_meta("actors_per_worker", str(self.actors_per_worker))
         statedir.register(instance, self.state_dir.resolve(), name, slots)
         self._instance = instance
-        extra = {"gvisor.pause_tier": self.pause_tier}
+        extra = {"gvisor.pause_tier": self.pause_tier, "gvisor.warm_pool": str(self.warm_pool)}
         if self.frozen_memory is not None:
             extra["gvisor.frozen_memory"] = str(self.frozen_memory)
         if self.actor_disk is not None:
@@ -656,3 +664,16 @@ async def local_provider_kwargs(
             lifecycle.setdefault("ledger", os.path.join(state, "ledger.jsonl"))
             kwargs["lifecycle"] = lifecycle
             yield kwargs, backend
+
+
+def _warm_pool_from_env() -> int:
+    """``GYM_SUBSTRATE_WARM_POOL`` (sandboxes per template) or 0."""
+    text = os.environ.get(WARM_POOL_ENV, "").strip()
+    if not text:
+        return 0
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(
+            f"{WARM_POOL_ENV}={text!r} is not a whole number of sandboxes per template (0-16)"
+        ) from None

@@ -62,6 +62,7 @@ def spawn(
     rootfs: str = "debian",
     pause_tier: str = "freeze",
     frozen_memory: int | None = None,
+    warm_pool: int | None = None,
     allow_host_rootfs: bool = False,
     actor_disk: int | None = None,
 ) -> subprocess.Popen[bytes]:
@@ -77,6 +78,8 @@ def spawn(
     ]  # fmt: skip
     if frozen_memory is not None:
         argv += ["--frozen-memory", str(frozen_memory)]
+    if warm_pool is not None:
+        argv += ["--warm-pool", str(warm_pool)]
     if actors_per_worker is not None:
         argv += ["--actors-per-worker", str(actors_per_worker)]
     if actor_disk is not None:

@@ -28,12 +28,14 @@ from rich.table import Table
 
 from gym_substrate.lab.bench.phases import phase_table, wrapper_overhead
 from gym_substrate.local.backend import LocalBackend
+from gym_substrate.local.control.warm_targets import warm_targets
 from gym_substrate.local.templates import DEFAULT_TEMPLATE_ATESPACE, DEFAULT_TEMPLATE_NAME
 from gym_substrate.local.tour import TARGET_HEADER, Session
 
 __all__ = ["Series", "run_bench", "time_execs"]
 
 CREATE = "create+resume until an exec answers"
+CREATE_WARM = "create+resume until an exec answers, warm pool"
 ROUTER = "exec via router (keep-alive)"
 DIRECT = "exec direct to agent (baseline)"
 PAUSE = "pause"
@@ -60,6 +62,7 @@ _FLOOR_COMMON = {
     SUSPEND: "runsc checkpoint",
     RESUME_SUSPEND: "runsc restore until the agent answers",
     CREATE: "runsc restore until the agent answers",
+    CREATE_WARM: "cgroup thaw until the agent answers",
 }
 
 
@@ -153,9 +156,11 @@ async def run_bench(
     default_rootfs: str = "debian",
     pause_tier: str = "freeze",
     phases: bool = False,
+    warm_pool: int = 1,
 ) -> dict[str, Any]:
     names = (
         CREATE,
+        CREATE_WARM,
         ROUTER,
         DIRECT,
         PAUSE,
@@ -178,6 +183,7 @@ async def run_bench(
             workers=workers,
             default_rootfs=default_rootfs,
             pause_tier=pause_tier,
+            warm_pool=warm_pool,
         ) as backend:
             console.print(f"runtime: [bold]{backend.runtime_name}[/] ({backend.runtime_reason})")
             session = await Session.open(backend, atespace="bench")
@@ -191,6 +197,7 @@ async def run_bench(
                     gvisor.phases.clear()  # this run's actors only
                 for index in range(iterations):
                     await _one_actor(session, backend, index, execs, series)
+                    await _warm_create(session, backend, index, series)
                     await _memory(session, backend, running_mem, paused_mem)
                 if phases and gvisor is not None:
                     await gvisor._await_drains()  # the background steps after the last park
@@ -207,15 +214,63 @@ async def run_bench(
     return result
 
 
-async def _one_actor(
-    session: Session, backend: LocalBackend, index: int, execs: int, series: dict[str, Series]
+def _warm_pool(backend: LocalBackend) -> Any:
+    """The runtime's warm pool when it has one that is switched on, else None."""
+    warm = getattr(backend.runtime, "warm", None)
+    return warm if warm is not None and warm.enabled else None
+
+
+async def _pool_full(backend: LocalBackend) -> None:
+    """Wait (outside any timing) until the warm pool holds its size for every template, so no
+    refill runs while something is timed."""
+    warm, plane = _warm_pool(backend), backend.plane
+    if warm is None or plane is None:
+        return
+
+    def full() -> bool:
+        targets = warm_targets(plane)
+        return bool(targets) and all(warm.count(k) >= warm.size for k in targets)
+
+    async def wait() -> None:
+        async with warm.changed:
+            await warm.changed.wait_for(full)
+
+    await asyncio.wait_for(wait(), 300)
+
+
+async def _warm_create(
+    session: Session, backend: LocalBackend, index: int, series: dict[str, Series]
 ) -> None:
-    actor_id = f"bench-{index}-{uuid.uuid4().hex[:6]}"
+    """Create + resume + exec from the warm pool (the same steps as the CREATE row)."""
+    if _warm_pool(backend) is None:
+        return
+    await _pool_full(backend)
+    actor_id = f"bench-warm-{index}-{uuid.uuid4().hex[:6]}"
     started = time.perf_counter()
     await session.create(actor_id)
     await session.resume(actor_id)
     await session.exec(actor_id, "true")
-    series[CREATE].values_ms.append((time.perf_counter() - started) * 1000)
+    series[CREATE_WARM].values_ms.append((time.perf_counter() - started) * 1000)
+    await session.delete(actor_id, any_state=True)
+
+
+async def _one_actor(
+    session: Session, backend: LocalBackend, index: int, execs: int, series: dict[str, Series]
+) -> None:
+    actor_id = f"bench-{index}-{uuid.uuid4().hex[:6]}"
+    await _pool_full(backend)
+    warm = _warm_pool(backend)
+    if warm is not None:
+        warm.paused = True  # the CREATE row: a golden restore, as without a pool
+    try:
+        started = time.perf_counter()
+        await session.create(actor_id)
+        await session.resume(actor_id)
+        await session.exec(actor_id, "true")
+        series[CREATE].values_ms.append((time.perf_counter() - started) * 1000)
+    finally:
+        if warm is not None:
+            warm.paused = False
     if index == 0:
         # the agent's own address: what the router dials (no public door says)
         assert backend.plane is not None
@@ -363,6 +418,7 @@ def _report(
     return {
         "runtime": backend.runtime_name,
         "pause_tier": tier,
+        "warm_pool": getattr(_warm_pool(backend), "size", 0),
         "load_before": load[0],
         "load_after": load[1],
         "floor": {

@@ -29,6 +29,7 @@ from gym_substrate.local.control.records import (
     SUSPENDING,
     TemplateRecord,
 )
+from gym_substrate.local.control.warm_targets import kick_warm_pool
 from gym_substrate.local.errors import ApiError
 
 if TYPE_CHECKING:
@@ -201,4 +202,5 @@ class GoldenBuilder:
         current = self.plane.state.templates.get(record.meta.key)
         if current is not None and current.meta.uid == record.meta.uid:
             self.plane.state.save(current, golden_tag=golden)
+            kick_warm_pool(self.plane)
             log.info("golden tag of %s: %s", record.meta.key, golden)

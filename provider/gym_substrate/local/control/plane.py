@@ -41,6 +41,7 @@ from gym_substrate.local.control.store import Store
 from gym_substrate.local.control.tags import Tags
 from gym_substrate.local.control.templates import HOST_ROOTFS_REFUSED, Templates
 from gym_substrate.local.control.views import Views
+from gym_substrate.local.control.warm_targets import attach_warm_pool
 from gym_substrate.local.control.workers import WorkerPool
 from gym_substrate.local.errors import ApiError
 from gym_substrate.local.images import ImageCatalogue
@@ -117,6 +118,7 @@ class ControlPlane:
             await self.templates.ensure(template)
         self.golden.start_all()
         self.recovery.start_watchdog()
+        attach_warm_pool(self)  # golden sandboxes kept ready (runtimes with a warm pool)
 
     async def shutdown(self, *, suspend: bool = False, timeout_s: float = 120.0) -> None:
         """Stop every sandbox (`local down`); running actors are suspended first with

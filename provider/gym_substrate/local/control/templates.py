@@ -23,6 +23,7 @@ from gym_substrate.local.control.paging import check_page_request, page
 from gym_substrate.local.control.records import GOLDEN_ATESPACE, TemplateRecord, new_meta
 from gym_substrate.local.control.template_rules import apply_defaults, validate_template
 from gym_substrate.local.control.validation import FieldErrors, check_short_name, validated_ref
+from gym_substrate.local.control.warm_targets import kick_warm_pool
 from gym_substrate.local.errors import ApiError
 from gym_substrate.local.images import HOST_IMAGE, split_reference
 from gym_substrate.local.runtimes.base import TemplateSpec
@@ -163,6 +164,7 @@ class Templates:
         if tag is not None:
             await self.plane.tags.remove(tag)
         self.plane.state.remove(record)
+        kick_warm_pool(self.plane)  # its pooled sandboxes go now
 
     # ---------------------------------------------------------------- internal
     def spec(self, record: TemplateRecord) -> TemplateSpec:

@@ -34,6 +34,10 @@ def test_bench_shows_the_floor_and_our_ratio_to_it() -> None:
         row = series[name]
         assert row["x_floor"] == pytest.approx(row["p50_ms"] / floor[row["floor"]]["p50_ms"])
     assert series["pause"]["floor"] == "cgroup freeze"
+    # create is timed in the same run without the warm pool (a golden restore) and from it
+    assert figures["warm_pool"] == 1
+    assert series["create+resume until an exec answers"]["n"] == 3
+    assert series["create+resume until an exec answers, warm pool"]["n"] == 3
     # a frozen actor keeps its sandbox: its memory is measured while paused
     assert figures["memory_mib"]["memory per paused actor (PSS, median)"] > 10
     # a suspend writes a checkpoint image; its size is reported per actor

@@ -188,7 +188,7 @@ class FreezeTier:
 
     def _new_unit(self) -> int:
         used = set(self.slots.values()) | set(self.spares)
-        used |= {e.unit for e in self.frozen.values()}
+        used |= {e.unit for e in self.frozen.values()} | self.rt.warm.units()
         unit = self.rt.config.workers
         while unit in used:
             unit += 1
@@ -364,7 +364,8 @@ class FreezeTier:
         return sum(e.pss or _GUESS_PSS for e in self.frozen.values())
 
     def _enforce_budget(self) -> None:
-        over = self.frozen_bytes() - self.budget
+        over = self.frozen_bytes() + self.rt.warm.bytes() - self.budget
+        over -= self.rt.warm.shed(over) if over > 0 else 0  # the warm pool goes first
         for entry in sorted(self.frozen.values(), key=lambda e: e.frozen_at):
             if over <= 0:
                 break

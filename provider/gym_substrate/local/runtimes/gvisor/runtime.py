@@ -46,6 +46,7 @@ from gym_substrate.local.runtimes.gvisor.bundle import masks_for, write_actor_id
 from gym_substrate.local.runtimes.gvisor.freezer import FROZEN_MARKER, FreezeTier
 from gym_substrate.local.runtimes.gvisor.phases import Phases
 from gym_substrate.local.runtimes.gvisor.runsc import ContainerState, Runsc, RunscError
+from gym_substrate.local.runtimes.gvisor.warm import WarmPool, warm_first
 
 __all__ = ["AGENT_PORT", "GvisorRuntime", "http_status"]
 
@@ -153,6 +154,7 @@ class GvisorRuntime:
         # PauseActor's frozen tier (freezer.py): off unless gvisor.pause_tier is "freeze"
         self.tier = FreezeTier(self, config.extra)
         self.phases = Phases()  # each lifecycle step's wall time (`local bench --phases`)
+        self.warm = WarmPool(self, config.extra)  # warm.py: gvisor.warm_pool
 
     # -- paths -------------------------------------------------------------------------------
     @property
@@ -195,10 +197,12 @@ class GvisorRuntime:
                     home = await asyncio.to_thread(net.setup_slot_net, self.instance, index)
                 self._worker_ips[index] = home.sandbox_ip
             self._opened = True
+            await self.warm.open()
             await self.tier.open()
             self.publish_slots()
 
     async def close(self) -> None:
+        await self.warm.close()
         await self.tier.close()
         await self._await_drains()
         self._opened = False
@@ -292,6 +296,7 @@ class GvisorRuntime:
         )
         return _Sandbox(cid=cid, slot=slot, actor_key=actor.key, directory=directory)
 
+    @warm_first  # a pooled sandbox of the template's golden snapshot, when one fits (warm.py)
     async def start(
         self,
         actor: ActorSpec,
@@ -647,6 +652,7 @@ class GvisorRuntime:
     # -- cleanup -------------------------------------------------------------------------------
     async def cleanup(self) -> list[str]:
         removed: list[str] = []
+        await self.warm.close()
         await self.tier.close()
         await self._await_drains()
         if not self._opened:  # `local down` after a crash: what that run froze is on disk
