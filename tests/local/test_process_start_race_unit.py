@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from gym_substrate.local.runtimes.process import _start_race
+from gym_substrate.local.runtimes.process_host import start_race_lost
 
 BWRAP_RACE = (
     "bwrap: Can't bind mount /oldroot/ on /newroot/: Unable to apply mount flags: remount "
@@ -29,4 +29,4 @@ BWRAP_RACE = (
     ],
 )
 def test_only_lost_races_are_retried(tail: str, retried: bool) -> None:
-    assert _start_race(tail) is retried
+    assert start_race_lost(tail) is retried

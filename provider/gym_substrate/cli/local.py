@@ -27,6 +27,7 @@ from gym_substrate.cli._local_common import (
     state_dir_option,
 )
 from gym_substrate.cli._output import Column, console, emit_json, fail, table
+from gym_substrate.cli.local_bench import bench, demo
 from gym_substrate.cli.local_rootfs import rootfs_group
 from gym_substrate.cli.local_templates import images, templates
 from gym_substrate.local import daemon, settle, statedir
@@ -109,6 +110,8 @@ def local() -> None:
 local.add_command(templates)
 local.add_command(images)
 local.add_command(rootfs_group)
+local.add_command(demo)
+local.add_command(bench)
 
 
 @local.command()
@@ -630,92 +633,3 @@ def _print_status(data: dict[str, Any]) -> None:
     console.print(table(rows, _TEMPLATE_COLUMNS, title="templates"))
     tags = data.get("tags") or []
     console.print(table(tags, _TAG_COLUMNS, title=f"tags ({len(tags)})"))
-
-
-@local.command()
-@click.option("--runtime", type=click.Choice(RUNTIME_NAMES), default="auto", show_default=True)
-@click.option("--sandboxes", type=click.IntRange(1, 16), default=3, show_default=True)
-@rootfs_option
-def demo(runtime: str, sandboxes: int, rootfs: str) -> None:
-    """Start a throwaway backend and walk sandboxes through their whole lifecycle."""
-    from gym_substrate.local.tour import run_demo
-
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    try:
-        asyncio.run(
-            run_demo(
-                console,
-                runtime=runtime,
-                sandboxes=sandboxes,
-                workers=max(2, sandboxes),
-                default_rootfs=rootfs,
-            )
-        )
-    except (BackendError, RuntimeFailure) as exc:
-        raise fail(str(exc)) from exc
-    console.print(
-        "[bold green]demo finished[/]: every sandbox was deleted and the backend stopped."
-    )
-
-
-@local.command()
-@click.option("--runtime", type=click.Choice(RUNTIME_NAMES), default="auto", show_default=True)
-@click.option(
-    "--iterations",
-    type=click.IntRange(3, 1000),
-    default=10,
-    show_default=True,
-    help="Actors taken through create, pause, resume, suspend, resume (and floor repetitions).",
-)
-@click.option(
-    "--execs",
-    type=click.IntRange(10, 100000),
-    default=200,
-    show_default=True,
-    help="Exec requests timed through the router and directly.",
-)
-@click.option(
-    "--pause-tier",
-    type=click.Choice(PAUSE_TIERS),
-    default="freeze",
-    show_default=True,
-    help="The backend's pause tier under gVisor (see `local up --pause-tier`).",
-)
-@rootfs_option
-@click.option(
-    "--phases",
-    is_flag=True,
-    help="Also print the gVisor runtime's time step by step (restore, checkpoint, the exit "
-    "wait, connection resets, the unshare wrapper, the background delete after a park).",
-)
-@click.option("--json", "as_json", is_flag=True, help="Also print the figures as JSON.")
-def bench(
-    runtime: str,
-    iterations: int,
-    execs: int,
-    pause_tier: str,
-    rootfs: str,
-    phases: bool,
-    as_json: bool,
-) -> None:
-    """Time the actor lifecycle on this machine next to runsc's own floor (p50/p90, ratios,
-    memory per running and per paused actor)."""
-    from gym_substrate.lab.bench.local import run_bench
-
-    logging.basicConfig(level=logging.ERROR)
-    try:
-        result = asyncio.run(
-            run_bench(
-                console,
-                runtime=runtime,
-                iterations=iterations,
-                execs=execs,
-                default_rootfs=rootfs,
-                pause_tier=pause_tier,
-                phases=phases,
-            )
-        )
-    except (BackendError, RuntimeFailure) as exc:
-        raise fail(str(exc)) from exc
-    if as_json:
-        emit_json(result)

@@ -61,10 +61,12 @@ from gym_substrate.local.runtimes.base import (
 )
 from gym_substrate.local.runtimes.process_host import (
     ROOTFS_WORKDIR,
+    StartRaceLost,
     bwrap_problem,
     rewrite_argv,
     rootfs_argv,
     sandboxed_argv,
+    start_race_lost,
 )
 from gym_substrate.local.runtimes.process_host import agent_url as _url
 from gym_substrate.local.runtimes.process_host import alive as _alive
@@ -91,19 +93,6 @@ log = logging.getLogger(__name__)
 INSTANCE_ENV = "GYM_SUBSTRATE_LOCAL_INSTANCE"
 SANDBOX_ENV = "GYM_SUBSTRATE_LOCAL_SANDBOX"
 _TERM_GRACE_S = 2.0
-
-
-class _PortTaken(RuntimeFailure):
-    """A start lost a race it may win next time: another process bound the probed port first,
-    or a mount under the host root (another actor's /run/netns entry) went away while bwrap
-    was binding the root recursively. Worth another try."""
-
-
-def _start_race(tail: str) -> bool:
-    """What `_PortTaken` covers, read from the failed start's last output."""
-    return "already in use" in tail or (
-        "bwrap: Can't bind mount" in tail and "No such file or directory" in tail
-    )
 
 
 class ProcessRuntime(NothingToPark):
@@ -312,7 +301,7 @@ class ProcessRuntime(NothingToPark):
         while True:
             if proc is not None and proc.poll() is not None:
                 tail = _tail(log_path)
-                error = _PortTaken if _start_race(tail[-300:]) else RuntimeFailure
+                error = StartRaceLost if start_race_lost(tail[-300:]) else RuntimeFailure
                 raise error(
                     f"the actor's command exited with status {proc.returncode} before its "
                     f"readyz answered; last output:\n{tail}"
@@ -379,10 +368,10 @@ class ProcessRuntime(NothingToPark):
         tmpdir.mkdir(exist_ok=True)
         tmpdir.chmod(0o1777)  # like /tmp: the agent's jobs may run as other users
         last_error: RuntimeFailure | None = None
-        for _ in range(3):  # a start that lost a race (`_PortTaken`) is tried again
+        for _ in range(3):  # a start that lost a race (`StartRaceLost`) is tried again
             try:
                 return await self._spawn(actor, slot, workdir, deadline)
-            except _PortTaken as exc:
+            except StartRaceLost as exc:
                 last_error = exc
                 if time.monotonic() > deadline:
                     break

@@ -19,10 +19,11 @@ from collections.abc import Collection
 from pathlib import Path
 
 from gym_substrate.core import procfs
-from gym_substrate.local.runtimes.base import Rootfs
+from gym_substrate.local.runtimes.base import Rootfs, RuntimeFailure
 
 __all__ = [
     "ROOTFS_WORKDIR",
+    "StartRaceLost",
     "agent_url",
     "alive",
     "bwrap_problem",
@@ -33,6 +34,7 @@ __all__ = [
     "rootfs_argv",
     "sandboxed_argv",
     "signal_all",
+    "start_race_lost",
     "tail",
     "warning",
     "write_new",
@@ -331,4 +333,17 @@ def warning(
         "bubblewrap (apt-get install bubblewrap) or runsc before running untrusted code."
         + ports
         + disk_note
+    )
+
+
+class StartRaceLost(RuntimeFailure):
+    """A start lost a race it may win next time: another process bound the probed port first,
+    or a mount under the host root (another actor's /run/netns entry) went away while bwrap
+    was binding the root recursively. Worth another try."""
+
+
+def start_race_lost(tail: str) -> bool:
+    """What `StartRaceLost` covers, read from the failed start's last output."""
+    return "already in use" in tail or (
+        "bwrap: Can't bind mount" in tail and "No such file or directory" in tail
     )

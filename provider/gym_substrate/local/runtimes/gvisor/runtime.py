@@ -40,7 +40,7 @@ from gym_substrate.local.runtimes.base import (
     TemplateSpec,
     pss_bytes,
 )
-from gym_substrate.local.runtimes.gvisor import cgfreeze, host, net, slotaddr
+from gym_substrate.local.runtimes.gvisor import cgfreeze, host, hostclean, net, slotaddr
 from gym_substrate.local.runtimes.gvisor._proc import pid_running, wait_pid_exit
 from gym_substrate.local.runtimes.gvisor.bundle import masks_for, write_actor_id, write_bundle
 from gym_substrate.local.runtimes.gvisor.freezer import FROZEN_MARKER, FreezeTier
@@ -668,32 +668,13 @@ class GvisorRuntime:
         # Longer ids first: runsc matches ids by prefix.
         await asyncio.gather(*(self._discard(cid) for cid in sorted(states, reverse=True)))
         removed += [f"sandbox {cid}" for cid in states]
-        removed += await asyncio.to_thread(self._cleanup_host)
+        removed += await asyncio.to_thread(
+            hostclean.remove_instance_leftovers, self.runsc.root, self.instance, self.dir
+        )
         self._sandboxes.clear()
         self._nets.clear()
         self._worker_ips.clear()
         self._opened = False
-        return removed
-
-    def _cleanup_host(self) -> list[str]:
-        removed: list[str] = []
-        procs = host.find_processes(self.runsc.root)
-        if procs:
-            host.kill_processes([pid for pid, _ in procs])
-            removed += [f"process {pid} {cmd}" for pid, cmd in procs]
-        cgroups = host.find_cgroups(self.instance)
-        if cgroups:
-            host.remove_cgroups(cgroups)
-            removed += [f"cgroup {p}" for p in cgroups]
-        for mount in host.find_mounts([str(self.dir)]):
-            host.unmount(mount)
-            removed.append(f"mount {mount}")
-        removed += net.remove_net_of_instance(self.instance)
-        if net.remove_firewall(self.instance):
-            removed.append(f"nft table inet {net.firewall_table(self.instance)}")
-        if self.dir.exists():
-            shutil.rmtree(self.dir, ignore_errors=True)
-            removed.append(f"dir {self.dir}")
         return removed
 
     async def leftovers(self) -> list[str]:
@@ -701,17 +682,9 @@ class GvisorRuntime:
         with contextlib.suppress(RunscError, ValueError, OSError):
             found += [f"sandbox {s.id} ({s.status})" for s in await self._containers()]
 
-        def scan() -> list[str]:
-            items = [f"process {pid} {cmd}" for pid, cmd in host.find_processes(self.runsc.root)]
-            items += [f"cgroup {p}" for p in host.find_cgroups(self.instance)]
-            items += [f"mount {m}" for m in host.find_mounts([str(self.dir)])]
-            items += [f"mount {m}" for m in host.find_mounts([f"/run/netns/{self.instance}-w"])]
-            items += net.stale_net_of_instance(self.instance)
-            if net.firewall_present(self.instance):
-                items.append(f"nft table inet {net.firewall_table(self.instance)}")
-            return items
-
-        found += await asyncio.to_thread(scan)
+        found += await asyncio.to_thread(
+            hostclean.find_instance_leftovers, self.runsc.root, self.instance, self.dir
+        )
         return sorted(set(found))
 
 
