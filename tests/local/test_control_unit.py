@@ -24,7 +24,7 @@ from gym_substrate.local.control.plane import ControlPlane
 from gym_substrate.local.control.records import TagRecord, new_meta
 from gym_substrate.local.control.store import Store
 from gym_substrate.local.control.worker_rpcs import WorkerRpcs
-from gym_substrate.local.errors import ApiError
+from gym_substrate.local.errors import AteapiError
 from gym_substrate.local.images import ImageCatalogue
 from gym_substrate.local.metrics import Metrics
 from gym_substrate.local.runtimes.base import (
@@ -284,7 +284,7 @@ async def test_a_failed_start_crashes_the_actor_and_frees_its_worker(
     _create(plane, "a")
     _create(plane, "b")
     runtime.fail_start = "restore exploded"
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(AteapiError) as info:
         await plane.resume.run("t/a")
     assert (info.value.code, info.value.message) == (
         C.INTERNAL,
@@ -313,7 +313,7 @@ async def test_a_failed_checkpoint_crashes_the_actor(
     record = _create(plane, "a")
     await plane.resume.run("t/a")
     runtime.fail_checkpoint = RuntimeFailure("checkpoint exploded", sandbox_lost=lost)
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(AteapiError) as info:
         await plane.parking.suspend_key("t/a")
     lost_what = (
         "lost: the sandbox's memory and files since its snapshot generation 1 (RevertActor "
@@ -359,7 +359,7 @@ async def test_a_failed_checkpoint_that_leaves_the_sandbox_alive_keeps_it_runnin
         if operation == "pause"
         else plane.parking.suspend_key("t/a")
     )
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(AteapiError) as info:
         await park
     assert info.value.code == C.INTERNAL
     assert "the actor keeps running (RUNNING)" in info.value.message
@@ -458,7 +458,7 @@ async def test_a_second_operation_is_aborted_and_the_first_stays_waitable(
     runtime.gate = asyncio.Event()
     first = asyncio.ensure_future(plane.resume.run("t/a"))
     await asyncio.sleep(0)
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(AteapiError) as info:
         await plane.parking.suspend_key("t/a")
     assert (info.value.code, info.value.message) == (
         C.ABORTED,
@@ -550,7 +550,7 @@ async def test_deleting_a_worker_crashes_its_actors_and_it_can_register_again(
     )
     assert back.meta.name != removed.meta.name
     assert len(plane.pool.all()) == 2
-    with pytest.raises(ApiError) as info:
+    with pytest.raises(AteapiError) as info:
         rpcs.create(
             pb.CreateWorkerRequest(worker=pb.Worker(worker_namespace="local", worker_pod="x"))
         )
@@ -585,7 +585,7 @@ async def test_a_template_on_the_hosts_root_needs_the_operators_opt_in(
     on_host.metadata.name = "on-host"
     for reference in (host.reference, "local/host@sha256:" + "0" * 64):
         on_host.containers[0].image = reference
-        with pytest.raises(ApiError) as refused:
+        with pytest.raises(AteapiError) as refused:
             strict.templates.create(pb.CreateActorTemplateRequest(actor_template=on_host))
         assert refused.value.code == C.FAILED_PRECONDITION
         assert "--allow-host-rootfs" in refused.value.message
@@ -594,7 +594,7 @@ async def test_a_template_on_the_hosts_root_needs_the_operators_opt_in(
     # "old" uses the stored default template (on the host's /, stored while allowed), so it
     # is kept; its actor cannot start now
     assert strict.state.templates["local/sandbox"].meta.uid == own.template_uid
-    with pytest.raises(ApiError) as crashed:
+    with pytest.raises(AteapiError) as crashed:
         await strict.resume.run(own.key)
     assert "--allow-host-rootfs" in crashed.value.message
     assert strict.state.actors[own.key].state == "CRASHED"

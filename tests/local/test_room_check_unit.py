@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from gym_substrate.local.control import durability
-from gym_substrate.local.errors import ApiError
+from gym_substrate.local.errors import AteapiError
 
 
 class FakeRuntime:
@@ -48,7 +48,7 @@ def test_a_freeze_tier_pause_is_never_estimated(tmp_path: Path) -> None:
 
 def test_a_checkpoint_pause_that_cannot_fit_is_refused(tmp_path: Path) -> None:
     runtime = FakeRuntime(writes=True, estimate=2**62)
-    with pytest.raises(ApiError) as caught:
+    with pytest.raises(AteapiError) as caught:
         _check(runtime, tmp_path / "snap")
     assert caught.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "keeps running" in caught.value.message
@@ -57,7 +57,7 @@ def test_a_checkpoint_pause_that_cannot_fit_is_refused(tmp_path: Path) -> None:
 
 def test_a_suspend_is_checked_even_on_the_freeze_tier(tmp_path: Path) -> None:
     runtime = FakeRuntime(writes=False, estimate=2**62)
-    with pytest.raises(ApiError):
+    with pytest.raises(AteapiError):
         _check(runtime, tmp_path / "snap", durable=True)
     assert runtime.estimates == 1
 

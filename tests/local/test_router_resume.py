@@ -18,7 +18,7 @@ import grpc
 import pytest
 from router_fakes import Fail, RouterEnv, running, target, until
 
-from gym_substrate.local.errors import ApiError
+from gym_substrate.local.errors import AteapiError
 from gym_substrate.local.metrics import Metrics
 from gym_substrate.local.router import Router
 from gym_substrate.local.router.errors import BudgetExhausted
@@ -337,7 +337,7 @@ async def test_a_1_s_budget_holds_8_attempts_on_an_injected_clock() -> None:
     class Api:
         async def resume(self, atespace: str, name: str, timeout_s: float) -> Any:
             attempts.append(round(now[0], 6))
-            raise ApiError(C.RESOURCE_EXHAUSTED, "no free workers available")
+            raise AteapiError(C.RESOURCE_EXHAUSTED, "no free workers available")
 
         async def close(self) -> None:
             return None

@@ -2,7 +2,7 @@
 
 A scripted plane stands in for the control plane's parts, so what the servicer itself does is
 seen alone: every RPC of `ateapi.Control` has a row, unknown fields are refused before any part
-runs, an ApiError reaches the client as it is and anything else is INTERNAL `internal server
+runs, an AteapiError reaches the client as it is and anything else is INTERNAL `internal server
 error: ...`, each answer carries the elapsed trailer and is counted under its code
 (internal/ateinterceptors/ateinterceptors.go@2e3e300a, rejectunknown_test.go@2e3e300a).
 """
@@ -18,7 +18,7 @@ import pytest
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
 from gym_substrate.local import servicer
-from gym_substrate.local.errors import ApiError
+from gym_substrate.local.errors import AteapiError
 from gym_substrate.local.metrics import Metrics
 
 C = grpc.StatusCode
@@ -57,7 +57,7 @@ class ScriptedPlane:
 @pytest.fixture
 async def served() -> AsyncIterator[tuple[ScriptedPlane, Any, grpc.aio.Channel]]:
     def missing(request: Any) -> None:
-        raise ApiError(
+        raise AteapiError(
             C.NOT_FOUND, f"Actor {request.actor.atespace}/{request.actor.name} not found"
         )
 

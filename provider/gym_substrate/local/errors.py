@@ -1,6 +1,6 @@
 """The local backend's errors.
 
-`ApiError` is what an ateapi call answers: the gRPC status code and message Substrate sends
+`AteapiError` is what an ateapi call answers: the gRPC status code and message Substrate sends
 (the control plane raises it, the servicer aborts with it unchanged, the router maps it to
 atenet's HTTP answers, so both front doors report one error the same way). `BackendError` is a
 backend that cannot start or stop; both messages say what to do. A runtime's `RuntimeFailure`
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import grpc
 
-__all__ = ["ApiError", "BackendError", "go_quote", "internal", "quote"]
+__all__ = ["AteapiError", "BackendError", "go_quote", "internal", "quote"]
 
 # an error message repeats at most this much of the input it refuses
 _QUOTE_CHARS = 64
@@ -26,7 +26,7 @@ _GO_ESCAPES = {
 }
 
 
-class ApiError(Exception):
+class AteapiError(Exception):
     """An ateapi error: the gRPC status `code` and the `message` Substrate sends with it."""
 
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
@@ -39,9 +39,9 @@ class BackendError(RuntimeError):
     """The backend cannot start or stop; the message says why and what to do."""
 
 
-def internal(message: str) -> ApiError:
+def internal(message: str) -> AteapiError:
     """An error ateapi returns without a gRPC status: its interceptor makes it INTERNAL so."""
-    return ApiError(grpc.StatusCode.INTERNAL, f"internal server error: {message}")
+    return AteapiError(grpc.StatusCode.INTERNAL, f"internal server error: {message}")
 
 
 def _cap(value: str) -> tuple[str, str]:

@@ -18,7 +18,7 @@ import grpc.aio
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
 from gym_substrate.local.client_config import API_SERVER_NAME
-from gym_substrate.local.errors import ApiError
+from gym_substrate.local.errors import AteapiError
 
 __all__ = ["ResumeClient"]
 
@@ -60,13 +60,13 @@ class ResumeClient:
         try:
             token = self.token_file.read_text().strip()
         except OSError as exc:
-            raise ApiError(
+            raise AteapiError(
                 grpc.StatusCode.UNAUTHENTICATED, f"router: cannot read {self.token_file}: {exc}"
             ) from exc
         return (("authorization", f"Bearer {token}"),)
 
     async def resume(self, atespace: str, name: str, timeout_s: float) -> pb.ResumeActorResponse:
-        """ResumeActor under a ``timeout_s`` deadline; a failure is the server's ApiError.
+        """ResumeActor under a ``timeout_s`` deadline; a failure is the server's AteapiError.
 
         The answer carries the actor (its worker in ``status.worker_assignment``) and
         ``resumed``, false when the actor was already RUNNING.
@@ -77,7 +77,7 @@ class ResumeClient:
                 request, timeout=timeout_s, metadata=self._metadata()
             )
         except grpc.aio.AioRpcError as exc:
-            raise ApiError(exc.code(), exc.details() or "") from exc
+            raise AteapiError(exc.code(), exc.details() or "") from exc
         return response
 
     async def close(self) -> None:

@@ -4,7 +4,7 @@ Each RPC is one row of `control_table`: the control-plane part that answers it a
 record becomes the response. One handler serves every row, as ateapi's interceptor chain does:
 it refuses unknown request fields first (`RejectUnknownFieldsUnaryInterceptor`), times the call
 (`rpc_server_call_duration_seconds`, the `x-server-elapsed-us` trailer on every answer, errors
-included) and aborts with an `ApiError`'s code and message unchanged; any other exception is
+included) and aborts with an `AteapiError`'s code and message unchanged; any other exception is
 INTERNAL `internal server error: ...`. Request and response classes come from the proto's
 service descriptor, so a table that misses an RPC fails at start-up.
 
@@ -29,7 +29,7 @@ from gym_substrate.local.control.identity import Identity
 from gym_substrate.local.control.plane import ControlPlane
 from gym_substrate.local.control.validation import reject_unknown_fields
 from gym_substrate.local.control.worker_rpcs import WorkerRpcs
-from gym_substrate.local.errors import ApiError
+from gym_substrate.local.errors import AteapiError
 
 __all__ = ["POLICY_RPCS", "add_ateapi_services", "control_table"]
 
@@ -54,7 +54,7 @@ POLICY_RPCS: Mapping[str, str] = {
 
 def _unimplemented(reason: str) -> Handler:
     def handler(request: Any) -> Any:
-        raise ApiError(grpc.StatusCode.UNIMPLEMENTED, reason)
+        raise AteapiError(grpc.StatusCode.UNIMPLEMENTED, reason)
 
     return handler
 
@@ -176,7 +176,7 @@ def _behavior(plane: ControlPlane, method: MethodDescriptor, handler: Handler) -
             result = handler(request)
             if inspect.isawaitable(result):
                 result = await result
-        except ApiError as exc:
+        except AteapiError as exc:
             code = exc.code
             await context.abort(exc.code, exc.message, elapsed())
             raise  # unreachable: abort raises

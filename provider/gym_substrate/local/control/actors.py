@@ -40,7 +40,7 @@ from gym_substrate.local.control.validation import (
     check_short_name,
     validated_ref,
 )
-from gym_substrate.local.errors import ApiError
+from gym_substrate.local.errors import AteapiError
 from gym_substrate.local.runtimes.base import RuntimeFailure
 from gym_substrate.local.snapshots import remove_snapshot
 
@@ -84,7 +84,7 @@ class Actors:
         template_key = f"{actor.actor_template.atespace}/{actor.actor_template.name}"
         template = self.plane.state.templates.get(template_key)
         if template is None:
-            raise ApiError(
+            raise AteapiError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 "actor template not found",
             )
@@ -120,23 +120,23 @@ class Actors:
         key = f"{actor.metadata.atespace}/{actor.metadata.name}"
         for precondition in ("uid", "version"):
             if not getattr(actor.metadata, precondition):
-                raise ApiError(
+                raise AteapiError(
                     grpc.StatusCode.INVALID_ARGUMENT,
                     f"while updating actor {key}: persistence: precondition required: "
                     f"{precondition}",
                 )
         record = self.plane.state.actors.get(key)
         if record is None:
-            raise ApiError(grpc.StatusCode.NOT_FOUND, f"actor {key} not found")
+            raise AteapiError(grpc.StatusCode.NOT_FOUND, f"actor {key} not found")
         if actor.metadata.uid != record.meta.uid or actor.metadata.version != record.meta.version:
-            raise ApiError(grpc.StatusCode.ABORTED, "concurrent update conflict, please retry")
+            raise AteapiError(grpc.StatusCode.ABORTED, "concurrent update conflict, please retry")
         source = (
             f"{actor.source_tag.atespace}/{actor.source_tag.name}"
             if actor.HasField("source_tag")
             else ""
         )
         if source != record.source_tag:
-            raise ApiError(
+            raise AteapiError(
                 grpc.StatusCode.INVALID_ARGUMENT, "source_tag: Invalid value: field is immutable"
             )
         changes: dict[str, object] = {"worker_selector": dict(actor.worker_selector.match_labels)}
@@ -148,14 +148,14 @@ class Actors:
     def _repoint(self, record: ActorRecord, template_key: str) -> dict[str, object]:
         """A new template for a SUSPENDED actor: same sandbox config and storage location."""
         if record.state != SUSPENDED:
-            raise ApiError(
+            raise AteapiError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 "actor must be ACTOR_STATE_SUSPENDED to change its actor template "
                 f"(got: ACTOR_STATE_{record.state})",
             )
         new = self.plane.state.templates.get(template_key)
         if new is None:
-            raise ApiError(
+            raise AteapiError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 "actor template not found",
             )
@@ -163,7 +163,7 @@ class Actors:
         if old is not None:
             before, after = (pb.ActorTemplate.FromString(t.message) for t in (old, new))
             if list(before.volumes) != list(after.volumes):
-                raise ApiError(
+                raise AteapiError(
                     grpc.StatusCode.FAILED_PRECONDITION,
                     "volumes differ between the current and the new actor template; volumes "
                     "must be identical to repoint an actor",
@@ -171,7 +171,7 @@ class Actors:
             owns = any(s.owner == "ACTOR" for s in record.snapshots)
             location = before.snapshot_config.storage_location
             if owns and location != after.snapshot_config.storage_location:
-                raise ApiError(
+                raise AteapiError(
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f'the actor\'s snapshots are stored under "{location}" but the new actor '
                     f'template stores them under "{after.snapshot_config.storage_location}": the '
@@ -204,7 +204,7 @@ class Actors:
             record = self.plane.state.actor(key)
             check_preconditions("Actor", key, record.meta.uid, record.meta.version, request.options)
             if record.state not in (SUSPENDED, CRASHED, DELETING) and not request.any_state:
-                raise ApiError(
+                raise AteapiError(
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"Actor {key} is not in a deletable state (state: ACTOR_STATE_{record.state})",
                 )
@@ -225,9 +225,9 @@ class Actors:
         state = self.plane.state
         key = f"{atespace}/{name}"
         if key in state.actors:
-            raise ApiError(grpc.StatusCode.ALREADY_EXISTS, f"Actor {name} already exists")
+            raise AteapiError(grpc.StatusCode.ALREADY_EXISTS, f"Actor {name} already exists")
         if atespace not in state.atespaces:
-            raise ApiError(grpc.StatusCode.FAILED_PRECONDITION, f"Atespace {atespace} not found")
+            raise AteapiError(grpc.StatusCode.FAILED_PRECONDITION, f"Atespace {atespace} not found")
         return state.insert(
             ActorRecord(
                 meta=new_meta(atespace, name, self.plane.clock()),
@@ -252,14 +252,14 @@ class Actors:
         if tag is None:
             if source is None:
                 return None  # a golden tag deleted by hand: cold boot, as before it existed
-            raise ApiError(fail, "Tag not found")
+            raise AteapiError(fail, "Tag not found")
         if tag.scope == "ATESPACE" and tag.meta.atespace != atespace:
-            raise ApiError(fail, "Tag is not published outside its Atespace")
+            raise AteapiError(fail, "Tag is not published outside its Atespace")
         stored = tag.snapshot.completed("DURABLE") if tag.snapshot is not None else None
         if tag.snapshot is None or stored is None:
-            raise ApiError(fail, "source Tag is still being created or failed creation")
+            raise AteapiError(fail, "source Tag is still being created or failed creation")
         if tag.template_uid != template.meta.uid:
-            raise ApiError(
+            raise AteapiError(
                 fail,
                 "source Tag must be taken from an actor with ActorTemplate uid "
                 f'"{tag.template_uid}"',

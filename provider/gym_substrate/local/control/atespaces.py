@@ -16,7 +16,7 @@ from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.local.control.paging import check_page_request, page
 from gym_substrate.local.control.records import AtespaceRecord, new_meta
 from gym_substrate.local.control.validation import FieldErrors, check_short_name, validated_ref
-from gym_substrate.local.errors import ApiError
+from gym_substrate.local.errors import AteapiError
 
 if TYPE_CHECKING:
     from gym_substrate.local.control.plane import ControlPlane
@@ -29,9 +29,9 @@ def check_preconditions(
 ) -> None:
     """A delete's DeleteOptions, checked before anything is touched (ABORTED on a mismatch)."""
     if options.uid and options.uid != uid:
-        raise ApiError(grpc.StatusCode.ABORTED, f"{kind} {ref} does not have uid {options.uid}")
+        raise AteapiError(grpc.StatusCode.ABORTED, f"{kind} {ref} does not have uid {options.uid}")
     if options.version and options.version != version:
-        raise ApiError(grpc.StatusCode.ABORTED, "concurrent update conflict, please retry")
+        raise AteapiError(grpc.StatusCode.ABORTED, "concurrent update conflict, please retry")
 
 
 class Atespaces:
@@ -41,7 +41,7 @@ class Atespaces:
     def _get(self, name: str) -> AtespaceRecord:
         record = self.plane.state.atespaces.get(name)
         if record is None:
-            raise ApiError(grpc.StatusCode.NOT_FOUND, f"Atespace {name} not found")
+            raise AteapiError(grpc.StatusCode.NOT_FOUND, f"Atespace {name} not found")
         return record
 
     def create(self, request: pb.CreateAtespaceRequest) -> AtespaceRecord:
@@ -61,7 +61,7 @@ class Atespaces:
         if existing is not None:
             if exists_ok:
                 return existing
-            raise ApiError(grpc.StatusCode.ALREADY_EXISTS, f"Atespace {name} already exists")
+            raise AteapiError(grpc.StatusCode.ALREADY_EXISTS, f"Atespace {name} already exists")
         return self.plane.state.insert(AtespaceRecord(new_meta("", name, self.plane.clock())))
 
     def get(self, request: pb.GetAtespaceRequest) -> AtespaceRecord:
@@ -90,6 +90,6 @@ class Atespaces:
             for table in (state.actors, state.tags, state.templates)
             for r in table.values()
         ):
-            raise ApiError(grpc.StatusCode.FAILED_PRECONDITION, f"Atespace {name} is not empty")
+            raise AteapiError(grpc.StatusCode.FAILED_PRECONDITION, f"Atespace {name} is not empty")
         state.remove(record)
         return record

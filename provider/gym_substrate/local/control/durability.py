@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from gym_substrate.local.control.records import PAUSED, RUNNING, ActorRecord, SnapshotRecord
-from gym_substrate.local.errors import ApiError
+from gym_substrate.local.errors import AteapiError
 from gym_substrate.local.runtimes.base import RuntimeFailure
 from gym_substrate.local.snapshots import free_bytes, remove_snapshot, tree_bytes
 
@@ -106,7 +106,7 @@ async def check_room(
     if free >= needed:
         return
     keeps = "stays PAUSED" if upload_from is not None else "keeps running (RUNNING)"
-    raise ApiError(
+    raise AteapiError(
         grpc.StatusCode.RESOURCE_EXHAUSTED,
         f"{operation} of actor {record.key} refused: its image needs about "
         f"{needed / _MB:.1f} MiB but only {free / _MB:.1f} MiB are free in {_existing(dest)}; "
@@ -140,7 +140,7 @@ async def sandbox_survived(plane: ControlPlane, handle: str, exc: Exception) -> 
 
 async def keep_running(
     plane: ControlPlane, record: ActorRecord, operation: str, dest: Path, exc: Exception
-) -> ApiError:
+) -> AteapiError:
     """Undo a park whose checkpoint failed but left the sandbox alive: the new generation goes,
     the actor is RUNNING again; the error to answer with."""
     await asyncio.to_thread(remove_snapshot, dest)
@@ -148,7 +148,7 @@ async def keep_running(
     snapshots = tuple(s for s in current.snapshots if s.generation != current.last_generation)
     plane.state.save(current, state=RUNNING, snapshots=snapshots)
     log.warning("%s of %s failed; it keeps running: %s", operation, record.key, exc)
-    return ApiError(
+    return AteapiError(
         grpc.StatusCode.INTERNAL,
         f"{operation} of actor {record.key} failed and nothing was saved, but its sandbox "
         f"survived: the actor keeps running (RUNNING) with its memory and files: {exc}",
@@ -181,13 +181,15 @@ def drop_pending_durable(record: ActorRecord) -> tuple[SnapshotRecord, ...]:
     )
 
 
-def keep_paused(plane: ControlPlane, record: ActorRecord, dest: Path, exc: Exception) -> ApiError:
+def keep_paused(
+    plane: ControlPlane, record: ActorRecord, dest: Path, exc: Exception
+) -> AteapiError:
     """Undo an upload that failed with the local image intact: the actor is PAUSED again."""
     shutil.rmtree(dest, ignore_errors=True)
     current = plane.state.actor(record.key)
     plane.state.save(current, state=PAUSED, snapshots=drop_pending_durable(current))
     log.warning("suspend of paused %s failed; it stays paused: %s", record.key, exc)
-    return ApiError(
+    return AteapiError(
         grpc.StatusCode.INTERNAL,
         f"suspend of actor {record.key} failed and nothing was lost: it stays PAUSED with its "
         f"node-local snapshot: {exc}",

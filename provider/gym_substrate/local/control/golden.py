@@ -30,7 +30,7 @@ from gym_substrate.local.control.records import (
     TemplateRecord,
 )
 from gym_substrate.local.control.warm_targets import kick_warm_pool
-from gym_substrate.local.errors import ApiError
+from gym_substrate.local.errors import AteapiError
 
 if TYPE_CHECKING:
     from gym_substrate.local.control.plane import ControlPlane
@@ -111,7 +111,7 @@ class GoldenBuilder:
                 log.warning("golden build of %s failed: %s", key, failed.text)
                 self.plane.state.save(record, golden_error=_truncate(failed.text))
                 return
-            except ApiError as exc:
+            except AteapiError as exc:
                 log.info("golden build of %s: %s; retrying in %.1f s", key, exc.message, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, _RETRY_MAX_S)
@@ -142,7 +142,7 @@ class GoldenBuilder:
             plane.atespaces.ensure(GOLDEN_ATESPACE)
             try:
                 plane.actors.insert(GOLDEN_ATESPACE, record.meta.uid, record, source=None)
-            except ApiError as exc:
+            except AteapiError as exc:
                 if exc.code == grpc.StatusCode.INVALID_ARGUMENT:
                     raise _Failed(
                         "GoldenActorInvalid", f"creating golden actor: {exc.message}"

@@ -23,7 +23,7 @@ from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.local.control.records import ActorRecord
 from gym_substrate.local.control.validation import FieldErrors, check_ref
 from gym_substrate.local.control.views import timestamp
-from gym_substrate.local.errors import ApiError, internal
+from gym_substrate.local.errors import AteapiError, internal
 
 if TYPE_CHECKING:
     from gym_substrate.local.control.plane import ControlPlane
@@ -78,7 +78,7 @@ class Identity:
         """The actor, or NOT_FOUND `actor not found` (the identity RPCs name no ref)."""
         actor = self.plane.state.actors.get(key)
         if actor is None:
-            raise ApiError(grpc.StatusCode.NOT_FOUND, "actor not found")
+            raise AteapiError(grpc.StatusCode.NOT_FOUND, "actor not found")
         return actor
 
     def mint_jwt(self, request: pb.MintActorJWTRequest) -> pb.MintActorJWTResponse:
@@ -105,7 +105,7 @@ class Identity:
         errors.raise_if_any()
         actor = self._actor(key)
         if self._sign is None:
-            raise ApiError(grpc.StatusCode.FAILED_PRECONDITION, _NO_KEYS)
+            raise AteapiError(grpc.StatusCode.FAILED_PRECONDITION, _NO_KEYS)
         now = int(self._clock())
         expires = now + int(request.expiration_seconds)
         claims = {
@@ -140,18 +140,18 @@ class Identity:
         errors.raise_if_any()
         actor = self._actor(key)
         if actor.meta.uid != request.actor_uid:
-            raise ApiError(
+            raise AteapiError(
                 grpc.StatusCode.ABORTED, "conflict; actor has been deleted and recreated"
             )
         if self._issue is None:
-            raise ApiError(grpc.StatusCode.FAILED_PRECONDITION, _NO_KEYS)
+            raise AteapiError(grpc.StatusCode.FAILED_PRECONDITION, _NO_KEYS)
         uri = f"spiffe://{TRUST_DOMAIN}/actor/{actor.atespace}/{actor.name}"
         try:
             chain = self._issue(
                 bytes(request.certificate_signing_request), uri, ACTOR_CERT_LIFETIME_S
             )
         except CsrSignatureError as exc:
-            raise ApiError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+            raise AteapiError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
         except ValueError as exc:
             # upstream returns Go's parse error unwrapped: its interceptor makes it INTERNAL
             raise internal(f"while parsing CSR: {exc}") from exc

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from gym_substrate.local.errors import ApiError
+from gym_substrate.local.errors import AteapiError
 
 __all__ = ["Workflows"]
 
@@ -44,7 +44,7 @@ class Workflows:
 
     def _claim(self, actor_id: str, holder: asyncio.Task[Any] | None, subject: str) -> None:
         if actor_id in self._held:
-            raise ApiError(
+            raise AteapiError(
                 grpc.StatusCode.ABORTED, f"another operation is in progress for this {subject}"
             )
         self._held[actor_id] = asyncio.get_running_loop().create_future()

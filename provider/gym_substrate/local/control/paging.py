@@ -19,7 +19,7 @@ from typing import TypeVar
 import grpc
 
 from gym_substrate.local.control.validation import FieldErrors
-from gym_substrate.local.errors import ApiError
+from gym_substrate.local.errors import AteapiError
 
 __all__ = ["MAX_PAGE_SIZE", "page"]
 
@@ -37,7 +37,7 @@ def _encode(kind: str, scope: str, last: list[str]) -> str:
 
 
 def _decode(token: str, kind: str, scope: str) -> tuple[str, ...]:
-    bad = ApiError(grpc.StatusCode.INVALID_ARGUMENT, "invalid page_token")
+    bad = AteapiError(grpc.StatusCode.INVALID_ARGUMENT, "invalid page_token")
     try:
         data = json.loads(base64.b64decode(token, validate=True))
     except (binascii.Error, ValueError, UnicodeDecodeError):

@@ -50,7 +50,7 @@ from gym_substrate.local.control.records import (
 )
 from gym_substrate.local.control.validation import validated_ref
 from gym_substrate.local.crashpoint import crash_point
-from gym_substrate.local.errors import ApiError
+from gym_substrate.local.errors import AteapiError
 from gym_substrate.local.runtimes.base import (
     CheckpointResult,
     RuntimeFailure,
@@ -125,12 +125,12 @@ class Parking:
         if record.state == PAUSED:
             return record
         if record.atespace == GOLDEN_ATESPACE:
-            raise ApiError(
+            raise AteapiError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f'actors in atespace "{GOLDEN_ATESPACE}" are golden actors, which cannot be paused',
             )
         if record.state not in (RUNNING, PAUSING):
-            raise ApiError(
+            raise AteapiError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"MarkPausing prerequisite not met for Actor: {key} (got: "
                 f"ACTOR_STATE_{record.state}, want ACTOR_STATE_RUNNING)",
@@ -148,7 +148,7 @@ class Parking:
         if record.state == SUSPENDED:
             return record
         if record.state not in (RUNNING, PAUSED, SUSPENDING):
-            raise ApiError(
+            raise AteapiError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"MarkSuspending prerequisite not met for Actor: {key} (got: "
                 f"ACTOR_STATE_{record.state}, want ACTOR_STATE_RUNNING or ACTOR_STATE_PAUSED)",
@@ -163,7 +163,7 @@ class Parking:
                 await plane.revert.crash(
                     record, "suspend", "node holding the actor's local snapshot is unknown"
                 )
-                raise ApiError(
+                raise AteapiError(
                     grpc.StatusCode.UNKNOWN,
                     "actor is CRASHED because it was in PAUSED state with no completed local "
                     "snapshot",
@@ -232,7 +232,7 @@ class Parking:
             await asyncio.to_thread(remove_snapshot, dest)
             message = f"atelet Checkpoint: {exc}; {lost_since(record)}"
             await plane.revert.crash(record, operation, message)
-            raise ApiError(
+            raise AteapiError(
                 grpc.StatusCode.INTERNAL, f"actor {record.key} crashed: {message}"
             ) from exc
         crash_point("after-checkpoint-before-record")
@@ -261,7 +261,7 @@ class Parking:
             await asyncio.to_thread(remove_snapshot, dest)
             message = f"atelet UploadPausedCheckpoint: {exc}; {lost_since(record)}"
             await plane.revert.crash(record, "suspend", message)
-            raise ApiError(
+            raise AteapiError(
                 grpc.StatusCode.INTERNAL, f"actor {record.key} crashed: {message}"
             ) from exc
         crash_point("after-checkpoint-before-record")

@@ -43,7 +43,7 @@ from gym_substrate.local.control.templates import HOST_ROOTFS_REFUSED, Templates
 from gym_substrate.local.control.views import Views
 from gym_substrate.local.control.warm_targets import attach_warm_pool
 from gym_substrate.local.control.workers import WorkerPool
-from gym_substrate.local.errors import ApiError
+from gym_substrate.local.errors import AteapiError
 from gym_substrate.local.images import ImageCatalogue
 from gym_substrate.local.metrics import Metrics
 from gym_substrate.local.runtimes.base import ActorSpec, RuntimeFailure, SandboxRuntime
@@ -150,7 +150,7 @@ class ControlPlane:
         """
         template = self.state.templates.get(record.template)
         if template is None:
-            raise ApiError(
+            raise AteapiError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 "actor template not found",
             )

@@ -31,7 +31,7 @@ from gym_substrate.local.control.records import (
 )
 from gym_substrate.local.control.validation import validated_ref
 from gym_substrate.local.crashpoint import crash_point
-from gym_substrate.local.errors import ApiError
+from gym_substrate.local.errors import AteapiError
 from gym_substrate.local.runtimes.base import RuntimeFailure, Slot, SnapshotKind, SnapshotRef
 
 if TYPE_CHECKING:
@@ -82,10 +82,10 @@ class Resume:
                 reason = "assigned worker no longer satisfies the actor's placement constraints"
             if reason:
                 await plane.revert.crash(record, "resume", reason)
-                raise ApiError(grpc.StatusCode.ABORTED, f"actor {record.key} crashed")
+                raise AteapiError(grpc.StatusCode.ABORTED, f"actor {record.key} crashed")
             return record
         if record.state not in (SUSPENDED, PAUSED):
-            raise ApiError(
+            raise AteapiError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"AssignWorker prerequisite not met for Actor: {record.key} (got: "
                 f"ACTOR_STATE_{record.state}, want ACTOR_STATE_SUSPENDED or ACTOR_STATE_PAUSED)",
@@ -139,7 +139,7 @@ class Resume:
             plane.metrics.lifecycle(
                 "resume", template, kind, time.perf_counter() - started_at, "INTERNAL"
             )
-            raise ApiError(
+            raise AteapiError(
                 grpc.StatusCode.INTERNAL, f"actor {record.key} crashed: {step}: {exc}"
             ) from exc
         crash_point("mid-resume-after-restore")

@@ -32,7 +32,7 @@ from gym_substrate.local.control.records import (
     WorkerRecord,
 )
 from gym_substrate.local.control.validation import validated_ref
-from gym_substrate.local.errors import ApiError
+from gym_substrate.local.errors import AteapiError
 from gym_substrate.local.snapshots import remove_snapshot
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ class Revert:
         async with self.plane.locks.lock(key):
             record = self.plane.state.actor(key)
             if record.state not in (RUNNING, PAUSED, CRASHED, REVERTING):
-                raise ApiError(
+                raise AteapiError(
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"Actor {key} is not in a revertable state (got: ACTOR_STATE_{record.state}, "
                     "want one of [ACTOR_STATE_RUNNING ACTOR_STATE_PAUSED ACTOR_STATE_CRASHED])",
@@ -138,7 +138,7 @@ class Revert:
                 if current is None or current.state != RUNNING or current.handle != record.handle:
                     return
                 await self.crash(current, "", "the actor's sandbox exited while it was running")
-        except ApiError:
+        except AteapiError:
             return
 
     async def crash_lost(self, record: ActorRecord, message: str) -> None:
@@ -163,7 +163,7 @@ class Revert:
                         return
                     await self.crash(current, _INTERRUPTED.get(current.state, ""), message)
                     return
-            except ApiError:
+            except AteapiError:
                 await self.plane.locks.wait_idle(record.key, 1.0)
 
     def crash_for_epoch(self, worker: WorkerRecord) -> None:

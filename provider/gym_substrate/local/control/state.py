@@ -22,7 +22,7 @@ from gym_substrate.local.control.records import (
     TemplateRecord,
 )
 from gym_substrate.local.control.store import Store
-from gym_substrate.local.errors import ApiError
+from gym_substrate.local.errors import AteapiError
 
 __all__ = ["Clock", "State"]
 
@@ -93,5 +93,5 @@ class State:
         """The actor ``atespace/name``, or NOT_FOUND `Actor <ref> not found`."""
         record = self.actors.get(key)
         if record is None:
-            raise ApiError(grpc.StatusCode.NOT_FOUND, f"Actor {key} not found")
+            raise AteapiError(grpc.StatusCode.NOT_FOUND, f"Actor {key} not found")
         return record

@@ -33,7 +33,7 @@ from gym_substrate.local.control.records import (
     TemplateRecord,
     WorkerRecord,
 )
-from gym_substrate.local.errors import ApiError
+from gym_substrate.local.errors import AteapiError
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -84,7 +84,7 @@ def _mib(size: int | None) -> str:
     return "an unknown amount" if size is None else f"{size / 1024 / 1024:.1f} MiB"
 
 
-class StateFolderFull(ApiError):
+class StateFolderFull(AteapiError):
     """A state write the state folder had no room for: RESOURCE_EXHAUSTED, naming the folder,
     its free space and how to get room (nothing of the write was kept)."""
 

@@ -39,7 +39,7 @@ from gym_substrate.local.control.validation import (
     validated_ref,
 )
 from gym_substrate.local.crashpoint import crash_point
-from gym_substrate.local.errors import ApiError
+from gym_substrate.local.errors import AteapiError
 from gym_substrate.local.snapshots import commit_snapshot, partial_path, remove_snapshot
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ class Tags:
     def _get(self, key: str) -> TagRecord:
         record = self.plane.state.tags.get(key)
         if record is None:
-            raise ApiError(grpc.StatusCode.NOT_FOUND, f"Tag {key} not found")
+            raise AteapiError(grpc.StatusCode.NOT_FOUND, f"Tag {key} not found")
         return record
 
     # ---------------------------------------------------------------- RPCs
@@ -164,26 +164,28 @@ class Tags:
         key = f"{tag.metadata.atespace}/{tag.metadata.name}"
         for precondition in ("uid", "version"):
             if not getattr(tag.metadata, precondition):
-                raise ApiError(
+                raise AteapiError(
                     grpc.StatusCode.INVALID_ARGUMENT,
                     f"while updating tag {key}: persistence: precondition required: {precondition}",
                 )
         record = self._get(key)
         if tag.metadata.uid != record.meta.uid:
-            raise ApiError(
+            raise AteapiError(
                 grpc.StatusCode.ABORTED, f"Tag {key} not found with uid {tag.metadata.uid}"
             )
         if tag.metadata.version != record.meta.version:
-            raise ApiError(grpc.StatusCode.ABORTED, "concurrent update conflict, please retry")
+            raise AteapiError(grpc.StatusCode.ABORTED, "concurrent update conflict, please retry")
         source = f"{tag.source_actor.atespace}/{tag.source_actor.name}"
         if source != record.source_actor:
-            raise ApiError(
+            raise AteapiError(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"while updating tag {key}: tag.source_actor: Invalid value: "
                 f'"{source}": field is immutable',
             )
         if record.snapshot is None or record.snapshot.completed("DURABLE") is None:
-            raise ApiError(grpc.StatusCode.FAILED_PRECONDITION, f"Tag {key} is still being created")
+            raise AteapiError(
+                grpc.StatusCode.FAILED_PRECONDITION, f"Tag {key} is still being created"
+            )
         return self.plane.state.save(record, scope=scope)
 
     async def delete(self, request: pb.DeleteTagRequest) -> TagRecord:
@@ -228,7 +230,7 @@ class Tags:
         async with plane.locks.lock(source):
             actor = plane.state.actor(source)
             if actor.state != SUSPENDED:
-                raise ApiError(
+                raise AteapiError(
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"Actor {source} must be ACTOR_STATE_SUSPENDED to be tagged "
                     f"(got: ACTOR_STATE_{actor.state})",
@@ -236,19 +238,19 @@ class Tags:
             snapshot = actor.latest_durable()
             stored = snapshot.completed("DURABLE") if snapshot is not None else None
             if snapshot is None or stored is None:
-                raise ApiError(
+                raise AteapiError(
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"Actor {source} holds no external snapshot to tag",
                 )
             template = plane.template_of(actor)
             if key in plane.state.tags:
-                raise ApiError(
+                raise AteapiError(
                     grpc.StatusCode.ALREADY_EXISTS,
                     f"Tag {key} already exists; delete it and create it again to retry",
                 )
             atespace, _, name = key.partition("/")
             if atespace not in plane.state.atespaces:
-                raise ApiError(
+                raise AteapiError(
                     grpc.StatusCode.FAILED_PRECONDITION, f"Atespace {atespace} not found"
                 )
             meta = new_meta(atespace, name, plane.clock())
@@ -273,7 +275,7 @@ class Tags:
                 size = await asyncio.to_thread(_copy_and_commit, Path(stored.path), folder)
             except OSError as exc:
                 log.warning("tag %s: copying %s failed: %s", key, stored.path, exc)
-                raise ApiError(
+                raise AteapiError(
                     grpc.StatusCode.INTERNAL,
                     f"internal server error: while copying the snapshot of Actor {source} "
                     f"for Tag {key}: {exc}",

@@ -24,7 +24,7 @@ from gym_substrate.local.control.records import GOLDEN_ATESPACE, TemplateRecord,
 from gym_substrate.local.control.template_rules import apply_defaults, validate_template
 from gym_substrate.local.control.validation import FieldErrors, check_short_name, validated_ref
 from gym_substrate.local.control.warm_targets import kick_warm_pool
-from gym_substrate.local.errors import ApiError
+from gym_substrate.local.errors import AteapiError
 from gym_substrate.local.images import HOST_IMAGE, split_reference
 from gym_substrate.local.runtimes.base import TemplateSpec
 from gym_substrate.local.templates import (
@@ -76,7 +76,7 @@ class Templates:
     def _get(self, key: str) -> TemplateRecord:
         record = self.plane.state.templates.get(key)
         if record is None:
-            raise ApiError(grpc.StatusCode.NOT_FOUND, f"ActorTemplate {key} not found")
+            raise AteapiError(grpc.StatusCode.NOT_FOUND, f"ActorTemplate {key} not found")
         return record
 
     # ---------------------------------------------------------------- RPCs
@@ -95,17 +95,17 @@ class Templates:
         validate_template(template)
         problems = local_problems(template)
         if problems:
-            raise ApiError(grpc.StatusCode.FAILED_PRECONDITION, "; ".join(problems))
+            raise AteapiError(grpc.StatusCode.FAILED_PRECONDITION, "; ".join(problems))
         key = f"{meta.atespace}/{meta.name}"
         if not self.plane.allow_host_rootfs and _on_host_rootfs(template):
-            raise ApiError(
+            raise AteapiError(
                 grpc.StatusCode.FAILED_PRECONDITION, HOST_ROOTFS_REFUSED.format(template=key)
             )
         state = self.plane.state
         if key in state.templates:
-            raise ApiError(grpc.StatusCode.ALREADY_EXISTS, f"ActorTemplate {key} already exists")
+            raise AteapiError(grpc.StatusCode.ALREADY_EXISTS, f"ActorTemplate {key} already exists")
         if meta.atespace not in state.atespaces:
-            raise ApiError(
+            raise AteapiError(
                 grpc.StatusCode.FAILED_PRECONDITION, f"Atespace {meta.atespace} not found"
             )
         record = TemplateRecord(

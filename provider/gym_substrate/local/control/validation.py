@@ -22,7 +22,7 @@ import grpc
 from google.protobuf import unknown_fields
 from google.protobuf.message import Message
 
-from gym_substrate.local.errors import ApiError, go_quote
+from gym_substrate.local.errors import AteapiError, go_quote
 
 __all__ = [
     "FieldErrors",
@@ -127,7 +127,7 @@ class FieldErrors:
 
     def raise_if_any(self) -> None:
         if self.items:
-            raise ApiError(grpc.StatusCode.INVALID_ARGUMENT, self.message())
+            raise AteapiError(grpc.StatusCode.INVALID_ARGUMENT, self.message())
 
 
 def check_short_name(errors: FieldErrors, path: str, value: str, *, required: bool = True) -> None:

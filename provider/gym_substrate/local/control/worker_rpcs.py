@@ -22,7 +22,7 @@ from gym_substrate.local.control.paging import check_page_request, page
 from gym_substrate.local.control.records import WORKER_ACTIVE, ActorRecord, WorkerRecord
 from gym_substrate.local.control.revert import WORKER_GONE
 from gym_substrate.local.control.validation import FieldErrors, check_short_name, validated_ref
-from gym_substrate.local.errors import ApiError
+from gym_substrate.local.errors import AteapiError
 
 if TYPE_CHECKING:
     from gym_substrate.local.control.plane import ControlPlane
@@ -85,17 +85,17 @@ class WorkerRpcs:
         name = sent.metadata.name
         if not sent.metadata.uid or not sent.metadata.version:
             missing = "uid" if not sent.metadata.uid else "version"
-            raise ApiError(
+            raise AteapiError(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"while updating worker {name}: persistence: precondition required: {missing}",
             )
         worker = self.pool.get(name)
         if sent.metadata.uid != worker.meta.uid:
-            raise ApiError(
+            raise AteapiError(
                 grpc.StatusCode.ABORTED, f"Worker {name} is not the one the request describes"
             )
         if sent.metadata.version != worker.meta.version:
-            raise ApiError(grpc.StatusCode.ABORTED, "concurrent update conflict, please retry")
+            raise AteapiError(grpc.StatusCode.ABORTED, "concurrent update conflict, please retry")
         view = self.plane.views.worker(worker)
         for field in (
             "worker_namespace",
@@ -105,16 +105,16 @@ class WorkerRpcs:
             "node_name",
         ):
             if getattr(sent, field) != getattr(view, field):
-                raise ApiError(
+                raise AteapiError(
                     grpc.StatusCode.INVALID_ARGUMENT,
                     f"worker.{field}: Invalid value: {getattr(sent, field)!r}: field is immutable",
                 )
         if list(sent.ips) != list(view.ips):
-            raise ApiError(
+            raise AteapiError(
                 grpc.StatusCode.INVALID_ARGUMENT, "worker.ips: Invalid value: field is immutable"
             )
         if sent.epoch < worker.epoch:
-            raise ApiError(
+            raise AteapiError(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"worker.epoch: Invalid value: {sent.epoch}: may only increase (is {worker.epoch})",
             )
@@ -142,7 +142,7 @@ class WorkerRpcs:
         errors.raise_if_any()
         removed = self.pool.removed_pod(sent.worker_pod)
         if removed is None:
-            raise ApiError(
+            raise AteapiError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"worker pod {sent.worker_pod!r} is not one of the local backend's; its workers "
                 "are its --workers pods (restart with more: gym-substrate local up --workers N), "

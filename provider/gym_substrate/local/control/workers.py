@@ -28,7 +28,7 @@ from gym_substrate.local.control.records import (
     new_meta,
 )
 from gym_substrate.local.control.store import StateFolderFull, Store
-from gym_substrate.local.errors import ApiError
+from gym_substrate.local.errors import AteapiError
 from gym_substrate.local.runtimes.base import SandboxRuntime, Slot
 
 __all__ = ["NO_ROOM", "WORKER_NAMESPACE", "WORKER_POOL", "Placement", "WorkerPool"]
@@ -119,7 +119,7 @@ class WorkerPool:
     def get(self, name: str) -> WorkerRecord:
         worker = self.by_name(name)
         if worker is None:
-            raise ApiError(grpc.StatusCode.NOT_FOUND, f"Worker {name} not found")
+            raise AteapiError(grpc.StatusCode.NOT_FOUND, f"Worker {name} not found")
         return worker
 
     def of_slot(self, slot: int) -> WorkerRecord | None:
@@ -160,7 +160,7 @@ class WorkerPool:
             if self._eligible(w, selectors) and self.allocated(w) < w.capacity
         ]
         if not candidates:
-            raise ApiError(grpc.StatusCode.RESOURCE_EXHAUSTED, NO_ROOM)
+            raise AteapiError(grpc.StatusCode.RESOURCE_EXHAUSTED, NO_ROOM)
         if len(candidates) > 1:
             first, second = self.rng.sample(candidates, 2)
             load = {w.index: self.allocated(w) / w.capacity for w in (first, second)}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import grpc
 from aiohttp import web
 
-from gym_substrate.local.errors import ApiError
+from gym_substrate.local.errors import AteapiError
 from gym_substrate.local.router.headers import ActorRef
 
 __all__ = [
@@ -27,14 +27,14 @@ __all__ = [
 _ENVOY = "envoy"
 
 
-class BudgetExhausted(ApiError):
+class BudgetExhausted(AteapiError):
     """The flight's budget ran out while the last error was still retryable.
 
     It carries that error's code and message, so it maps like it (capacity stays a 503);
     only the parking metric tells it apart (`budgetExhaustedError`, resumer.go@18d1c266).
     """
 
-    def __init__(self, last: ApiError) -> None:
+    def __init__(self, last: AteapiError) -> None:
         super().__init__(last.code, last.message)
 
 
@@ -96,7 +96,7 @@ def map_resume_error(ref: ActorRef, exc: BaseException) -> Denied:
     if isinstance(exc, ParkingFull):
         # refs are DNS labels, so Go's %q is plain double quotes; no Retry-After header
         return Denied(503, f'actor "{ref}" unavailable: router at capacity', "unavailable")
-    if isinstance(exc, ApiError):
+    if isinstance(exc, AteapiError):
         status, body = _MAPPED.get(exc.code, _OTHER)
         outcome = _OUTCOMES.get(exc.code, "resume_error")
         return Denied(status, body.format(ref=ref, msg=exc.message), outcome)

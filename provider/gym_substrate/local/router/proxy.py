@@ -41,7 +41,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-from gym_substrate.local.errors import ApiError
+from gym_substrate.local.errors import AteapiError
 from gym_substrate.local.metrics import Metrics
 from gym_substrate.local.router import headers as hdr
 from gym_substrate.local.router.errors import (
@@ -327,7 +327,7 @@ class Router:
                 # Envoy's ext_proc message timeout: its own bodiless 504; the flight goes on
                 outcome = "cancelled"
                 return bare_reply(504)
-            except (ApiError, ParkingFull) as exc:
+            except (AteapiError, ParkingFull) as exc:
                 denied = map_resume_error(ref, exc)
                 outcome = denied.outcome
                 return denied.reply()

@@ -33,7 +33,7 @@ from typing import Protocol
 import grpc
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
-from gym_substrate.local.errors import ApiError
+from gym_substrate.local.errors import AteapiError
 from gym_substrate.local.router.errors import BudgetExhausted, ParkingFull
 from gym_substrate.local.router.headers import ActorRef
 from gym_substrate.local.router.parking import ParkingLot
@@ -137,7 +137,7 @@ class ActorResumer:
         """The resumed actor and the outcome label; waits at most ``wait_s`` (Envoy's ext_proc
         message timeout), then raises TimeoutError while the flight goes on.
 
-        Raises the flight's ApiError (a `BudgetExhausted` one included) or `ParkingFull`.
+        Raises the flight's AteapiError (a `BudgetExhausted` one included) or `ParkingFull`.
         """
         self._next_id += 1
         me = self._next_id
@@ -194,8 +194,8 @@ class ActorResumer:
         now = self._clock or asyncio.get_running_loop().time
         deadline = now() + self.budget_s
         delays = backoff_delays(*self._backoff, self._rng)
-        last_retryable: ApiError | None = None
-        outcome: pb.ResumeActorResponse | BaseException = ApiError(_C.UNKNOWN, "resume ended")
+        last_retryable: AteapiError | None = None
+        outcome: pb.ResumeActorResponse | BaseException = AteapiError(_C.UNKNOWN, "resume ended")
         try:
             while True:
                 if last_retryable is not None and now() >= deadline:
@@ -204,7 +204,7 @@ class ActorResumer:
                 try:
                     outcome = await self.api.resume(ref.atespace, ref.name, ATTEMPT_TIMEOUT_S)
                     break
-                except ApiError as exc:
+                except AteapiError as exc:
                     if not self._retryable(exc.code):
                         outcome = exc
                         break
@@ -213,13 +213,13 @@ class ActorResumer:
                         flight.retrying.set_result(None)
                 except Exception as exc:  # a client bug, not an API answer: atenet's 500
                     log.exception("ResumeActor of %s failed", ref)
-                    outcome = ApiError(_C.UNKNOWN, str(exc))
+                    outcome = AteapiError(_C.UNKNOWN, str(exc))
                     break
                 remaining = deadline - now()
                 if remaining > 0:
                     await self._sleep(min(next(delays), remaining))
         except asyncio.CancelledError:
-            outcome = ApiError(_C.CANCELLED, "router closed")
+            outcome = AteapiError(_C.CANCELLED, "router closed")
             raise
         finally:
             if self._flights.get(key) is flight:
