@@ -29,6 +29,7 @@ FAST_MODULES = frozenset(
         "local/test_control_unit.py",
         "local/test_hostile_router.py",
         "local/test_pause_tier_option.py",
+        "local/test_process_nets_unit.py",
         "local/test_process_start_race_unit.py",
         "local/test_room_check_unit.py",
         "local/test_router.py",

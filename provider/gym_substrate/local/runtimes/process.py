@@ -590,6 +590,9 @@ class ProcessRuntime(NothingToPark):
         self._reap(handle)
         with contextlib.suppress(OSError):
             (self.procs / f"{handle}.json").unlink()
+        if self.nets is not None:  # a paused actor's own net may now be a second spare
+            taken = {*self._slot_ips.values(), *self._held_ips()}
+            await asyncio.to_thread(self.nets.trim, taken)
 
     def _reap(self, handle: str) -> None:
         proc = self._children.get(handle)

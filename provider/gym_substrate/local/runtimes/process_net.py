@@ -100,10 +100,13 @@ class ActorNets:
         if made is None:
             made = net.setup_slot_net(self.instance, index)
             self._nets[index] = made
-            tmp = self._file.with_suffix(".tmp")
-            tmp.write_text(json.dumps(sorted(self._nets)))
-            tmp.replace(self._file)
+            self._save()
         return made
+
+    def _save(self) -> None:
+        tmp = self._file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(sorted(self._nets)))
+        tmp.replace(self._file)
 
     def addresses(self) -> Iterator[str]:
         """Every actor address in order, the nets made as they are asked for (blocking)."""
@@ -115,6 +118,24 @@ class ActorNets:
         for ip in self.addresses():
             if ip not in taken:
                 return
+
+    def trim(self, taken: set[str]) -> list[str]:
+        """Remove the nets nobody holds but one spare (blocking), so a burst of pauses leaves
+        the host as it found it; what was removed, one line each."""
+        spare_kept = False
+        removed = []
+        for index, made in sorted(self._nets.items()):
+            if made.sandbox_ip in taken:
+                continue
+            if not spare_kept:
+                spare_kept = True
+                continue
+            net.release_slot_net(self.instance, index)
+            del self._nets[index]
+            removed.append(f"netns {made.netns}")
+        if removed:
+            self._save()
+        return removed
 
     def holds(self, ip: str) -> bool:
         return any(n.sandbox_ip == ip for n in self._nets.values())
