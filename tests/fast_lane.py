@@ -23,6 +23,7 @@ FAST_MODULES = frozenset(
         "envs/test_rewards.py",
         "envs/test_spaces.py",
         "experiments/test_inputs.py",
+        "local/runtimes/gvisor/test_gvisor_stale_nat_unit.py",
         "local/runtimes/gvisor/test_gvisor_units.py",
         "local/test_agent_forms_unit.py",
         "local/test_client_config.py",

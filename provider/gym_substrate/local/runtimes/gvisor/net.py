@@ -258,6 +258,10 @@ def setup_slot_net(
                 )
             subnet = chosen
             path = _lease_path(lease_dir, subnet)
+            net_ = subnet
+            for table in stale_tables_over(subnet, instance):
+                log.warning("removing nft table inet %s: a dead backend's map over %s", table, net_)
+                _nft(None, "delete", "table", "inet", table)
         path.write_text(
             json.dumps(
                 {
@@ -355,6 +359,38 @@ def _nft(script: str | None, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["nft", *args], input=script, capture_output=True, text=True, timeout=20, check=False
     )
+
+
+def stale_tables_over(subnet: ipaddress.IPv4Network, instance: str) -> list[str]:
+    """Other instances' tables whose slot map names an address of ``subnet``.
+
+    Called with the lease lock held, for a subnet no live lease holds: an instance that is alive
+    keeps the lease of every address in its map, so such a table belongs to a backend that died
+    without `local down`, and its DNAT would send our new slot's traffic to a stranger.
+    """
+    if shutil.which("nft") is None:
+        return []
+    listed = _nft(None, "-j", "list", "maps")
+    try:
+        items = json.loads(listed.stdout).get("nftables", []) if listed.returncode == 0 else []
+    except ValueError:
+        return []
+    own = firewall_table(instance)
+    found = []
+    for item in items:
+        entry = item.get("map") if isinstance(item, dict) else None
+        if not isinstance(entry, dict) or entry.get("name") != slotaddr.MAP_NAME:
+            continue
+        table = str(entry.get("table", ""))
+        if not table.startswith("gym_substrate_") or table == own:
+            continue
+        for pair in entry.get("elem") or []:
+            addresses = [a for a in pair if isinstance(a, str)] if isinstance(pair, list) else []
+            with contextlib.suppress(ValueError):
+                if any(ipaddress.IPv4Address(a) in subnet for a in addresses):
+                    found.append(table)
+                    break
+    return found
 
 
 def install_firewall(instance: str) -> bool:
