@@ -364,9 +364,11 @@ def _nft(script: str | None, *args: str) -> subprocess.CompletedProcess[str]:
 def stale_tables_over(subnet: ipaddress.IPv4Network, instance: str) -> list[str]:
     """Other instances' tables whose slot map names an address of ``subnet``.
 
-    Called with the lease lock held, for a subnet no live lease holds: an instance that is alive
-    keeps the lease of every address in its map, so such a table belongs to a backend that died
-    without `local down`, and its DNAT would send our new slot's traffic to a stranger.
+    Called with the lease lock held, for a subnet no live lease holds. Only a table whose
+    instance has no network namespace left is taken: a live backend always has its slots'
+    namespaces (its map may still name an address it has just released), while a backend that
+    died without `local down` and lost them leaves a DNAT map that would send our new slot's
+    traffic to a stranger.
     """
     if shutil.which("nft") is None:
         return []
@@ -384,6 +386,8 @@ def stale_tables_over(subnet: ipaddress.IPv4Network, instance: str) -> list[str]
         table = str(entry.get("table", ""))
         if not table.startswith("gym_substrate_") or table == own:
             continue
+        if any(NETNS_DIR.glob(f"{table.removeprefix('gym_substrate_')}-*")):
+            continue  # alive (or not yet cleaned by its own `local down`)
         for pair in entry.get("elem") or []:
             addresses = [a for a in pair if isinstance(a, str)] if isinstance(pair, list) else []
             with contextlib.suppress(ValueError):
