@@ -332,7 +332,14 @@ class WarmPool:
                 await self.rt.tier._set_frozen(cid, pids[0], False, method)
         with contextlib.suppress(RunscError, OSError):
             await self.rt._discard(cid)
-        if unit is not None:
+        if unit is not None and unit < self.rt.config.workers:
+            # a slot's home namespace (taken as a spare): its address is that worker's IP for
+            # the backend's life, so it goes back to the spares; released, its subnet could be
+            # leased by another backend while our worker-IP map still names it
+            self.rt.tier.spares.append(unit)
+            with contextlib.suppress(OSError):
+                self.rt.tier._save()
+        elif unit is not None:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(net.release_slot_net, self.rt.instance, unit)
         await self._notify()
