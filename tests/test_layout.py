@@ -71,8 +71,6 @@ OVER_ALLOWED = frozenset(
         "local/runtimes/process.py",  # the process runtime (664)
         "local/runtimes/process.py:ProcessRuntime._spawn",  # bwrap argv and launch (82)
         "local/runtimes/gvisor/runtime.py",  # the gVisor runtime (675)
-        "local/runtimes/gvisor/bundle.py:write_bundle",  # the OCI bundle (99)
-        "lab/bench/local.py:_report",  # the local bench's table (87)
     }
 )
 
