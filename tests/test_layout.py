@@ -68,7 +68,6 @@ OVER_ALLOWED = frozenset(
         "local/backend.py",  # the backend's assembly (648 lines)
         "local/backend.py:LocalBackend.__init__",  # option checks and wiring (113)
         "local/backend.py:LocalBackend._start",  # start-up sequence (152)
-        "local/runtimes/gvisor/runtime.py",  # the gVisor runtime (675)
     }
 )
 
