@@ -96,6 +96,7 @@ class LocalBackend:
         allow_host_rootfs: bool = False,
         actor_disk: int | None = None,
     ) -> None:
+        """Check every option (`backend_options.py`) at once; nothing runs until `start`."""
         options = check_options(
             runtime=runtime,
             workers=workers,
