@@ -13,9 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
-import json
 import logging
 import os
 import tempfile
@@ -23,115 +20,55 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any
 
 import grpc
 from aiohttp import web
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.local import rootfs, statedir
-from gym_substrate.local.admin import AdminServer, json_error, read_limited
+from gym_substrate.local.admin import AdminServer
+from gym_substrate.local.admin_images import ADMIN_BODY_LIMIT, image_routes
 from gym_substrate.local.apiserver import create_api_server
-from gym_substrate.local.auth import AUTH_MODES, TokenVerifier
+from gym_substrate.local.backend_options import (
+    DEFAULT_ROOTFS_CHOICES,
+    WARM_POOL_ENV,
+    BackendOptions,
+    check_options,
+    default_actors_per_worker,
+)
+from gym_substrate.local.backend_security import Security, load_security, refresh_token_forever
 from gym_substrate.local.client_config import provider_config
 from gym_substrate.local.control.identity import Identity
 from gym_substrate.local.control.plane import ControlPlane
 from gym_substrate.local.control.store import StaleStateError, StateFolderFull, Store
 from gym_substrate.local.crashpoint import check_crash_env
 from gym_substrate.local.errors import BackendError
-from gym_substrate.local.images import ImageCatalogue, ImageError
+from gym_substrate.local.heap import malloc_trim, trim_heap_forever
+from gym_substrate.local.images import ImageCatalogue
 from gym_substrate.local.metrics import Metrics
 from gym_substrate.local.resume_client import ResumeClient
 from gym_substrate.local.router import Router
-from gym_substrate.local.runtimes import (
-    RUNTIME_NAMES,
-    create_runtime,
-    resolve_pause_tier,
-    select_runtime,
-)
-from gym_substrate.local.runtimes.actor_disk import ACTOR_DISK_ENV, parse_size
+from gym_substrate.local.runtimes import create_runtime, select_runtime
 from gym_substrate.local.runtimes.base import RuntimeConfig, SandboxRuntime
 from gym_substrate.local.runtimes.process import bwrap_problem
 from gym_substrate.local.templates import default_template
-
-if TYPE_CHECKING:
-    from gym_substrate.local.credentials import TokenIssuer
 
 __all__ = [
     "ADMIN_BODY_LIMIT",
     "DEFAULT_ROOTFS_CHOICES",
     "MAX_MESSAGE_BYTES",
+    "WARM_POOL_ENV",
     "LocalBackend",
     "default_actors_per_worker",
     "local_provider_kwargs",
 ]
-
-# what the default template runs on: its own Debian (built on first use) or the host's `/`
-DEFAULT_ROOTFS_CHOICES = ("debian", "host")
 
 log = logging.getLogger(__name__)
 
 # ateapi's gRPC server sets no MaxRecvMsgSize, so grpc-go's default holds: a request over 4 MiB
 # is refused with RESOURCE_EXHAUSTED before any handler runs. Same cap here, set explicitly.
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-# RSS under 1-3 MB messages is neither a cache nor a leak: the Python heap stays at 2 MB
-# (tracemalloc) while glibc keeps the freed gRPC/protobuf buffers of the large messages. 200
-# of them took RSS from 61 to ~240 MB, a plateau near 275 MB after 400; with the backend
-# embedded, malloc_trim(0) 30 s later brought it back to ~75 MB. So trim now and then.
-_TRIM_EVERY_S = 30.0
-# an image registration is a few hundred bytes; the admin endpoints share the router's loop
-ADMIN_BODY_LIMIT = 64 * 1024
-# an actor's sandbox (gVisor, the default Debian image, the agent): PSS measured 100-131 MiB
-_ACTOR_MEMORY = 256 * 1024 * 1024
-_MAX_ACTORS = 64
-WARM_POOL_ENV = "GYM_SUBSTRATE_WARM_POOL"  # LocalBackend's warm pool when not given
-
-
-def default_actors_per_worker(workers: int) -> int:
-    """How many actors each of ``workers`` holds by default: two running actors per CPU
-    across the pool, within half the memory available now at 256 MiB an actor."""
-    cpus = os.cpu_count() or 1
-    try:
-        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        available = 4 * 1024**3
-    total = min(2 * cpus, max(1, int(available * 0.5 // _ACTOR_MEMORY)), _MAX_ACTORS)
-    return max(1, total // workers)
-
-
-def _malloc_trim() -> Any:
-    """glibc's malloc_trim, or None elsewhere (musl, macOS)."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
-    return getattr(ctypes.CDLL(name), "malloc_trim", None)
-
-
-async def _trim_heap_forever(trim: Any) -> None:
-    while True:
-        await asyncio.sleep(_TRIM_EVERY_S)
-        await asyncio.to_thread(trim, 0)
-
-
-class _Security(NamedTuple):
-    credentials: grpc.ServerCredentials | None
-    verifier: TokenVerifier | None
-    issuer: TokenIssuer | None
-    next_refresh_s: float
-    sign_jwt: Any  # MintActorJWT's signer, or None without --tls
-    issue_certificate: Any  # MintActorCertificate's CA, or None without --tls
-
-
-async def _refresh_token_forever(issuer: TokenIssuer, first_s: float) -> None:
-    """Keep `auth/token` fresh, as the kubelet keeps a projected token (at 80% of its life)."""
-    delay = first_s
-    while True:
-        await asyncio.sleep(max(delay, 1.0))
-        try:
-            delay = await asyncio.to_thread(issuer.refresh_token_file)
-        except OSError as exc:
-            log.warning("could not rewrite the API token %s: %s", issuer.token_file, exc)
-            delay = 60.0
 
 
 class LocalBackend:
@@ -159,82 +96,65 @@ class LocalBackend:
         allow_host_rootfs: bool = False,
         actor_disk: int | None = None,
     ) -> None:
-        if default_rootfs not in DEFAULT_ROOTFS_CHOICES:
-            raise ValueError(
-                f"unknown default rootfs {default_rootfs!r}: use one of "
-                f"{', '.join(DEFAULT_ROOTFS_CHOICES)}"
-            )
-        if runtime not in RUNTIME_NAMES:
-            raise ValueError(f"unknown runtime {runtime!r}: use one of {', '.join(RUNTIME_NAMES)}")
-        if workers < 1 or workers > 250:
-            raise ValueError(f"workers must be between 1 and 250, got {workers}")
-        if actors_per_worker is None:
-            actors_per_worker = default_actors_per_worker(workers)
-        if not 1 <= actors_per_worker <= _MAX_ACTORS or workers * actors_per_worker > 250:
-            raise ValueError(
-                f"actors_per_worker must be 1..{_MAX_ACTORS} with at most 250 actors in all "
-                f"(workers x actors_per_worker), got {workers} x {actors_per_worker}"
-            )
-        ports = (("api_port", api_port), ("router_port", router_port), ("admin_port", admin_port))
-        for label, port in ports:
-            if not 0 <= port <= 65535:
-                raise ValueError(f"{label} must be 0..65535, got {port}")
-        if router_timeout_s <= 0:
-            raise ValueError(f"router_timeout_s must be > 0, got {router_timeout_s}")
-        if parked_request_max < 0:
-            raise ValueError(f"parked_request_max must be >= 0, got {parked_request_max}")
-        if parked_request_budget_s <= 0:
-            raise ValueError(f"parked_request_budget_s must be > 0, got {parked_request_budget_s}")
-        # the freeze tier unless told (or $GYM_SUBSTRATE_PAUSE_TIER says) otherwise
-        pause_tier = resolve_pause_tier(pause_tier)
-        if frozen_memory is not None and frozen_memory < 0:
-            raise ValueError(f"frozen_memory must be >= 0 bytes, got {frozen_memory}")
-        if actor_disk is None and os.environ.get(ACTOR_DISK_ENV):  # what tools' backends get
-            try:
-                actor_disk = parse_size(os.environ[ACTOR_DISK_ENV])
-            except ValueError as exc:
-                raise ValueError(f"{ACTOR_DISK_ENV}: {exc}") from None
-        if actor_disk is not None and actor_disk < 0:
-            raise ValueError(f"actor_disk must be >= 0 bytes, got {actor_disk}")
-        # bytes of files each actor may write (None: the default 1 GiB): the process runtime's
-        # actor folder, gVisor's root overlay
-        self.actor_disk = actor_disk
-        # golden sandboxes kept frozen per template (gVisor): `local up` asks for 1; an
-        # embedded backend has none unless asked (or GYM_SUBSTRATE_WARM_POOL says)
-        warm_pool = warm_pool if warm_pool is not None else _warm_pool_from_env()
-        if not 0 <= warm_pool <= 16:
-            raise ValueError(f"warm_pool must be 0..16 sandboxes per template, got {warm_pool}")
-        if auth not in AUTH_MODES:
-            raise ValueError(f"unknown auth mode {auth!r}: use one of {', '.join(AUTH_MODES)}")
-        if auth == "jwt" and not tls:
-            raise ValueError(
-                "auth mode 'jwt' needs TLS (--tls): ateapi serves only TLS, and a bearer token "
-                "must not cross a plaintext connection"
-            )
-        self.state_dir = Path(state_dir).expanduser()
-        self.requested_runtime = runtime
-        self.workers = workers
-        self.actors_per_worker = actors_per_worker
-        self._api_port = api_port
-        self._router_port = router_port
-        self._admin_port = admin_port
-        self.router_timeout_s = router_timeout_s
-        self.parked_request_max = parked_request_max
-        self.parked_request_budget_s = parked_request_budget_s
-        self.suspend_on_stop = suspend_on_stop
+        """Check every option (`backend_options.py`) at once; nothing runs until `start`."""
+        options = check_options(
+            runtime=runtime,
+            workers=workers,
+            actors_per_worker=actors_per_worker,
+            api_port=api_port,
+            router_port=router_port,
+            admin_port=admin_port,
+            router_timeout_s=router_timeout_s,
+            parked_request_max=parked_request_max,
+            parked_request_budget_s=parked_request_budget_s,
+            suspend_on_stop=suspend_on_stop,
+            tls=tls,
+            auth=auth,
+            default_rootfs=default_rootfs,
+            rootfs_dir=rootfs_dir,
+            pause_tier=pause_tier,
+            frozen_memory=frozen_memory,
+            warm_pool=warm_pool,
+            allow_host_rootfs=allow_host_rootfs,
+            actor_disk=actor_disk,
+        )
+        self._take_options(Path(state_dir).expanduser(), options)
+        self._clear_serving_state()
+
+    def _take_options(self, state_dir: Path, options: BackendOptions) -> None:
+        """The checked options as the attributes callers read (`local status`, the CLI)."""
+        self.options = options
+        self.state_dir = state_dir
+        self.requested_runtime = options.runtime
+        self.workers = options.workers
+        self.actors_per_worker = options.actors_per_worker
+        self._api_port = options.api_port
+        self._router_port = options.router_port
+        self._admin_port = options.admin_port
+        self.router_timeout_s = options.router_timeout_s
+        self.parked_request_max = options.parked_request_max
+        self.parked_request_budget_s = options.parked_request_budget_s
+        self.suspend_on_stop = options.suspend_on_stop
         # gVisor's PauseActor: "freeze" keeps paused sandboxes frozen in memory up to
         # frozen_memory bytes of PSS (default: a quarter of the memory available at start)
-        self.pause_tier = pause_tier
-        self.frozen_memory = frozen_memory
-        self.warm_pool = warm_pool
-        self.tls = bool(tls)
-        self.auth = auth
+        self.pause_tier = options.pause_tier
+        self.frozen_memory = options.frozen_memory
+        # golden sandboxes kept frozen per template (gVisor)
+        self.warm_pool = options.warm_pool
+        # bytes of files each actor may write (None: the default 1 GiB): the process runtime's
+        # actor folder, gVisor's root overlay
+        self.actor_disk = options.actor_disk
+        self.tls = options.tls
+        self.auth = options.auth
         # "debian": the default template runs in the built rootfs (rootfs.py); "host": on `/`
-        self.default_rootfs = default_rootfs
-        self.rootfs_dir = rootfs_dir
+        self.default_rootfs = options.default_rootfs
+        self.rootfs_dir = options.rootfs_dir
         # templates on the host's `/` (local/host) through the API: the operator's opt-in
         # (`local up --allow-host-rootfs`); a default template on the host's `/` opts in already
-        self.allow_host_rootfs = bool(allow_host_rootfs) or default_rootfs == "host"
+        self.allow_host_rootfs = options.allow_host_rootfs
+
+    def _clear_serving_state(self) -> None:
+        """What a running backend fills in: nothing runs or listens yet."""
         # the admin listener's `/_local/*` credential (`<state>/admin.token`), set at start
         self.admin_token = ""
         # with tls: the CA clients pin (`tls/ca.crt`); with jwt: the token file they send
@@ -310,23 +230,51 @@ class LocalBackend:
             raise
 
     async def _start(self) -> None:
+        """The start-up sequence, in the order that makes a failure cheap: TLS material and
+        the default template before any sandbox, the plane before its listeners, and
+        `backend.json` last, once everything serves."""
         # first, so a missing cryptography package fails before any sandbox starts
-        security = await asyncio.to_thread(self._security)
-        if security.issuer is not None:
-            self._token_refresher = asyncio.get_running_loop().create_task(
-                _refresh_token_forever(security.issuer, security.next_refresh_s)
-            )
+        security = await self._secure()
         name, reason = select_runtime(self.requested_runtime)
         self.runtime_name, self.runtime_reason = name, reason
         # before any sandbox or listener: a first start builds it (minutes, progress on stderr)
         template = await asyncio.to_thread(self._default_template, name)
+        store = self._open_store()
+        instance = store.get_meta("instance") or statedir.instance_name(self.state_dir)
+        store.set_meta("instance", instance)
+        await self._retire_other_runtime(store, name, instance)
+        warning = await self._start_plane(store, name, instance, template)
+        await self._serve_api(security, instance)
+        trim = malloc_trim()
+        if trim is not None:
+            self._trimmer = asyncio.get_running_loop().create_task(trim_heap_forever(trim))
+        await self._serve_router()
+        await self._serve_admin()
+        statedir.write_backend_info(self.state_dir, self._info(warning))
+
+    async def _secure(self) -> Security:
+        """With tls: the TLS material (`backend_security.py`), and the API token kept fresh."""
+        security = await asyncio.to_thread(
+            load_security, self.state_dir, tls=self.tls, auth=self.auth
+        )
+        self.ca_file, self.token_file = security.ca_file, security.token_file
+        if security.issuer is not None:
+            self._token_refresher = asyncio.get_running_loop().create_task(
+                refresh_token_forever(security.issuer, security.next_refresh_s)
+            )
+        return security
+
+    def _open_store(self) -> Store:
+        """The state folder's database; one a newer version wrote is refused with a fix."""
         try:
             store = Store(self.state_dir / "state.db")
         except StaleStateError as exc:
             raise BackendError(str(exc)) from exc
         self._store = store
-        instance = store.get_meta("instance") or statedir.instance_name(self.state_dir)
-        store.set_meta("instance", instance)
+        return store
+
+    async def _retire_other_runtime(self, store: Store, name: str, instance: str) -> None:
+        """A state folder that last ran the other runtime: its sandboxes go first."""
         previous = store.get_meta("runtime")
         if previous and previous != name:
             log.warning(
@@ -341,6 +289,12 @@ class LocalBackend:
                 )
                 await old.cleanup()
                 await old.close()
+
+    async def _start_plane(
+        self, store: Store, name: str, instance: str, template: pb.ActorTemplate
+    ) -> str | None:
+        """Record the pool's shape, make the runtime and start the control plane on it (it
+        adopts what a crashed run left); the runtime's warning, if any."""
         store.set_meta("runtime", name)
         slots = self.workers * self.actors_per_worker
         store.set_meta("workers", str(self.workers))
@@ -369,7 +323,11 @@ class LocalBackend:
             allow_host_rootfs=self.allow_host_rootfs,
         )
         await self.plane.start([template])
+        return warning
 
+    async def _serve_api(self, security: Security, instance: str) -> None:
+        """The gRPC API on its port, with the identity endpoints the TLS material allows."""
+        assert self.plane is not None
         identity = Identity(
             self.plane,
             issuer=f"https://api.ate-system.svc/{instance}",
@@ -400,14 +358,13 @@ class LocalBackend:
         await server.start()
         self._server = server
         self.api_port = port
-        trim = _malloc_trim()
-        if trim is not None:
-            self._trimmer = asyncio.get_running_loop().create_task(_trim_heap_forever(trim))
 
-        # the router reaches the plane the way atenet reaches ateapi: over gRPC, with the
-        # CA and, in jwt mode, the token a client would use
+    async def _serve_router(self) -> None:
+        """The router on its port; it reaches the plane the way atenet reaches ateapi: over
+        gRPC, with the CA and, in jwt mode, the token a client would use."""
+        assert self.plane is not None
         resumer = ResumeClient(
-            f"127.0.0.1:{port}", ca_file=self.ca_file, token_file=self.token_file
+            f"127.0.0.1:{self.api_port}", ca_file=self.ca_file, token_file=self.token_file
         )
         self._router = Router(
             self.plane,
@@ -424,12 +381,14 @@ class LocalBackend:
                 f"cannot listen on 127.0.0.1:{self._router_port} for the router ({exc}); pick "
                 "another --router-port"
             ) from exc
+
+    async def _serve_admin(self) -> None:
+        """The admin listener (`admin.py`), its `/_local/*` endpoints behind a fresh token."""
         self.admin_token = await asyncio.to_thread(statedir.new_admin_token, self.state_dir)
         self._admin = AdminServer(
             self.metrics,
             {
-                ("GET", "/_local/images"): self._list_images,
-                ("POST", "/_local/images"): self._add_image,
+                **image_routes(self.images),
                 ("GET", "/_local/status"): self._status,
             },
             token=self.admin_token,
@@ -442,15 +401,18 @@ class LocalBackend:
                 f"cannot listen on 127.0.0.1:{self._admin_port} for the admin endpoints ({exc}); "
                 "pick another --admin-port"
             ) from exc
-        info = {
+
+    def _info(self, warning: str | None) -> dict[str, Any]:
+        """`backend.json`: where this backend serves and how, for `local status`/`down`."""
+        return {
             "pid": os.getpid(),
             "api": self.api_address,
             "router": self.router_url,
             "admin": self.admin_url,
-            "runtime": name,
-            "runtime_reason": reason,
+            "runtime": self.runtime_name,
+            "runtime_reason": self.runtime_reason,
             "runtime_warning": warning or "",
-            "instance": instance,
+            "instance": self._instance,
             "workers": self.workers,
             "actors_per_worker": self.actors_per_worker,
             "standalone": self.standalone,
@@ -462,7 +424,6 @@ class LocalBackend:
             "admin_token_file": str(self.state_dir / statedir.ADMIN_TOKEN_FILE),
             "allow_host_rootfs": self.allow_host_rootfs,
         }
-        statedir.write_backend_info(self.state_dir, info)
 
     def _default_template(self, runtime: str) -> pb.ActorTemplate:
         """`local/sandbox`: the agent on an image volume over the Debian image (built on first
@@ -536,60 +497,7 @@ class LocalBackend:
                 statedir.release_lock(self._lock_fd)
                 self._lock_fd = None
 
-    def _security(self) -> _Security:
-        """With tls: the state folder's certificates, token issuer and actor identity signers."""
-        if not self.tls:
-            return _Security(None, None, None, 0.0, None, None)
-        from gym_substrate.local import credentials as material  # needs the local-tls extra
-
-        certificates = material.ServerCertificates(self.state_dir)
-        issuer = material.TokenIssuer(self.state_dir)
-        self.ca_file = certificates.ca_file
-        # the token file is kept in mtls mode too, but only jwt mode tells clients to send it
-        next_refresh_s = issuer.refresh_token_file()
-        if self.auth == "jwt":
-            self.token_file = issuer.token_file
-        signer = material.ActorJwtSigner(self.state_dir)
-        return _Security(
-            certificates.server_credentials(),
-            issuer.verifier(),
-            issuer,
-            next_refresh_s,
-            signer.sign,
-            certificates.issue_actor_certificate,
-        )
-
     # ------------------------------------------------------------------ admin endpoints
-    async def _list_images(self, request: web.BaseRequest) -> web.StreamResponse:
-        return web.json_response(
-            [
-                {"reference": i.reference, "kind": i.kind, "path": str(i.path or "")}
-                for i in self.images
-            ]
-        )
-
-    async def _add_image(self, request: web.BaseRequest) -> web.StreamResponse:
-        """Register a root filesystem folder as `local/<name>@sha256:...` (`local images add`)."""
-        body = await read_limited(request, ADMIN_BODY_LIMIT)
-        if body is None:
-            return json_error(413, "too_large", f"the body is limited to {ADMIN_BODY_LIMIT} bytes")
-        try:
-            try:
-                data = json.loads(body)
-            except RecursionError:  # nested deeper than the parser goes: not a registration
-                data = None
-            if not isinstance(data, dict) or set(data) != {"name", "directory"}:
-                raise ValueError('send {"name": "<image name>", "directory": "<absolute folder>"}')
-            if not all(isinstance(v, str) for v in data.values()):
-                raise ValueError("name and directory must be strings")
-            directory = Path(data["directory"])
-            if not directory.is_absolute():
-                raise ValueError(f"directory {data['directory']!r} must be an absolute path")
-            image = await asyncio.to_thread(self.images.register_tree, data["name"], directory)
-        except (ValueError, ImageError) as exc:
-            return json_error(400, "bad_request", str(exc))
-        return web.json_response({"reference": image.reference, "path": str(image.path)})
-
     async def _status(self, request: web.BaseRequest) -> web.StreamResponse:
         return web.json_response(self.status())
 
@@ -664,16 +572,3 @@ async def local_provider_kwargs(
             lifecycle.setdefault("ledger", os.path.join(state, "ledger.jsonl"))
             kwargs["lifecycle"] = lifecycle
             yield kwargs, backend
-
-
-def _warm_pool_from_env() -> int:
-    """``GYM_SUBSTRATE_WARM_POOL`` (sandboxes per template) or 0."""
-    text = os.environ.get(WARM_POOL_ENV, "").strip()
-    if not text:
-        return 0
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(
-            f"{WARM_POOL_ENV}={text!r} is not a whole number of sandboxes per template (0-16)"
-        ) from None

@@ -66,17 +66,16 @@ from gym_substrate.local.runtimes.process_host import (
     rewrite_argv,
     rootfs_argv,
     sandboxed_argv,
-    start_race_lost,
+    wait_ready,
 )
-from gym_substrate.local.runtimes.process_host import agent_url as _url
 from gym_substrate.local.runtimes.process_host import alive as _alive
 from gym_substrate.local.runtimes.process_host import free_port as _free_port
 from gym_substrate.local.runtimes.process_host import ip_of as _ip_of
 from gym_substrate.local.runtimes.process_host import popen as _popen
 from gym_substrate.local.runtimes.process_host import signal_all as _signal_all
-from gym_substrate.local.runtimes.process_host import tail as _tail
 from gym_substrate.local.runtimes.process_host import write_new as _write_new
 from gym_substrate.local.runtimes.process_net import ActorNets, NetError, netns_problem
+from gym_substrate.local.runtimes.process_slots import SlotAddresses
 from gym_substrate.local.snapshots import tree_bytes
 
 __all__ = [
@@ -110,8 +109,6 @@ class ProcessRuntime(NothingToPark):
         self.bwrap_problem = bwrap_problem()
         self.port80_problem = loopback.port80_problem()
         self.lease_dir = Path(config.extra.get("process.lease_dir") or loopback.default_lease_dir())
-        self._lease: loopback.LoopbackLease | None = None
-        self._slot_ips: dict[int, str] = {}
         # as root, every actor address is a network namespace of its own (process_net.py)
         network = config.extra.get("process.network", "auto")
         if network not in ("auto", "host"):
@@ -122,6 +119,7 @@ class ProcessRuntime(NothingToPark):
             else netns_problem()
         )
         self.nets = ActorNets(config.instance, self.root) if self.netns_problem is None else None
+        self.slots = SlotAddresses(config, self.root, self.nets, self.lease_dir, self._held_ips)
         # each actor folder a file system of its own of this many bytes (actor_disk.py)
         limit = int(config.extra.get("actor_disk", actor_disk.DEFAULT_ACTOR_DISK))
         self.disk_problem = actor_disk.problem() if limit else None
@@ -139,15 +137,8 @@ class ProcessRuntime(NothingToPark):
 
     # ------------------------------------------------------------------ addresses
     def worker_ip(self, slot: Slot) -> str:
-        """The slot's loopback address (its worker's IP); changes only when a paused agent
-        keeps it."""
-        try:
-            return self._slot_ips[slot.index]
-        except KeyError:
-            raise RuntimeFailure(
-                f"slot {slot.index} has no address: the process runtime is not open "
-                f"(workers={self.config.workers})"
-            ) from None
+        """The slot's loopback address (its worker's IP); see `SlotAddresses`."""
+        return self.slots.worker_ip(slot)
 
     def _address(self, ip: str, port: int) -> str:
         return ip if port == loopback.AGENT_PORT else f"{ip}:{port}"
@@ -160,76 +151,6 @@ class ProcessRuntime(NothingToPark):
                 slot = entry.get("slot")
                 held[_ip_of(str(entry["address"]))] = None if slot is None else int(slot)
         return held
-
-    def _fresh_ip(self, taken: Collection[str]) -> str:
-        if self.nets is not None:
-            for ip in self.nets.addresses():
-                if ip not in taken:
-                    return ip
-            raise RuntimeFailure(
-                "every actor network of this backend is held by running or paused actors: "
-                "suspend or delete some"
-            )
-        assert self._lease is not None
-        for ip in self._lease.addresses():
-            if ip not in taken:
-                return ip
-        raise RuntimeFailure(
-            f"all {self._lease.network.num_addresses - 2} loopback addresses of "
-            f"{self._lease.network} are held by running or paused actors: suspend or delete some"
-        )
-
-    def _save_slot_ips(self) -> None:
-        tmp = self.root / "addresses.json.tmp"
-        tmp.write_text(json.dumps({str(k): v for k, v in self._slot_ips.items()}))
-        tmp.replace(self.root / "addresses.json")
-
-    def _open_addresses(self) -> None:
-        """Lease the instance's block (as root: bring up its actor networks) and give every
-        slot an address no paused agent holds."""
-        if self.nets is not None:
-            self.nets.open()
-            holds = self.nets.holds
-        else:
-            self._lease = loopback.lease_block(
-                self.lease_dir, self.config.instance, self.root.resolve()
-            )
-            holds = self._lease.holds
-        try:
-            saved = json.loads((self.root / "addresses.json").read_text())
-        except (OSError, ValueError):
-            saved = {}
-        held = self._held_ips()
-        ips: dict[int, str] = {}
-        for index in range(self.config.workers):
-            ip = saved.get(str(index)) if isinstance(saved, dict) else None
-            fine = isinstance(ip, str) and holds(ip) and ip not in ips.values()
-            if not fine or held.get(str(ip), index) != index:
-                ip = self._fresh_ip({*ips.values(), *held})
-            ips[index] = str(ip)
-        self._slot_ips = ips
-        self._save_slot_ips()
-
-    async def _spare_net(self) -> None:
-        """As root: an actor network nobody holds, made off the event loop, for `_move_slot`
-        to hand out without running `ip` on the loop."""
-        if self.nets is not None:
-            taken = {*self._slot_ips.values(), *self._held_ips()}
-            await asyncio.to_thread(self.nets.ensure_spare, taken)
-
-    def _move_slot(self, slot: int | None, ip: str | None) -> None:
-        """Give ``slot`` the address ``ip`` (a resumed agent's), or a fresh one for None."""
-        if slot is None or slot not in self._slot_ips:
-            return
-        others = {v for k, v in self._slot_ips.items() if k != slot}
-        self._slot_ips[slot] = ip or self._fresh_ip({*others, *self._held_ips()})
-        if ip is not None:  # the slot that held ``ip`` before, if any, moves on
-            for other, value in self._slot_ips.items():
-                if other != slot and value == ip:
-                    self._slot_ips[other] = self._fresh_ip(
-                        {*self._slot_ips.values(), *self._held_ips()}
-                    )
-        self._save_slot_ips()
 
     # ------------------------------------------------------------------ plumbing
     def _hidden(self) -> list[Path]:
@@ -289,42 +210,18 @@ class ProcessRuntime(NothingToPark):
         proc: subprocess.Popen[bytes] | None,
         log_path: Path,
     ) -> None:
-        """Until the wakeup probe ``path`` answers 200; with no probe, once the process runs."""
-        if path is None:
-            if proc is not None and proc.poll() is not None:
-                raise RuntimeFailure(
-                    f"the actor's command exited with status {proc.returncode} at start; last "
-                    f"output:\n{_tail(log_path)}"
-                )
-            return
-        url = _url(address, path)
-        while True:
-            if proc is not None and proc.poll() is not None:
-                tail = _tail(log_path)
-                error = StartRaceLost if start_race_lost(tail[-300:]) else RuntimeFailure
-                raise error(
-                    f"the actor's command exited with status {proc.returncode} before its "
-                    f"readyz answered; last output:\n{tail}"
-                )
-            try:
-                async with self._http().get(url) as response:
-                    if response.status == 200:
-                        return
-            except (TimeoutError, aiohttp.ClientError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeFailure(f"wakeup probe {url} never returned 200 in time")
-            await asyncio.sleep(0.01)
+        """Until the agent's wakeup probe answers (`process_host.wait_ready`)."""
+        await wait_ready(self._http(), address, path, deadline, proc, log_path)
 
     # ------------------------------------------------------------------ SandboxRuntime protocol
     async def open(self) -> None:
         self.procs.mkdir(parents=True, exist_ok=True)
         self.actors.mkdir(parents=True, exist_ok=True)
         try:
-            await asyncio.to_thread(self._open_addresses)
+            await asyncio.to_thread(self.slots.open)
             # the spare a paused actor's slot takes over is there from the start, so the host
             # holds as many namespaces after a burst of pauses as before it
-            await self._spare_net()
+            await self.slots.spare_net()
         except (loopback.LoopbackError, NetError) as exc:
             raise RuntimeFailure(str(exc)) from exc
         if self.port80_problem is not None:
@@ -398,8 +295,8 @@ class ProcessRuntime(NothingToPark):
         _signal_all(pids, signal.SIGCONT)
         address = str(entry.get("address") or f"127.0.0.1:{entry['port']}")
         # the paused agent still listens where it did: its new slot takes that address over
-        await self._spare_net()
-        self._move_slot(slot.index, _ip_of(address))
+        await self.slots.spare_net()
+        self.slots.move(slot.index, _ip_of(address))
         self._write_entry(handle, {**entry, "slot": slot.index})
         await self._ready(address, actor.template.readyz_path, deadline, None, Path("/dev/null"))
         return StartedSandbox(handle=handle, address=address, memory_restored=True)
@@ -434,22 +331,12 @@ class ProcessRuntime(NothingToPark):
         self.procs.mkdir(parents=True, exist_ok=True)
         (self.procs / f"{handle}.json").write_text(json.dumps(entry))
 
-    async def _spawn(
-        self, actor: ActorSpec, slot: Slot, workdir: Path, deadline: float
-    ) -> StartedSandbox:
-        ip = self.worker_ip(slot)
-        port = loopback.AGENT_PORT if self.port80_problem is None else _free_port(ip)
-        address = self._address(ip, port)
-        tmpdir = self._tmpdir(actor)
-        handle = f"{self.config.instance}-{secrets.token_hex(5)}"
-        rootfs = actor.template.rootfs
-        if rootfs.kind == "directory" and self.bwrap_problem is not None:
-            raise RuntimeFailure(
-                f"template {actor.template.key} has a root filesystem of its own, which the "
-                f"process runtime gives only under bubblewrap, and {self.bwrap_problem}; "
-                "install bubblewrap, or opt in to the host's with `rootfs: host`"
-            )
-        own_root = rootfs.kind == "directory"
+    def _env(
+        self, actor: ActorSpec, handle: str, ip: str, port: int, workdir: Path
+    ) -> dict[str, str]:
+        """The agent's environment: a plain base, the template's, then what the agent reads
+        (its actor id, address and port) and the markers stop/sweep find its processes by."""
+        own_root = actor.template.rootfs.kind == "directory"
         env = {
             "PATH": (
                 "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -460,7 +347,7 @@ class ProcessRuntime(NothingToPark):
             "LANG": "C.UTF-8",
         }
         if self.bwrap_problem is not None:  # no private /tmp: point what honours TMPDIR there
-            env["TMPDIR"] = str(tmpdir)
+            env["TMPDIR"] = str(self._tmpdir(actor))
         env.update(dict(actor.template.env))
         env.update(
             {
@@ -473,10 +360,22 @@ class ProcessRuntime(NothingToPark):
                 SANDBOX_ENV: handle,
             }
         )
-        log_path = workdir.parent / "agent.log"
+        return env
+
+    def _argv(self, actor: ActorSpec, ip: str, port: int, workdir: Path) -> list[str]:
+        """The template's command wrapped as this host allows: in bubblewrap (over the
+        template's own root filesystem or the host's) and, as root, in the slot's network."""
+        rootfs = actor.template.rootfs
+        if rootfs.kind == "directory" and self.bwrap_problem is not None:
+            raise RuntimeFailure(
+                f"template {actor.template.key} has a root filesystem of its own, which the "
+                f"process runtime gives only under bubblewrap, and {self.bwrap_problem}; "
+                "install bubblewrap, or opt in to the host's with `rootfs: host`"
+            )
+        tmpdir = self._tmpdir(actor)
         argv = rewrite_argv(actor.template.command, ip, port)
         low_ports = port < 1024 and os.geteuid() == 0
-        if own_root:
+        if rootfs.kind == "directory":
             argv = rootfs_argv(
                 argv, rootfs, workdir, tmpdir, actor.actor_id, bind_low_ports=low_ports
             )
@@ -491,6 +390,19 @@ class ProcessRuntime(NothingToPark):
             )
         if self.nets is not None:  # into the network namespace of the slot's address
             argv = self.nets.enter(ip, argv)
+        return argv
+
+    async def _spawn(
+        self, actor: ActorSpec, slot: Slot, workdir: Path, deadline: float
+    ) -> StartedSandbox:
+        """Launch the agent on the slot's address, record it, and wait until it is ready."""
+        ip = self.worker_ip(slot)
+        port = loopback.AGENT_PORT if self.port80_problem is None else _free_port(ip)
+        address = self._address(ip, port)
+        handle = f"{self.config.instance}-{secrets.token_hex(5)}"
+        argv = self._argv(actor, ip, port, workdir)
+        env = self._env(actor, handle, ip, port, workdir)
+        log_path = workdir.parent / "agent.log"
         try:
             proc = _popen(argv, workdir, env, log_path)
         except OSError as exc:
@@ -532,8 +444,8 @@ class ProcessRuntime(NothingToPark):
             # the stopped agent keeps its address: the slot it leaves gets a fresh one
             slot = entry.get("slot")
             self._write_entry(handle, {**entry, "slot": None})
-            await self._spare_net()
-            self._move_slot(None if slot is None else int(slot), None)
+            await self.slots.spare_net()
+            self.slots.move(None if slot is None else int(slot), None)
             files: tuple[tuple[str, int], ...] = ()
         else:
             await self.stop(handle)
@@ -626,9 +538,9 @@ class ProcessRuntime(NothingToPark):
         except RuntimeFailure:
             await self.stop(handle)
             return None
-        if self._slot_ips.get(slot.index) != _ip_of(address):
-            await self._spare_net()
-            self._move_slot(slot.index, _ip_of(address))
+        if self.slots.ips.get(slot.index) != _ip_of(address):
+            await self.slots.spare_net()
+            self.slots.move(slot.index, _ip_of(address))
         return StartedSandbox(handle=handle, address=address, memory_restored=True)
 
     async def sweep(self, keep: Collection[str]) -> list[str]:
@@ -671,9 +583,7 @@ class ProcessRuntime(NothingToPark):
             removed.append(released)
         if self.nets is not None:
             removed += await asyncio.to_thread(self.nets.cleanup)
-        with contextlib.suppress(OSError):
-            (self.root / "addresses.json").unlink()
-        self._slot_ips = {}
+        self.slots.forget()
         await self.close()
         return removed
 

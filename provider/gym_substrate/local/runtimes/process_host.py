@@ -2,12 +2,14 @@
 
 `rewrite_argv` points an agent-style command at its address; `bwrap_problem`, `rootfs_argv` and
 `sandboxed_argv` wrap it in bubblewrap (what each actor sees of the host: `process.py` says
-why); `popen` starts it in a session of its own. `alive` checks a pid by its start time, so a
-pid the kernel reused is never taken for the actor's (the /proc reading is `core.procfs`).
+why); `popen` starts it in a session of its own and `wait_ready` waits for its wakeup probe.
+`alive` checks a pid by its start time, so a pid the kernel reused is never taken for the
+actor's (the /proc reading is `core.procfs`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import os
@@ -15,8 +17,11 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Collection
 from pathlib import Path
+
+import aiohttp
 
 from gym_substrate.core import procfs
 from gym_substrate.local.runtimes.base import Rootfs, RuntimeFailure
@@ -36,6 +41,7 @@ __all__ = [
     "signal_all",
     "start_race_lost",
     "tail",
+    "wait_ready",
     "warning",
     "write_new",
 ]
@@ -347,3 +353,41 @@ def start_race_lost(tail: str) -> bool:
     return "already in use" in tail or (
         "bwrap: Can't bind mount" in tail and "No such file or directory" in tail
     )
+
+
+async def wait_ready(
+    http: aiohttp.ClientSession,
+    address: str,
+    path: str | None,
+    deadline: float,
+    proc: subprocess.Popen[bytes] | None,
+    log_path: Path,
+) -> None:
+    """Until the agent's wakeup probe ``path`` answers 200 (a ``time.monotonic`` deadline);
+    with no probe, once the process runs. A process that exits first fails the start with
+    its last output, as `StartRaceLost` when that race is worth another try."""
+    if path is None:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeFailure(
+                f"the actor's command exited with status {proc.returncode} at start; last "
+                f"output:\n{tail(log_path)}"
+            )
+        return
+    url = agent_url(address, path)
+    while True:
+        if proc is not None and proc.poll() is not None:
+            last = tail(log_path)
+            error = StartRaceLost if start_race_lost(last[-300:]) else RuntimeFailure
+            raise error(
+                f"the actor's command exited with status {proc.returncode} before its "
+                f"readyz answered; last output:\n{last}"
+            )
+        try:
+            async with http.get(url) as response:
+                if response.status == 200:
+                    return
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeFailure(f"wakeup probe {url} never returned 200 in time")
+        await asyncio.sleep(0.01)

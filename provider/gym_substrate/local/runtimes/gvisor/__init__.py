@@ -2,7 +2,8 @@
 
 Layers, lowest first: ``net`` (per-slot netns + veth, machine-wide address leases), ``bundle``
 (OCI specs), ``runsc`` (async CLI wrappers), ``host`` (finding leftovers), ``probe``
-(``gvisor_problem``), ``runtime`` (``GvisorRuntime``, the control plane's runtime seam).
+(``gvisor_problem``), ``folders`` (a sandbox's folder, checkpoint images), ``ready`` (the
+wakeup probe), ``runtime`` (``GvisorRuntime``, the control plane's runtime seam).
 """
 
 from __future__ import annotations

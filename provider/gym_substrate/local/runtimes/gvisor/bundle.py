@@ -121,23 +121,29 @@ def write_actor_id(run_ate_dir: Path, actor_id: str) -> None:
     tmp.replace(run_ate_dir / "actor-id")
 
 
-def write_bundle(
-    bundle_dir: Path,
+def _ro_bind(source: str, destination: str) -> dict[str, Any]:
+    """One read-only bind mount entry."""
+    return {
+        "destination": destination,
+        "type": "bind",
+        "source": source,
+        "options": ["rbind", "ro"],
+    }
+
+
+def _mounts(
     *,
-    rootfs: Path,
-    args: Sequence[str],
-    env: Sequence[tuple[str, str]],
-    netns_path: Path,
+    resolv: Path,
+    hosts: Path,
+    empty: Path,
     run_ate_dir: Path,
-    etc_dir: Path,
-    mask_dirs: Sequence[str] = (),
-    mask_files: Sequence[str] = (),
-    binds: Sequence[tuple[str, str]] = (),
-    mask_size: int = 0,
-) -> Path:
-    """Write ``bundle_dir/config.json``; returns the bundle directory. ``mask_size`` bounds
-    each masking tmpfs (a writable /tmp of a host-rootfs sandbox) as the root overlay is."""
-    resolv, hosts, empty = write_etc_files(etc_dir)
+    mask_dirs: Sequence[str],
+    mask_files: Sequence[str],
+    binds: Sequence[tuple[str, str]],
+    mask_size: int,
+) -> list[dict[str, Any]]:
+    """The sandbox's mount table, in the order runsc applies it: the pseudo file systems,
+    the masks over host paths, the caller's binds, then the files the sandbox must see."""
     mounts: list[dict[str, Any]] = [
         {"destination": "/proc", "type": "proc", "source": "proc"},
         {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
@@ -158,53 +164,62 @@ def write_bundle(
                 + ([f"size={mask_size}"] if mask_size else []),
             }
         )
-    for mask in mask_files:
-        mounts.append(
-            {"destination": mask, "type": "bind", "source": str(empty), "options": ["rbind", "ro"]}
-        )
-    for source, destination in binds:  # e.g. the static agent into a rootfs of its own
-        mounts.append(
-            {
-                "destination": destination,
-                "type": "bind",
-                "source": source,
-                "options": ["rbind", "ro"],
-            }
-        )
+    mounts += [_ro_bind(str(empty), mask) for mask in mask_files]
+    # e.g. the static agent into a rootfs of its own
+    mounts += [_ro_bind(source, destination) for source, destination in binds]
     mounts += [
-        {
-            "destination": "/etc/resolv.conf",
-            "type": "bind",
-            "source": str(resolv),
-            "options": ["rbind", "ro"],
-        },
-        {
-            "destination": "/etc/hosts",
-            "type": "bind",
-            "source": str(hosts),
-            "options": ["rbind", "ro"],
-        },
-        {
-            "destination": "/run/ate",
-            "type": "bind",
-            "source": str(run_ate_dir),
-            "options": ["rbind", "ro"],
-        },
+        _ro_bind(str(resolv), "/etc/resolv.conf"),
+        _ro_bind(str(hosts), "/etc/hosts"),
+        _ro_bind(str(run_ate_dir), "/run/ate"),
     ]
+    return mounts
+
+
+def _process(args: Sequence[str], env: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    """The spec's process: root, the given argv and env, full capabilities, many fds."""
+    return {
+        "terminal": False,
+        "user": {"uid": 0, "gid": 0},
+        "args": list(args),
+        "env": [DEFAULT_PATH_ENV] + [f"{name}={value}" for name, value in env],
+        "cwd": "/",
+        "capabilities": {
+            key: list(CAPABILITIES) for key in ("bounding", "effective", "inheritable", "permitted")
+        },
+        "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1048576, "soft": 1048576}],
+    }
+
+
+def write_bundle(
+    bundle_dir: Path,
+    *,
+    rootfs: Path,
+    args: Sequence[str],
+    env: Sequence[tuple[str, str]],
+    netns_path: Path,
+    run_ate_dir: Path,
+    etc_dir: Path,
+    mask_dirs: Sequence[str] = (),
+    mask_files: Sequence[str] = (),
+    binds: Sequence[tuple[str, str]] = (),
+    mask_size: int = 0,
+) -> Path:
+    """Write ``bundle_dir/config.json``; returns the bundle directory. ``mask_size`` bounds
+    each masking tmpfs (a writable /tmp of a host-rootfs sandbox) as the root overlay is."""
+    resolv, hosts, empty = write_etc_files(etc_dir)
+    mounts = _mounts(
+        resolv=resolv,
+        hosts=hosts,
+        empty=empty,
+        run_ate_dir=run_ate_dir,
+        mask_dirs=mask_dirs,
+        mask_files=mask_files,
+        binds=binds,
+        mask_size=mask_size,
+    )
     spec: dict[str, Any] = {
         "ociVersion": "1.0.0",
-        "process": {
-            "terminal": False,
-            "user": {"uid": 0, "gid": 0},
-            "args": list(args),
-            "env": [DEFAULT_PATH_ENV] + [f"{name}={value}" for name, value in env],
-            "cwd": "/",
-            "capabilities": {
-                key: list(CAPABILITIES)
-                for key in ("bounding", "effective", "inheritable", "permitted")
-            },
-            "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1048576, "soft": 1048576}],
-        },
+        "process": _process(args, env),
         "root": {"path": str(rootfs), "readonly": False},
         "hostname": "runsc",
         "mounts": mounts,

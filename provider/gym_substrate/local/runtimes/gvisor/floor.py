@@ -28,7 +28,8 @@ from gym_substrate.local.runtimes.base import (
 )
 from gym_substrate.local.runtimes.gvisor import cgfreeze, host, net
 from gym_substrate.local.runtimes.gvisor._proc import run_command
-from gym_substrate.local.runtimes.gvisor.runtime import GvisorRuntime, http_status
+from gym_substrate.local.runtimes.gvisor.ready import http_status
+from gym_substrate.local.runtimes.gvisor.runtime import GvisorRuntime
 
 __all__ = ["FLOOR_OPERATIONS", "measure_floor"]
 

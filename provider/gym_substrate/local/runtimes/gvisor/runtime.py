@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import functools
 import logging
 import os
 import re
@@ -24,7 +24,6 @@ import shutil
 import sys
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
 from pathlib import Path
 
 from gym_substrate.local.runtimes.actor_disk import DEFAULT_ACTOR_DISK
@@ -40,11 +39,12 @@ from gym_substrate.local.runtimes.base import (
     TemplateSpec,
     pss_bytes,
 )
-from gym_substrate.local.runtimes.gvisor import cgfreeze, host, hostclean, net, slotaddr
+from gym_substrate.local.runtimes.gvisor import cgfreeze, folders, host, hostclean, net, slotaddr
 from gym_substrate.local.runtimes.gvisor._proc import pid_running, wait_pid_exit
-from gym_substrate.local.runtimes.gvisor.bundle import masks_for, write_actor_id, write_bundle
+from gym_substrate.local.runtimes.gvisor.folders import Sandbox, image_files, move_tree
 from gym_substrate.local.runtimes.gvisor.freezer import FROZEN_MARKER, FreezeTier
 from gym_substrate.local.runtimes.gvisor.phases import Phases
+from gym_substrate.local.runtimes.gvisor.ready import http_status, wait_ready
 from gym_substrate.local.runtimes.gvisor.runsc import ContainerState, Runsc, RunscError
 from gym_substrate.local.runtimes.gvisor.warm import WarmPool, warm_first
 
@@ -55,61 +55,6 @@ log = logging.getLogger(__name__)
 AGENT_PORT = 80  # Substrate's router only ever forwards to port 80 inside the actor
 _COMPRESSIONS = ("none", "flate-best-speed")
 _CHECKPOINT_TIMEOUT_S = 60.0
-
-
-async def http_status(host_ip: str, port: int, path: str, *, timeout_s: float) -> int | None:
-    """Status code of ``GET path`` (one short-lived connection), or None if nothing answered."""
-    # asyncio.timeout, not wait_for, which can swallow a cancellation (see _proc.run_command)
-    try:
-        async with asyncio.timeout(timeout_s):
-            reader, writer = await asyncio.open_connection(host_ip, port)
-    except (OSError, TimeoutError):
-        return None
-    try:
-        writer.write(
-            f"GET {path} HTTP/1.1\r\nHost: {host_ip}\r\nConnection: close\r\n\r\n".encode()
-        )
-        async with asyncio.timeout(timeout_s):
-            line = await reader.readline()
-        parts = line.split()
-        if len(parts) >= 2 and parts[1].isdigit():
-            return int(parts[1])
-        return None
-    except (OSError, TimeoutError):
-        return None
-    finally:
-        writer.close()
-        with contextlib.suppress(Exception):
-            await writer.wait_closed()
-
-
-def _image_files(dest: Path) -> tuple[tuple[str, int], ...]:
-    return tuple(
-        sorted(
-            (path.name.removesuffix(".img"), path.stat().st_size)
-            for path in dest.iterdir()
-            if path.is_file()
-        )
-    )
-
-
-def _move_tree(source: Path, dest: Path) -> None:
-    """``source``'s files into the new folder ``dest`` (a rename where one file system holds
-    both); ``source`` is gone afterwards."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        source.rename(dest)
-    except OSError:
-        shutil.copytree(source, dest)
-        shutil.rmtree(source, ignore_errors=True)
-
-
-@dataclass
-class _Sandbox:
-    cid: str
-    slot: int
-    actor_key: str
-    directory: Path
 
 
 class GvisorRuntime:
@@ -145,7 +90,7 @@ class GvisorRuntime:
         )
         self._nets: dict[int, net.SlotNet] = {}
         self._worker_ips: dict[int, str] = {}  # a slot's address at open: its pod IP
-        self._sandboxes: dict[str, _Sandbox] = {}
+        self._sandboxes: dict[str, Sandbox] = {}
         self._drains: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
         self._opened = False
@@ -246,55 +191,22 @@ class GvisorRuntime:
 
     # -- start ---------------------------------------------------------------------------------
     def _masks(self, template: TemplateSpec) -> tuple[list[str], list[str]]:
-        if template.rootfs.kind != "host":
-            return [], []
-        # The backend keeps runtimes in <state_dir>/runtime/<name>: hide the whole state dir
-        # (pause snapshots, SQLite) and this template's snapshot store.
-        state_dir = self.dir.parent.parent if self.dir.parent.name == "runtime" else self.dir.parent
-        command = template.command[0] if template.command else "/"
-        visible = [Path(sys.prefix), Path(sys.base_prefix), Path(command)]
-        return masks_for([self.dir, state_dir, template.snapshot_location], visible)
+        return folders.masks(self.dir, template)
 
     def _rootfs(self, template: TemplateSpec) -> Path:
-        if template.rootfs.kind == "host":
-            return Path("/")
-        path = template.rootfs.path
-        if path is None or not path.is_dir():
-            raise RuntimeFailure(
-                f"template {template.key}: rootfs directory {path} does not exist; "
-                "create it or use rootfs: host"
-            )
-        for source, _inside in template.rootfs.binds:
-            if not source.exists():
-                raise RuntimeFailure(
-                    f"template {template.key}: {source}, bound into its rootfs, is gone; "
-                    "restart the backend to rebuild it"
-                )
-        return path
+        return folders.rootfs_of(template)
 
-    def _prepare_dir(self, actor: ActorSpec, slot: int, cid: str) -> _Sandbox:
-        directory = self.sandboxes_dir / cid
-        directory.mkdir(parents=True)
-        write_actor_id(directory / "run-ate", actor.actor_id)
-        net_ = self._nets[slot]
-        mask_dirs, mask_files = self._masks(actor.template)
-        write_bundle(
-            directory,
-            rootfs=self._rootfs(actor.template),
-            args=actor.template.command,
-            env=actor.template.env,
-            netns_path=net_.netns_path,
-            run_ate_dir=directory / "run-ate",
+    def _prepare_dir(self, actor: ActorSpec, slot: int, cid: str) -> Sandbox:
+        """The sandbox's folder: its bundle for the slot's netns, actor id and meta.json."""
+        return folders.prepare_sandbox(
+            self.dir,
+            self.sandboxes_dir / cid,
+            actor,
+            slot,
+            self._nets[slot],
             etc_dir=self.etc_dir,
-            mask_dirs=mask_dirs,
-            mask_files=mask_files,
-            binds=[(str(src), inside) for src, inside in actor.template.rootfs.binds],
             mask_size=self.runsc.overlay_limit,
         )
-        (directory / "meta.json").write_text(
-            json.dumps({"slot": slot, "actor": actor.key, "template": actor.template.key})
-        )
-        return _Sandbox(cid=cid, slot=slot, actor_key=actor.key, directory=directory)
 
     @warm_first  # a pooled sandbox of the template's golden snapshot, when one fits (warm.py)
     async def start(
@@ -377,14 +289,8 @@ class GvisorRuntime:
     def _set_sandbox_slot(self, cid: str, slot: int | None) -> None:
         """A sandbox froze off its slot (None) or thawed onto one: keep meta.json in step."""
         sandbox = self._sandboxes.get(cid) or self._load_sandbox(cid)
-        if sandbox is None:
-            return
-        sandbox.slot = -1 if slot is None else slot
-        meta_path = sandbox.directory / "meta.json"
-        with contextlib.suppress(OSError, ValueError):
-            meta = json.loads(meta_path.read_text())
-            meta["slot"] = sandbox.slot
-            meta_path.write_text(json.dumps(meta))
+        if sandbox is not None:
+            folders.write_slot(sandbox, slot)
 
     async def park_paused(self) -> None:
         """`local down`: checkpoint every frozen sandbox into its own snapshot folder."""
@@ -393,39 +299,9 @@ class GvisorRuntime:
     async def _wait_ready(
         self, template: TemplateSpec, address: str, cid: str, deadline: float
     ) -> None:
-        if template.readyz_path is None:  # no wakeup probe: started is ready
-            return
-        delay = 0.005
-        last_check = time.monotonic()
-        while True:
-            status = await http_status(
-                address, template.readyz_port, template.readyz_path, timeout_s=1.0
-            )
-            if status == 200:
-                return
-            now = time.monotonic()
-            if now >= deadline:
-                raise RuntimeFailure(
-                    f"wakeup probe {template.readyz_path} on port {template.readyz_port} never "
-                    f"returned 200 in time (last: {status})" + self._console_tail(cid)
-                )
-            if now - last_check > 0.5:  # a crashed agent: stop waiting early
-                last_check = now
-                pids = self.runsc.pids(cid)
-                if pids is None or not pid_running(pids[0], cid):
-                    raise RuntimeFailure(
-                        "the sandbox exited before it became ready" + self._console_tail(cid)
-                    )
-            await asyncio.sleep(delay)
-            delay = min(delay * 1.5, 0.05)
-
-    def _console_tail(self, cid: str) -> str:
-        path = self.sandboxes_dir / cid / "console.log"
-        try:
-            lines = path.read_text(errors="replace").strip().splitlines()[-8:]
-        except OSError:
-            return ""
-        return ("; sandbox output: " + " | ".join(lines)) if lines else ""
+        """Until the agent in ``cid`` answers its wakeup probe (`ready.wait_ready`)."""
+        tail = functools.partial(folders.console_tail, self.sandboxes_dir / cid)
+        await wait_ready(self.runsc, template, address, cid, deadline, tail)
 
     # -- checkpoint ----------------------------------------------------------------------------
     async def checkpoint(
@@ -460,7 +336,7 @@ class GvisorRuntime:
         task = asyncio.create_task(self._drain(handle, sandbox_pid))
         self._drains.add(task)
         task.add_done_callback(self._drains.discard)
-        files = await asyncio.to_thread(_image_files, dest)
+        files = await asyncio.to_thread(image_files, dest)
         return CheckpointResult(snapshot=SnapshotRef(kind, dest), files=files, memory_kept=True)
 
     async def _checkpoint_failed(
@@ -534,14 +410,11 @@ class GvisorRuntime:
         directory = sandbox.directory if sandbox else self.sandboxes_dir / cid
         await asyncio.to_thread(shutil.rmtree, directory, True)
 
-    def _load_sandbox(self, cid: str) -> _Sandbox | None:
-        directory = self.sandboxes_dir / cid
-        try:
-            meta = json.loads((directory / "meta.json").read_text())
-            sandbox = _Sandbox(cid, int(meta["slot"]), str(meta["actor"]), directory)
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-        self._sandboxes[cid] = sandbox
+    def _load_sandbox(self, cid: str) -> Sandbox | None:
+        """The sandbox ``cid`` from its meta.json, registered with the runtime."""
+        sandbox = folders.load_sandbox(self.sandboxes_dir / cid)
+        if sandbox is not None:
+            self._sandboxes[cid] = sandbox
         return sandbox
 
     # -- other calls ---------------------------------------------------------------------------
@@ -556,10 +429,10 @@ class GvisorRuntime:
             if cid is None or await self.tier.evict(cid, reason="suspend", dest=dest) is None:
                 if not (local.path / "checkpoint.img").is_file():
                     raise RuntimeFailure(f"the frozen sandbox of {actor.key} is gone")
-                await asyncio.to_thread(_move_tree, local.path, dest)
+                await asyncio.to_thread(move_tree, local.path, dest)
         else:
-            await asyncio.to_thread(_move_tree, local.path, dest)
-        files = await asyncio.to_thread(_image_files, dest)
+            await asyncio.to_thread(move_tree, local.path, dest)
+        files = await asyncio.to_thread(image_files, dest)
         return CheckpointResult(
             snapshot=SnapshotRef(SnapshotKind.EXTERNAL, dest), files=files, memory_kept=True
         )
