@@ -1,17 +1,16 @@
 """The `process` runtime: each actor's agent is a subprocess on a loopback address, in bubblewrap.
 
 It exists so the backend works where gVisor cannot (no runsc, no root). Where `bwrap` (Debian's
-bubblewrap) works, every actor runs inside it: the host's filesystem read-only (the backend's
-state and other actors' folders hidden), its own working folder and its own /tmp writable (a
-per-actor folder bound at /tmp), a private /dev/shm, its own pid, uts and ipc namespaces, only
-the capabilities to switch users, signal its jobs and bind port 80, and no_new_privs. It keeps
-this user's uid. As root each actor address is a network namespace of its own
-(`process_net.py`, the gVisor runtime's veth + nftables), so an actor reaches neither the API,
-the router, the admin listener nor another actor; otherwise actors share the host's network
-(`warning()` says so). Without bwrap it isolates nothing on the filesystem, and
-`warning()` says so loudly. A template with a root filesystem of its own (the default
-template's Debian, `rootfs.py`) gets that tree read-only as `/` instead of the host's, its
-working folder at /root and its binds (the static agent); that needs bwrap.
+bubblewrap) works, every actor runs inside it: the host's filesystem read-only (the backend's state
+and other actors' folders hidden), its own working folder and its own /tmp writable (a per-actor
+folder bound at /tmp), a private /dev/shm, its own pid, uts and ipc namespaces, only the
+capabilities to switch users, signal its jobs and bind port 80, and no_new_privs. It keeps this
+user's uid. As root each actor address is a network namespace of its own (`process_net.py`, the
+gVisor runtime's veth + nftables), so an actor reaches neither the API, the router, the admin
+listener nor another actor; otherwise actors share the host's network (`warning()` says so). Without
+bwrap it isolates nothing on the filesystem (said loudly). A template with a root filesystem of its
+own (the default template's Debian, `rootfs.py`) gets that tree read-only as `/` instead of the
+host's, its working folder at /root and its binds (the static agent); that needs bwrap.
 
 Addresses (`loopback.py`): each worker slot has an address of its own in 127.0.0.0/8 and the
 agent listens on port 80 there, so ``ateom_pod_ip`` is a bare IP as on a real cluster. Binding
@@ -502,9 +501,7 @@ class ProcessRuntime(NothingToPark):
         self._reap(handle)
         with contextlib.suppress(OSError):
             (self.procs / f"{handle}.json").unlink()
-        if self.nets is not None:  # a paused actor's own net may now be a second spare
-            taken = {*self._slot_ips.values(), *self._held_ips()}
-            await asyncio.to_thread(self.nets.trim, taken)
+        await self.slots.trim_nets()
 
     def _reap(self, handle: str) -> None:
         proc = self._children.get(handle)

@@ -109,6 +109,13 @@ class SlotAddresses:
             taken = {*self.ips.values(), *self._held()}
             await asyncio.to_thread(self.nets.ensure_spare, taken)
 
+    async def trim_nets(self) -> None:
+        """As root: drop the nets nobody holds but one spare, so a deleted paused actor's own
+        net does not stay as a second spare (a burst of pauses leaves the host as it was)."""
+        if self.nets is not None:
+            taken = {*self.ips.values(), *self._held()}
+            await asyncio.to_thread(self.nets.trim, taken)
+
     def move(self, slot: int | None, ip: str | None) -> None:
         """Give ``slot`` the address ``ip`` (a resumed agent's), or a fresh one for None."""
         if slot is None or slot not in self.ips:
