@@ -36,6 +36,7 @@ FAST_MODULES = frozenset(
         "local/test_router.py",
         "local/test_router_resume.py",
         "local/test_servicer.py",
+        "local/test_sizes_unit.py",
         "provider/test_apicheck.py",
         "provider/test_capacity.py",
         "provider/test_crash.py",

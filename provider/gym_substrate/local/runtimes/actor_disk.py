@@ -23,6 +23,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from gym_substrate.local.runtimes.sizes import bytes_of
+
 __all__ = [
     "ACTOR_DISK_ENV",
     "DEFAULT_ACTOR_DISK",
@@ -39,21 +41,12 @@ log = logging.getLogger(__name__)
 ACTOR_DISK_ENV = "GYM_SUBSTRATE_ACTOR_DISK"
 DEFAULT_ACTOR_DISK = 1 << 30  # 1 GiB per actor
 _MIN = 4 << 20  # ext4 needs a few MiB of its own
-_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
 def parse_size(text: str) -> int:
     """``1GiB``, ``512M``, ``1073741824`` (bytes) or ``0`` (no limit) -> bytes."""
-    value = text.strip().lower().removesuffix("ib").removesuffix("b")
-    factor = 1
-    if value and value[-1] in _UNITS:
-        factor, value = _UNITS[value[-1]], value[:-1]
-    try:
-        number = float(value)
-    except ValueError:
-        number = -1.0
-    size = int(number * factor) if number == number and number >= 0 else -1
-    if size < 0 or 0 < size < _MIN:
+    size = bytes_of(text)
+    if size is None or 0 < size < _MIN:
         raise ValueError(
             f"actor disk {text!r} is not a size of 0 or at least 4 MiB: use bytes or a number "
             "with K, M, G (e.g. 512MiB, 1GiB; 0 turns the limit off)"

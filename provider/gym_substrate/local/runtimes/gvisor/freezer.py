@@ -46,6 +46,7 @@ from gym_substrate.local.runtimes.base import (
 from gym_substrate.local.runtimes.gvisor import cgfreeze, host, net, slotaddr
 from gym_substrate.local.runtimes.gvisor._proc import run_command
 from gym_substrate.local.runtimes.gvisor.runsc import ContainerState, RunscError
+from gym_substrate.local.runtimes.sizes import bytes_of
 from gym_substrate.local.snapshots import PARTIAL_SUFFIX, free_bytes
 
 if TYPE_CHECKING:
@@ -68,7 +69,6 @@ _STATE_FILE = "frozen.json"
 _GUESS_PSS = 128 * 1024 * 1024  # until a frozen sandbox is measured
 _CHECKPOINT_TIMEOUT_S = 60.0
 _PARK_AT_ONCE = 4  # checkpoints at `local down`: enough to overlap I/O, few enough for 2 CPUs
-_UNITS = {"k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
 
 def default_frozen_memory() -> int:
@@ -82,20 +82,13 @@ def default_frozen_memory() -> int:
 
 def parse_frozen_memory(text: str) -> int:
     """``512M``, ``2G``, ``1048576`` (bytes) or ``0`` (nothing stays frozen) -> bytes."""
-    value = text.strip().lower().removesuffix("ib").removesuffix("b")
-    factor = 1
-    if value and value[-1] in _UNITS:
-        factor, value = _UNITS[value[-1]], value[:-1]
-    try:
-        number = float(value)
-    except ValueError:
-        number = -1.0
-    if number < 0 or number != number:  # negative or NaN
+    size = bytes_of(text)
+    if size is None:
         raise ValueError(
             f"frozen memory {text!r} is not a size: use bytes or a number with K, M, G "
             "(e.g. 512M, 2G; 0 checkpoints every pause)"
         )
-    return int(number * factor)
+    return size
 
 
 @dataclass
