@@ -31,7 +31,7 @@ def registry_lookup() -> str:
 
     registry._ENTRY_POINT_LOADERS = None  # rediscover, as a fresh process would
     cls = registry.get_provider_class("substrate")
-    check(cls.__module__ == "gym_substrate.nemo", cls.__module__)
+    check(cls.__module__ == "gym_substrate.nemo.provider", cls.__module__)
     check(cls.__name__ == "SubstrateProvider" and cls.name == "substrate", repr(cls))
     names = registry.list_providers() if hasattr(registry, "list_providers") else None
     if names is not None:

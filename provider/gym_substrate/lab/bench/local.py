@@ -400,7 +400,7 @@ def _report(
         table.add_column(column, justify="left" if column == "operation" else "right")
     ratios: dict[str, float | None] = {}
     for item in series.values():
-        if item.name == IMAGE:
+        if item.name == IMAGE or not item.values_ms:  # e.g. the warm pool on a runtime without
             continue
         base = floor.get(floor_of.get(item.name, ""))
         base_p50 = base.pct(0.5) if base else float("nan")
@@ -448,7 +448,7 @@ def _report(
                 "x_floor": ratios.get(s.name),
             }
             for s in series.values()
-            if s.name != IMAGE
+            if s.name != IMAGE and s.values_ms  # no row for what this runtime does not have
         },
         "image_mib": image_mib,
         "memory_mib": memory,

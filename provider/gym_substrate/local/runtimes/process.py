@@ -501,7 +501,6 @@ class ProcessRuntime(NothingToPark):
         self._reap(handle)
         with contextlib.suppress(OSError):
             (self.procs / f"{handle}.json").unlink()
-        await self.slots.trim_nets()
 
     def _reap(self, handle: str) -> None:
         proc = self._children.get(handle)
@@ -562,6 +561,7 @@ class ProcessRuntime(NothingToPark):
         shutil.rmtree(self._folder(actor), ignore_errors=True)
         with contextlib.suppress(OSError):
             (self.actors / actor.atespace).rmdir()
+        await self.slots.trim_nets()  # a deleted paused actor's own net: not a second spare
 
     async def memory_bytes(self, handle: str) -> int | None:
         entry = self._entry(handle)
