@@ -21,6 +21,7 @@ from pathlib import Path
 __all__ = [
     "PARTIAL_SUFFIX",
     "commit_snapshot",
+    "existing_parent",
     "free_bytes",
     "is_dir",
     "new_snapshot_dir",
@@ -70,13 +71,17 @@ def commit_snapshot(partial: Path, dest: Path) -> None:
     _fsync(dest.parent)
 
 
+def existing_parent(path: Path) -> Path:
+    """``path`` itself when it exists, else its nearest existing parent."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
 def free_bytes(path: Path) -> int:
     """Bytes an unprivileged write may still use on the file system holding ``path`` (or its
     nearest existing parent)."""
-    probe = path
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    stats = os.statvfs(probe)
+    stats = os.statvfs(existing_parent(path))
     return stats.f_bavail * stats.f_frsize
 
 

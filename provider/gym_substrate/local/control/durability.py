@@ -27,7 +27,7 @@ import grpc
 from gym_substrate.local.control.records import PAUSED, RUNNING, ActorRecord, SnapshotRecord
 from gym_substrate.local.errors import AteapiError
 from gym_substrate.local.runtimes.base import RuntimeFailure
-from gym_substrate.local.snapshots import free_bytes, remove_snapshot, tree_bytes
+from gym_substrate.local.snapshots import existing_parent, free_bytes, remove_snapshot, tree_bytes
 
 if TYPE_CHECKING:
     from gym_substrate.local.control.plane import ControlPlane
@@ -109,21 +109,16 @@ async def check_room(
     raise AteapiError(
         grpc.StatusCode.RESOURCE_EXHAUSTED,
         f"{operation} of actor {record.key} refused: its image needs about "
-        f"{needed / _MB:.1f} MiB but only {free / _MB:.1f} MiB are free in {_existing(dest)}; "
+        f"{needed / _MB:.1f} MiB but only {free / _MB:.1f} MiB are free in "
+        f"{existing_parent(dest)}; "
         f"nothing was written and the actor {keeps}. Free space there "
         "(or move the state folder / the template's snapshot location) and try again",
     )
 
 
-def _existing(path: Path) -> Path:
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
-
 def _same_device(source: Path, dest: Path) -> bool:
     try:
-        return source.stat().st_dev == _existing(dest).stat().st_dev
+        return source.stat().st_dev == existing_parent(dest).stat().st_dev
     except OSError:
         return False
 

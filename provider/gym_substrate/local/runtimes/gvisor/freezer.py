@@ -45,9 +45,9 @@ from gym_substrate.local.runtimes.base import (
 )
 from gym_substrate.local.runtimes.gvisor import cgfreeze, host, net, slotaddr
 from gym_substrate.local.runtimes.gvisor._proc import run_command
-from gym_substrate.local.runtimes.gvisor.runsc import ContainerState, RunscError
+from gym_substrate.local.runtimes.gvisor.runsc import ContainerState, RunscError, image_bytes
 from gym_substrate.local.runtimes.sizes import bytes_of
-from gym_substrate.local.snapshots import PARTIAL_SUFFIX, free_bytes
+from gym_substrate.local.snapshots import PARTIAL_SUFFIX, existing_parent, free_bytes
 
 if TYPE_CHECKING:
     from gym_substrate.local.runtimes.gvisor.runtime import GvisorRuntime
@@ -477,11 +477,9 @@ class FreezeTier:
         return target
 
     async def _room_for(self, entry: _Frozen, target: Path) -> bool:
-        needed = entry.pss or _GUESS_PSS
-        if self.rt.compression != "none":
-            needed //= 4  # as checkpoint_estimate: flate shrinks images ~3x
-        folder = next((p for p in (target, *target.parents) if p.exists()), target.anchor)
-        free = await asyncio.to_thread(free_bytes, Path(folder))
+        needed = image_bytes(entry.pss or _GUESS_PSS, self.rt.compression)
+        folder = existing_parent(target)
+        free = await asyncio.to_thread(free_bytes, folder)
         if free >= needed:
             return True
         log.warning(

@@ -258,9 +258,10 @@ def setup_slot_net(
                 )
             subnet = chosen
             path = _lease_path(lease_dir, subnet)
-            net_ = subnet
             for table in stale_tables_over(subnet, instance):
-                log.warning("removing nft table inet %s: a dead backend's map over %s", table, net_)
+                log.warning(
+                    "removing nft table inet %s: a dead backend's map over %s", table, subnet
+                )
                 _nft(None, "delete", "table", "inet", table)
         path.write_text(
             json.dumps(

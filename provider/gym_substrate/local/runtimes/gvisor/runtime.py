@@ -45,7 +45,7 @@ from gym_substrate.local.runtimes.gvisor.folders import Sandbox, image_files, mo
 from gym_substrate.local.runtimes.gvisor.freezer import FROZEN_MARKER, FreezeTier
 from gym_substrate.local.runtimes.gvisor.phases import Phases
 from gym_substrate.local.runtimes.gvisor.ready import http_status, wait_ready
-from gym_substrate.local.runtimes.gvisor.runsc import ContainerState, Runsc, RunscError
+from gym_substrate.local.runtimes.gvisor.runsc import ContainerState, Runsc, RunscError, image_bytes
 from gym_substrate.local.runtimes.gvisor.warm import WarmPool, warm_first
 
 __all__ = ["AGENT_PORT", "GvisorRuntime", "http_status"]
@@ -364,13 +364,12 @@ class GvisorRuntime:
         return not self.tier.enabled
 
     async def checkpoint_estimate(self, handle: str) -> int | None:
-        """Bytes a checkpoint of ``handle`` would plainly need (None when unknown): its memory
-        usage uncompressed, a quarter of it compressed (flate shrinks images ~3x)."""
+        """Bytes a checkpoint of ``handle`` would plainly need (None when unknown)."""
         with self.phases.timed("park: room check (runsc events --stats)"):
             usage = await self.runsc.memory_usage(handle)
         if usage is None:
             return None
-        return usage if self.compression == "none" else usage // 4
+        return image_bytes(usage, self.compression)
 
     async def _abort_host_connections(self, slot: int) -> None:
         """Reset every host TCP connection into the sandbox before checkpointing it.
