@@ -229,9 +229,12 @@ def test_sigterm_kills_jobs_and_exits_cleanly(agent_factory: Any, tmp_path: Path
         json_body={"command": f"sleep 300 & echo $! > {tmp_path}/pid; wait"},
     )
     deadline = time.monotonic() + 5
-    while not (tmp_path / "pid").exists() and time.monotonic() < deadline:
+    pid_file = tmp_path / "pid"
+    # The shell creates the file before it writes the pid: wait for the whole line.
+    while not (pid_file.exists() and pid_file.read_text().endswith("\n")):
+        assert time.monotonic() < deadline, "the job never wrote its background pid"
         time.sleep(0.02)
-    pid = int((tmp_path / "pid").read_text())
+    pid = int(pid_file.read_text())
     assert inst.stop() == 0
     deadline = time.monotonic() + 3
     while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
