@@ -25,6 +25,7 @@ FAST_MODULES = frozenset(
         "experiments/test_inputs.py",
         "local/runtimes/gvisor/test_gvisor_stale_nat_unit.py",
         "local/runtimes/gvisor/test_gvisor_units.py",
+        "local/runtimes/gvisor/test_gvisor_warm_unit.py",
         "local/test_agent_forms_unit.py",
         "local/test_client_config.py",
         "local/test_control_unit.py",

@@ -69,6 +69,15 @@ def demo(runtime: str, sandboxes: int, rootfs: str) -> None:
     show_default=True,
     help="The backend's pause tier under gVisor (see `local up --pause-tier`).",
 )
+@click.option(
+    "--warm-pool",
+    type=click.IntRange(0, 16),
+    default=1,
+    show_default=True,
+    metavar="N",
+    help="Pooled sandboxes per template (see `local up --warm-pool`); 0 leaves out the "
+    "warm-pool create row.",
+)
 @rootfs_option
 @click.option(
     "--phases",
@@ -82,6 +91,7 @@ def bench(
     iterations: int,
     execs: int,
     pause_tier: str,
+    warm_pool: int,
     rootfs: str,
     phases: bool,
     as_json: bool,
@@ -101,6 +111,7 @@ def bench(
                 default_rootfs=rootfs,
                 pause_tier=pause_tier,
                 phases=phases,
+                warm_pool=warm_pool,
             )
         )
     except (BackendError, RuntimeFailure) as exc:

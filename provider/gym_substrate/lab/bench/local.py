@@ -29,6 +29,7 @@ from rich.table import Table
 from gym_substrate.lab.bench.phases import phase_table, wrapper_overhead
 from gym_substrate.local.backend import LocalBackend
 from gym_substrate.local.control.warm_targets import warm_targets
+from gym_substrate.local.runtimes.base import RuntimeFailure
 from gym_substrate.local.templates import DEFAULT_TEMPLATE_ATESPACE, DEFAULT_TEMPLATE_NAME
 from gym_substrate.local.tour import TARGET_HEADER, Session
 
@@ -220,9 +221,12 @@ def _warm_pool(backend: LocalBackend) -> Any:
     return warm if warm is not None and warm.enabled else None
 
 
+_POOL_FAILURES = 2  # refills failed in a row before the bench gives up on the pool
+
+
 async def _pool_full(backend: LocalBackend) -> None:
     """Wait (outside any timing) until the warm pool holds its size for every template, so no
-    refill runs while something is timed."""
+    refill runs while something is timed; a pool that keeps failing ends the bench with why."""
     warm, plane = _warm_pool(backend), backend.plane
     if warm is None or plane is None:
         return
@@ -233,9 +237,14 @@ async def _pool_full(backend: LocalBackend) -> None:
 
     async def wait() -> None:
         async with warm.changed:
-            await warm.changed.wait_for(full)
+            await warm.changed.wait_for(lambda: full() or warm.failures >= _POOL_FAILURES)
 
     await asyncio.wait_for(wait(), 300)
+    if not full():
+        raise RuntimeFailure(
+            f"the warm pool failed to refill {warm.failures} times in a row "
+            f"(last: {warm.last_error}); run with --warm-pool 0 to bench without it"
+        )
 
 
 async def _warm_create(

@@ -150,6 +150,8 @@ class WarmPool:
         self.paused = False  # True: claims are refused (the bench's "without" half)
         self.fills = 0  # runsc restores the pool made
         self.claims = 0  # actors started from the pool
+        self.failures = 0  # refills failed in a row (0 after one succeeds)
+        self.last_error = ""  # why the last refill failed, while failures > 0
         self.changed = asyncio.Condition()
 
     @property
@@ -264,7 +266,6 @@ class WarmPool:
 
     # -- the refill loop ---------------------------------------------------------------------
     async def _run(self) -> None:
-        failures = 0
         while True:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(_POLL_S):
@@ -278,14 +279,16 @@ class WarmPool:
                     continue
                 await self._wait_quiet()
                 await self._fill(wanted)
-                failures = 0
+                self.failures, self.last_error = 0, ""
                 self.kick()  # maybe more to fill
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - a failed refill must not end the loop
-                failures += 1
-                log.warning("warm pool refill failed (%d in a row)", failures, exc_info=True)
-                await asyncio.sleep(min(_BACKOFF_MAX_S, _POLL_S * 2 ** min(failures, 8)))
+            except Exception as exc:  # noqa: BLE001 - a failed refill must not end the loop
+                self.failures += 1
+                self.last_error = str(exc) or type(exc).__name__
+                log.warning("warm pool refill failed (%d in a row)", self.failures, exc_info=True)
+                await self._notify()
+                await asyncio.sleep(min(_BACKOFF_MAX_S, _POLL_S * 2 ** min(self.failures, 8)))
 
     def _wanted(self, targets: Mapping[str, WarmTarget]) -> WarmTarget | None:
         short = [t for key, t in sorted(targets.items()) if self.count(key) < self.size]
@@ -345,14 +348,18 @@ class WarmPool:
         await self._notify()
 
     def _take_unit(self) -> tuple[int, net.SlotNet | None]:
-        """A namespace for the next pooled sandbox: a spare of the frozen tier (each claim
-        leaves the slot's old one spare, so their number stays bounded), else a new number."""
+        """A namespace for the next pooled sandbox: a spare of the frozen tier, else a new
+        number. Never a slot's home unit: its sandbox address is that slot's worker IP, which
+        the DNAT map sends to whatever the slot runs now, so the fill's probe would reach the
+        slot's actor (or nothing) instead of the pooled sandbox. Home units stay spare for the
+        next freeze, where the slot is reached by its worker IP anyway."""
         tier = self.rt.tier
-        if tier.spares:
-            unit = tier.spares.pop(0)
-            with contextlib.suppress(OSError):
-                tier._save()
-            return unit, tier._spare_nets.pop(unit, None)
+        for unit in tier.spares:
+            if unit >= self.rt.config.workers:
+                tier.spares.remove(unit)
+                with contextlib.suppress(OSError):
+                    tier._save()
+                return unit, tier._spare_nets.pop(unit, None)
         return self._free_unit(), None
 
     def _free_unit(self) -> int:
