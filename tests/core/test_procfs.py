@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -80,3 +81,33 @@ def test_mounts_and_status_of_this_process() -> None:
     points = dict(procfs.mounts())
     assert points["/proc"] == "proc"
     assert int(procfs.status(os.getpid())["VmRSS"].split()[0]) > 0
+
+
+def test_processes_sharing_one_address_space_count_once(
+    family: tuple[subprocess.Popen[str], int],
+) -> None:
+    """gVisor's systrap stubs share the sentry's child address space under pids of their own;
+    a thread's /proc/<tid> stands in for them here (same mm, a pid of its own)."""
+    parent, child = family
+    ready, done = threading.Event(), threading.Event()
+    tids: list[int] = []
+
+    def hold() -> None:
+        tids.append(threading.get_native_id())
+        ready.set()
+        done.wait(10)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        ready.wait(10)
+        me = procfs.pss_bytes([os.getpid()])
+        assert me > 0
+        assert procfs.pss_bytes([os.getpid(), tids[0]]) < 1.5 * me  # once, not twice
+        # distinct address spaces still add up (two idle processes: their PSS holds still)
+        both = procfs.pss_bytes([parent.pid, child])
+        alone = procfs.pss_bytes([parent.pid]) + procfs.pss_bytes([child])
+        assert both == pytest.approx(alone, rel=0.1)
+    finally:
+        done.set()
+        thread.join()

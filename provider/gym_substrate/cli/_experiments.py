@@ -1,7 +1,7 @@
 """What every experiment command shares: target options, the output folder, progress, errors.
 
-`target_options` adds `--config/--runtime/--pause-tier/--workers/--actors-per-worker`; `run`
-runs a command's coroutine with an `ExperimentError` turned into one line and exit 1;
+`target_options` adds `--config/--runtime/--pause-tier/--warm-pool/--workers/--actors-per-worker`;
+`run` runs a command's coroutine with an `ExperimentError` turned into one line and exit 1;
 `arm_progress` is the live progress of arms (a rich bar on a terminal, a plain line every 10 s
 on a pipe); `report_files` prints where the run's files went. Output goes through
 `gym_substrate.cli._output` like every other command.
@@ -49,28 +49,33 @@ T = TypeVar("T")
 
 
 def target_options(func: F) -> F:
-    """`--config FILE`, `--runtime`, `--pause-tier`, `--workers`, `--actors-per-worker`: where
-    it runs.
+    """`--config FILE`, `--runtime`, `--pause-tier`, `--warm-pool`, `--workers`,
+    `--actors-per-worker`: where it runs.
 
     Multiples and utilisation count in actor slots, workers x actors per worker; one actor per
     worker (the default) keeps a worker what the experiments meant by one before workers held
-    several actors. `--pause-tier` reaches the local backend the command starts
+    several actors. `--pause-tier` and `--warm-pool` reach the local backend the command starts
     (`local_or_config`) without passing through the command's own arguments.
     """
-    from gym_substrate.lab.experiments.backend import local_pause_tier
+    from gym_substrate.lab.experiments.backend import local_pause_tier, local_warm_pool
+    from gym_substrate.local.backend import WARM_POOL_ENV
     from gym_substrate.local.runtimes import DEFAULT_PAUSE_TIER, PAUSE_TIER_ENV, PAUSE_TIERS
 
     command = func
 
     @functools.wraps(command)
-    def with_pause_tier(*args: Any, pause_tier: str | None, **kwargs: Any) -> Any:
-        token = local_pause_tier.set(pause_tier)
+    def with_local_options(
+        *args: Any, pause_tier: str | None, warm_pool: int | None, **kwargs: Any
+    ) -> Any:
+        tier_token = local_pause_tier.set(pause_tier)
+        pool_token = local_warm_pool.set(warm_pool)
         try:
             return command(*args, **kwargs)
         finally:
-            local_pause_tier.reset(token)
+            local_warm_pool.reset(pool_token)
+            local_pause_tier.reset(tier_token)
 
-    func = with_pause_tier  # type: ignore[assignment]
+    func = with_local_options  # type: ignore[assignment]
     options = [
         click.option(
             "--config",
@@ -95,6 +100,15 @@ def target_options(func: F) -> F:
             "sandbox in memory (~1 ms) or checkpoint it to disk (~0.1-0.5 s); see `local up "
             f"--pause-tier`. Default: ${PAUSE_TIER_ENV}, else {DEFAULT_PAUSE_TIER}. Ignored "
             "with --config.",
+        ),
+        click.option(
+            "--warm-pool",
+            type=click.IntRange(0, 16),
+            default=None,
+            metavar="N",
+            help="Sandboxes per template the local gVisor backend keeps restored and frozen, so "
+            "a create's first resume thaws one (see `local up --warm-pool`). Default: "
+            f"${WARM_POOL_ENV}, else 1. Ignored with --config.",
         ),
         click.option(
             "--workers",

@@ -7,7 +7,10 @@ nothing (None, an empty list, zero), never an error. Reads block: call them off 
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
+import platform
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -158,16 +161,40 @@ def descendants(roots: Iterable[int]) -> set[int]:
 def pss_bytes(of: Iterable[int]) -> int:
     """Proportional set size summed over ``of`` (`smaps_rollup`), in bytes; gone pids count 0.
 
-    Both local runtimes and the lab's probes report memory this way, so their figures compare.
+    Processes that share one address space count once: `smaps_rollup` reports the whole address
+    space for each of them, and gVisor's systrap stubs are such processes (clone with CLONE_VM,
+    a pid each), so a plain sum counted one sandbox's guest memory three times. Where the kernel
+    will not compare address spaces (no kcmp), each process counts: an overestimate, never an
+    underestimate. Both local runtimes and the lab's probes report memory this way.
     """
     total = 0
-    for pid in of:
+    counted: list[int] = []  # one pid per address space already summed
+    for pid in sorted(set(of)):
         try:
             text = (PROC / str(pid) / "smaps_rollup").read_text()
         except OSError:
             continue
+        if any(_same_address_space(pid, other) for other in counted):
+            continue
+        counted.append(pid)
         for line in text.splitlines():
             if line.startswith("Pss:"):
                 total += int(line.split()[1]) * 1024
                 break
     return total
+
+
+_KCMP = {"x86_64": 312, "aarch64": 272}.get(platform.machine())
+_KCMP_VM = 1
+
+
+def _same_address_space(a: int, b: int) -> bool:
+    """kcmp(2) with KCMP_VM: ``a`` and ``b`` share one mm; False when the kernel will not say."""
+    if _KCMP is None:
+        return False
+    return bool(_libc().syscall(_KCMP, a, b, _KCMP_VM, 0, 0) == 0)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)

@@ -33,6 +33,7 @@ __all__ = [
     "Target",
     "local_or_config",
     "local_pause_tier",
+    "local_warm_pool",
     "merged_kwargs",
     "wait_for_golden",
 ]
@@ -41,6 +42,10 @@ __all__ = [
 # the pause tier of the local backend `local_or_config` starts when not given one.
 local_pause_tier: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "local_pause_tier", default=None
+)
+# ... and its `--warm-pool` (None: $GYM_SUBSTRATE_WARM_POOL, else the backend's default)
+local_warm_pool: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "local_warm_pool", default=None
 )
 
 RUNTIMES = ("auto", "gvisor", "process")
@@ -91,6 +96,10 @@ class Target:
             "runtime_reason": self.runtime_reason,
             # what PauseActor did on the local gVisor backend (None elsewhere)
             "pause_tier": getattr(self._backend, "pause_tier", None)
+            if self.runtime == "gvisor"
+            else None,
+            # sandboxes per template kept restored and frozen (the local gVisor backend's)
+            "warm_pool": getattr(self._backend, "warm_pool", None)
             if self.runtime == "gvisor"
             else None,
             "workers": self.workers,
@@ -334,6 +343,7 @@ async def local_or_config(
                 workers=workers,
                 actors_per_worker=actors_per_worker,
                 pause_tier=pause_tier or local_pause_tier.get(),
+                warm_pool=local_warm_pool.get(),
             )
             await stack.enter_async_context(backend)
         except (BackendError, RuntimeFailure, ValueError) as exc:
@@ -343,6 +353,8 @@ async def local_or_config(
         await wait_for_golden(kwargs)
         name = backend.runtime_name
         label = {"gvisor": "gVisor", "process": "process runtime"}.get(name, name)
+        if name == "gvisor":
+            label += f" ({backend.pause_tier} pause tier, warm pool {backend.warm_pool})"
         yield Target(
             kwargs,
             f"local backend, {label}, {_plural(workers, 'worker')} x "

@@ -21,6 +21,7 @@ from gym_substrate.core import procfs
 __all__ = [
     "CommandError",
     "CommandResult",
+    "kill_sandbox",
     "pid_running",
     "run_command",
     "tail",
@@ -130,6 +131,26 @@ def pid_running(pid: int, cid: str | None = None) -> bool:
         return False
     # given a container id, a pid the kernel reused for an unrelated process is not it
     return cid is None or any(f"/{cid}".encode() in arg for arg in procfs.cmdline(pid))
+
+
+def kill_sandbox(pid: int, cid: str) -> bool:
+    """SIGKILL ``cid``'s sandbox process ``pid``; False when it is not that sandbox any more.
+
+    The signal goes through a pidfd opened after the check, so a pid the kernel reused for
+    another process between the check and the signal is never hit."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return False
+    try:
+        if not pid_running(pid, cid):
+            return False
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 async def wait_pid_exit(pid: int, *, timeout_s: float) -> bool:

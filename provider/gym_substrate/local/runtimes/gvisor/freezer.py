@@ -518,22 +518,24 @@ class FreezeTier:
                 json.dumps({"sandbox": entry.cid, "actor": entry.actor, "lost": why})
             )
 
-    async def forget(self, cid: str) -> None:
-        """Stop a frozen sandbox: thaw it first (a frozen task cannot die), then delete it."""
+    async def forget(self, cid: str) -> bool:
+        """Stop a frozen sandbox: thaw it first (a frozen task cannot die), then kill it; False
+        when ``cid`` is not frozen (nothing done)."""
         entry = self.frozen.get(cid)
         if entry is None:
-            return
+            return False
         async with entry.lock:
             if self.frozen.get(cid) is None:
-                return
+                return False
             pids = self.rt.runsc.pids(cid)
             if pids is not None:
                 with contextlib.suppress(cgfreeze.FreezeError, OSError, RunscError, RuntimeFailure):
                     await self._set_frozen(cid, pids[0], False, entry.method)
             try:
-                await self.rt._discard(cid)
+                await self.rt.kill(cid, after="delete")
             finally:
                 self._drop(entry)
+        return True
 
     async def park_all(self) -> None:
         """`local down`: every frozen sandbox is checkpointed into its snapshot folder."""

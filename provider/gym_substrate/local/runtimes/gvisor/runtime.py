@@ -40,7 +40,7 @@ from gym_substrate.local.runtimes.base import (
     pss_bytes,
 )
 from gym_substrate.local.runtimes.gvisor import cgfreeze, folders, host, hostclean, net, slotaddr
-from gym_substrate.local.runtimes.gvisor._proc import pid_running, wait_pid_exit
+from gym_substrate.local.runtimes.gvisor._proc import kill_sandbox, pid_running, wait_pid_exit
 from gym_substrate.local.runtimes.gvisor.folders import Sandbox, image_files, move_tree
 from gym_substrate.local.runtimes.gvisor.freezer import FROZEN_MARKER, FreezeTier
 from gym_substrate.local.runtimes.gvisor.phases import Phases
@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 AGENT_PORT = 80  # Substrate's router only ever forwards to port 80 inside the actor
 _COMPRESSIONS = ("none", "flate-best-speed")
 _CHECKPOINT_TIMEOUT_S = 60.0
+_KILL_EXIT_S = 10.0  # a SIGKILLed sentry exits in milliseconds; past this, runsc destroys it
 
 
 class GvisorRuntime:
@@ -333,7 +334,7 @@ class GvisorRuntime:
         # the slot any more.
         with self.phases.timed("park: exit wait after checkpoint"):
             await wait_pid_exit(sandbox_pid, timeout_s=10)
-        task = asyncio.create_task(self._drain(handle, sandbox_pid))
+        task = asyncio.create_task(self._drain(handle, sandbox_pid, after="park"))
         self._drains.add(task)
         task.add_done_callback(self._drains.discard)
         files = await asyncio.to_thread(image_files, dest)
@@ -386,18 +387,18 @@ class GvisorRuntime:
             worker = self._worker_ips.get(slot, net_.sandbox_ip)
             await slotaddr.reset_connections(worker, net_.sandbox_ip)
 
-    async def _drain(self, cid: str, pid: int) -> None:
-        """After a checkpoint: wait for the sandbox process to exit, then delete it."""
-        with self.phases.timed("after park (background): until the zombie is reaped"):
+    async def _drain(self, cid: str, pid: int, *, after: str) -> None:
+        """After a checkpoint or a kill: wait for the sandbox process to go, then delete it."""
+        with self.phases.timed(f"after {after} (background): until the zombie is reaped"):
             for _ in range(600):  # up to 30 s for the zombie to be reaped
                 if not await asyncio.to_thread(os.path.exists, f"/proc/{pid}"):
                     break
                 await asyncio.sleep(0.05)
         try:
-            with self.phases.timed("after park (background): runsc state/delete, folder"):
+            with self.phases.timed(f"after {after} (background): runsc state/delete, folder"):
                 await self._discard(cid, exited=True)
         except Exception:  # noqa: BLE001 - a drain must never raise into a later start
-            log.warning("could not delete checkpointed sandbox %s", cid, exc_info=True)
+            log.warning("could not delete sandbox %s after its %s", cid, after, exc_info=True)
 
     async def _discard(self, cid: str, *, exited: bool = False) -> None:
         """Make a container gone (any state) and remove its directory. ``exited``: its sandbox
@@ -437,8 +438,28 @@ class GvisorRuntime:
         )
 
     async def stop(self, handle: str) -> None:
-        await self.tier.forget(handle)
-        await self._discard(handle)
+        if not await self.tier.forget(handle):
+            await self.kill(handle, after="delete")
+
+    async def kill(self, cid: str, *, after: str) -> None:
+        """SIGKILL the sandbox and return once it has exited: a zombie holds no memory, socket
+        or file of its slot, so the slot is free. Its removal, which runsc refuses until the
+        host's init reaps the zombie (1-2 s under a Firecracker guest's init, where a delete
+        held the worker that long), drains in the background like a park's. A sandbox that
+        cannot be signalled or does not exit is destroyed the slow way, in the foreground."""
+        pids = self.runsc.pids(cid)
+        with self.phases.timed(f"{after}: kill until the sandbox exits"):
+            exited = (
+                pids is not None
+                and await asyncio.to_thread(kill_sandbox, pids[0], cid)
+                and await wait_pid_exit(pids[0], timeout_s=_KILL_EXIT_S)
+            )
+        if pids is None or not exited:
+            await self._discard(cid)
+            return
+        task = asyncio.create_task(self._drain(cid, pids[0], after=after))
+        self._drains.add(task)
+        task.add_done_callback(self._drains.discard)
 
     async def is_alive(self, handle: str) -> bool:
         # runsc says "running" for as long as the exited sandbox is an unreaped zombie, so ask
@@ -495,11 +516,12 @@ class GvisorRuntime:
         for state in await self._containers():
             if state.id in keep:
                 continue
-            await self.tier.forget(state.id)
-            if state.status == "paused":  # frozen by a run whose records are gone
-                await asyncio.to_thread(cgfreeze.thaw_instance_cgroups, self.instance)
-            await self._discard(state.id)
+            if not await self.tier.forget(state.id):
+                if state.status == "paused":  # frozen by a run whose records are gone
+                    await asyncio.to_thread(cgfreeze.thaw_instance_cgroups, self.instance)
+                await self._discard(state.id)
             described.append(f"sandbox {state.id} ({state.status})")
+        await self._await_drains()
         if self.sandboxes_dir.is_dir():
             for directory in self.sandboxes_dir.iterdir():
                 if directory.name not in keep and directory.is_dir():
@@ -532,6 +554,7 @@ class GvisorRuntime:
         await self.tier.park_all()  # paused actors keep their memory, as images
         for cid in list(self.tier.frozen):
             await self.tier.forget(cid)
+        await self._await_drains()
         # a frozen task cannot die: thaw what a crashed run left frozen, too
         await asyncio.to_thread(cgfreeze.thaw_instance_cgroups, self.instance)
         states: list[str] = []
