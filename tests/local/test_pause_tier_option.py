@@ -86,3 +86,57 @@ def test_a_bad_pause_tier_is_refused_before_anything_starts(
     result = CliRunner().invoke(main, ["compare", "--pause-tier", "sleep"])
     assert result.exit_code == 2
     assert "'sleep' is not one of 'checkpoint', 'freeze'" in result.output
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+@pytest.mark.parametrize(("option", "expected"), [([], None), (["--warm-pool", "3"], 3)])
+def test_experiment_commands_pass_the_warm_pool_asked_for(
+    command: str,
+    option: list[str],
+    expected: int | None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """None leaves it to LocalBackend: $GYM_SUBSTRATE_WARM_POOL, else no pool."""
+    seen: list[int | None] = []
+
+    def recorder(state: Path, **kwargs: Any) -> Any:
+        seen.append(kwargs.get("warm_pool"))
+        raise ValueError("stopped where the backend would start")
+
+    monkeypatch.setattr(backend_module, "LocalBackend", recorder)
+    args = [*COMMANDS[command], "--runtime", "process", *option, "--out", str(tmp_path / "out")]
+    result = CliRunner().invoke(main, args)
+    assert "stopped where the backend would start" in result.output, result.output
+    assert seen == [expected]
+
+
+def _planned_ladder(folder: Path) -> None:
+    from gym_substrate.lab.experiments.ladder import LadderPlan, new_state, save_state
+
+    folder.mkdir()
+    save_state(folder, new_state(LadderPlan(pause_tier="checkpoint", warm_pool=2)))
+
+
+def test_a_ladders_later_stages_start_the_backend_its_first_stage_had(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[tuple[str, int | None]] = []
+
+    def recorder(state: Path, **kwargs: Any) -> Any:
+        seen.append((resolve_pause_tier(kwargs.get("pause_tier")), kwargs.get("warm_pool")))
+        raise ValueError("stopped where the backend would start")
+
+    monkeypatch.setattr(backend_module, "LocalBackend", recorder)
+    monkeypatch.delenv(PAUSE_TIER_ENV, raising=False)
+    _planned_ladder(tmp_path / "ladder")
+    args = ["ladder", "run", "--stage", "next", "--out", str(tmp_path / "ladder")]
+    result = CliRunner().invoke(main, [*args, "--runtime", "process"])
+    assert "stopped where the backend would start" in result.output, result.output
+    assert seen == [("checkpoint", 2)]  # not freeze and no pool, the defaults
+
+    result = CliRunner().invoke(main, [*args, "--pause-tier", "freeze", "--warm-pool", "2"])
+    assert result.exit_code == 1
+    assert "planned differently: --pause-tier (planned 'checkpoint')" in result.output
+    assert "--warm-pool" not in result.output  # the same as planned
+    assert len(seen) == 1  # refused before a backend started

@@ -108,7 +108,8 @@ def target_options(func: F) -> F:
             metavar="N",
             help="Sandboxes per template the local gVisor backend keeps restored and frozen, so "
             "a create's first resume thaws one (see `local up --warm-pool`). Default: "
-            f"${WARM_POOL_ENV}, else 1. Ignored with --config.",
+            f"${WARM_POOL_ENV}, else 0 (every create restores the golden snapshot). Ignored "
+            "with --config.",
         ),
         click.option(
             "--workers",

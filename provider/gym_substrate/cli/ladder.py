@@ -121,7 +121,11 @@ def run_stage(
     from gym_substrate.lab.experiments import ExperimentError, ThinkSpec, load_workload
     from gym_substrate.lab.experiments.arm import ArmConfig, run_arm, write_arm
     from gym_substrate.lab.experiments.artifacts import make_out_dir
-    from gym_substrate.lab.experiments.backend import local_or_config
+    from gym_substrate.lab.experiments.backend import (
+        local_or_config,
+        local_pause_tier,
+        local_warm_pool,
+    )
     from gym_substrate.lab.experiments.ladder import (
         LadderPlan,
         load_state,
@@ -149,11 +153,16 @@ def run_stage(
                 for k, v in given.items()
                 if (list(v) if isinstance(v, tuple) else v) != planned[_PLAN_OPTIONS[k]]
             ]
+            differs += _backend_differs(ctx, plan)
             if differs:
                 raise ExperimentError(
                     f"{folder} holds a ladder planned differently: {', '.join(differs)}; leave "
                     "plan options out when resuming, or give a new --out"
                 )
+            if plan.pause_tier is not None:
+                local_pause_tier.set(plan.pause_tier)
+            if plan.warm_pool is not None:
+                local_warm_pool.set(plan.warm_pool)
         stages = plan.stages()
         workload = load_workload(plan.workload)
     except ExperimentError as exc:
@@ -198,7 +207,10 @@ def run_stage(
         async with local_or_config(
             config_file, runtime, plan.workers, plan.actors_per_worker
         ) as target:
-            state["target"] = target.describe()
+            state["target"] = described = target.describe()
+            if plan.pause_tier is None and described.get("pause_tier") is not None:
+                kept = {"pause_tier": described["pause_tier"], "warm_pool": described["warm_pool"]}
+                state["plan"] = {**state["plan"], **kept}
             note(f"target: {target.where} ({target.runtime_reason})", as_json=as_json)
             for stage in todo:
                 config = ArmConfig(
@@ -236,6 +248,21 @@ def run_stage(
             as_json=as_json,
         )
         raise SystemExit(3)
+
+
+def _backend_differs(ctx: click.Context, plan: Any) -> list[str]:
+    """`--pause-tier`/`--warm-pool` given now against what the plan's first stage used."""
+    from gym_substrate.lab.experiments.backend import local_pause_tier, local_warm_pool
+
+    differs = []
+    for name, given, planned in (
+        ("pause_tier", local_pause_tier.get(), plan.pause_tier),
+        ("warm_pool", local_warm_pool.get(), plan.warm_pool),
+    ):
+        from_user = ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE
+        if from_user and planned is not None and given != planned:
+            differs.append(f"--{name.replace('_', '-')} (planned {planned!r})")
+    return differs
 
 
 def _print_stage(stage: Any, summary: dict[str, Any], rules: list[dict[str, Any]]) -> None:

@@ -234,7 +234,7 @@ local.add_command(bench)
     metavar="N",
     help="Sandboxes per template kept restored from its golden snapshot and frozen (gVisor), "
     "so an actor's first resume thaws one (~tens of ms) instead of restoring (~0.5 s); each "
-    "holds ~130 MiB inside --frozen-memory, dropped before any paused actor. 0: no pool.",
+    "holds ~45-65 MiB inside --frozen-memory, dropped before any paused actor. 0: no pool.",
 )
 @rootfs_option
 @click.option(

@@ -11,6 +11,7 @@ to the floor figure it is built on. The process runtime has no floor (no snapsho
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import statistics
 import tempfile
@@ -200,6 +201,7 @@ async def run_bench(
                     await _one_actor(session, backend, index, execs, series)
                     await _warm_create(session, backend, index, series)
                     await _memory(session, backend, running_mem, paused_mem)
+                together = await _memory_together(session, backend, workers)
                 if phases and gvisor is not None:
                     await gvisor._await_drains()  # the background steps after the last park
                     steps = gvisor.phases.samples()
@@ -207,8 +209,8 @@ async def run_bench(
             finally:
                 await session.close()
     result = _report(
-        console, backend, iterations, pause_tier, series, floor, running_mem, paused_mem,
-        (load_before, _load()),
+        console, backend, iterations, pause_tier, series, floor, (running_mem, paused_mem),
+        together, (load_before, _load()),
     )  # fmt: skip
     if phases:
         result["phases"] = phase_table(console, steps) if steps else {}
@@ -358,6 +360,48 @@ async def _memory(
     await session.delete(actor_id, any_state=True)
 
 
+async def _memory_together(
+    session: Session, backend: LocalBackend, count: int
+) -> dict[str, int | None]:
+    """PSS per actor with ``count`` actors running at once, then paused at once. The runsc
+    binary's resident pages (~23 MiB) are shared by every sandbox on the machine, so PSS gives
+    each of ``count`` actors a ``count``-th of them, as on a busy worker, where an actor alone
+    carries them all (the rows above)."""
+    runtime = backend.runtime
+    assert runtime is not None
+    names = [f"bench-mem-{i}-{uuid.uuid4().hex[:6]}" for i in range(count)]
+
+    plane = backend.plane
+    assert plane is not None
+
+    async def per_actor(field: str) -> int | None:
+        used = []
+        for name in names:
+            record = plane.lookup(session.atespace, name)
+            handle = getattr(record, field, "") if record is not None else ""
+            used.append(await runtime.memory_bytes(handle) if handle else None)
+        known = [u for u in used if u]
+        return sum(known) // len(known) if len(known) == count else None
+
+    try:
+        for name in names:
+            await session.create(name)
+            await session.resume(name)
+            await session.exec(name, "true")
+        running = await per_actor("handle")
+        for name in names:
+            await session.pause(name)
+        paused = await per_actor("retained_handle")
+    finally:
+        for name in names:
+            with contextlib.suppress(Exception):
+                await session.delete(name, any_state=True)
+    return {
+        f"memory per actor, {count} running at once (PSS / {count})": running,
+        f"memory per actor, {count} paused at once (PSS / {count})": paused,
+    }
+
+
 def _print_floor(console: Console, iterations: int, floor: dict[str, Series]) -> None:
     """The table of runsc's own costs, printed first so the backend's table reads against it."""
     table = Table(title=f"runsc's floor on this machine ({iterations} repetitions)")
@@ -395,10 +439,11 @@ def _report(
     pause_tier: str,
     series: dict[str, Series],
     floor: dict[str, Series],
-    running_mem: list[int],
-    paused_mem: list[int],
+    alone: tuple[list[int], list[int]],
+    together: dict[str, int | None],
     load: tuple[str, str],
 ) -> dict[str, Any]:
+    running_mem, paused_mem = alone
     tier = pause_tier if backend.runtime_name == "gvisor" else "process"
     if floor:
         _print_floor(console, iterations, floor)
@@ -431,6 +476,10 @@ def _report(
             label, f"{mib:.1f} MiB", "", str(len(values)),
             f"{base_mib:.1f} MiB" if base else "", _ratio(mib, base_mib),
         )  # fmt: skip
+    for label, used in together.items():
+        memory[label] = used / 2**20 if used else None
+        shown = f"{used / 2**20:.1f} MiB" if used else "-"
+        table.add_row(label, shown, "", "1", "", "")
     sizes = series[IMAGE].values_ms
     image_mib = statistics.median(sizes) if sizes else None
     table.add_row(IMAGE, f"{image_mib or float('nan'):.1f} MiB", "", str(len(sizes)), "", "")

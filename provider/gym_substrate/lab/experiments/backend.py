@@ -43,7 +43,7 @@ __all__ = [
 local_pause_tier: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "local_pause_tier", default=None
 )
-# ... and its `--warm-pool` (None: $GYM_SUBSTRATE_WARM_POOL, else the backend's default)
+# ... and its `--warm-pool` (None: $GYM_SUBSTRATE_WARM_POOL, else LocalBackend's 0)
 local_warm_pool: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "local_warm_pool", default=None
 )

@@ -72,6 +72,11 @@ class LadderPlan:
     max_failure_rate: float = 0.0
     max_p95_x: float = 20.0
     min_gain: float = 0.05
+    # what the first stage's local gVisor backend used (None on a cluster or the process
+    # runtime, and in plans written before they were kept): every later stage starts its
+    # backend with the same, so the ladder's stages compare
+    pause_tier: str | None = None
+    warm_pool: int | None = None
 
     def __post_init__(self) -> None:
         if self.workers < 1:

@@ -40,6 +40,9 @@ def test_bench_shows_the_floor_and_our_ratio_to_it() -> None:
     assert series["create+resume until an exec answers, warm pool"]["n"] == 3
     # a frozen actor keeps its sandbox: its memory is measured while paused
     assert figures["memory_mib"]["memory per paused actor (PSS, median)"] > 10
+    # and per actor with the backend's 4 slots full, then all 4 paused (the binary is shared)
+    assert figures["memory_mib"]["memory per actor, 4 running at once (PSS / 4)"] > 10
+    assert figures["memory_mib"]["memory per actor, 4 paused at once (PSS / 4)"] > 10
     # a suspend writes a checkpoint image; its size is reported per actor
     assert figures["image_mib"] > 1
     # each step around runsc, with as many samples as the actors' parks and restores
