@@ -19,8 +19,12 @@ from gym_substrate.local.runtimes.base import RuntimeConfig
 
 @pytest.fixture
 def runtime_config(tmp_path: Path) -> RuntimeConfig:
+    # the runtime's own tests pause by checkpoint (the freeze tier has test_gvisor_freeze.py)
     return RuntimeConfig(
-        runtime_dir=tmp_path / "state" / "runtime" / "gvisor", instance=new_instance(), workers=2
+        runtime_dir=tmp_path / "state" / "runtime" / "gvisor",
+        instance=new_instance(),
+        workers=2,
+        extra={"gvisor.pause_tier": "checkpoint"},
     )
 
 

@@ -13,7 +13,9 @@ from gym_substrate.local.runtimes.gvisor import GvisorRuntime
 
 
 async def main(runtime_dir: str, instance: str) -> None:
-    runtime = GvisorRuntime(RuntimeConfig(Path(runtime_dir), instance, 2))
+    runtime = GvisorRuntime(
+        RuntimeConfig(Path(runtime_dir), instance, 2, {"gvisor.pause_tier": "checkpoint"})
+    )
     await runtime.open()
     template = counter_template(Path(runtime_dir) / "snaps", marker=False)
     await runtime.start(ActorSpec("default", "orphan", template), Slot(1), None, timeout_s=60)

@@ -44,7 +44,7 @@ async def test_interrupted_run_leaves_nothing_after_cleanup(
 
     instance = new_instance()
     runtime_dir = tmp_path / "state" / "runtime" / "gvisor"
-    config = RuntimeConfig(runtime_dir, instance, 2)
+    config = RuntimeConfig(runtime_dir, instance, 2, {"gvisor.pause_tier": "checkpoint"})
     try:
         _run_and_kill(runtime_dir, instance)
         if lose_runsc_state:  # e.g. the state folder was wiped while sandboxes ran

@@ -31,7 +31,7 @@ from gym_substrate.local.runtimes.gvisor.freezer import FROZEN_MARKER
 pytestmark = pytest.mark.runsc
 
 TIERS: dict[str, dict[str, str]] = {
-    "checkpoint": {},
+    "checkpoint": {"gvisor.pause_tier": "checkpoint"},
     "freeze": {"gvisor.pause_tier": "freeze", "gvisor.frozen_memory": "4G"},
     "freeze-evicted": {"gvisor.pause_tier": "freeze", "gvisor.frozen_memory": "0"},
     # `runsc pause`, the fallback where the sandbox's cgroup is out of reach

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -150,3 +151,26 @@ def test_a_freeze_that_does_not_settle_is_thawed_and_retried(
         Stubborn(1, tmp_path).freeze()
     assert knob.read_text() == "THAWED"  # not left half frozen
     assert reads.count("THAWED") == 4
+
+
+def test_without_nftables_the_freeze_tier_switches_itself_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The freeze tier keeps worker IPs with an nftables map; without `nft` PauseActor
+    checkpoints, and the runtime's warning (printed by `local up`) says so and how to fix it."""
+    from gym_substrate.local.runtimes.gvisor import GvisorRuntime, runtime
+
+    freeze = {"gvisor.pause_tier": "freeze"}
+    assert GvisorRuntime(RuntimeConfig(tmp_path, "gt1", 1, freeze)).tier.enabled is (
+        shutil.which("nft") is not None
+    )
+    real_which = shutil.which
+    monkeypatch.setattr(
+        runtime.shutil, "which", lambda name: None if name == "nft" else real_which(name)
+    )
+    missing = GvisorRuntime(RuntimeConfig(tmp_path, "gt2", 1, freeze))
+    assert missing.tier.enabled is False
+    warning = missing.warning()
+    assert warning is not None
+    assert "PauseActor checkpoints" in warning
+    assert "apt-get install nftables" in warning

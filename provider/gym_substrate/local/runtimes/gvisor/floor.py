@@ -72,7 +72,11 @@ async def measure_floor(
     template: TemplateSpec, workdir: Path, repetitions: int
 ) -> tuple[dict[str, list[float]], dict[str, int]]:
     """Per-operation times (ms) over ``repetitions`` and PSS (bytes, running and frozen)."""
-    rt = GvisorRuntime(RuntimeConfig(workdir / "runtime", f"gf{secrets.token_hex(3)}", 1, {}))
+    rt = GvisorRuntime(
+        RuntimeConfig(
+            workdir / "runtime", f"gf{secrets.token_hex(3)}", 1, {"gvisor.pause_tier": "checkpoint"}
+        )
+    )
     times: dict[str, list[float]] = {name: [] for name in FLOOR_OPERATIONS}
     memory: dict[str, int] = {}
     actor = ActorSpec("bench", "floor", template)

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gym_substrate.local.runtimes import DEFAULT_PAUSE_TIER, PAUSE_TIERS
 from gym_substrate.local.runtimes.base import (
     ActorSpec,
     CheckpointResult,
@@ -54,7 +55,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FROZEN_MARKER",
-    "PAUSE_TIERS",
     "FreezeTier",
     "default_frozen_memory",
     "parse_frozen_memory",
@@ -63,7 +63,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 FROZEN_MARKER = "frozen.json"  # one of base.RETAINED_MARKERS
-PAUSE_TIERS = ("checkpoint", "freeze")
 FREEZERS = ("auto", "cgroup", "runsc")
 _STATE_FILE = "frozen.json"
 _GUESS_PSS = 128 * 1024 * 1024  # until a frozen sandbox is measured
@@ -118,7 +117,7 @@ class FreezeTier:
     """Freeze, thaw, evict and re-adopt frozen sandboxes of one ``GvisorRuntime``."""
 
     def __init__(self, runtime: GvisorRuntime, extra: Mapping[str, str]) -> None:
-        tier = extra.get("gvisor.pause_tier", "checkpoint")
+        tier = extra.get("gvisor.pause_tier", DEFAULT_PAUSE_TIER)
         if tier not in PAUSE_TIERS:
             raise ValueError(f"gvisor.pause_tier {tier!r} is not one of {', '.join(PAUSE_TIERS)}")
         method = extra.get("gvisor.freezer", "auto")

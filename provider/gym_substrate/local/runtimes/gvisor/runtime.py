@@ -99,6 +99,7 @@ class GvisorRuntime:
         self._firewall: bool | None = None if shutil.which("nft") else False
         # PauseActor's frozen tier (freezer.py): off unless gvisor.pause_tier is "freeze"
         self.tier = FreezeTier(self, config.extra)
+        self.tier.enabled = self.tier.enabled and self._firewall is not False  # see warning()
         self.phases = Phases()  # each lifecycle step's wall time (`local bench --phases`)
         self.warm = WarmPool(self, config.extra)  # warm.py: gvisor.warm_pool
 
