@@ -10,16 +10,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-
-
-def _alive(pid: int) -> bool:
-    """True if `pid` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except FileNotFoundError:
-        return False
-    return stat[stat.rfind(b")") + 2 :].split()[0] != b"Z"
+from job_pids import alive, wait_for_pid, wait_gone
 
 
 def test_string_command_runs_in_shell_and_reports_output(agent: Any, check_schema: Any) -> None:
@@ -216,30 +207,21 @@ def test_timeout_kills_whole_process_tree(agent: Any, tmp_path: Path) -> None:
     pids = [int((tmp_path / name).read_text()) for name in ("child", "grandchild", "escaped")]
     pids.append(int((tmp_path / "stubborn").read_text()))
     deadline = time.monotonic() + 5
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert [p for p in pids if _alive(p)] == [], "a descendant outlived the timed-out job"
+    assert [p for p in pids if alive(p)] == [], "a descendant outlived the timed-out job"
 
 
 def test_delete_kills_and_is_idempotent(agent: Any, tmp_path: Path) -> None:
     job = agent.exec(wait=0, command=f"sleep 300 & echo $! > {tmp_path}/pid; wait").json()
-    pid_file = tmp_path / "pid"
-    deadline = time.monotonic() + 5
-    # The shell creates the file before it writes the pid: wait for the whole line.
-    while not (pid_file.exists() and pid_file.read_text().endswith("\n")):
-        assert time.monotonic() < deadline, "the job never wrote its background pid"
-        time.sleep(0.02)
-    pid = int(pid_file.read_text())
+    pid = wait_for_pid(tmp_path / "pid")
     killed = agent.request("DELETE", f"/v1/exec/{job['id']}").json()
     assert killed["state"] == "killed"
     assert killed["signal"] == 15
     again = agent.request("DELETE", f"/v1/exec/{job['id']}")
     assert again.status == 200
     assert again.json()["state"] == "killed"
-    deadline = time.monotonic() + 5
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(pid)
+    assert wait_gone(pid, 5)
     done = agent.exec(command="true").json()
     unchanged = agent.request("DELETE", f"/v1/exec/{done['id']}").json()
     assert unchanged["state"] == "exited"
@@ -289,12 +271,12 @@ def test_background_services_keep_their_inherited_output(
     pid = int(pidfile.read_text())
     # Ten times the loop's period after the pipe was closed (0.1 s after the job ended).
     deadline = time.monotonic() + (1.0 if services else 5.0)
-    while time.monotonic() < deadline and _alive(pid):
+    while time.monotonic() < deadline and alive(pid):
         time.sleep(0.05)
     try:
-        assert _alive(pid) is services
+        assert alive(pid) is services
     finally:
-        if _alive(pid):
+        if alive(pid):
             os.kill(pid, 9)
 
 
@@ -308,9 +290,9 @@ def test_background_services_do_not_survive_a_timeout(agent: Any, tmp_path: Path
     assert job["state"] == "timeout"
     pid = int(pidfile.read_text())
     deadline = time.monotonic() + 5
-    while _alive(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not _alive(pid), "a timed-out command takes its whole group with it"
+    assert not alive(pid), "a timed-out command takes its whole group with it"
     bad = agent.exec(command="true", background_services="yes")
     assert bad.status == 400
     assert "background_services must be true, false or null" in bad.json()["error"]["message"]
@@ -356,7 +338,7 @@ def test_job_processes_are_reaped(agent: Any) -> None:
     children = [
         p
         for p in os.listdir("/proc")
-        if p.isdigit() and _ppid(int(p)) == pid and not _alive(int(p))
+        if p.isdigit() and _ppid(int(p)) == pid and not alive(int(p))
     ]
     assert children == [], "finished jobs left zombies behind"
 

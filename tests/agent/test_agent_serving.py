@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from job_pids import wait_for_pid, wait_gone
 
 from sandbox_agent import __version__
 from sandbox_agent._config import AgentConfig
@@ -228,23 +229,9 @@ def test_sigterm_kills_jobs_and_exits_cleanly(agent_factory: Any, tmp_path: Path
         "/v1/exec?wait=0",
         json_body={"command": f"sleep 300 & echo $! > {tmp_path}/pid; wait"},
     )
-    deadline = time.monotonic() + 5
-    pid_file = tmp_path / "pid"
-    # The shell creates the file before it writes the pid: wait for the whole line.
-    while not (pid_file.exists() and pid_file.read_text().endswith("\n")):
-        assert time.monotonic() < deadline, "the job never wrote its background pid"
-        time.sleep(0.02)
-    pid = int(pid_file.read_text())
+    pid = wait_for_pid(tmp_path / "pid")
     assert inst.stop() == 0
-    deadline = time.monotonic() + 3
-    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    state = (
-        Path(f"/proc/{pid}/stat").read_text().split()[2]
-        if os.path.exists(f"/proc/{pid}")
-        else "gone"
-    )
-    assert state in ("gone", "Z")
+    assert wait_gone(pid, 3)  # gone, or a zombie nobody reaped yet
     assert "Traceback" not in inst.log_text()
 
 
