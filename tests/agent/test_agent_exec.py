@@ -336,9 +336,7 @@ def test_job_processes_are_reaped(agent: Any) -> None:
     for _ in range(10):
         agent.exec(command="true")
     children = [
-        p
-        for p in os.listdir("/proc")
-        if p.isdigit() and _ppid(int(p)) == pid and not alive(int(p))
+        p for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == pid and not alive(int(p))
     ]
     assert children == [], "finished jobs left zombies behind"
 

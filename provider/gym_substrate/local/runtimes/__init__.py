@@ -10,6 +10,12 @@ lazily, only for the runtime asked for, so nothing here pulls in the gVisor help
 from __future__ import annotations
 
 from gym_substrate.local.runtimes.base import RuntimeConfig, RuntimeFailure, SandboxRuntime
+from gym_substrate.local.runtimes.pause_tiers import (
+    DEFAULT_PAUSE_TIER,
+    PAUSE_TIER_ENV,
+    PAUSE_TIERS,
+    resolve_pause_tier,
+)
 
 __all__ = [
     "DEFAULT_PAUSE_TIER",
@@ -23,29 +29,6 @@ __all__ = [
 ]
 
 RUNTIME_NAMES = ("auto", "gvisor", "process")
-# gVisor's PauseActor: a checkpoint to node-local disk, or the sandbox frozen in memory
-# (runtimes/gvisor/freezer.py); the process runtime always stops the process in place
-PAUSE_TIERS = ("checkpoint", "freeze")
-# The pause tier of a LocalBackend not told one (`--pause-tier` of `local up` and of the
-# experiment commands tells it): this variable, else the default.
-PAUSE_TIER_ENV = "GYM_SUBSTRATE_PAUSE_TIER"
-DEFAULT_PAUSE_TIER = "freeze"
-
-
-def resolve_pause_tier(value: str | None) -> str:
-    """The pause tier to use: ``value``, else $GYM_SUBSTRATE_PAUSE_TIER, else freeze.
-
-    Raises ValueError naming the bad value and where it came from.
-    """
-    import os
-
-    tier = value or os.environ.get(PAUSE_TIER_ENV) or DEFAULT_PAUSE_TIER
-    if tier not in PAUSE_TIERS:
-        source = "--pause-tier" if value else PAUSE_TIER_ENV
-        raise ValueError(
-            f"unknown pause tier {tier!r} ({source}): use one of {', '.join(PAUSE_TIERS)}"
-        )
-    return tier
 
 
 def gvisor_problem() -> str | None:

@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gym_substrate.local.runtimes import DEFAULT_PAUSE_TIER, PAUSE_TIERS
 from gym_substrate.local.runtimes.base import (
     ActorSpec,
     CheckpointResult,
@@ -47,6 +46,7 @@ from gym_substrate.local.runtimes.base import (
 from gym_substrate.local.runtimes.gvisor import cgfreeze, host, net, slotaddr
 from gym_substrate.local.runtimes.gvisor._proc import run_command
 from gym_substrate.local.runtimes.gvisor.runsc import ContainerState, RunscError, image_bytes
+from gym_substrate.local.runtimes.pause_tiers import DEFAULT_PAUSE_TIER, PAUSE_TIERS
 from gym_substrate.local.runtimes.sizes import bytes_of
 from gym_substrate.local.snapshots import PARTIAL_SUFFIX, existing_parent, free_bytes
 
