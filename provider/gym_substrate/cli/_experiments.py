@@ -57,6 +57,7 @@ def target_options(func: F) -> F:
     several actors. `--pause-tier` and `--warm-pool` reach the local backend the command starts
     (`local_or_config`) without passing through the command's own arguments.
     """
+    from gym_substrate.cli._local_common import warm_pool_option
     from gym_substrate.lab.experiments.backend import local_pause_tier, local_warm_pool
     from gym_substrate.local.backend import WARM_POOL_ENV
     from gym_substrate.local.runtimes import DEFAULT_PAUSE_TIER, PAUSE_TIER_ENV, PAUSE_TIERS
@@ -101,12 +102,9 @@ def target_options(func: F) -> F:
             f"--pause-tier`. Default: ${PAUSE_TIER_ENV}, else {DEFAULT_PAUSE_TIER}. Ignored "
             "with --config.",
         ),
-        click.option(
-            "--warm-pool",
-            type=click.IntRange(0, 16),
-            default=None,
-            metavar="N",
-            help="Sandboxes per template the local gVisor backend keeps restored and frozen, so "
+        warm_pool_option(
+            None,
+            "Sandboxes per template the local gVisor backend keeps restored and frozen, so "
             "a create's first resume thaws one (see `local up --warm-pool`). Default: "
             f"${WARM_POOL_ENV}, else 0 (every create restores the golden snapshot). Ignored "
             "with --config.",

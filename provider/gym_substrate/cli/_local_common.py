@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -12,7 +13,18 @@ from gym_substrate.local import rootfs as rootfs_mod
 from gym_substrate.local import statedir
 from gym_substrate.local.backend import DEFAULT_ROOTFS_CHOICES
 
-__all__ = ["make_state_dir", "prepare_rootfs", "resolve", "rootfs_option", "state_dir_option"]
+__all__ = [
+    "make_state_dir",
+    "prepare_rootfs",
+    "resolve",
+    "rootfs_option",
+    "state_dir_option",
+    "warm_pool_option",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+MAX_WARM_POOL = 16  # sandboxes per template (gvisor.warm.MAX_WARM_POOL, checked there too)
 
 
 def rootfs_option(func: Any) -> Any:
@@ -24,6 +36,18 @@ def rootfs_option(func: Any) -> Any:
         help="What the default template `local/sandbox` runs on: a minimal Debian of its own "
         "(built on first use, `local rootfs build`) or, as an explicit opt-in, the host's `/`.",
     )(func)
+
+
+def warm_pool_option(default: int | None, help: str) -> Callable[[F], F]:
+    """`--warm-pool N` (0-16) of every command that starts a local backend."""
+    return click.option(
+        "--warm-pool",
+        type=click.IntRange(0, MAX_WARM_POOL),
+        default=default,
+        show_default=default is not None,
+        metavar="N",
+        help=help,
+    )
 
 
 def prepare_rootfs(runtime: str = "auto") -> None:

@@ -25,6 +25,7 @@ from gym_substrate.cli._local_common import (
     resolve,
     rootfs_option,
     state_dir_option,
+    warm_pool_option,
 )
 from gym_substrate.cli._output import Column, console, emit_json, fail, table
 from gym_substrate.cli.local_bench import bench, demo
@@ -226,13 +227,9 @@ local.add_command(bench)
     "process runtime: its working folder and /tmp, on disk, needs root); a write past it fails "
     "with ENOSPC in that actor only; 0 turns the limit off (default: 1GiB, printed).",
 )
-@click.option(
-    "--warm-pool",
-    type=click.IntRange(0, 16),
-    default=1,
-    show_default=True,
-    metavar="N",
-    help="Sandboxes per template kept restored from its golden snapshot and frozen (gVisor), "
+@warm_pool_option(
+    1,
+    "Sandboxes per template kept restored from its golden snapshot and frozen (gVisor), "
     "so an actor's first resume thaws one (~tens of ms) instead of restoring (~0.5 s); each "
     "holds ~45-65 MiB inside --frozen-memory, dropped before any paused actor. 0: no pool.",
 )

@@ -11,7 +11,7 @@ import logging
 
 import click
 
-from gym_substrate.cli._local_common import rootfs_option
+from gym_substrate.cli._local_common import rootfs_option, warm_pool_option
 from gym_substrate.cli._output import console, emit_json, fail
 from gym_substrate.local.errors import BackendError
 from gym_substrate.local.runtimes import PAUSE_TIERS, RUNTIME_NAMES
@@ -69,13 +69,9 @@ def demo(runtime: str, sandboxes: int, rootfs: str) -> None:
     show_default=True,
     help="The backend's pause tier under gVisor (see `local up --pause-tier`).",
 )
-@click.option(
-    "--warm-pool",
-    type=click.IntRange(0, 16),
-    default=1,
-    show_default=True,
-    metavar="N",
-    help="Pooled sandboxes per template (see `local up --warm-pool`); 0 leaves out the "
+@warm_pool_option(
+    1,
+    "Pooled sandboxes per template (see `local up --warm-pool`); 0 leaves out the "
     "warm-pool create row.",
 )
 @rootfs_option
