@@ -492,14 +492,10 @@ class FreezeTier:
         return False
 
     async def _end(self, entry: _Frozen) -> None:
-        """The sandbox is gone (or going): delete it, then its unit becomes a spare."""
-        pids = self.rt.runsc.pids(entry.cid)
-        for _ in range(200):  # a checkpointed sandbox exits within ~15 ms; give it 10 s
-            if pids is None or not await asyncio.to_thread(os.path.exists, f"/proc/{pids[0]}"):
-                break
-            await asyncio.sleep(0.05)
+        """The sandbox is gone (or going): kill what is left of it, as a delete does (its
+        removal drains in the background), then its unit becomes a spare."""
         try:
-            await self.rt._discard(entry.cid)
+            await self.rt.kill(entry.cid, after="evict")
         finally:
             self._drop(entry)
 

@@ -26,6 +26,7 @@ import time
 from collections.abc import Collection
 from pathlib import Path
 
+from gym_substrate.core import procfs
 from gym_substrate.local.runtimes.actor_disk import DEFAULT_ACTOR_DISK
 from gym_substrate.local.runtimes.base import (
     ActorSpec,
@@ -335,9 +336,7 @@ class GvisorRuntime:
         # the slot any more.
         with self.phases.timed("park: exit wait after checkpoint"):
             await wait_pid_exit(sandbox_pid, timeout_s=10)
-        task = asyncio.create_task(self._drain(handle, sandbox_pid, after="park"))
-        self._drains.add(task)
-        task.add_done_callback(self._drains.discard)
+        self._drain_later(handle, sandbox_pid, after="park")
         files = await asyncio.to_thread(image_files, dest)
         return CheckpointResult(snapshot=SnapshotRef(kind, dest), files=files, memory_kept=True)
 
@@ -447,18 +446,23 @@ class GvisorRuntime:
         or file of its slot, so the slot is free. Its removal, which runsc refuses until the
         host's init reaps the zombie (1-2 s under a Firecracker guest's init, where a delete
         held the worker that long), drains in the background like a park's. A sandbox that
-        cannot be signalled or does not exit is destroyed the slow way, in the foreground."""
+        cannot be signalled or does not exit is destroyed the slow way, in the foreground; one
+        that already exited (a checkpoint ends it) only drains."""
         pids = self.runsc.pids(cid)
+        pid = pids[0] if pids is not None else -1
         with self.phases.timed(f"{after}: kill until the sandbox exits"):
-            exited = (
-                pids is not None
-                and await asyncio.to_thread(kill_sandbox, pids[0], cid)
-                and await wait_pid_exit(pids[0], timeout_s=_KILL_EXIT_S)
-            )
-        if pids is None or not exited:
+            if pid > 0 and await asyncio.to_thread(kill_sandbox, pid, cid):
+                exited = await wait_pid_exit(pid, timeout_s=_KILL_EXIT_S)
+            else:  # not that sandbox's live process: already exited (a zombie, or gone)?
+                exited = pid > 0 and not await asyncio.to_thread(procfs.alive, pid)
+        if not exited:
             await self._discard(cid)
             return
-        task = asyncio.create_task(self._drain(cid, pids[0], after=after))
+        self._drain_later(cid, pid, after=after)
+
+    def _drain_later(self, cid: str, pid: int, *, after: str) -> None:
+        """``_drain`` in the background; close, cleanup and sweep wait for it."""
+        task = asyncio.create_task(self._drain(cid, pid, after=after))
         self._drains.add(task)
         task.add_done_callback(self._drains.discard)
 
