@@ -367,12 +367,10 @@ async def _memory_together(
     binary's resident pages (~23 MiB) are shared by every sandbox on the machine, so PSS gives
     each of ``count`` actors a ``count``-th of them, as on a busy worker, where an actor alone
     carries them all (the rows above)."""
-    runtime = backend.runtime
+    runtime, plane = backend.runtime, backend.plane
     assert runtime is not None
-    names = [f"bench-mem-{i}-{uuid.uuid4().hex[:6]}" for i in range(count)]
-
-    plane = backend.plane
     assert plane is not None
+    names = [f"bench-mem-{i}-{uuid.uuid4().hex[:6]}" for i in range(count)]
 
     async def per_actor(field: str) -> int | None:
         used = []
