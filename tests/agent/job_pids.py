@@ -17,12 +17,12 @@ def wait_for_pid(path: Path, timeout_s: float = 5.0) -> int:
 
 
 def alive(pid: int) -> bool:
-    """``pid`` exists and is not a zombie."""
+    """``pid`` exists and is neither a zombie nor dead."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except FileNotFoundError:
+    except OSError:
         return False
-    return stat[stat.rfind(b")") + 2 :].split()[0] != b"Z"
+    return stat[stat.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
 
 
 def wait_gone(pid: int, timeout_s: float) -> bool:

@@ -289,10 +289,7 @@ def test_background_services_do_not_survive_a_timeout(agent: Any, tmp_path: Path
     ).json()
     assert job["state"] == "timeout"
     pid = int(pidfile.read_text())
-    deadline = time.monotonic() + 5
-    while alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not alive(pid), "a timed-out command takes its whole group with it"
+    assert wait_gone(pid, 5), "a timed-out command takes its whole group with it"
     bad = agent.exec(command="true", background_services="yes")
     assert bad.status == 400
     assert "background_services must be true, false or null" in bad.json()["error"]["message"]

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from job_pids import alive, wait_gone
 
 from sandbox_agent.contract import MiB
 
@@ -309,20 +310,9 @@ def test_stragglers_do_not_hold_the_session_open(agent: Any, tmp_path: Path) -> 
     assert end["state"] == "exited"
     assert end["exit_code"] == 0
     hup_pid, immune_pid = int(hup.read_text()), int(immune.read_text())
-    deadline = time.monotonic() + 5
-    while _alive(hup_pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _alive(hup_pid), "the hang-up reached the foreground group"
-    assert _alive(immune_pid), "closing the terminal kills nothing by itself"
+    assert wait_gone(hup_pid, 5), "the hang-up reached the foreground group"
+    assert alive(immune_pid), "closing the terminal kills nothing by itself"
     os.kill(immune_pid, signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(") ")[-1][0] not in "ZX"
-    except OSError:
-        return False
 
 
 def test_delete_kills_the_whole_tree_and_is_idempotent(agent: Any, tmp_path: Path) -> None:
