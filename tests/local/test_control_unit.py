@@ -11,31 +11,30 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
-from collections.abc import Collection
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
+from control_fakes import (  # noqa: E402
+    Clock,
+    FakeRuntime,
+    create_actor,
+    host_template,
+    path_exists,
+    start_plane,
+    stop_plane,
+)
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
-from gym_substrate.local.control.plane import ControlPlane
 from gym_substrate.local.control.records import TagRecord, new_meta
-from gym_substrate.local.control.store import Store
 from gym_substrate.local.control.worker_rpcs import WorkerRpcs
 from gym_substrate.local.errors import AteapiError
 from gym_substrate.local.images import ImageCatalogue
-from gym_substrate.local.metrics import Metrics
 from gym_substrate.local.runtimes.base import (
-    ActorSpec,
-    CheckpointResult,
     RuntimeFailure,
     SandboxRuntime,
-    Slot,
     SnapshotKind,
     SnapshotRef,
-    StartedSandbox,
 )
 from gym_substrate.local.snapshots import partial_path
 from gym_substrate.local.templates import default_template
@@ -43,178 +42,9 @@ from gym_substrate.local.templates import default_template
 C = grpc.StatusCode
 
 
-def _image(dest: Path, size: int) -> None:
-    dest.mkdir(parents=True)
-    (dest / "pages.img").write_bytes(b"x" * size)
-
-
-def _exists(path: Path) -> bool:
-    return path.exists()
-
-
-class FakeRuntime:
-    """The runtime contract (runtimes/base.py), scripted: what was started from what, and
-    failures on demand."""
-
-    name = "fake"
-    isolates = True
-    memory_survives_suspend = True
-
-    def __init__(self) -> None:
-        self.alive: dict[str, str] = {}  # handle -> actor key
-        self.starts: list[tuple[str, SnapshotRef | None]] = []
-        self.uploads: list[tuple[str, SnapshotRef, str, Path]] = []
-        self.fail_start: str | None = None
-        self.fail_checkpoint: RuntimeFailure | None = None
-        self.survive_failure = False  # a failed checkpoint leaves the sandbox running
-        self.swept_keep: set[str] | None = None
-        self.forgotten: list[str] = []
-        self.gate: asyncio.Event | None = None  # when set, start() waits for it
-        self._n = 0
-
-    def warning(self) -> str | None:
-        return None
-
-    def worker_ip(self, slot: Slot) -> str:
-        return f"10.0.0.{slot.index + 1}"
-
-    async def open(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
-
-    async def start(
-        self, actor: ActorSpec, slot: Slot, source: SnapshotRef | None, *, timeout_s: float
-    ) -> StartedSandbox:
-        self.starts.append((actor.key, source))
-        if self.gate is not None:
-            await self.gate.wait()
-        if self.fail_start:
-            raise RuntimeFailure(self.fail_start)
-        self._n += 1
-        handle = f"fk-{self._n}"
-        self.alive[handle] = actor.key
-        return StartedSandbox(handle, self.worker_ip(slot), source is not None)
-
-    async def checkpoint(
-        self, actor: ActorSpec, handle: str, kind: SnapshotKind, dest: Path
-    ) -> CheckpointResult:
-        if self.fail_checkpoint is not None:
-            _image(dest, 1)  # half written
-            if not self.survive_failure:
-                self.alive.pop(handle, None)
-            raise self.fail_checkpoint
-        _image(dest, 5)
-        self.alive.pop(handle, None)
-        return CheckpointResult(SnapshotRef(kind, dest), (("pages", 5),))
-
-    async def upload(
-        self, actor: ActorSpec, local: SnapshotRef, retained_handle: str, dest: Path
-    ) -> CheckpointResult:
-        self.uploads.append((actor.key, local, retained_handle, dest))
-        shutil.copytree(local.path, dest)
-        return CheckpointResult(SnapshotRef(SnapshotKind.EXTERNAL, dest), (("pages", 5),))
-
-    async def stop(self, handle: str) -> None:
-        self.alive.pop(handle, None)
-
-    async def is_alive(self, handle: str) -> bool:
-        return handle in self.alive
-
-    async def adopt(
-        self, actor: ActorSpec, slot: Slot, handle: str, address: str
-    ) -> StartedSandbox | None:
-        return StartedSandbox(handle, address, True) if handle in self.alive else None
-
-    async def sweep(self, keep: Collection[str]) -> list[str]:
-        self.swept_keep = set(keep)
-        gone = [h for h in self.alive if h not in keep]
-        for handle in gone:
-            del self.alive[handle]
-        return gone
-
-    async def forget_actor(self, actor: ActorSpec) -> None:
-        self.forgotten.append(actor.key)
-
-    async def memory_bytes(self, handle: str) -> int | None:
-        return None
-
-    async def cleanup(self) -> list[str]:
-        return await self.sweep(())
-
-    async def park_paused(self) -> None:
-        return None
-
-    async def leftovers(self) -> list[str]:
-        return list(self.alive)
-
-
-class Clock:
-    """An injected clock: time stands still until a test moves it."""
-
-    def __init__(self, now: float = 1_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def _template(state: Path, images: ImageCatalogue) -> pb.ActorTemplate:
-    host = images.latest("local/host")
-    assert host is not None
-    return default_template(state / "store", host, None)
-
-
-async def _plane(
-    state: Path,
-    runtime: FakeRuntime,
-    *,
-    workers: int = 2,
-    per_worker: int = 1,
-    clock: Clock | None = None,
-    template: pb.ActorTemplate | None = None,
-    allow_host_rootfs: bool = True,
-) -> ControlPlane:
-    """A started plane whose default template's golden build has ended (on the host's `/`, so
-    allowed unless a test says otherwise)."""
-    images = ImageCatalogue(state)
-    plane = ControlPlane(
-        Store(state / "state.db"),
-        runtime,
-        state_dir=state,
-        instance="gstest",
-        workers=workers,
-        actors_per_worker=per_worker,
-        metrics=Metrics(),
-        images=images,
-        allow_host_rootfs=allow_host_rootfs,
-        **({"clock": clock} if clock is not None else {}),
-    )
-    await plane.start([template or _template(state, images)])
-    for record in list(plane.state.templates.values()):
-        await plane.golden.wait(record)
-    return plane
-
-
-async def _stop(plane: ControlPlane) -> None:
-    await plane.shutdown()
-    plane.state.store.close()
-
-
 @pytest.fixture
 def runtime() -> FakeRuntime:
     return FakeRuntime()
-
-
-def _create(plane: ControlPlane, name: str, atespace: str = "t", **fields: Any) -> Any:
-    plane.atespaces.ensure(atespace)
-    actor = pb.Actor(
-        metadata=pb.ResourceMetadata(atespace=atespace, name=name),
-        actor_template=pb.ObjectRef(atespace="local", name="sandbox"),
-        **fields,
-    )
-    return plane.actors.create(pb.CreateActorRequest(actor=actor))
 
 
 def test_fake_runtime_satisfies_the_protocol() -> None:
@@ -229,7 +59,7 @@ async def test_golden_build_and_snapshot_choice(tmp_path: Path, runtime: FakeRun
     under `<storage>/atespaces/<atespace>/actors/<uid>/`, a tag under `.../tags/<tag uid>/`
     (resources.NewTagSnapshotURI, upstream-resources.md §2.1); a suspend of a PAUSED actor
     uploads its local snapshot (atelet UploadPausedCheckpoint, workflow_suspend.go@2559ec02)."""
-    plane = await _plane(tmp_path, runtime)
+    plane = await start_plane(tmp_path, runtime)
     template = plane.state.templates["local/sandbox"]
     store = tmp_path / "store" / "atespaces"
     golden_key = f"ate-golden/{template.meta.uid}"
@@ -240,7 +70,7 @@ async def test_golden_build_and_snapshot_choice(tmp_path: Path, runtime: FakeRun
     assert tag_folder == store / "ate-golden" / "tags" / tag.meta.uid
     assert golden_key not in plane.state.actors  # deleted once tagged
 
-    record = _create(plane, "a")
+    record = create_actor(plane, "a")
     await plane.resume.run("t/a")
     assert runtime.starts[-1] == ("t/a", SnapshotRef(SnapshotKind.TAG, tag_folder))
     await plane.parking.pause(pb.PauseActorRequest(actor=pb.ObjectRef(atespace="t", name="a")))
@@ -252,8 +82,8 @@ async def test_golden_build_and_snapshot_choice(tmp_path: Path, runtime: FakeRun
     external = Path(suspended.latest_durable().completed("DURABLE").path)  # type: ignore[union-attr]
     assert external.parent == store / "t" / "actors" / record.meta.uid
     await plane.recovery.settle()
-    assert not _exists(local)  # superseded
-    assert _exists(tag_folder)  # a tag's is never the actor's to remove
+    assert not path_exists(local)  # superseded
+    assert path_exists(tag_folder)  # a tag's is never the actor's to remove
     await plane.resume.run("t/a")
     assert runtime.starts[-1] == ("t/a", SnapshotRef(SnapshotKind.EXTERNAL, external))
 
@@ -268,10 +98,10 @@ async def test_golden_build_and_snapshot_choice(tmp_path: Path, runtime: FakeRun
     assert newest.generation == paused_record.last_generation
     # written under a .partial name, recorded once renamed (committed)
     assert partial_path(Path(newest.completed("DURABLE").path)) == dest  # type: ignore[union-attr]
-    assert not _exists(dest)
+    assert not path_exists(dest)
     await plane.recovery.settle()
-    assert not _exists(external)
-    await _stop(plane)
+    assert not path_exists(external)
+    await stop_plane(plane)
 
 
 async def test_a_failed_start_crashes_the_actor_and_frees_its_worker(
@@ -280,9 +110,9 @@ async def test_a_failed_start_crashes_the_actor_and_frees_its_worker(
     """real: atelet Restore failing crashes the actor (`resume failed: atelet Restore: <msg>`),
     releasing its worker first (kagent:controlapi/crash.go@2559ec02), so another actor gets the
     only worker; the caller reads `actor <ref> crashed: ...` (design.md: INTERNAL)."""
-    plane = await _plane(tmp_path, runtime, workers=1)
-    _create(plane, "a")
-    _create(plane, "b")
+    plane = await start_plane(tmp_path, runtime, workers=1)
+    create_actor(plane, "a")
+    create_actor(plane, "b")
     runtime.fail_start = "restore exploded"
     with pytest.raises(AteapiError) as info:
         await plane.resume.run("t/a")
@@ -299,7 +129,7 @@ async def test_a_failed_start_crashes_the_actor_and_frees_its_worker(
     runtime.fail_start = None
     resumed, ran = await plane.resume.run("t/b")
     assert (resumed.state, ran) == ("RUNNING", True)
-    await _stop(plane)
+    await stop_plane(plane)
 
 
 @pytest.mark.parametrize("lost", [True, False])
@@ -309,8 +139,8 @@ async def test_a_failed_checkpoint_crashes_the_actor(
     """real: a failing atelet Checkpoint crashes the actor (`suspend failed: atelet Checkpoint:
     <msg>`), keeping its snapshots (kagent:controlapi/crash.go@2559ec02, workflow_suspend.go);
     the half-written snapshot is removed and its sandbox is not left running."""
-    plane = await _plane(tmp_path, runtime, workers=1)
-    record = _create(plane, "a")
+    plane = await start_plane(tmp_path, runtime, workers=1)
+    record = create_actor(plane, "a")
     await plane.resume.run("t/a")
     runtime.fail_checkpoint = RuntimeFailure("checkpoint exploded", sandbox_lost=lost)
     with pytest.raises(AteapiError) as info:
@@ -338,7 +168,7 @@ async def test_a_failed_checkpoint_crashes_the_actor(
         (1, "COMPLETED"),
         (2, "IN_PROGRESS"),
     ]
-    await _stop(plane)
+    await stop_plane(plane)
 
 
 @pytest.mark.parametrize("operation", ["pause", "suspend"])
@@ -348,8 +178,8 @@ async def test_a_failed_checkpoint_that_leaves_the_sandbox_alive_keeps_it_runnin
     """Issue 24: a park that fails without losing the sandbox must not crash the actor nor
     pretend it parked: it is RUNNING on the same sandbox, the unfinished generation and its
     files are gone, and the answer says the actor keeps running."""
-    plane = await _plane(tmp_path, runtime, workers=1)
-    record = _create(plane, "a")
+    plane = await start_plane(tmp_path, runtime, workers=1)
+    record = create_actor(plane, "a")
     running, _ = await plane.resume.run("t/a")
     runtime.fail_checkpoint = RuntimeFailure("checkpoint hiccup", sandbox_lost=False)
     runtime.survive_failure = True
@@ -372,7 +202,7 @@ async def test_a_failed_checkpoint_that_leaves_the_sandbox_alive_keeps_it_runnin
     runtime.fail_checkpoint = None
     suspended = await plane.parking.suspend_key("t/a")
     assert suspended.state == "SUSPENDED"
-    await _stop(plane)
+    await stop_plane(plane)
 
 
 async def test_recovery_adopts_what_runs_and_crashes_what_is_gone(
@@ -383,9 +213,9 @@ async def test_recovery_adopts_what_runs_and_crashes_what_is_gone(
     rises (kagent:controlapi/crash.go@2559ec02; ReconcileAssignments read_file id
     70457524383). Here: a control plane that stopped without stopping sandboxes adopts those
     still running, crashes the others and sweeps what nothing claims."""
-    plane = await _plane(tmp_path, runtime, workers=3)
+    plane = await start_plane(tmp_path, runtime, workers=3)
     for name in ("keep", "vanish", "stuck"):
-        _create(plane, name)
+        create_actor(plane, name)
         await plane.resume.run(f"t/{name}")
     stuck = plane.state.actors["t/stuck"]
     plane.state.save(stuck, state="PAUSING")
@@ -396,7 +226,7 @@ async def test_recovery_adopts_what_runs_and_crashes_what_is_gone(
     del runtime.alive[vanish.handle]
     runtime.alive["orphan"] = "t/nobody"
 
-    again = await _plane(tmp_path, runtime, workers=3)
+    again = await start_plane(tmp_path, runtime, workers=3)
     keep = again.state.actors["t/keep"]
     assert keep.state == "RUNNING"
     assert runtime.swept_keep == {keep.handle}
@@ -415,7 +245,7 @@ async def test_recovery_adopts_what_runs_and_crashes_what_is_gone(
     assert after[vanish.worker] == epochs[vanish.worker] + 1
     assert after[keep.worker] == epochs[keep.worker]
     assert again.pool.counts() == (1, 2)
-    await _stop(again)
+    await stop_plane(again)
 
 
 async def test_the_backends_own_template_is_kept_replaced_or_left(
@@ -426,9 +256,9 @@ async def test_the_backends_own_template_is_kept_replaced_or_left(
     actor_template_test.go@0e4768ab), so a changed one (a new agent build) replaces the stored
     one only while no actor uses it, with a fresh uid and golden tag; otherwise the stored one
     is kept, with a warning saying how to pick up the new one."""
-    plane = await _plane(tmp_path, runtime)
+    plane = await start_plane(tmp_path, runtime)
     first = plane.state.templates["local/sandbox"]
-    base = _template(tmp_path, plane.images)
+    base = host_template(tmp_path, plane.images)
     assert await plane.templates.ensure(base) == first
     changed = pb.ActorTemplate()
     changed.CopyFrom(base)
@@ -439,12 +269,12 @@ async def test_the_backends_own_template_is_kept_replaced_or_left(
     assert replaced.meta.uid != first.meta.uid
     assert replaced.golden_tag == f"ate-golden/{replaced.meta.uid}"
     assert first.golden_tag not in plane.state.tags
-    _create(plane, "user")
+    create_actor(plane, "user")
     with caplog.at_level(logging.WARNING, logger="gym_substrate.local.control.templates"):
         kept = await plane.templates.ensure(base)
     assert kept == replaced
     assert "1 actor(s) use it" in caplog.text
-    await _stop(plane)
+    await stop_plane(plane)
 
 
 async def test_a_second_operation_is_aborted_and_the_first_stays_waitable(
@@ -453,8 +283,8 @@ async def test_a_second_operation_is_aborted_and_the_first_stays_waitable(
     """real: the actor's lease refuses a second workflow with ABORTED `another operation is in
     progress for this actor` (`acquireLease`, walkthrough read_file id 68660195273); the router
     waits for the one in flight instead of backing off blindly (`wait_idle`)."""
-    plane = await _plane(tmp_path, runtime)
-    _create(plane, "a")
+    plane = await start_plane(tmp_path, runtime)
+    create_actor(plane, "a")
     runtime.gate = asyncio.Event()
     first = asyncio.ensure_future(plane.resume.run("t/a"))
     await asyncio.sleep(0)
@@ -474,7 +304,7 @@ async def test_a_second_operation_is_aborted_and_the_first_stays_waitable(
     assert await plane.wait_idle("t/a", 5.0) is False
     assert not plane.locks.busy()
     assert (await plane.parking.suspend_key("t/a")).state == "SUSPENDED"
-    await _stop(plane)
+    await stop_plane(plane)
 
 
 async def test_an_injected_clock_stamps_metadata_and_crashes(
@@ -484,9 +314,9 @@ async def test_an_injected_clock_stamps_metadata_and_crashes(
     each write (kagent:store/atepg/atepg.go@042414e0); a crash records crash_time = now, the
     first crash winning (kagent:controlapi/crash.go@2559ec02). The plane takes its clock."""
     clock = Clock()
-    plane = await _plane(tmp_path, runtime, clock=clock)
+    plane = await start_plane(tmp_path, runtime, clock=clock)
     clock.now += 10
-    record = _create(plane, "a")
+    record = create_actor(plane, "a")
     assert (record.meta.create_time, record.meta.update_time) == (clock.now, clock.now)
     clock.now += 5
     running, _ = await plane.resume.run("t/a")
@@ -499,7 +329,7 @@ async def test_an_injected_clock_stamps_metadata_and_crashes(
     assert (again.crash_time, again.crash_message) == (clock.now - 1, "the actor's sandbox exited")
     template = plane.state.templates["local/sandbox"]
     assert template.snapshot_time == 1_000_000.0  # probed: no warm-up
-    await _stop(plane)
+    await stop_plane(plane)
 
 
 async def test_a_golden_tag_of_another_template_ends_the_build(
@@ -508,8 +338,8 @@ async def test_a_golden_tag_of_another_template_ends_the_build(
     """real: a tag already at `ate-golden/<uid>` that another actor or template made ends the
     build for good: `GoldenTagConflict: golden tag belongs to another actor or template`
     (controlapi/template_reconciler.go@00cd6e96)."""
-    plane = await _plane(tmp_path, runtime)
-    base = _template(tmp_path, plane.images)
+    plane = await start_plane(tmp_path, runtime)
+    base = host_template(tmp_path, plane.images)
     base.metadata.name = "second"
     record = plane.templates.create(pb.CreateActorTemplateRequest(actor_template=base))
     # before its build's first pass: someone else's tag under the golden name
@@ -520,7 +350,7 @@ async def test_a_golden_tag_of_another_template_ends_the_build(
     done = plane.state.templates["local/second"]
     assert done.golden_error == "GoldenTagConflict: golden tag belongs to another actor or template"
     assert done.golden_tag == ""
-    await _stop(plane)
+    await stop_plane(plane)
 
 
 async def test_deleting_a_worker_crashes_its_actors_and_it_can_register_again(
@@ -530,9 +360,9 @@ async def test_deleting_a_worker_crashes_its_actors_and_it_can_register_again(
     `worker pod went away while hosting the actor` (`crashBoundActor`, read_file id
     70085660369); CreateWorker registers a pod as a worker (controlapi/worker.go@06e9dc87).
     Here only a pod of this backend can come back, under a new name."""
-    plane = await _plane(tmp_path, runtime)
+    plane = await start_plane(tmp_path, runtime)
     rpcs = WorkerRpcs(plane)
-    _create(plane, "a")
+    create_actor(plane, "a")
     running, _ = await plane.resume.run("t/a")
     worker = plane.pool.by_name(running.worker)
     assert worker is not None
@@ -555,7 +385,7 @@ async def test_deleting_a_worker_crashes_its_actors_and_it_can_register_again(
             pb.CreateWorkerRequest(worker=pb.Worker(worker_namespace="local", worker_pod="x"))
         )
     assert info.value.code == C.FAILED_PRECONDITION
-    await _stop(plane)
+    await stop_plane(plane)
 
 
 async def test_a_template_on_the_hosts_root_needs_the_operators_opt_in(
@@ -566,10 +396,10 @@ async def test_a_template_on_the_hosts_root_needs_the_operators_opt_in(
     --allow-host-rootfs` (or `--rootfs host`) such a template is FAILED_PRECONDITION naming the
     flag, and one stored while it was allowed crashes its actor at resume instead of running."""
     state = tmp_path / "state"
-    plane = await _plane(state, runtime)  # allowed: the default template is on the host's /
+    plane = await start_plane(state, runtime)  # allowed: the default template is on the host's /
     plane.atespaces.ensure("t")
-    own = _create(plane, "old")
-    await _stop(plane)
+    own = create_actor(plane, "old")
+    await stop_plane(plane)
 
     images = ImageCatalogue(state)
     tree = tmp_path / "tree"
@@ -577,7 +407,7 @@ async def test_a_template_on_the_hosts_root_needs_the_operators_opt_in(
         (tree / folder).mkdir(parents=True)
     image = images.register_tree("mine", tree)
     template = default_template(state / "store", image, None)
-    strict = await _plane(state, runtime, template=template, allow_host_rootfs=False)
+    strict = await start_plane(state, runtime, template=template, allow_host_rootfs=False)
     host = images.latest("local/host")
     assert host is not None
     on_host = pb.ActorTemplate()
@@ -600,4 +430,4 @@ async def test_a_template_on_the_hosts_root_needs_the_operators_opt_in(
     assert strict.state.actors[own.key].state == "CRASHED"
     assert runtime.alive == {}
     assert strict.pool.counts()[0] == 0
-    await _stop(strict)
+    await stop_plane(strict)

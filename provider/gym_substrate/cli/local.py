@@ -59,6 +59,14 @@ DEFAULT_ADMIN_PORT = 47090
 err = Console(stderr=True)
 
 
+def admin_port_for(api_port: int, router_port: int, admin_port: int | None) -> int:
+    """The admin listener's port: as given, else free-chosen (0) when the other two are, so a
+    second backend started with `--api-port 0 --router-port 0` does not collide on 47090."""
+    if admin_port is not None:
+        return admin_port
+    return 0 if api_port == 0 and router_port == 0 else DEFAULT_ADMIN_PORT
+
+
 def _print_up(info: dict[str, Any]) -> None:
     console.print(f"[bold green]local Agent Substrate is up[/] (runtime: {info['runtime']})")
     if info.get("runtime_reason"):
@@ -155,10 +163,10 @@ local.add_command(bench)
 @click.option(
     "--admin-port",
     type=click.IntRange(0, 65535),
-    default=DEFAULT_ADMIN_PORT,
-    show_default=True,
+    default=None,
     help="Port of the backend's own endpoints (/readyz, /metrics, /_local/*) on 127.0.0.1 "
-    "(0 = any free port).",
+    f"(0 = any free port; default {DEFAULT_ADMIN_PORT}, or any free port when --api-port and "
+    "--router-port are both 0).",
 )
 @click.option(
     "--router-timeout",
@@ -250,7 +258,7 @@ def up(
     state_dir: Path | None,
     api_port: int,
     router_port: int,
-    admin_port: int,
+    admin_port: int | None,
     router_timeout: float,
     parked_requests: int,
     resume_budget_s: float,
@@ -318,7 +326,7 @@ def up(
         "runtime": runtime,
         "api_port": api_port,
         "router_port": router_port,
-        "admin_port": admin_port,
+        "admin_port": admin_port_for(api_port, router_port, admin_port),
         "router_timeout": router_timeout,
         "parked_requests": parked_requests,
         "resume_budget_s": resume_budget_s,

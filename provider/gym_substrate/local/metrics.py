@@ -130,6 +130,13 @@ class Metrics:
             ["ate_actor_operation_name", "ate_template_atespace", "ate_template_name"],
             registry=self.registry,
         )
+        self.orphaned_transitions = Counter(
+            "gym_substrate_orphaned_transitions",
+            "Actors found in a transitional state with no operation behind it and repaired "
+            "(CRASHED with the reason) by the watchdog; ours, not Substrate's.",
+            ["state"],
+            registry=self.registry,
+        )
         # called with (operation, seconds) for each finished one: the experiments' operation log
         self.operation_listeners: list[Callable[[str, float], None]] = []
 

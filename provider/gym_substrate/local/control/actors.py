@@ -33,6 +33,7 @@ from gym_substrate.local.control.records import (
     new_meta,
 )
 from gym_substrate.local.control.store import StateFolderFull
+from gym_substrate.local.control.transitions import guard
 from gym_substrate.local.control.validation import (
     FieldErrors,
     check_ref,
@@ -200,7 +201,7 @@ class Actors:
 
     async def delete(self, request: pb.DeleteActorRequest) -> ActorRecord:
         key = validated_ref(request, "actor")
-        async with self.plane.locks.lock(key):
+        async with self.plane.locks.lock(key), guard(self.plane, key, "delete"):
             record = self.plane.state.actor(key)
             check_preconditions("Actor", key, record.meta.uid, record.meta.version, request.options)
             if record.state not in (SUSPENDED, CRASHED, DELETING) and not request.any_state:

@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -48,12 +49,12 @@ from gym_substrate.local.control.records import (
     Storage,
     TemplateRecord,
 )
+from gym_substrate.local.control.transitions import guard
 from gym_substrate.local.control.validation import validated_ref
 from gym_substrate.local.crashpoint import crash_point
 from gym_substrate.local.errors import AteapiError
 from gym_substrate.local.runtimes.base import (
     CheckpointResult,
-    RuntimeFailure,
     SnapshotKind,
     SnapshotRef,
 )
@@ -92,14 +93,16 @@ class Parking:
     # ---------------------------------------------------------------- RPCs
     async def pause(self, request: pb.PauseActorRequest) -> ActorRecord:
         key = validated_ref(request, "actor")
-        task = self.plane.locks.run_detached(key, lambda: self._pause(key))
+        task = self.plane.locks.run_detached(key, lambda: self._guarded(key, "pause", self._pause))
         return await asyncio.shield(task)
 
     async def suspend(self, request: pb.SuspendActorRequest) -> ActorRecord:
         return await self.suspend_key(validated_ref(request, "actor"))
 
     async def suspend_key(self, key: str) -> ActorRecord:
-        task = self.plane.locks.run_detached(key, lambda: self._suspend(key))
+        task = self.plane.locks.run_detached(
+            key, lambda: self._guarded(key, "suspend", self._suspend)
+        )
         return await asyncio.shield(task)
 
     async def suspend_all(self, timeout_s: float) -> None:
@@ -118,6 +121,12 @@ class Parking:
         await self.plane.locks.drain()
 
     # ---------------------------------------------------------------- workflows
+    async def _guarded(
+        self, key: str, operation: str, work: Callable[[str], Awaitable[ActorRecord]]
+    ) -> ActorRecord:
+        async with guard(self.plane, key, operation):
+            return await work(key)
+
     async def _pause(self, key: str) -> ActorRecord:
         plane = self.plane
         record = plane.state.actor(key)
@@ -223,7 +232,7 @@ class Parking:
             result = await plane.runtime.checkpoint(spec, record.handle, kind, partial)
             crash_point("after-checkpoint-before-commit")
             await asyncio.to_thread(commit_snapshot, partial, dest)
-        except (RuntimeFailure, OSError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - the actor must not stay in transit
             plane.metrics.lifecycle(
                 operation, template, "", time.perf_counter() - started, "INTERNAL"
             )
@@ -252,7 +261,7 @@ class Parking:
             )
             crash_point("after-checkpoint-before-commit")
             await asyncio.to_thread(commit_snapshot, partial, dest)
-        except (RuntimeFailure, OSError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - the actor must not stay in transit
             plane.metrics.lifecycle(
                 "suspend", template, "", time.perf_counter() - started, "INTERNAL"
             )

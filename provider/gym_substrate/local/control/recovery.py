@@ -9,7 +9,8 @@ older snapshot silently: a crashed actor says so until it is reverted. A golden 
 lost is removed instead, so its template's build starts over. At stop (`local down`) every
 sandbox goes, and the actors that ran in one are CRASHED (`worker pod went away while hosting
 the actor`) unless the backend suspends them first; a golden actor mid-build is removed. While
-the backend runs, a watchdog crashes a RUNNING actor whose sandbox exited.
+the backend runs, a watchdog crashes a RUNNING actor whose sandbox exited, and one left in a
+transitional state with no operation behind it (`transitions.py`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from gym_substrate.local.control.records import (
     ActorRecord,
 )
 from gym_substrate.local.control.revert import ATEOM_RESTARTED, WORKER_GONE
+from gym_substrate.local.control.transitions import Orphans
 from gym_substrate.local.runtimes.base import RuntimeFailure, Slot
 
 if TYPE_CHECKING:
@@ -49,6 +51,7 @@ class Recovery:
         self._tasks: set[asyncio.Task[object]] = set()
         self._watchdog: asyncio.Task[None] | None = None
         self.interrupted = Interrupted(plane)
+        self.orphans = Orphans(plane, plane.clock)
 
     def track(self, task: asyncio.Task[object] | asyncio.Task[None]) -> None:
         """Keep a background step alive until it ends (and wait for it at stop)."""
@@ -149,16 +152,24 @@ class Recovery:
                 await task
 
     async def _watch(self) -> None:
-        plane = self.plane
         while True:
             await asyncio.sleep(self.watch_interval_s)
-            for record in list(plane.state.actors.values()):
-                if record.state != RUNNING or not record.handle:
-                    continue
-                try:
-                    alive = await plane.runtime.is_alive(record.handle)
-                except Exception:  # noqa: BLE001 - a watch must not die of one sandbox
-                    log.debug("is_alive(%s) failed", record.handle, exc_info=True)
-                    continue
-                if not alive and not plane.locks.busy(record.key):
-                    await plane.revert.crash_dead_sandbox(record)
+            await self.watch_once()
+
+    async def watch_once(self) -> None:
+        """Crash RUNNING actors whose sandbox exited, and repair orphaned transitions."""
+        plane = self.plane
+        try:
+            await self.orphans.sweep()
+        except Exception:  # noqa: BLE001 - a watch must not die of one actor
+            log.exception("the orphaned-transition sweep failed")
+        for record in list(plane.state.actors.values()):
+            if record.state != RUNNING or not record.handle:
+                continue
+            try:
+                alive = await plane.runtime.is_alive(record.handle)
+            except Exception:  # noqa: BLE001 - a watch must not die of one sandbox
+                log.debug("is_alive(%s) failed", record.handle, exc_info=True)
+                continue
+            if not alive and not plane.locks.busy(record.key):
+                await plane.revert.crash_dead_sandbox(record)

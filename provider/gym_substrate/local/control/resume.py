@@ -29,10 +29,11 @@ from gym_substrate.local.control.records import (
     ActorRecord,
     TemplateRecord,
 )
+from gym_substrate.local.control.transitions import guard
 from gym_substrate.local.control.validation import validated_ref
 from gym_substrate.local.crashpoint import crash_point
 from gym_substrate.local.errors import AteapiError
-from gym_substrate.local.runtimes.base import RuntimeFailure, Slot, SnapshotKind, SnapshotRef
+from gym_substrate.local.runtimes.base import Slot, SnapshotKind, SnapshotRef
 
 if TYPE_CHECKING:
     from gym_substrate.local.control.plane import ControlPlane
@@ -60,7 +61,7 @@ class Resume:
         record = state.actor(key)
         if record.state == RUNNING:
             return record, False
-        async with self.plane.locks.lock(key):
+        async with self.plane.locks.lock(key), guard(self.plane, key, "resume"):
             record = state.actor(key)
             if record.state == RUNNING:
                 return record, False
@@ -134,7 +135,7 @@ class Resume:
                 source,
                 timeout_s=spec.template.probe_timeout_s + START_ALLOWANCE_S,
             )
-        except (RuntimeFailure, OSError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever failed, the actor must not stay RESUMING
             await plane.revert.crash(record, "resume", f"{step}: {exc}")
             plane.metrics.lifecycle(
                 "resume", template, kind, time.perf_counter() - started_at, "INTERNAL"

@@ -31,6 +31,7 @@ from gym_substrate.local.control.records import (
     ActorRecord,
     WorkerRecord,
 )
+from gym_substrate.local.control.transitions import guard
 from gym_substrate.local.control.validation import validated_ref
 from gym_substrate.local.errors import AteapiError
 from gym_substrate.local.snapshots import remove_snapshot
@@ -62,7 +63,7 @@ class Revert:
 
     async def rpc(self, request: pb.RevertActorRequest) -> ActorRecord:
         key = validated_ref(request, "actor")
-        async with self.plane.locks.lock(key):
+        async with self.plane.locks.lock(key), guard(self.plane, key, "revert"):
             record = self.plane.state.actor(key)
             if record.state not in (RUNNING, PAUSED, CRASHED, REVERTING):
                 raise AteapiError(
