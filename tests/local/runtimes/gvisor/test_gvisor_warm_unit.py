@@ -5,11 +5,19 @@ Found by CI (stop 28): a refill took slot 0's home namespace, whose sandbox addr
 0's worker IP; the DNAT map sends that address to whatever slot 0 runs, so the fill's readiness
 probe reached another actor, or nothing, and `local bench` waited 300 s on a pool that never
 filled.
+
+Issue 29 (200 parked sandboxes wedged the backend): a pooled sandbox dropped for the budget
+left its namespace number free while the namespace was still being removed in the background;
+a freeze took the number and was handed the namespace about to vanish (`Cannot open network
+namespace "gs...-w57"` at the next start on that slot). And the pool refilled whatever the
+budget was about to make it drop again (14 fills dropped in 4 minutes).
 """
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
+from tempfile import mkdtemp
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,15 +25,23 @@ import pytest
 
 from gym_substrate.lab.bench import local as bench
 from gym_substrate.local.runtimes.base import RuntimeFailure
+from gym_substrate.local.runtimes.gvisor import warm
+from gym_substrate.local.runtimes.gvisor.freezer import FreezeTier, _Frozen
 from gym_substrate.local.runtimes.gvisor.warm import UNIT_BASE, WarmPool
 
 
-def _pool(workers: int, spares: list[int]) -> WarmPool:
-    tier = SimpleNamespace(
-        spares=list(spares), _spare_nets={}, slots={0: 7, 1: 1}, frozen={}, _save=lambda: None
+def _pool(workers: int, spares: list[int], budget: str = "4G") -> WarmPool:
+    """A pool and a real frozen tier (its unit book) on a runtime of no sandboxes."""
+    runtime: Any = SimpleNamespace(
+        config=SimpleNamespace(workers=workers), instance="gsunit", dir=Path(mkdtemp())
     )
-    runtime: Any = SimpleNamespace(tier=tier, config=SimpleNamespace(workers=workers))
-    return WarmPool(runtime, {"gvisor.warm_pool": "1"})
+    runtime.tier = FreezeTier(
+        runtime, {"gvisor.pause_tier": "freeze", "gvisor.frozen_memory": budget}
+    )
+    runtime.tier.spares = list(spares)
+    runtime.tier.slots = {0: 7, 1: 1}
+    runtime.warm = WarmPool(runtime, {"gvisor.warm_pool": "1"})
+    return runtime.warm  # type: ignore[no-any-return]
 
 
 def test_a_refill_never_takes_a_slots_home_namespace() -> None:
@@ -73,3 +89,57 @@ async def test_the_bench_waits_for_a_pool_that_fills(monkeypatch: pytest.MonkeyP
     await bench._pool_full(backend)
     await filling
     assert filled == 1
+
+
+async def test_a_unit_being_released_is_handed_to_nobody(monkeypatch: pytest.MonkeyPatch) -> None:
+    pool = _pool(workers=57, spares=[])  # 57: the first number a freeze would take
+    tier = pool.rt.tier
+    released: list[int] = []
+    gate = asyncio.Event()
+
+    async def slow_discard(cid: str) -> None:
+        await gate.wait()  # the sandbox's removal takes a while (runsc delete)
+
+    pool.rt._discard = slow_discard
+    pool.rt.runsc = SimpleNamespace(pids=lambda cid: None)
+    monkeypatch.setattr(warm.net, "release_slot_net", lambda inst, unit: released.append(unit))
+    dropping = asyncio.create_task(pool._destroy("warm-1", 57, "cgroup"))
+    pooled = asyncio.create_task(pool._destroy("warm-2", UNIT_BASE, "cgroup"))
+    await asyncio.sleep(0)
+    assert tier._new_unit() == 58  # a freeze meanwhile gets another number
+    assert pool._free_unit() == UNIT_BASE + 1  # and so does a refill
+    gate.set()
+    await asyncio.gather(dropping, pooled)
+    assert released == [57, UNIT_BASE]
+    assert tier._new_unit() == 57
+
+
+async def test_a_unit_given_back_meanwhile_is_not_released(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed claim's thaw put the unit into the spares; its teardown must keep it."""
+    pool = _pool(workers=2, spares=[])
+    pool.rt.runsc = SimpleNamespace(pids=lambda cid: None)
+
+    async def discard(cid: str) -> None:
+        pool.rt.tier.spares.append(57)
+
+    pool.rt._discard = discard
+    released: list[int] = []
+    monkeypatch.setattr(warm.net, "release_slot_net", lambda inst, unit: released.append(unit))
+    await pool._destroy("warm-1", 57, "cgroup")
+    assert released == []
+    assert pool.rt.tier.spares == [57]
+
+
+def test_the_pool_fills_only_with_room_for_every_slot_to_freeze() -> None:
+    mib = 2**20
+    pool = _pool(workers=2, spares=[], budget=str(400 * mib))
+    tier = pool.rt.tier
+    for index in range(4):
+        tier.frozen[f"f{index}"] = _Frozen(f"f{index}", f"t/a{index}", 10 + index, "", 0.0, "x")
+        tier.frozen[f"f{index}"].pss = 50 * mib
+    # 200 MiB frozen + one pooled (50) + both slots freezing (100) = 350 <= 400
+    assert pool._budget_allows()
+    tier.frozen["f4"] = _Frozen("f4", "t/a4", 14, "", 0.0, "x")
+    tier.frozen["f4"].pss = 60 * mib
+    # 260 + 60 + 120 = 440 > 400: the fill would be shed as soon as the slots pause
+    assert not pool._budget_allows()

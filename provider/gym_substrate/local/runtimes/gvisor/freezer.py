@@ -131,6 +131,8 @@ class FreezeTier:
         self.slots: dict[int, int] = {}  # slot -> unit
         self.spares: list[int] = []
         self._spare_nets: dict[int, net.SlotNet] = {}
+        # units whose namespace is being torn down: no one may be given them until it is gone
+        self.releasing: set[int] = set()
         self.frozen: dict[str, _Frozen] = {}
         self._refills: dict[int, asyncio.Task[net.SlotNet]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -179,12 +181,24 @@ class FreezeTier:
         return self.slots.setdefault(slot, slot)
 
     def _new_unit(self) -> int:
-        used = set(self.slots.values()) | set(self.spares)
-        used |= {e.unit for e in self.frozen.values()} | self.rt.warm.units()
+        used = self.units_in_use()
         unit = self.rt.config.workers
         while unit in used:
             unit += 1
         return unit
+
+    def units_in_use(self) -> set[int]:
+        """Every unit something holds: a slot, the spares, a frozen sandbox, the warm pool, or
+        a teardown still under way. ``_new_unit`` and the warm pool's numbering take a unit
+        outside it, and a teardown removes a namespace only when its unit is outside it.
+
+        Issue 29's race: a pooled sandbox dropped for the budget left its unit in none of
+        these while its namespace was still being removed in the background; a freeze took
+        the number, was handed the namespace about to go, and the next start on that slot
+        failed with `Cannot open network namespace`."""
+        used = set(self.slots.values()) | set(self.spares) | self.releasing
+        used |= {e.unit for e in self.frozen.values()}
+        return used | self.rt.warm.units()
 
     async def slot_ready(self, slot: int) -> None:
         """Wait for the namespace a slot gets after its sandbox froze (if still being built)."""
@@ -217,7 +231,7 @@ class FreezeTier:
         if worker is not None:
             await slotaddr.reset_connections(worker)
         made = known
-        if made is None:
+        if made is None or not await asyncio.to_thread(net.slot_net_intact, made):
             made = await asyncio.to_thread(net.setup_slot_net, self.rt.instance, unit)
         if self.slots.get(slot) == unit:  # still this slot's unit (a thaw may have come first)
             self.rt._nets[slot] = made
@@ -355,6 +369,10 @@ class FreezeTier:
     def frozen_bytes(self) -> int:
         return sum(e.pss or _GUESS_PSS for e in self.frozen.values())
 
+    def typical_pss(self) -> int:
+        """The largest measured frozen sandbox, or the guess until one is measured."""
+        return max((e.pss for e in self.frozen.values()), default=0) or _GUESS_PSS
+
     def _enforce_budget(self) -> None:
         over = self.frozen_bytes() + self.rt.warm.bytes() - self.budget
         over -= self.rt.warm.shed(over) if over > 0 else 0  # the warm pool goes first
@@ -403,26 +421,42 @@ class FreezeTier:
                 await self._set_frozen(cid, pids[0], False, entry.method)
             except (cgfreeze.FreezeError, OSError, RunscError, RuntimeFailure) as exc:
                 raise RuntimeFailure(f"thawing {actor.key} failed: {exc}") from None
-            await self.slot_ready(slot.index)
-            unit_net = entry.slotnet
-            if unit_net is None:
-                unit_net = await asyncio.to_thread(net.setup_slot_net, self.rt.instance, entry.unit)
-            old = self.slots.get(slot.index)
-            if old is not None and old != entry.unit:
-                self.spares.append(old)
-                if slot.index in self.rt._nets:
-                    self._spare_nets[old] = self.rt._nets[slot.index]
-            self.slots[slot.index] = entry.unit
-            self.rt._nets[slot.index] = unit_net
-            del self.frozen[cid]
-            self.rt._set_sandbox_slot(cid, slot.index)
-            self.rt.publish_slots()  # the slot's worker IP reaches this sandbox from now on
-            self._save()
-            with contextlib.suppress(OSError):
-                await asyncio.to_thread((folder / FROZEN_MARKER).unlink)
+            try:
+                await self._onto_slot(entry, slot, folder)
+            except Exception as exc:  # noqa: BLE001 - thawed but nowhere: it must not linger
+                await self._end(entry)
+                raise RuntimeFailure(
+                    f"moving thawed {actor.key} onto its slot failed: {exc}"
+                ) from exc
         address = self.rt.worker_ip(slot)
-        await self.rt._wait_ready(actor.template, address, cid, deadline)
+        try:
+            await self.rt._wait_ready(actor.template, address, cid, deadline)
+        except BaseException:
+            # on the slot but not answering: end it here, or it holds the slot's namespace and
+            # every later start there is refused as a busy slot
+            await asyncio.shield(self.rt.kill(cid, after="failed thaw"))
+            raise
         return StartedSandbox(handle=cid, address=address, memory_restored=True)
+
+    async def _onto_slot(self, entry: _Frozen, slot: Slot, folder: Path) -> None:
+        """The thawed sandbox's namespace becomes the slot's; the slot's old one a spare."""
+        await self.slot_ready(slot.index)
+        unit_net = entry.slotnet
+        if unit_net is None or not await asyncio.to_thread(net.slot_net_intact, unit_net):
+            unit_net = await asyncio.to_thread(net.setup_slot_net, self.rt.instance, entry.unit)
+        old = self.slots.get(slot.index)
+        if old is not None and old != entry.unit:
+            self.spares.append(old)
+            if slot.index in self.rt._nets:
+                self._spare_nets[old] = self.rt._nets[slot.index]
+        self.slots[slot.index] = entry.unit
+        self.rt._nets[slot.index] = unit_net
+        del self.frozen[entry.cid]
+        self.rt._set_sandbox_slot(entry.cid, slot.index)
+        self.rt.publish_slots()  # the slot's worker IP reaches this sandbox from now on
+        self._save()
+        with contextlib.suppress(OSError):
+            await asyncio.to_thread((folder / FROZEN_MARKER).unlink)
 
     # -- evict -------------------------------------------------------------------------------
     async def evict(

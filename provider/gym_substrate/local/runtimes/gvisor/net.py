@@ -45,12 +45,14 @@ __all__ = [
     "firewall_present",
     "host_if_name",
     "install_firewall",
+    "intact_or_rebuilt",
     "netns_name",
     "release_slot_net",
     "remove_firewall",
     "remove_net_of_instance",
     "reset_sandbox_addr",
     "setup_slot_net",
+    "slot_net_intact",
     "stale_net_of_instance",
 ]
 
@@ -283,6 +285,21 @@ def setup_slot_net(
             raise
     log.debug("slot %d network: netns %s, %s <-> %s", slot, netns, net.host_ip, net.sandbox_ip)
     return net
+
+
+def slot_net_intact(net: SlotNet) -> bool:
+    """Both its netns and its host veth still exist (two stats, no `ip` call)."""
+    return net.netns_path.exists() and Path(f"/sys/class/net/{net.host_if}").exists()
+
+
+def intact_or_rebuilt(net: SlotNet, instance: str, unit: int) -> SlotNet | None:
+    """None when ``net`` is whole; else unit ``unit``'s namespace built again (its lease is
+    its own, so it keeps its address): a start must not fail on a namespace something
+    else removed."""
+    if slot_net_intact(net):
+        return None
+    log.warning("network namespace %s was gone; rebuilding it", net.netns)
+    return setup_slot_net(instance, unit)
 
 
 def _teardown(netns: str, host_if: str) -> None:

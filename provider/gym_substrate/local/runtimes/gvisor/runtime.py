@@ -40,7 +40,15 @@ from gym_substrate.local.runtimes.base import (
     TemplateSpec,
     pss_bytes,
 )
-from gym_substrate.local.runtimes.gvisor import cgfreeze, folders, host, hostclean, net, slotaddr
+from gym_substrate.local.runtimes.gvisor import (
+    adoption,
+    cgfreeze,
+    folders,
+    host,
+    hostclean,
+    net,
+    slotaddr,
+)
 from gym_substrate.local.runtimes.gvisor._proc import kill_sandbox, pid_running, wait_pid_exit
 from gym_substrate.local.runtimes.gvisor.folders import Sandbox, image_files, move_tree
 from gym_substrate.local.runtimes.gvisor.freezer import FROZEN_MARKER, FreezeTier
@@ -103,6 +111,7 @@ class GvisorRuntime:
         self.tier.enabled = self.tier.enabled and self._firewall is not False  # see warning()
         self.phases = Phases()  # each lifecycle step's wall time (`local bench --phases`)
         self.warm = WarmPool(self, config.extra)  # warm.py: gvisor.warm_pool
+        self.repaired_nets = 0  # slot namespaces found gone at a start and rebuilt
 
     # -- paths -------------------------------------------------------------------------------
     @property
@@ -220,20 +229,35 @@ class GvisorRuntime:
         *,
         timeout_s: float,
     ) -> StartedSandbox:
-        await self.tier.slot_ready(slot.index)
-        net_ = self._net(slot)
-        deadline = time.monotonic() + timeout_s
-        if source is not None and source.kind is SnapshotKind.LOCAL:
-            thawed = await self._thaw(actor, slot, source.path, deadline)
-            if thawed is not None:
-                return thawed
-            net_ = self._net(slot)
+        """Every failure is a ``RuntimeFailure`` (issue 29: an ``ip`` error escaped as another
+        class and left its actor RESUMING on the slot for good)."""
+        what = "restore" if source is not None else "boot"
+        try:
+            await self.tier.slot_ready(slot.index)
+            deadline = time.monotonic() + timeout_s
+            if source is not None and source.kind is SnapshotKind.LOCAL:
+                thawed = await self._thaw(actor, slot, source.path, deadline)
+                if thawed is not None:
+                    return thawed
+            return await self._start_sandbox(actor, slot, source, deadline)
+        except RuntimeFailure:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every other failure gets the same report
+            raise RuntimeFailure(
+                f"gVisor {what} of {actor.key} on slot {slot.index} failed: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+
+    async def _start_sandbox(
+        self, actor: ActorSpec, slot: Slot, source: SnapshotRef | None, deadline: float
+    ) -> StartedSandbox:
         if source is not None and not (source.path / "checkpoint.img").is_file():
             raise RuntimeFailure(
                 f"snapshot {source.path} has no checkpoint.img: it was removed or never "
                 "completed; resume with boot=true to cold-boot instead"
             )
         self._refuse_busy_slot(slot)
+        net_ = await self._intact_net(slot)
         cid = self._new_cid(f"{actor.atespace}-{actor.actor_id}")
         what = "restore" if source is not None else "boot"
         with self.phases.timed(f"{what}: bundle folder"):
@@ -255,7 +279,7 @@ class GvisorRuntime:
                     )
             with self.phases.timed(f"{what}: until the agent answers"):
                 await self._wait_ready(actor.template, self.worker_ip(slot), cid, deadline)
-        except (RunscError, RuntimeFailure, OSError) as exc:
+        except Exception as exc:  # noqa: BLE001 - the sandbox goes whatever failed
             await self._discard(cid)
             detail = getattr(exc, "output", "") or ""
             raise RuntimeFailure(
@@ -269,6 +293,17 @@ class GvisorRuntime:
         return StartedSandbox(
             handle=cid, address=self.worker_ip(slot), memory_restored=source is not None
         )
+
+    async def _intact_net(self, slot: Slot) -> net.SlotNet:
+        unit = self.tier.unit_of(slot.index)
+        rebuilt = await asyncio.to_thread(
+            net.intact_or_rebuilt, self._net(slot), self.instance, unit
+        )
+        if rebuilt is not None:
+            self.repaired_nets += 1
+            self._nets[slot.index] = rebuilt
+            self.publish_slots()
+        return self._nets[slot.index]
 
     async def _thaw(
         self, actor: ActorSpec, slot: Slot, folder: Path, deadline: float
@@ -475,42 +510,7 @@ class GvisorRuntime:
     async def adopt(
         self, actor: ActorSpec, slot: Slot, handle: str, address: str
     ) -> StartedSandbox | None:
-        self._net(slot)  # the runtime is open and the slot exists
-        expected = self.worker_ip(slot)
-        unrecorded = not handle
-        if unrecorded:  # a restore the backend did not live to record (a RESUMING actor)
-            handle = await self._find_sandbox(actor, slot) or ""
-            if not handle:
-                return None
-        sandbox = self._sandboxes.get(handle) or self._load_sandbox(handle)
-        if sandbox is None or sandbox.slot != slot.index or not await self.is_alive(handle):
-            return None
-        if unrecorded:  # its resume may have ended before the wakeup probe answered
-            deadline = time.monotonic() + actor.template.probe_timeout_s
-            try:
-                await self._wait_ready(actor.template, expected, handle, deadline)
-            except RuntimeFailure as exc:
-                log.warning("not adopting %s for %s: %s", handle, actor.key, exc)
-                await self._discard(handle)
-                return None
-        if address != expected:
-            log.warning("adopted %s answers at %s, not the recorded %s", handle, expected, address)
-        return StartedSandbox(handle=handle, address=expected, memory_restored=True)
-
-    async def _find_sandbox(self, actor: ActorSpec, slot: Slot) -> str | None:
-        """The running sandbox of ``actor`` on ``slot`` (its id), found by its meta.json."""
-        if not self.sandboxes_dir.is_dir():
-            return None
-        for directory in sorted(self.sandboxes_dir.iterdir()):
-            sandbox = self._load_sandbox(directory.name)
-            if (
-                sandbox is not None
-                and sandbox.actor_key == actor.key
-                and sandbox.slot == slot.index
-                and await self.is_alive(sandbox.cid)
-            ):
-                return sandbox.cid
-        return None
+        return await adoption.adopt(self, actor, slot, handle, address)
 
     async def _containers(self) -> list[ContainerState]:
         return await self.tier.containers()

@@ -295,9 +295,13 @@ class WarmPool:
         return min(short, key=lambda t: self.count(t[0].key)) if short else None
 
     def _budget_allows(self) -> bool:
+        """Room for one more pooled sandbox and for every slot's sandbox to freeze as well:
+        frozen actors come first, so a fill without that headroom is shed again as soon as the
+        running actors pause (issue 29: 14 fills dropped in 4 minutes at 200 sandboxes)."""
         tier = self.rt.tier
-        one = max((e.pss for e in self.entries), default=0) or _GUESS_PSS
-        return tier.frozen_bytes() + self.bytes() + one <= tier.budget
+        one = max((e.pss for e in self.entries), default=0) or tier.typical_pss()
+        headroom = self.rt.config.workers * one
+        return tier.frozen_bytes() + self.bytes() + one + headroom <= tier.budget
 
     async def _drain_stale(self, targets: Mapping[str, WarmTarget]) -> None:
         for entry in list(self.entries):
@@ -319,6 +323,7 @@ class WarmPool:
         if entry not in self.entries:
             return
         self.entries.remove(entry)
+        self.rt.tier.releasing.add(entry.unit)  # now, not when the task first runs
         with contextlib.suppress(OSError):
             self._save()
         log.info("warm pool: dropping %s of %s (%s)", entry.cid, entry.template.key, why)
@@ -328,24 +333,44 @@ class WarmPool:
 
     async def _destroy(self, cid: str, unit: int | None, method: str) -> None:
         """Thaw (a frozen task cannot die), delete the sandbox, remove its namespace (unless
-        ``unit`` is None: a slot uses it now)."""
-        pids = self.rt.runsc.pids(cid)
-        if pids is not None:
-            with contextlib.suppress(Exception):
-                await self.rt.tier._set_frozen(cid, pids[0], False, method)
-        with contextlib.suppress(RunscError, OSError):
-            await self.rt._discard(cid)
-        if unit is not None and unit < self.rt.config.workers:
+        ``unit`` is None: a slot uses it now). The unit stays in the tier's ``releasing`` until
+        its namespace is gone, so nobody is handed a namespace that is about to vanish."""
+        tier = self.rt.tier
+        if unit is not None:
+            tier.releasing.add(unit)
+        try:
+            pids = self.rt.runsc.pids(cid)
+            if pids is not None:
+                with contextlib.suppress(Exception):
+                    await tier._set_frozen(cid, pids[0], False, method)
+            with contextlib.suppress(RunscError, OSError):
+                await self.rt._discard(cid)
+            if unit is not None:
+                await self._release_unit(unit)
+        finally:
+            if unit is not None:
+                tier.releasing.discard(unit)
+        await self._notify()
+
+    async def _release_unit(self, unit: int) -> None:
+        tier = self.rt.tier
+        tier.releasing.discard(unit)
+        if unit in tier.units_in_use():  # given back meanwhile (a thaw's spare): keep it
+            tier.releasing.add(unit)
+            return
+        tier.releasing.add(unit)
+        if unit < self.rt.config.workers:
             # a slot's home namespace (taken as a spare): its address is that worker's IP for
             # the backend's life, so it goes back to the spares; released, its subnet could be
             # leased by another backend while our worker-IP map still names it
-            self.rt.tier.spares.append(unit)
+            tier.spares.append(unit)
             with contextlib.suppress(OSError):
-                self.rt.tier._save()
-        elif unit is not None:
-            with contextlib.suppress(Exception):
+                tier._save()
+        else:
+            try:
                 await asyncio.to_thread(net.release_slot_net, self.rt.instance, unit)
-        await self._notify()
+            except Exception as exc:  # noqa: BLE001 - `local down` removes what is left
+                log.warning("warm pool: removing namespace unit %d failed: %s", unit, exc)
 
     def _take_unit(self) -> tuple[int, net.SlotNet | None]:
         """A namespace for the next pooled sandbox: a spare of the frozen tier, else a new
@@ -364,8 +389,7 @@ class WarmPool:
 
     def _free_unit(self) -> int:
         tier = self.rt.tier
-        used = set(tier.slots.values()) | set(tier.spares) | self.units()
-        used |= {e.unit for e in tier.frozen.values()}
+        used = tier.units_in_use()
         unit = UNIT_BASE
         while unit in used:
             unit += 1
