@@ -62,7 +62,9 @@ class FakeProvider:
             shutil.copytree(self.snapshots[str(source)], folder, dirs_exist_ok=True)
         return SandboxHandle(sandbox_id=sandbox_id, provider_name=self.name, raw=None)
 
-    async def snapshot(self, handle: SandboxHandle, *, name: str | None = None) -> SandboxSnapshot:
+    async def take_snapshot(
+        self, handle: SandboxHandle, *, name: str | None = None
+    ) -> SandboxSnapshot:
         """A copy of the sandbox's folder (files only: a fake has no memory to keep)."""
         self._counter += 1
         ref = f"fake/{name or f'snap-{self._counter}'}"

@@ -108,7 +108,7 @@ def test_a_plain_sandbox_snapshot_starts_a_new_episode_on_its_state(fake: FakePr
         env.reset()
         env.step("echo kept > k.txt")
         assert env.sandbox_id is not None
-        plain = asyncio.run(fake.snapshot(_handle(env.sandbox_id), name="plain"))
+        plain = asyncio.run(fake.take_snapshot(_handle(env.sandbox_id), name="plain"))
         obs, info = env.reset(options={"snapshot": plain, "task": "new"})
         assert (obs, info["task"], info["snapshot"]) == ("Sandbox ready.", "new", "fake/plain")
         assert "step" not in info

@@ -106,7 +106,7 @@ async def test_the_process_runtime_keeps_files_not_memory_and_says_so(tmp_path: 
         provider = stack.provider()
         source = await provider.create(SandboxSpec())
         await provider.exec(source, "echo kept > /tmp/file")
-        snap = await provider.snapshot(source, name="files-only")
+        snap = await provider.take_snapshot(source, name="files-only")
         assert (snap.fidelity, snap.keeps_memory) == ("ROOTFS", False)
         child = await provider.create(SandboxSpec(provider_options={"from_snapshot": snap.ref}))
         assert (await provider.exec(child, "cat /tmp/file")).stdout == "kept\n"

@@ -52,7 +52,7 @@ async def test_snapshot_suspends_tags_and_the_source_resumes_on_its_next_call(
     control = FakeControl()
     async with _provider(control, tmp_path) as p:
         handle = await p.create(SandboxSpec())
-        snap = await p.snapshot(handle, name="step-3")
+        snap = await p.take_snapshot(handle, name="step-3")
         assert snap.ref == str(snap) == "gym/step-3"
         assert (snap.atespace, snap.name) == ("gym", "step-3")
         assert snap.source == handle.sandbox_id
@@ -74,7 +74,7 @@ async def test_a_paused_sandbox_is_snapshotted_without_waking_it(tmp_path: Path)
         assert control.actors[("gym", handle.sandbox_id)].state == PAUSED
         resumes = control.calls["ResumeActor"]
         router_resumes = p._injected[1].router_resumes  # type: ignore[union-attr]
-        await p.snapshot(handle)
+        await p.take_snapshot(handle)
         assert control.calls["ResumeActor"] == resumes
         assert p._injected[1].router_resumes == router_resumes  # type: ignore[union-attr]
         assert control.actors[("gym", handle.sandbox_id)].state == SUSPENDED  # uploaded
@@ -93,12 +93,12 @@ async def test_a_command_in_flight_refuses_the_snapshot_and_nothing_is_taken(
         running = asyncio.create_task(p.exec(handle, "hold job", timeout_s=30))
         await agents.held["job"].wait()
         with pytest.raises(SnapshotBusyError, match="1 call\\(s\\) in flight"):
-            await p.snapshot(handle)
+            await p.take_snapshot(handle)
         assert control.calls["SuspendActor"] == 0
         assert control.tags == {}
         agents.holds["job"].set()
         assert (await running).return_code == 0
-        snap = await p.snapshot(handle)  # idle now: it works
+        snap = await p.take_snapshot(handle)  # idle now: it works
         assert snap.ready
         await p.close(handle)
 
@@ -107,16 +107,16 @@ async def test_snapshot_arguments_are_checked_before_anything_happens(tmp_path: 
     control = FakeControl()
     async with _provider(control, tmp_path) as p:
         handle = await p.create(SandboxSpec())
-        with pytest.raises(ValueError, match="snapshot name must be a DNS label"):
-            await p.snapshot(handle, name="Not_A_Label")
+        with pytest.raises(ValueError, match="snapshot name must be a non-empty string"):
+            await p.take_snapshot(handle, name="")
         with pytest.raises(ValueError, match="scope must be 'atespace'"):
-            await p.snapshot(handle, scope="global")  # type: ignore[arg-type]
+            await p.take_snapshot(handle, scope="global")  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="ttl_s must be a number of seconds > 0"):
-            await p.snapshot(handle, ttl_s=-1)
+            await p.take_snapshot(handle, ttl_s=-1)
         assert control.calls["SuspendActor"] == 0
-        await p.snapshot(handle, name="taken")
-        with pytest.raises(SnapshotError, match="a snapshot named gym/taken already exists"):
-            await p.snapshot(handle, name="taken")
+        await p.take_snapshot(handle, name="taken")
+        with pytest.raises(SnapshotError, match="a snapshot named 'taken' .* already exists"):
+            await p.take_snapshot(handle, name="taken")
         assert set(control.tags) == {("gym", "taken")}  # the existing one is left alone
         events = [(e["event"], e["tag"]) for e in _ledger(tmp_path) if "tag" in e]
         assert events == [
@@ -140,7 +140,7 @@ async def test_create_tag_retried_after_a_lost_reply_takes_its_own_tag(tmp_path:
             return tag
 
         control.create_tag = lost_reply  # type: ignore[method-assign]
-        snap = await p.snapshot(handle, name="retried")
+        snap = await p.take_snapshot(handle, name="retried")
         assert snap.ref == "gym/retried"
         assert snap.ready
         assert control.calls["CreateTag"] == 2  # the retry met ALREADY_EXISTS: its own tag
@@ -154,7 +154,7 @@ async def test_a_crashed_sandbox_cannot_be_snapshotted(tmp_path: Path) -> None:
         handle = await p.create(SandboxSpec())
         control.crash("gym", handle.sandbox_id, "worker pod went away while hosting the actor")
         with pytest.raises(ActorCrashedError, match="worker pod went away"):
-            await p.snapshot(handle)
+            await p.take_snapshot(handle)
         assert control.tags == {}
         await p.close(handle)
 
@@ -163,7 +163,7 @@ async def test_sandboxes_from_a_snapshot_by_reference_or_by_value(tmp_path: Path
     control = FakeControl()
     async with _provider(control, tmp_path) as p:
         source = await p.create(SandboxSpec(workdir="/work", env={"A": "1"}))
-        snap = await p.snapshot(source, name="base")
+        snap = await p.take_snapshot(source, name="base")
         assert (snap.workdir, dict(snap.env or {})) == ("/work", {"A": "1"})
         by_ref = await p.create(SandboxSpec(provider_options={"from_snapshot": "gym/base"}))
         by_value = await p.create(SandboxSpec(), snapshot=snap)
@@ -203,7 +203,7 @@ async def test_a_snapshot_that_cannot_make_the_sandbox_is_refused_before_create(
     control = FakeControl(templates={"default/sandbox": "ready", "default/other": "ready"})
     async with _provider(control, tmp_path) as p:
         source = await p.create(SandboxSpec())
-        await p.snapshot(source, name="base")
+        await p.take_snapshot(source, name="base")
         creates = control.calls["CreateActor"]
         with pytest.raises(SubstrateCreateError, match=message):
             await p.create(SandboxSpec(provider_options=options))
@@ -215,7 +215,7 @@ async def test_a_snapshot_still_being_copied_is_refused(tmp_path: Path) -> None:
     control = FakeControl()
     async with _provider(control, tmp_path) as p:
         source = await p.create(SandboxSpec())
-        await p.snapshot(source, name="base")
+        await p.take_snapshot(source, name="base")
         control.tags[("gym", "base")].completed = False
         with pytest.raises(SubstrateCreateError, match="still being copied"):
             await p.create(SandboxSpec(), snapshot="gym/base")
@@ -278,7 +278,7 @@ async def test_delete_snapshot_refuses_while_a_child_borrows_it(tmp_path: Path) 
     control = FakeControl()
     async with _provider(control, tmp_path, pause_mode="suspend") as p:
         source = await p.create(SandboxSpec())
-        snap = await p.snapshot(source, name="base")
+        snap = await p.take_snapshot(source, name="base")
         child = await p.create(SandboxSpec(), snapshot=snap)
         with pytest.raises(SnapshotInUseError) as refused:
             await p.delete_snapshot(snap)
@@ -300,7 +300,7 @@ async def test_delete_snapshot_with_force_strands_the_borrowers(tmp_path: Path) 
     control = FakeControl()
     async with _provider(control, tmp_path) as p:
         source = await p.create(SandboxSpec())
-        snap = await p.snapshot(source)
+        snap = await p.take_snapshot(source)
         child = await p.create(SandboxSpec(), snapshot=snap)
         await p.delete_snapshot(snap, force=True)
         assert control.tags == {}
@@ -314,8 +314,8 @@ async def test_list_snapshots_lists_the_atespace(tmp_path: Path) -> None:
     control = FakeControl()
     async with _provider(control, tmp_path) as p:
         source = await p.create(SandboxSpec())
-        await p.snapshot(source, name="a")
-        await p.snapshot(source, name="b", scope="published")
+        await p.take_snapshot(source, name="a")
+        await p.take_snapshot(source, name="b", scope="published")
         found = await p.list_snapshots()
         assert [(s.ref, s.scope, s.source) for s in found] == [
             ("gym/a", "atespace", source.sandbox_id),
@@ -373,7 +373,7 @@ async def test_a_child_keeps_the_source_env_and_workdir_with_the_spec_on_top(
     control = FakeControl()
     async with _provider(control, tmp_path) as p:
         source = await p.create(SandboxSpec(workdir="/w", env={"A": "1", "B": "source"}))
-        snap = await p.snapshot(source)
+        snap = await p.take_snapshot(source)
         child = await p.create(SandboxSpec(env={"B": "child", "C": "3"}), snapshot=snap)
         assert child.raw.workdir == "/w"
         assert dict(child.raw.env) == {"A": "1", "B": "child", "C": "3"}

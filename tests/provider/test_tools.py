@@ -156,14 +156,14 @@ async def test_sweep_removes_left_behind_snapshots_and_refuses_one_in_use(
     config.write_text(json.dumps({"sandbox": {"substrate": kwargs}}))
     p = stack.provider()
     source = await p.create(SandboxSpec())
-    await p.snapshot(source, name="expired", ttl_s=0.01)
-    await p.snapshot(source, name="kept", ttl_s=3600)
-    in_use = await p.snapshot(source, name="in-use", ttl_s=0.01)
+    await p.take_snapshot(source, name="expired", ttl_s=0.01)
+    await p.take_snapshot(source, name="kept", ttl_s=3600)
+    in_use = await p.take_snapshot(source, name="in-use", ttl_s=0.01)
     child = await p.create(SandboxSpec(), snapshot=in_use)
     # A snapshot() that died after CreateTag landed: the tag is there, the ledger says failed.
     stack.grpc_proxy.inject("CreateTag", grpc.StatusCode.INTERNAL, "boom", after_forward=True)
     with pytest.raises(SnapshotError, match="boom"):
-        await p.snapshot(source, name="half-made")
+        await p.take_snapshot(source, name="half-made")
     await asyncio.sleep(0.05)
 
     def names(rows: list[Any]) -> set[tuple[str, str]]:

@@ -139,7 +139,7 @@ def _err(**kwargs: Any) -> str:
         (
             {"connection": CONN, "lifecycle": {"on_crash": "warn", "bogus": 1}},
             "lifecycle: unknown key(s) bogus; allowed keys: idle_policy, idle_after_s, on_crash, "
-            "ledger, ttl_s, close_timeout_s",
+            "ledger, ttl_s, close_timeout_s, snapshot_ttl_s",
         ),
         ({"connection": CONN, "lifecycle": "x"}, "lifecycle: expected a mapping, got str 'x'"),
         (

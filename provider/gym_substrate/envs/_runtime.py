@@ -133,13 +133,22 @@ class Runtime:
         return call
 
     def snapshot(self, name: str | None) -> SandboxSnapshot:
-        """Snapshot the current sandbox (it stays this episode's: the next step resumes it)."""
+        """Snapshot the current sandbox (it stays this episode's: the next step resumes it).
+
+        `take_snapshot()` gives the whole `SandboxSnapshot` (the source's workdir and env
+        included); a provider with Gym's `snapshot()` only gives an id, which is wrapped."""
         handle = self.require_handle()
 
         async def _snapshot() -> SandboxSnapshot:
-            take = self._snapshotter(await self._provider(), "snapshot")
-            snap: SandboxSnapshot = await take(handle, name=name)
-            return snap
+            from gym_substrate.nemo.snapshot import SandboxSnapshot
+
+            provider = await self._provider()
+            take_snapshot = getattr(provider, "take_snapshot", None)
+            if callable(take_snapshot):
+                snap: SandboxSnapshot = await take_snapshot(handle, name=name)
+                return snap
+            taken = await self._snapshotter(provider, "snapshot")(handle, name=name)
+            return taken if isinstance(taken, SandboxSnapshot) else SandboxSnapshot(str(taken))
 
         return self.loop.run(_snapshot(), timeout=SNAPSHOT_TIMEOUT_S)
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from gym_substrate.nemo import _exec
+from gym_substrate.nemo import _exec, _gym_telemetry
 from gym_substrate.nemo._actor import SubstrateActor
 from gym_substrate.nemo._managed import ManagedActor
 from gym_substrate.nemo._retry import (
@@ -33,6 +33,7 @@ from gym_substrate.nemo.errors import (
     ActorNotFoundError,
     AgentError,
     AlreadyExistsError,
+    ConfigError,
     ControlPlaneError,
     NoFreeWorkersError,
     RetryError,
@@ -42,7 +43,11 @@ from gym_substrate.nemo.errors import (
 )
 from gym_substrate.nemo.types import SandboxSpec
 
+if TYPE_CHECKING:
+    from gym_substrate.nemo._shared import SharedResources
+
 __all__ = [
+    "check_target",
     "check_template",
     "choose_template",
     "create_actor",
@@ -94,18 +99,32 @@ def _warn_once(what: str) -> None:
         )
 
 
-def snapshot_wanted(spec: SandboxSpec, options: ProviderOptions, snapshot: object) -> object:
-    """The snapshot to start from (`create(snapshot=...)` or `provider_options.from_snapshot`),
-    or None; `SubstrateCreateError` when the two name different ones."""
-    given = (spec.provider_options or {}).get("from_snapshot")
-    if snapshot is None:
-        return given  # a SandboxSnapshot or an `atespace/tag` string (checked), or None
-    if options.from_snapshot is not None and options.from_snapshot != str(snapshot):
-        raise SubstrateCreateError(
-            f"create(snapshot={str(snapshot)!r}) and provider_options.from_snapshot="
-            f"{options.from_snapshot!r} name different snapshots; pass one of them"
+def snapshot_wanted(spec: SandboxSpec, snapshot: object) -> object:
+    """The snapshot to start from, or None: `create(snapshot=...)`,
+    `provider_options.from_snapshot` (ours) or `provider_options.snapshot_id` (Gym's session
+    checkpointer); `SubstrateCreateError` when they name different ones.
+
+    The richest form given wins (a `SandboxSnapshot` knows the source's workdir and env)."""
+    raw = spec.provider_options or {}
+    given = {
+        where: value
+        for where, value in (
+            ("create(snapshot=...)", snapshot),
+            ("provider_options.from_snapshot", raw.get("from_snapshot")),
+            ("provider_options.snapshot_id", raw.get("snapshot_id")),
         )
-    return snapshot
+        if value is not None
+    }
+    if len({str(v) for v in given.values()}) > 1:
+        named = ", ".join(f"{where}={str(value)!r}" for where, value in given.items())
+        raise SubstrateCreateError(
+            f"{named} name different snapshots; pass one of them (snapshot_id is the key NeMo "
+            "Gym restores with, from_snapshot ours: both mean the same)"
+        )
+    for value in given.values():
+        if not isinstance(value, str):
+            return value  # a SandboxSnapshot
+    return next(iter(given.values()), None)
 
 
 def choose_template(
@@ -140,6 +159,38 @@ def choose_template(
             )
         return template, f"create.image_templates[{spec.image!r}]"
     return config.template, "create.template"
+
+
+async def check_target(
+    resources: SharedResources,
+    spec: SandboxSpec,
+    options: ProviderOptions,
+    config: CreateConfig,
+    *,
+    snapshot_template: str,
+    atespace: str,
+    policy: RetryPolicy,
+    deadline: float,
+) -> str:
+    """The template a new sandbox runs under, checked, and its atespace, made: everything
+    `create()` can refuse before an actor exists (`SubstrateCreateError` or `ConfigError`)."""
+    template, source = choose_template(spec, options, config, snapshot_template)
+    control = resources.control
+    try:
+        await check_template(control, template, source, resources.known_templates, policy, deadline)
+    except (SubstrateCreateError, ConfigError):
+        raise
+    except SubstrateError as exc:
+        raise SubstrateCreateError(
+            f"could not check ActorTemplate {template} ({source}): {exc}"
+        ) from exc
+    try:
+        await ensure_atespace(control, atespace, resources.known_atespaces, policy)
+    except ConfigError:
+        raise
+    except SubstrateError as exc:
+        raise SubstrateCreateError(f"could not create atespace {atespace}: {exc}") from exc
+    return template
 
 
 class _GoldenPending(SubstrateError):
@@ -249,6 +300,7 @@ async def create_actor(
         policy.with_deadline(max(0.001, deadline - time.monotonic())),
         call="CreateActor",
         what=f"CreateActor {actor.actor_id}",
+        on_error=_gym_telemetry.create_retried,
         transient_s=policy.deadline,
     )
 

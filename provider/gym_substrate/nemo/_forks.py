@@ -1,4 +1,6 @@
-"""Snapshots and forks on the provider: `snapshot`, `fork`, `delete_snapshot`, `list_snapshots`.
+"""Snapshots and forks on the provider: `snapshot` (NeMo Gym's call: the id as a string),
+`take_snapshot` (the same, as a `SandboxSnapshot`), `describe_snapshot`, `fork`,
+`delete_snapshot` and `list_snapshots`.
 
 `SnapshotMethods` is a mixin of `SubstrateProvider` (it uses the provider's sandboxes, clients
 and ledger). A snapshot is taken while `ManagedActor.suspended()` holds the sandbox SUSPENDED:
@@ -7,6 +9,11 @@ GetTag until the copy is COMPLETED; the next call on the source resumes it. The 
 the snapshot before CreateTag, so even a reply lost on the way back leaves a record for
 `gym-substrate sweep`. `fork` is one snapshot and `n` concurrent creates from it, all or nothing;
 unless kept, its snapshot is deleted when the last of its children is closed here.
+
+A caller's name that is not a DNS label (Gym's session checkpointer names snapshots after
+session ids) is stored under a tag derived from it (`snapshot.tag_name`); the name itself is
+kept in the ledger and in this process, where `list_snapshots` and `sweep --name` read it,
+since a tag has no field to hold it.
 """
 
 from __future__ import annotations
@@ -39,8 +46,8 @@ from gym_substrate.nemo.snapshot import (
     SnapshotCapabilities,
     SnapshotScope,
     parse_snapshot,
-    snapshot_name,
 )
+from gym_substrate.nemo.snapshot import tag_name as snapshot_tag
 from gym_substrate.nemo.types import SandboxHandle, SandboxSpec
 
 if TYPE_CHECKING:
@@ -68,6 +75,10 @@ class SnapshotSource:
     template: str  # "" when the snapshot's template could not be found out
     workdir: str | None
     env: Mapping[str, str] | None  # None: the sandbox's own record says (read on first exec)
+
+
+def _ref(tag: pb.Tag) -> str:
+    return f"{tag.metadata.atespace}/{tag.metadata.name}"
 
 
 def _check_scope(scope: object) -> SnapshotScope:
@@ -109,6 +120,8 @@ class SnapshotMethods:
     def _init_snapshots(self) -> None:
         # snapshot ref -> the children fork() made from it that are still open here
         self._fork_children: dict[str, set[tuple[str, str]]] = {}
+        # snapshot ref -> the caller's name its tag was derived from (the ledger keeps it too)
+        self._labels: dict[str, str] = {}
 
     # ------------------------------------------------------------------ capability
 
@@ -124,7 +137,22 @@ class SnapshotMethods:
     # ------------------------------------------------------------------ snapshot
 
     @_shared.holding
-    async def snapshot(
+    async def snapshot(self, handle: SandboxHandle, *, name: str | None = None) -> str:
+        """Snapshot the sandbox as it is now; returns the id (`atespace/tag`) as a plain string.
+
+        NeMo Gym's `SupportsSandboxSnapshot.snapshot()`: its session checkpointer stores the id
+        and restores with `create()` and `provider_options["snapshot_id"]`. `name` may be any
+        string (Gym's are `ng-<session id>-<unix time>`): one that is not a DNS label is stored
+        under a tag derived from it and found by it in `list_snapshots()` and `sweep --name`.
+        Such a snapshot has no TTL unless `lifecycle.snapshot_ttl_s` says, and `sweep` leaves it
+        alone unless told (`--checkpoints`, or `--name` matching it). `take_snapshot()` returns
+        the whole `SandboxSnapshot` instead.
+        """
+        taken = await self._take(handle, name, "atespace", None, checkpoint=True)
+        return taken.ref
+
+    @_shared.holding
+    async def take_snapshot(
         self,
         handle: SandboxHandle,
         *,
@@ -132,22 +160,31 @@ class SnapshotMethods:
         scope: SnapshotScope = "atespace",
         ttl_s: float | None = None,
     ) -> SandboxSnapshot:
-        """Snapshot the sandbox as it is now: files, processes and memory (`fidelity` says what
-        the runtime kept). Returns a reference (`atespace/tag`) new sandboxes start from.
+        """As `snapshot()`, returning the whole `SandboxSnapshot` (source, template, fidelity,
+        time, the source's workdir and env); `str()` of it is the id.
 
         The sandbox is suspended (a paused one is uploaded without waking), tagged, and the
         tag waited for until COMPLETED; its next call resumes it. A call in flight in it is
-        `SnapshotBusyError` and nothing is taken. `name` (a DNS label) defaults to one made from
-        the sandbox id; `scope="published"` lets other atespaces use it; `ttl_s` (default
-        `lifecycle.ttl_s`) is when `gym-substrate sweep` may delete it.
+        `SnapshotBusyError` and nothing is taken. `scope="published"` lets other atespaces use
+        it; `ttl_s` (default `lifecycle.snapshot_ttl_s`, none) is when `sweep` may delete it.
         """
+        return await self._take(handle, name, scope, ttl_s, checkpoint=False)
+
+    async def _take(
+        self,
+        handle: SandboxHandle,
+        name: str | None,
+        scope: SnapshotScope,
+        ttl_s: float | None,
+        *,
+        checkpoint: bool,
+    ) -> SandboxSnapshot:
         managed = self._managed(handle)
         actor = managed.actor
-        tag_name = snapshot_name(name, actor.actor_id)
+        tag_name = snapshot_tag(name, actor.actor_id)
+        label = name if name is not None and name != tag_name else ""
         scope = _check_scope(scope)
-        ttl = _check_ttl(ttl_s) if ttl_s is not None else self.lifecycle.ttl_s
-        control = self._resources().control
-        ref = f"{actor.atespace}/{tag_name}"
+        ttl = _check_ttl(ttl_s) if ttl_s is not None else self.lifecycle.snapshot_ttl_s
         key = self._key(managed)
 
         def detach() -> None:  # as pause() does: the sandbox is about to be suspended
@@ -162,33 +199,12 @@ class SnapshotMethods:
                 source=actor.actor_id,
                 template=actor.template,
                 ttl_s=ttl,
+                **({"label": label} if label else {}),
+                **({"checkpoint": True} if checkpoint else {}),
             )
-            try:
-                tag = await self._create_tag(control, actor, tag_name, scope)
-                tag = await wait_ready(
-                    control,
-                    tag,
-                    self._retry.with_deadline(self.create_config.ready_timeout_s),
-                    what=f"snapshot of {actor.actor_id}",
-                )
-            except AlreadyExistsError as exc:
-                await self._record.snapshot(
-                    "snapshot_not_made", actor.atespace, tag_name, error=str(exc)
-                )
-                raise SnapshotError(
-                    f"a snapshot named {ref} already exists: pass another name, or "
-                    "delete_snapshot() that one first"
-                ) from exc
-            except BaseException as exc:  # cancelled too: a tag may be left, sweep deletes it
-                with contextlib.suppress(BaseException):
-                    await asyncio.shield(
-                        self._record.snapshot(
-                            "snapshot_failed", actor.atespace, tag_name, error=repr(exc)
-                        )
-                    )
-                if isinstance(exc, SnapshotError) or not isinstance(exc, SubstrateError | OSError):
-                    raise
-                raise SnapshotError(f"could not snapshot sandbox {actor.actor_id}: {exc}") from exc
+            tag = await self._tag_ready(actor, tag_name, scope, label or tag_name)
+        if label:
+            self._labels[f"{actor.atespace}/{tag_name}"] = label
         current = managed.actor
         known = managed.defaults_known
         return from_tag(
@@ -196,7 +212,41 @@ class SnapshotMethods:
             template=current.template,
             workdir=current.workdir if known else None,
             env=dict(current.env) if known else None,
+            label=label,
         )
+
+    async def _tag_ready(
+        self, actor: SubstrateActor, tag_name: str, scope: SnapshotScope, asked: str
+    ) -> pb.Tag:
+        """CreateTag of the suspended source, then GetTag until COMPLETED; the ledger says
+        when it failed (sweep deletes what is left)."""
+        control = self._resources().control
+        try:
+            tag = await self._create_tag(control, actor, tag_name, scope)
+            return await wait_ready(
+                control,
+                tag,
+                self._retry.with_deadline(self.create_config.ready_timeout_s),
+                what=f"snapshot of {actor.actor_id}",
+            )
+        except AlreadyExistsError as exc:
+            await self._record.snapshot(
+                "snapshot_not_made", actor.atespace, tag_name, error=str(exc)
+            )
+            raise SnapshotError(
+                f"a snapshot named {asked!r} (tag {actor.atespace}/{tag_name}) already exists: "
+                "pass another name, or delete_snapshot() that one first"
+            ) from exc
+        except BaseException as exc:  # cancelled too: a tag may be left, sweep deletes it
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(
+                    self._record.snapshot(
+                        "snapshot_failed", actor.atespace, tag_name, error=repr(exc)
+                    )
+                )
+            if isinstance(exc, SnapshotError) or not isinstance(exc, SubstrateError | OSError):
+                raise
+            raise SnapshotError(f"could not snapshot sandbox {actor.actor_id}: {exc}") from exc
 
     @staticmethod
     async def _create_tag(
@@ -252,7 +302,7 @@ class SnapshotMethods:
         if not isinstance(keep_snapshot, bool):
             raise ValueError(f"keep_snapshot must be True or False, got {keep_snapshot!r}")
         source = self._managed(handle).actor
-        snap = await self.snapshot(handle, name=name)
+        snap = await self.take_snapshot(handle, name=name)
         spec = SandboxSpec(provider_options={"atespace": source.atespace})
         outcomes = await asyncio.gather(
             *(self.create(spec, snapshot=snap) for _ in range(n)), return_exceptions=True
@@ -309,19 +359,49 @@ class SnapshotMethods:
             )
         except SubstrateError as exc:
             raise SnapshotError(f"could not list the snapshots of atespace {where}: {exc}") from exc
-        return [from_tag(t) for t in tags]
+        labels = await self._known_labels()
+        return [from_tag(t, label=labels.get(_ref(t), "")) for t in tags]
+
+    @_shared.holding
+    async def describe_snapshot(self, snapshot_id: SandboxSnapshot | str) -> SandboxSnapshot:
+        """What `snapshot()`'s id stands for: source, template, fidelity, time, the caller's
+        name, and `borrowers`, the live sandboxes made from it that still run on its copy
+        (while there are any, `delete_snapshot()` refuses). `SnapshotError` when it is gone."""
+        atespace, name = parse_snapshot(snapshot_id, "snapshot_id")
+        control = self._resources().control
+        tag = await get_tag(control, atespace, name, self._retry)
+        users = await borrowers(control, tag)
+        template = ""
+        with contextlib.suppress(ControlPlaneError):  # the source may be gone
+            template = template_of(await control.get_actor(atespace, tag.source_actor.name))
+        labels = await self._known_labels()
+        return from_tag(
+            tag, template=template, label=labels.get(_ref(tag), ""), borrowers=tuple(users)
+        )
+
+    async def _known_labels(self) -> dict[str, str]:
+        """Snapshot ref -> the caller's name, for tags derived from one: this process's, and
+        the ledger's (other processes', earlier runs')."""
+        ledger = self._record.ledger
+        labels: dict[str, str] = {}
+        if ledger is not None:
+            entries = await asyncio.to_thread(ledger.snapshots)
+            api = self.connection.api
+            labels = {e.ref: e.label for e in entries.values() if e.label and e.api == api}
+        return {**labels, **self._labels}
 
     @_shared.holding
     async def delete_snapshot(
-        self, snapshot: SandboxSnapshot | str, *, force: bool = False
+        self, snapshot_id: SandboxSnapshot | str, *, force: bool = False
     ) -> None:
-        """Delete a snapshot; one that is already gone is done.
+        """Delete a snapshot by the id `snapshot()` returned; one already gone is done.
 
         Refused (`SnapshotInUseError`, naming them) while live sandboxes were made from it and
         have not suspended since: they still run on its copy, and deleting it would strand
-        them. `force=True` deletes it anyway.
+        them. `force=True` deletes it anyway. (Gym's "stop and forget" stops the session's
+        sandbox first, so nothing borrows it by then.)
         """
-        atespace, name = parse_snapshot(snapshot, "snapshot")
+        atespace, name = parse_snapshot(snapshot_id, "snapshot_id")
         ref = f"{atespace}/{name}"
         control = self._resources().control
         try:
@@ -350,6 +430,7 @@ class SnapshotMethods:
         except SubstrateError as exc:
             raise SnapshotError(f"could not delete snapshot {ref}: {exc}") from exc
         self._fork_children.pop(ref, None)
+        self._labels.pop(ref, None)
         await self._record.snapshot("snapshot_deleted", atespace, name)
 
     # ------------------------------------------------------------------ create from one

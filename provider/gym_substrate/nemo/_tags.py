@@ -38,6 +38,8 @@ def from_tag(
     template: str = "",
     workdir: str | None = None,
     env: Mapping[str, str] | None = None,
+    label: str = "",
+    borrowers: tuple[str, ...] | None = None,
 ) -> SandboxSnapshot:
     """The `SandboxSnapshot` a tag stands for."""
     created = tag.metadata.create_time
@@ -51,6 +53,8 @@ def from_tag(
         ready=tag_ready(tag),
         workdir=workdir,
         env=dict(env) if env is not None else None,
+        label=label,
+        borrowers=borrowers,
     )
 
 

@@ -414,6 +414,9 @@ class LifecycleConfig:
     ledger: str | None = field(default_factory=default_ledger_path)
     ttl_s: float | None = None
     close_timeout_s: float = 60.0
+    # Snapshots live until deleted unless this is set: a checkpoint's life is its taker's call,
+    # never the actors' ttl_s (sweep would otherwise delete a checkpoint behind its back).
+    snapshot_ttl_s: float | None = None
     _path: str = field(default="lifecycle", repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -427,8 +430,10 @@ class LifecycleConfig:
             object.__setattr__(
                 self, "ledger", os.path.expanduser(_string(f"{p}.ledger", self.ledger))
             )
-        if self.ttl_s is not None:
-            object.__setattr__(self, "ttl_s", _number(f"{p}.ttl_s", self.ttl_s, positive=True))
+        for key in ("ttl_s", "snapshot_ttl_s"):
+            if getattr(self, key) is not None:
+                value = _number(f"{p}.{key}", getattr(self, key), positive=True)
+                object.__setattr__(self, key, value)
         object.__setattr__(
             self,
             "close_timeout_s",
@@ -464,6 +469,8 @@ class ProviderOptions:
     atespace: str | None = None
     # A snapshot (`atespace/tag`) to start from instead of the template's golden snapshot.
     from_snapshot: str | None = None
+    # The same, under the key NeMo Gym's session checkpointer restores with.
+    snapshot_id: str | None = None
     # Accepted for Gym's stock configs (an OpenSandbox option); an actor gets its worker pool's
     # resources, so it is ignored with one warning per process.
     resource_requests: Mapping[str, Any] | None = None
@@ -474,7 +481,7 @@ class ProviderOptions:
             return cls()
         if not isinstance(options, Mapping):
             raise TypeError(f"provider_options must be a mapping, got {type(options).__name__}")
-        allowed = ("atespace", "from_snapshot", "resource_requests", "template")
+        allowed = ("atespace", "from_snapshot", "resource_requests", "snapshot_id", "template")
         unknown = sorted(str(k) for k in options if k not in allowed)
         if unknown:
             raise ValueError(
@@ -490,6 +497,9 @@ class ProviderOptions:
         snapshot = options.get("from_snapshot")
         if snapshot is not None:
             snapshot = _snapshot_ref("provider_options.from_snapshot", snapshot)
+        snapshot_id = options.get("snapshot_id")
+        if snapshot_id is not None:
+            snapshot_id = _snapshot_ref("provider_options.snapshot_id", snapshot_id)
         requests = options.get("resource_requests")
         if requests is not None and not isinstance(requests, Mapping):
             raise TypeError(
@@ -500,5 +510,6 @@ class ProviderOptions:
             template=template,
             atespace=atespace,
             from_snapshot=snapshot,
+            snapshot_id=snapshot_id,
             resource_requests=requests,
         )

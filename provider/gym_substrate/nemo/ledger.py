@@ -5,9 +5,11 @@ leaves actors holding snapshots (and, if running, workers) forever, and snapshot
 storage. Each provider appends one JSON line per event under an advisory lock: for actors
 `created`, `deleted`, `close_failed`; for snapshots (lines with a `tag` key) `snapshot` (written
 before CreateTag, so a reply lost on the way back still leaves a record), `snapshot_failed` and
-`snapshot_deleted`. `gym-substrate sweep` folds the file into the live actors and snapshots and
-deletes those past their TTL (and actors whose creating process is gone). Appends are tiny and
-line-atomic, so concurrent trainers can share one file.
+`snapshot_deleted`; a `snapshot` line carries the caller's name (`label`) when the tag's was
+derived from it, and `checkpoint` when NeMo Gym's call took it. `gym-substrate sweep` folds the
+file into the live actors and snapshots and deletes those past their TTL (and actors whose
+creating process is gone). Appends are tiny and line-atomic, so concurrent trainers can share
+one file.
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ class SnapshotEntry:
     template: str = ""
     state: str = "snapshot"  # snapshot | snapshot_failed | snapshot_deleted
     error: str = ""
+    label: str = ""  # the caller's name, when the tag's was derived from it
+    checkpoint: bool = False  # taken through snapshot() (Gym's call): kept until told otherwise
 
     @property
     def ref(self) -> str:
@@ -142,6 +146,8 @@ class Ledger:
                     pid=int(rec.get("pid", 0)),
                     host=str(rec.get("host", "")),
                     template=str(rec.get("template", "")),
+                    label=str(rec.get("label", "")),
+                    checkpoint=bool(rec.get("checkpoint", False)),
                 )
             elif key in result:
                 result[key].state = str(rec.get("event"))

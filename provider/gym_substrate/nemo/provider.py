@@ -232,40 +232,30 @@ class SubstrateProvider(SnapshotMethods, PtyMethods, _capabilities.ComposeCapabi
         are left to the caller (Gym's facade uploads them after `create()`). A June-era server
         is refused with `UnsupportedServerError` before anything is made.
 
-        With `snapshot` (or `provider_options={"from_snapshot": "atespace/tag"}`) the sandbox
-        starts from that snapshot: its files, processes and memory, and the workdir and env of
-        the sandbox it was taken from (`spec.workdir`/`spec.env` are applied on top).
+        With `snapshot` (or `provider_options` `snapshot_id`, Gym's key, or `from_snapshot`:
+        an id `snapshot()` returned) the sandbox starts from that snapshot: its files,
+        processes and memory, and the workdir and env of the sandbox it was taken from
+        (`spec.workdir`/`spec.env` are applied on top). `spec.image` may be None then.
         """
         started = time.monotonic()
         options = _create.validate_spec(spec)
-        wanted = _create.snapshot_wanted(spec, options, snapshot)
+        wanted = _create.snapshot_wanted(spec, snapshot)
         atespace = options.atespace or self.connection.atespace
         ready_timeout = float(spec.ready_timeout_s or self.create_config.ready_timeout_s)
         deadline = started + ready_timeout
         res = self._resources()  # fail fast (ProviderClosedError) before anything is allocated
         try:
             origin = None if wanted is None else await self._snapshot_source(wanted, atespace)
-            template, source = _create.choose_template(
-                spec, options, self.create_config, origin.template if origin else ""
+            template = await _create.check_target(
+                res,
+                spec,
+                options,
+                self.create_config,
+                snapshot_template=origin.template if origin else "",
+                atespace=atespace,
+                policy=self._retry,
+                deadline=deadline,
             )
-            try:
-                await _create.check_template(
-                    res.control, template, source, res.known_templates, self._retry, deadline
-                )
-            except (SubstrateCreateError, ConfigError):
-                raise
-            except SubstrateError as exc:
-                raise SubstrateCreateError(
-                    f"could not check ActorTemplate {template} ({source}): {exc}"
-                ) from exc
-            try:
-                await _create.ensure_atespace(
-                    res.control, atespace, res.known_atespaces, self._retry
-                )
-            except ConfigError:
-                raise
-            except SubstrateError as exc:
-                raise SubstrateCreateError(f"could not create atespace {atespace}: {exc}") from exc
         except (SubstrateCreateError, ConfigError):
             METRICS.failures.labels("create").inc()
             raise
@@ -469,7 +459,10 @@ class SubstrateProvider(SnapshotMethods, PtyMethods, _capabilities.ComposeCapabi
         """Control-plane status from GetActor only: asking never wakes a parked actor.
 
         CRASHED is ERROR (`_actor.gym_status` has the whole mapping), and so is an actor still
-        RUNNING where an exec of this provider found its workload dead.
+        RUNNING where an exec of this provider found its workload dead. PAUSED means parked, by
+        `pause()` or by the idle policy at any idle moment: the next call resumes it and its
+        state moves on, so it is never a checkpoint (`snapshot()` is; see
+        `snapshot_capabilities().paused_means`).
         """
         actor = self._actor(handle)
         try:

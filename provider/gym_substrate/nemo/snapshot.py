@@ -5,13 +5,17 @@ and its processes and memory where the runtime keeps them: gVisor does, the loca
 runtime keeps files only and says so in `fidelity`). The tag calls are in `_tags`; this module is
 plain values (no grpc), so the Gymnasium env and callers can use them without a connection.
 
-Also here: the optional-capability protocols a Gym adapter checks with `isinstance`, in the style
-of Gym 0.7.0's `Supports...` protocols, and the capability answer NeMo Gym issue #3275 asks
-providers to give (docs/provider.md compares the two).
+Also here: the optional-capability protocols Gym checks with `isinstance` (`SupportsSandboxSnapshot`
+has the shape of Gym's own, after 0.7.0: `snapshot()` returns the id as a plain string), the
+capability answer NeMo Gym issue #3275 asks providers to give (docs/provider.md compares them),
+and how a caller's snapshot name becomes a tag name: Gym's session checkpointer names snapshots
+after session ids, which need not be DNS labels.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,7 +32,7 @@ __all__ = [
     "SupportsSandboxFork",
     "SupportsSandboxSnapshot",
     "parse_snapshot",
-    "snapshot_name",
+    "tag_name",
 ]
 
 SnapshotScope = Literal["atespace", "published"]
@@ -43,6 +47,9 @@ class SandboxSnapshot:
     `MEMORY` (files, processes and memory), `ROOTFS` (files only) or `UNKNOWN`. `workdir` and
     `env` are the source sandbox's defaults, which its children keep; None when not known here
     (a child then reads them from the sandbox itself, where they were recorded at creation).
+    `label` is the name the caller gave when it was not a DNS label itself (the tag's name was
+    derived from it; "" otherwise or when not known here); `borrowers` the live sandboxes still
+    running on its copy, filled in by `describe_snapshot()` only (None: not looked up).
     """
 
     ref: str
@@ -54,6 +61,8 @@ class SandboxSnapshot:
     ready: bool = True  # False while the server still copies it (or a create died half-way)
     workdir: str | None = field(default=None, compare=False)
     env: Mapping[str, str] | None = field(default=None, compare=False, hash=False)
+    label: str = field(default="", compare=False)
+    borrowers: tuple[str, ...] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if parse_ref(self.ref) is None:
@@ -87,6 +96,11 @@ class SnapshotCapabilities:
     captures: tuple[str, ...]
     excludes: tuple[str, ...]
     notes: str
+    # A PAUSED sandbox (pause(), or parked by the idle policy) is not a checkpoint: the next call
+    # resumes it and its state moves on. Only snapshot() commits a state a caller may restore.
+    pause_is_checkpoint: bool = False
+    paused_means: str = ""
+    restore_option: str = "snapshot_id"  # the provider_options key create() restores from
 
 
 CAPABILITIES = SnapshotCapabilities(
@@ -110,25 +124,25 @@ CAPABILITIES = SnapshotCapabilities(
         "next call on it resumes it; a sandbox made from a snapshot borrows it until its "
         "first suspend, and delete_snapshot() refuses while any does"
     ),
+    pause_is_checkpoint=False,
+    paused_means=(
+        "status() PAUSED means parked: by pause() or by the idle policy "
+        "(lifecycle.idle_policy) whenever the sandbox was idle for idle_after_s; the next call "
+        "resumes it and its state moves on, so a PAUSED sandbox is never a checkpoint. Take "
+        "snapshot() for one and restore with provider_options['snapshot_id']"
+    ),
 )
 
 
 @runtime_checkable
 class SupportsSandboxSnapshot(Protocol):
-    """Optional provider capability: durable snapshots of a sandbox, and sandboxes made from
-    them (`SandboxSpec(provider_options={"from_snapshot": ref})`)."""
+    """Optional provider capability in the shape of Gym's own (after 0.7.0): `snapshot()` returns
+    the id as a plain string, sandboxes are restored by `create()` with
+    `provider_options["snapshot_id"]`, and deleting an id already gone is no error."""
 
-    def snapshot_capabilities(self) -> SnapshotCapabilities: ...
+    async def snapshot(self, handle: SandboxHandle, *, name: str | None = None) -> str: ...
 
-    async def snapshot(
-        self, handle: SandboxHandle, *, name: str | None = None, scope: SnapshotScope = "atespace"
-    ) -> SandboxSnapshot: ...
-
-    async def delete_snapshot(
-        self, snapshot: SandboxSnapshot | str, *, force: bool = False
-    ) -> None: ...
-
-    async def list_snapshots(self, *, atespace: str | None = None) -> list[SandboxSnapshot]: ...
+    async def delete_snapshot(self, snapshot_id: str) -> None: ...
 
 
 @runtime_checkable
@@ -138,17 +152,26 @@ class SupportsSandboxFork(Protocol):
     async def fork(self, handle: SandboxHandle, n: int) -> list[SandboxHandle]: ...
 
 
-def snapshot_name(name: object, sandbox_id: str) -> str:
-    """`name` checked (a DNS label), or a fresh one that says which sandbox it came from."""
+_NOT_IN_A_LABEL = re.compile(r"[^a-z0-9]+")
+
+
+def tag_name(name: object, sandbox_id: str) -> str:
+    """The tag a snapshot called `name` is stored as, or a fresh one naming its sandbox.
+
+    A DNS label is used as it is. Anything else (Gym names snapshots after session ids, which
+    may hold `_`, `:`, capitals, ...) becomes its readable part plus a digest of the whole name:
+    the same name always gives the same tag, and two names that read alike do not collide.
+    """
     if name is None:
         stem = sandbox_id[:50].rstrip("-") or "snap"
         return f"{stem}-{uuid.uuid4().hex[:8]}"
-    if not is_dns_label(name):
-        raise ValueError(
-            f"snapshot name must be a DNS label (1-63 of a-z, 0-9 and '-', alphanumeric at both "
-            f"ends), got {name!r}"
-        )
-    return str(name)
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"snapshot name must be a non-empty string, got {name!r}")
+    if is_dns_label(name):
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
+    readable = _NOT_IN_A_LABEL.sub("-", name.lower()).strip("-")[:52].rstrip("-")
+    return f"{readable}-{digest}" if readable else f"s-{digest}"
 
 
 def parse_snapshot(value: object, where: str) -> tuple[str, str]:

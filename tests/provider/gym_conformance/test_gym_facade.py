@@ -130,7 +130,7 @@ async def test_gym_facade_starts_a_sandbox_from_a_snapshot(stack: Stack, tmp_pat
     source = AsyncSandbox(provider, owns_provider=False)
     await source.start(base.SandboxSpec(workdir=str(tmp_path / "w"), env={"K": "v"}))
     await source.exec("echo before > state.txt")
-    snap = await provider.snapshot(source._handle)
+    snap = await provider.take_snapshot(source._handle)
     child = AsyncSandbox(provider, owns_provider=False)
     await child.start(base.SandboxSpec(provider_options={"from_snapshot": snap.ref}))
     r = await child.exec("cat state.txt; echo $K; pwd")

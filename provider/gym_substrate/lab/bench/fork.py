@@ -87,7 +87,7 @@ async def _fork_once(provider: Any, source: Any) -> tuple[float, float, str]:
 
     await _ok(provider, source, "true")  # running again, as it is mid-episode
     t0 = time.perf_counter()
-    snap = await provider.snapshot(source)
+    snap = await provider.take_snapshot(source)
     t1 = time.perf_counter()
     child = await provider.create(SandboxSpec(), snapshot=snap)
     await _ok(provider, child, "true")
@@ -164,7 +164,7 @@ async def run_bench(
                     progress(f"fan-out of {n}, run {j + 1}/{fanout_runs}")
                     runs.append(await _fan_out(provider, source, n))
                 fanout[str(n)] = _summary(runs)
-            fidelity = (await provider.snapshot(source)).fidelity
+            fidelity = (await provider.take_snapshot(source)).fidelity
             await provider.close(source)
             leftovers = await provider.list_snapshots()
             for snap_left in leftovers:
