@@ -52,7 +52,8 @@ def _row(result: Any) -> dict[str, Any]:
     "pattern",
     default=None,
     metavar="PATTERN",
-    help="Actors of the atespace whose id matches this glob (e.g. 'gym-4f*').",
+    help="Actors of the atespace whose id matches this glob (e.g. 'gym-4f*'); with "
+    "--snapshots, snapshots whose tag or given name matches (e.g. 'ng-*').",
 )
 @click.option(
     "--state",
@@ -68,6 +69,12 @@ def _row(result: Any) -> dict[str, Any]:
     help="Snapshots (tags) instead of actors: every one the ledger recorded, or with --all or "
     "--name the atespace's. One that live sandboxes still borrow is refused.",
 )
+@click.option(
+    "--checkpoints",
+    is_flag=True,
+    help="With --snapshots (or --all): also the snapshots NeMo Gym's session checkpointer took "
+    "through snapshot(), which are otherwise left to it (--name matching one deletes it too).",
+)
 @click.option("--dry-run", is_flag=True, help="List what would be deleted; delete nothing.")
 @click.option("--yes", is_flag=True, help="Delete without asking (--all, --name, --state ask).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
@@ -77,6 +84,7 @@ def sweep(
     pattern: str | None,
     states: list[str] | None,
     snapshots: bool,
+    checkpoints: bool,
     dry_run: bool,
     yes: bool,
     as_json: bool,
@@ -86,9 +94,11 @@ def sweep(
     Without a selection: ledger actors past ttl_s, orphaned, or whose close failed, then ledger
     snapshots past ttl_s or whose snapshot() failed. With --all, --name or --state (which
     combine): the atespace's live actors that match, after a confirmation unless --yes. With
-    --snapshots: snapshots only (the ledger's, or with --all/--name the atespace's). A snapshot
-    that live sandboxes were made from and have not suspended away from is never deleted: it is
-    reported, naming them.
+    --snapshots: snapshots only (the ledger's, or with --all/--name the atespace's; --name
+    matches the tag or the name snapshot() was given). Snapshots NeMo Gym's checkpointer took
+    are its own: only --checkpoints, a matching --name or a configured snapshot_ttl_s deletes
+    them. A snapshot that live sandboxes were made from and have not suspended away from is
+    never deleted: it is reported, naming them.
     """
     if snapshots and states:
         raise click.UsageError("--state selects actors; it cannot be combined with --snapshots")
@@ -103,7 +113,12 @@ def sweep(
     async def plan(kwargs: dict[str, Any]) -> tuple[str, list[Any]]:
         async with SubstrateProvider(**kwargs) as provider:
             targets = await find_targets(
-                provider, everything=everything, name=pattern, states=states, snapshots=snapshots
+                provider,
+                everything=everything,
+                name=pattern,
+                states=states,
+                snapshots=snapshots,
+                checkpoints=checkpoints,
             )
             return provider.connection.atespace, targets
 

@@ -7,7 +7,13 @@ the ledger's actors past their `ttl_s` or whose creating process is gone, then i
 their `ttl_s` or whose snapshot() failed half-way (a snapshot outliving its process is kept: it
 may be a checkpoint to restart from). `everything`, `name` (a glob) and `states` select instead
 from the live listing of the atespace, ledger or not; with `snapshots` the sweep is of snapshots
-only: every one the ledger recorded, or with `everything`/`name` the atespace's tags.
+only: every one the ledger recorded, or with `everything`/`name` the atespace's tags. `name`
+matches a snapshot's tag or the name its caller gave (Gym's `ng-<session id>-<time>`, whose tag
+was derived from it).
+
+A snapshot that NeMo Gym's session checkpointer took (`snapshot()`, marked `checkpoint` in the
+ledger) is the checkpointer's to forget: only its TTL, when `lifecycle.snapshot_ttl_s` set one,
+a `name` that matches it, or `checkpoints` deletes it; `snapshots` and `everything` leave it.
 
 A snapshot that live sandboxes were made from and have not suspended away from yet is never
 deleted (that would strand them): its result is a refusal that names them. Nothing outside the
@@ -95,15 +101,18 @@ async def find_targets(
     name: str | None = None,
     states: Collection[str] | None = None,
     snapshots: bool = False,
+    checkpoints: bool = False,
 ) -> list[SweepTarget]:
     """What a sweep would delete, in the provider's configured atespace only (actors first)."""
     if snapshots:
         if states:
             raise ValueError("--state selects actors; it cannot be combined with --snapshots")
-        return await _snapshot_targets(provider, everything=everything, name=name)
+        return await _snapshot_targets(
+            provider, everything=everything, name=name, checkpoints=checkpoints
+        )
     targets = await _actor_targets(provider, everything=everything, name=name, states=states)
     if not (everything or name is not None or states):
-        targets += _ledger_snapshots(provider, every=False)
+        targets += _ledger_snapshots(provider, every=False, checkpoints=checkpoints)
     return targets
 
 
@@ -149,34 +158,48 @@ async def _actor_targets(
     return targets
 
 
-def _ledger_snapshots(provider: Any, *, every: bool) -> list[SweepTarget]:
-    """The ledger's snapshots in the atespace: past their TTL or failed half-way (`every`: all
-    it recorded and did not delete)."""
+def _ledger_entries(provider: Any) -> list[Any]:
+    """The ledger's snapshot entries of this provider's API and atespace."""
     from gym_substrate.nemo.ledger import Ledger
 
     if provider.lifecycle.ledger is None:
         return []
-    atespace, now = provider.connection.atespace, time.time()
+    atespace, api = provider.connection.atespace, provider.connection.api
+    return [
+        entry
+        for entry in Ledger(provider.lifecycle.ledger).snapshots().values()
+        if entry.api == api and entry.atespace == atespace
+    ]
+
+
+def _ledger_snapshots(provider: Any, *, every: bool, checkpoints: bool) -> list[SweepTarget]:
+    """The ledger's snapshots in the atespace: past their TTL or failed half-way (`every`: all
+    it recorded and did not delete, but checkpoints unless `checkpoints`)."""
+    now = time.time()
     targets = []
-    for entry in Ledger(provider.lifecycle.ledger).snapshots().values():
-        if entry.api != provider.connection.api or entry.atespace != atespace:
-            continue
+    for entry in _ledger_entries(provider):
         if entry.state == "snapshot_failed":
             reason = "snapshot() failed half-way"
         elif entry.state != "snapshot":
             continue
         elif entry.expired(now):
             reason = f"past ttl_s {entry.ttl_s:g}"
-        elif every:
+        elif every and (checkpoints or not entry.checkpoint):
             reason = f"taken by process {entry.pid} of {entry.source}"
         else:
             continue
-        targets.append(SweepTarget(entry.tag, atespace, reason, kind="snapshot"))
+        targets.append(
+            SweepTarget(entry.tag, entry.atespace, _named(reason, entry.label), "", "snapshot")
+        )
     return targets
 
 
+def _named(reason: str, label: str) -> str:
+    return f"{reason} (named {label!r})" if label else reason
+
+
 async def _snapshot_targets(
-    provider: Any, *, everything: bool, name: str | None
+    provider: Any, *, everything: bool, name: str | None, checkpoints: bool
 ) -> list[SweepTarget]:
     atespace = provider.connection.atespace
     if atespace == GOLDEN_ATESPACE:
@@ -185,13 +208,22 @@ async def _snapshot_targets(
             "templates' to delete, never swept"
         )
     if not (everything or name is not None):
-        return _ledger_snapshots(provider, every=True)
+        return _ledger_snapshots(provider, every=True, checkpoints=checkpoints)
     reason = _selection(everything, name, None)
-    return [
-        SweepTarget(snap.name, atespace, reason, kind="snapshot")
-        for snap in await provider.list_snapshots()
-        if name is None or fnmatch.fnmatchcase(snap.name, name)
-    ]
+    kept = (
+        set()
+        if checkpoints
+        else {e.tag for e in _ledger_entries(provider) if e.checkpoint and e.state == "snapshot"}
+    )
+    targets = []
+    for snap in await provider.list_snapshots():
+        if name is not None:
+            if not any(fnmatch.fnmatchcase(n, name) for n in (snap.name, snap.label) if n):
+                continue
+        elif snap.name in kept:  # --all: a checkpoint only when told (--checkpoints, --name)
+            continue
+        targets.append(SweepTarget(snap.name, atespace, _named(reason, snap.label), "", "snapshot"))
+    return targets
 
 
 async def _delete_one(provider: Any, target: SweepTarget) -> SweepResult:
@@ -284,6 +316,7 @@ async def sweep_actors(
     name: str | None = None,
     states: Collection[str] | None = None,
     snapshots: bool = False,
+    checkpoints: bool = False,
 ) -> list[SweepResult]:
     """Delete expired/orphaned ledger actors and snapshots, or what the selection picks."""
     from gym_substrate import SubstrateProvider
@@ -291,7 +324,12 @@ async def sweep_actors(
     provider = SubstrateProvider(**provider_kwargs)
     try:
         targets = await find_targets(
-            provider, everything=everything, name=name, states=states, snapshots=snapshots
+            provider,
+            everything=everything,
+            name=name,
+            states=states,
+            snapshots=snapshots,
+            checkpoints=checkpoints,
         )
         if dry_run:
             return [t.skipped("dry run") for t in targets]
