@@ -32,6 +32,10 @@ from gym_substrate.cli._output import Column, console, emit, emit_json, fail, pr
             "gym_substrate.cli.bench_fork:fork",
             "Forks on gVisor against a fresh create and a 10-step prefix replay.",
         ),
+        "density": (
+            "gym_substrate.cli.bench_density:density",
+            "Many parked sandboxes on one machine, each read back in random order.",
+        ),
     },
 )
 def bench() -> None:
