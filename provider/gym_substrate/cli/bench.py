@@ -1,4 +1,5 @@
-"""`gym-substrate bench agent|provider|env`: benchmarks against a baseline from the same run."""
+"""`gym-substrate bench agent|provider|env`: benchmarks against a baseline from the same run
+(`fork` and `checkpoint` have modules of their own)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,10 @@ from gym_substrate.cli._output import Column, console, emit, emit_json, fail, pr
         "density": (
             "gym_substrate.cli.bench_density:density",
             "Many parked sandboxes on one machine, each read back in random order.",
+        ),
+        "checkpoint": (
+            "gym_substrate.cli.bench_checkpoint:checkpoint",
+            "NeMo Gym session checkpoints: export and restore of 16 sessions against replays.",
         ),
     },
 )

@@ -25,7 +25,7 @@ from typing import Any
 
 from gym_substrate.lab.bench import BenchError
 
-__all__ = ["PREFIX_STEPS", "rows", "run_bench"]
+__all__ = ["ALIVE", "PREFIX_STEPS", "exec_ok", "pct", "rows", "run_bench", "run_prefix", "summary"]
 
 PREFIX_STEPS = 10
 
@@ -49,25 +49,25 @@ def _memory_keeper(mib: int) -> str:
 # Steps 2..10 of the prefix: small file and shell work, as an agent's actions are.
 _STEPS = [f"echo step-{i} >> /tmp/prefix.log && wc -l < /tmp/prefix.log" for i in range(2, 11)]
 # How a child shows the source's process is there, with its memory (VmRSS in kB).
-_ALIVE = "pid=$(cat /tmp/mem.pid) && awk '/^VmRSS:/ {print $2}' /proc/$pid/status"
+ALIVE = "pid=$(cat /tmp/mem.pid) && awk '/^VmRSS:/ {print $2}' /proc/$pid/status"
 
 
-def _pct(values: Sequence[float], q: float) -> float:
+def pct(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def _summary(seconds: list[float]) -> dict[str, Any]:
+def summary(seconds: list[float]) -> dict[str, Any]:
     ms = [s * 1e3 for s in seconds]
     return {
         "runs": len(ms),
         "p50_ms": statistics.median(ms),
-        "p95_ms": _pct(ms, 0.95),
+        "p95_ms": pct(ms, 0.95),
         "all_ms": [round(v, 1) for v in ms],
     }
 
 
-async def _ok(provider: Any, handle: Any, command: str, *, services: bool = False) -> str:
+async def exec_ok(provider: Any, handle: Any, command: str, *, services: bool = False) -> str:
     run = provider.exec_with_background_services if services else provider.exec
     result = await run(handle, command, timeout_s=120)
     if result.return_code != 0:
@@ -75,34 +75,34 @@ async def _ok(provider: Any, handle: Any, command: str, *, services: bool = Fals
     return str(result.stdout or "")
 
 
-async def _prefix(provider: Any, handle: Any, memory_mib: int) -> None:
-    await _ok(provider, handle, _memory_keeper(memory_mib), services=True)
+async def run_prefix(provider: Any, handle: Any, memory_mib: int) -> None:
+    await exec_ok(provider, handle, _memory_keeper(memory_mib), services=True)
     for step in _STEPS:
-        await _ok(provider, handle, step)
+        await exec_ok(provider, handle, step)
 
 
 async def _fork_once(provider: Any, source: Any) -> tuple[float, float, str]:
     """(fork seconds, of which snapshot, the child's VmRSS of the process in kB)."""
     from gym_substrate.nemo.types import SandboxSpec
 
-    await _ok(provider, source, "true")  # running again, as it is mid-episode
+    await exec_ok(provider, source, "true")  # running again, as it is mid-episode
     t0 = time.perf_counter()
     snap = await provider.take_snapshot(source)
     t1 = time.perf_counter()
     child = await provider.create(SandboxSpec(), snapshot=snap)
-    await _ok(provider, child, "true")
+    await exec_ok(provider, child, "true")
     t2 = time.perf_counter()
-    rss = (await _ok(provider, child, _ALIVE)).strip()
+    rss = (await exec_ok(provider, child, ALIVE)).strip()
     await provider.close(child)
     await provider.delete_snapshot(snap)
     return t2 - t0, t1 - t0, rss
 
 
 async def _fan_out(provider: Any, source: Any, n: int) -> float:
-    await _ok(provider, source, "true")
+    await exec_ok(provider, source, "true")
     t0 = time.perf_counter()
     children = await provider.fork(source, n)
-    await asyncio.gather(*(_ok(provider, c, "true") for c in children))
+    await asyncio.gather(*(exec_ok(provider, c, "true") for c in children))
     elapsed = time.perf_counter() - t0
     await asyncio.gather(*(provider.close(c) for c in children))  # the snapshot goes with them
     return elapsed
@@ -114,9 +114,9 @@ async def _fresh(provider: Any, replay: bool, memory_mib: int) -> float:
     t0 = time.perf_counter()
     handle = await provider.create(SandboxSpec())
     if replay:
-        await _prefix(provider, handle, memory_mib)
+        await run_prefix(provider, handle, memory_mib)
     else:
-        await _ok(provider, handle, "true")
+        await exec_ok(provider, handle, "true")
     elapsed = time.perf_counter() - t0
     await provider.close(handle)
     return elapsed
@@ -143,8 +143,8 @@ async def run_bench(
         try:
             progress("the source sandbox and its 10-step prefix")
             source = await provider.create(SandboxSpec())
-            await _prefix(provider, source, memory_mib)
-            source_rss = (await _ok(provider, source, _ALIVE)).strip()
+            await run_prefix(provider, source, memory_mib)
+            source_rss = (await exec_ok(provider, source, ALIVE)).strip()
             fork_s: list[float] = []
             snapshot_s: list[float] = []
             create_s: list[float] = []
@@ -163,7 +163,7 @@ async def run_bench(
                 for j in range(fanout_runs):
                     progress(f"fan-out of {n}, run {j + 1}/{fanout_runs}")
                     runs.append(await _fan_out(provider, source, n))
-                fanout[str(n)] = _summary(runs)
+                fanout[str(n)] = summary(runs)
             fidelity = (await provider.take_snapshot(source)).fidelity
             await provider.close(source)
             leftovers = await provider.list_snapshots()
@@ -181,10 +181,10 @@ async def run_bench(
         "fidelity": fidelity,
         "source_process_rss_kb": _kb(source_rss),
         "child_process_rss_kb": _kb(child_rss),
-        "fork": _summary(fork_s),
-        "fork_snapshot": _summary(snapshot_s),
-        "fresh_create": _summary(create_s),
-        "fresh_replay": _summary(replay_s),
+        "fork": summary(fork_s),
+        "fork_snapshot": summary(snapshot_s),
+        "fresh_create": summary(create_s),
+        "fresh_replay": summary(replay_s),
         "fanout": fanout,
     }
     figures["targets"] = targets(figures)
