@@ -113,6 +113,9 @@ def test_a_plain_sandbox_snapshot_starts_a_new_episode_on_its_state(fake: FakePr
         assert (obs, info["task"], info["snapshot"]) == ("Sandbox ready.", "new", "fake/plain")
         assert "step" not in info
         assert env.step("cat k.txt")[0] == "kept\n"
+        obs, info = env.reset(options={"snapshot": "fake/plain"})  # a provider's snapshot() id
+        assert (obs, info["snapshot"]) == ("Sandbox ready.", "fake/plain")
+        assert env.step("cat k.txt")[0] == "kept\n"
 
 
 def _handle(sandbox_id: str) -> Any:
@@ -154,7 +157,9 @@ def test_reset_from_a_snapshot_checks_what_it_is_given(fake: FakeProvider) -> No
         env.step("true")
         snap = env.snapshot()
         with pytest.raises(TypeError, match="takes what env.snapshot\\(\\)"):
-            env.reset(options={"snapshot": "fake/mid"})
+            env.reset(options={"snapshot": 42})
+        with pytest.raises(ValueError, match="must be 'atespace/tag'"):
+            env.reset(options={"snapshot": "not-a-ref"})
         with pytest.raises(ValueError, match="got both 'snapshot' and 'task'"):
             env.reset(options={"snapshot": snap, "task": "x"})
         with pytest.raises(ValueError, match="unknown keys \\['seed'\\]"):

@@ -74,10 +74,13 @@ def episode_of(
     max_episode_steps: int,
 ) -> Episode:
     """What `reset(options={"snapshot": value, ...})` continues, checked against this env."""
+    if isinstance(value, str):  # a provider's snapshot() id, as NeMo Gym's call returns it
+        value = SandboxSnapshot(value)
     if not isinstance(value, SandboxSnapshot):
         raise TypeError(
             "reset(options={'snapshot': ...}) takes what env.snapshot() (or a provider's "
-            f"snapshot()) returned, got {type(value).__name__}"
+            f"take_snapshot(), or the id its snapshot() returned) returned, got "
+            f"{type(value).__name__}"
         )
     if not isinstance(value, EnvSnapshot):  # a sandbox state only: a new episode on it
         return Episode(value, 0, copy.deepcopy(options.get("task", "")), None)
