@@ -57,6 +57,7 @@ FAST_MODULES = frozenset(
         "stack/test_objects.py",
         "stack/test_render.py",
         "stack/test_workflow.py",
+        "test_ateapi_eras.py",
         "test_ateapi_stubs.py",
         "test_layers.py",
         "test_layout.py",
