@@ -26,7 +26,7 @@ from google.protobuf.message import Message
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi.eras import CURRENT, V03, era_file, parse_era
 
-__all__ = ["EraCodec"]
+__all__ = ["EraCodec", "EraStub"]
 
 M = TypeVar("M", bound=Message)
 Converter = Callable[["EraCodec", Any, Any], None]
@@ -75,6 +75,15 @@ class EraCodec:
             descriptor = self._pool.FindMessageTypeByName(full_name)
             found = self._classes[full_name] = message_factory.GetMessageClass(descriptor)
         return found
+
+    @property
+    def pool(self) -> descriptor_pool.DescriptorPool:
+        """The era's descriptors (what the local backend's reflection serves for it)."""
+        return self._pool
+
+    def stub(self, channel: Any) -> EraStub:
+        """`ateapi.Control` over ``channel`` (blocking or aio) that speaks this era."""
+        return EraStub(channel, self)
 
     def file(self) -> descriptor_pb2.FileDescriptorProto:
         """The era's ateapi file descriptor (what reflection serves for it)."""
@@ -331,3 +340,31 @@ _FROM_ERA: dict[str, Converter] = {
     "ateapi.TagStatus": _tag_status_from_era,
     "ateapi.ActorStatus": _actor_status_from_era,
 }
+
+
+class EraStub:
+    """Like the generated `ControlStub`, with each call's messages converted by a codec: the
+    caller sends and reads current messages whatever the server's era."""
+
+    def __init__(self, channel: Any, codec: EraCodec) -> None:
+        self._channel = channel
+        self._codec = codec
+        self._service = pb.DESCRIPTOR.services_by_name["Control"]
+        self._calls: dict[str, Any] = {}
+
+    def __getattr__(self, method: str) -> Any:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        call = self._calls.get(method)
+        if call is None:
+            try:
+                output = getattr(pb, self._service.methods_by_name[method].output_type.name)
+            except KeyError:
+                raise AttributeError(f"ateapi.Control has no method {method}") from None
+            codec = self._codec
+            call = self._calls[method] = self._channel.unary_unary(
+                f"/{self._service.full_name}/{method}",
+                request_serializer=codec.encode,
+                response_deserializer=lambda data, output=output: codec.decode(output, data),
+            )
+        return call
