@@ -75,7 +75,12 @@ async def test_four_gvisor_children_see_memory_and_files_then_diverge(tmp_path: 
         # diverge: each child changes its process's memory and its files, on its own
         await asyncio.gather(
             *(
-                provider.exec(c, f"echo child-{i} > /tmp/set; echo child-{i} > notes.txt")
+                # /tmp/set appears whole (a rename), or the keeper may read it still empty
+                provider.exec(
+                    c,
+                    f"echo child-{i} > /tmp/set.new && mv /tmp/set.new /tmp/set; "
+                    f"echo child-{i} > notes.txt",
+                )
                 for i, c in enumerate(children)
             )
         )
