@@ -131,7 +131,7 @@ class Metrics:
             registry=self.registry,
         )
         self.orphaned_transitions = Counter(
-            "gym_substrate_orphaned_transitions",
+            "gym_substrate_local_orphaned_transitions",
             "Actors found in a transitional state with no operation behind it and repaired "
             "(CRASHED with the reason) by the watchdog; ours, not Substrate's.",
             ["state"],

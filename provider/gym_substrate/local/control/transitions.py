@@ -12,7 +12,7 @@ slot of the backend. Two guards keep that from happening again, whatever the cau
   leaves the actor RESUMING for the next ResumeActor to finish.
 * ``Orphans``: the watchdog's part. An actor seen in a transitional state with no lease holder
   for ``grace_s`` (on the plane's clock) has no operation behind it; it is logged, counted
-  (``gym_substrate_orphaned_transitions_total``) and crashed the same way.
+  (``gym_substrate_local_orphaned_transitions_total``) and crashed the same way.
 """
 
 from __future__ import annotations
