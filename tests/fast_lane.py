@@ -40,6 +40,7 @@ FAST_MODULES = frozenset(
         "local/test_sizes_unit.py",
         "local/test_transitions_unit.py",
         "local/test_up_ports_unit.py",
+        "provider/test_api_eras.py",
         "provider/test_apicheck.py",
         "provider/test_capacity.py",
         "provider/test_crash.py",

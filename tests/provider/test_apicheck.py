@@ -97,6 +97,12 @@ class _Control(pb_grpc.ControlServicer):  # type: ignore[misc]
         actor.status.state = pb.ACTOR_STATE_SUSPENDED
         return actor
 
+    async def ListActorTemplates(self, request: Any, context: Any) -> Any:  # noqa: N802
+        self.calls.append("ListActorTemplates")
+        template = pb.ActorTemplate(metadata=pb.ResourceMetadata(atespace="local", name="t"))
+        template.snapshot_config.storage_location = "file:///snapshots"
+        return pb.ListActorTemplatesResponse(actor_templates=[template])
+
     async def ListTags(self, request: Any, context: Any) -> pb.ListTagsResponse:  # noqa: N802
         self.calls.append("ListTags")
         if self.list_tags is not None:
@@ -195,14 +201,16 @@ async def test_a_current_server_passes_and_is_checked_once_per_connection(
 async def test_a_current_server_without_reflection_passes_the_probe(
     server: _Server, answer: grpc.StatusCode | None
 ) -> None:
-    """Any answer but UNIMPLEMENTED proves ListTags exists (here: a page, or NOT_FOUND)."""
+    """Any answer but UNIMPLEMENTED proves ListTags exists (here: a page, or NOT_FOUND); the
+    era is then read from a stored template's wire (test_api_eras.py has the other eras)."""
     control = _Control(list_tags=answer)
     pb_grpc.add_ControlServicer_to_server(control, server.server)
     await server.server.start()
     client = server.client()
     await client.get_actor("gym", "a")
     await client.get_actor("gym", "b")
-    assert control.calls == ["ListTags", "GetActor", "GetActor"]
+    assert control.calls == ["ListTags", "ListActorTemplates", "GetActor", "GetActor"]
+    assert client.era == "current"
 
 
 async def test_a_check_that_could_not_ask_is_retried_later_not_a_refusal(

@@ -65,7 +65,7 @@ def _err(**kwargs: Any) -> str:
         (
             {"connection": {**CONN, "bogus": 1}},
             "connection: unknown key(s) bogus; allowed keys: api, router, atespace, tls, token, "
-            "request_timeout_s, connect_timeout_s",
+            "request_timeout_s, connect_timeout_s, api_era",
         ),
         ({"connection": {"router": "http://x"}}, "connection: missing required key(s): api"),
         (

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, cast
 from urllib.parse import urlsplit
 
+from gym_substrate.ateapi.eras import EraError, parse_era
 from gym_substrate.core.names import is_dns_label, parse_ref
 from gym_substrate.nemo.errors import ConfigError
 from sandbox_agent.contract import DEFAULT_MAX_OUTPUT_BYTES, MAX_OUTPUT_BYTES
@@ -240,6 +241,10 @@ class ConnectionConfig:
     # How long an ateapi that refuses connections is waited for: at first contact (a backend
     # still starting; then the error names the key to fix) and in connect()/status() (a restart).
     connect_timeout_s: float = 10.0
+    # The server's ateapi era (v0.3, v0.4, current): "auto" reads it from the server's own
+    # descriptors (gRPC reflection); a named era must agree with them, and decides alone where
+    # reflection is refused (docs/compatibility.md).
+    api_era: str = "auto"
     _path: str = field(default="connection", repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -271,6 +276,13 @@ class ConnectionConfig:
             "connect_timeout_s",
             _number(f"{p}.connect_timeout_s", self.connect_timeout_s, positive=True),
         )
+        era = _string(f"{p}.api_era", self.api_era)
+        if era != "auto":
+            try:
+                era = parse_era(era)
+            except EraError as exc:
+                raise _fail(f"{p}.api_era", f"{exc} (or auto: read it from the server)") from None
+        object.__setattr__(self, "api_era", era)
 
 
 @dataclass(frozen=True)

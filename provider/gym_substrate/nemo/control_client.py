@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, TypeVar
 
@@ -31,6 +30,8 @@ import grpc.aio
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
+from gym_substrate.ateapi.codec import EraCodec
+from gym_substrate.ateapi.eras import CURRENT
 from gym_substrate.core.states import state_name
 from gym_substrate.nemo._apicheck import check_server
 from gym_substrate.nemo._connhints import grpc_hint, not_connected
@@ -209,6 +210,7 @@ class ControlClient:
         self._refused: str | None = None
         self._check_lock = asyncio.Lock()
         self._reached = False  # some call got an answer from the server: past first contact
+        self.era = ""  # the server's ateapi era, once the first call has read it
 
     def _metadata(self, method: str) -> tuple[tuple[str, str], ...] | None:
         if self._conn.token is None:
@@ -231,26 +233,29 @@ class ControlClient:
             if self._checked:
                 return
             try:
-                await check_server(
+                self.era = await check_server(
                     self._channel,
                     api=self._conn.api,
                     atespace=self._conn.atespace,
                     metadata=self._metadata("ServerReflectionInfo"),
                     timeout_s=self._conn.request_timeout_s,
+                    configured=self._conn.api_era,
                     method=method,
                 )
             except UnsupportedServerError as exc:
                 self._refused = str(exc)
                 raise
+            if self.era != CURRENT:
+                self._stub = EraCodec(self.era).stub(self._channel)
             self._checked = True
 
-    async def _call(self, method: str, fn: Callable[..., Awaitable[R]], request: Any) -> R:
+    async def _call(self, method: str, request: Any) -> Any:
         """One call; before the server ever answered, a failure to connect is diagnosed."""
         started = time.monotonic()
         sleep, longest = _FIRST_CONTACT_SLEEP
         while True:
             try:
-                return await self._once(method, fn, request)
+                return await self._once(method, request)
             except ControlPlaneError as exc:
                 unreached = exc.code == grpc.StatusCode.UNAVAILABLE and not_connected(exc.details)
                 if self._reached or not unreached:
@@ -267,8 +272,9 @@ class ControlClient:
                 await asyncio.sleep(min(sleep, left))
                 sleep = min(sleep * 2, longest)
 
-    async def _once(self, method: str, fn: Callable[..., Awaitable[R]], request: Any) -> R:
+    async def _once(self, method: str, request: Any) -> Any:
         await self._ensure_supported(method)
+        fn = getattr(self._stub, method)  # the era's, once the check has read it
         metadata = self._metadata(method)
         try:
             answer = await fn(request, timeout=self._conn.request_timeout_s, metadata=metadata)
@@ -281,7 +287,6 @@ class ControlClient:
         atespace = pb.Atespace(metadata=pb.ResourceMetadata(name=name))
         await self._call(
             "CreateAtespace",
-            self._stub.CreateAtespace,
             pb.CreateAtespaceRequest(atespace=atespace),
         )
 
@@ -294,21 +299,18 @@ class ControlClient:
         )
         if source_tag is not None:
             actor.source_tag.CopyFrom(_template_ref(source_tag))
-        created: pb.Actor = await self._call(
-            "CreateActor", self._stub.CreateActor, pb.CreateActorRequest(actor=actor)
-        )
+        created: pb.Actor = await self._call("CreateActor", pb.CreateActorRequest(actor=actor))
         return created
 
     async def get_actor(self, atespace: str, name: str) -> pb.Actor:
         actor: pb.Actor = await self._call(
-            "GetActor", self._stub.GetActor, pb.GetActorRequest(actor=_ref(atespace, name))
+            "GetActor", pb.GetActorRequest(actor=_ref(atespace, name))
         )
         return actor
 
     async def resume_actor(self, atespace: str, name: str) -> Resumed:
         resp = await self._call(
             "ResumeActor",
-            self._stub.ResumeActor,
             pb.ResumeActorRequest(actor=_ref(atespace, name)),
         )
         return Resumed(resp.actor, bool(resp.resumed))
@@ -316,23 +318,19 @@ class ControlClient:
     async def suspend_actor(self, atespace: str, name: str) -> pb.Actor:
         resp = await self._call(
             "SuspendActor",
-            self._stub.SuspendActor,
             pb.SuspendActorRequest(actor=_ref(atespace, name)),
         )
         actor: pb.Actor = resp.actor
         return actor
 
     async def pause_actor(self, atespace: str, name: str) -> pb.Actor:
-        resp = await self._call(
-            "PauseActor", self._stub.PauseActor, pb.PauseActorRequest(actor=_ref(atespace, name))
-        )
+        resp = await self._call("PauseActor", pb.PauseActorRequest(actor=_ref(atespace, name)))
         actor: pb.Actor = resp.actor
         return actor
 
     async def revert_actor(self, atespace: str, name: str) -> pb.Actor:
         resp = await self._call(
             "RevertActor",
-            self._stub.RevertActor,
             pb.RevertActorRequest(actor=_ref(atespace, name)),
         )
         actor: pb.Actor = resp.actor
@@ -341,7 +339,6 @@ class ControlClient:
     async def delete_actor(self, atespace: str, name: str, *, any_state: bool = False) -> pb.Actor:
         actor: pb.Actor = await self._call(
             "DeleteActor",
-            self._stub.DeleteActor,
             pb.DeleteActorRequest(actor=_ref(atespace, name), any_state=any_state),
         )
         return actor
@@ -355,7 +352,6 @@ class ControlClient:
         while True:
             resp = await self._call(
                 method,
-                getattr(self._stub, method),
                 # 1000 is the server's largest page (it coerces larger ones down).
                 request(atespace=atespace, page_size=1000, page_token=token),
             )
@@ -368,7 +364,6 @@ class ControlClient:
     async def get_actor_template(self, template: str) -> pb.ActorTemplate:
         found: pb.ActorTemplate = await self._call(
             "GetActorTemplate",
-            self._stub.GetActorTemplate,
             pb.GetActorTemplateRequest(actor_template=_template_ref(template)),
         )
         return found
@@ -381,15 +376,11 @@ class ControlClient:
             scope=pb.TAG_SCOPE_PUBLISHED if published else pb.TAG_SCOPE_ATESPACE,
             source_actor=_ref(atespace, source_actor),
         )
-        created: pb.Tag = await self._call(
-            "CreateTag", self._stub.CreateTag, pb.CreateTagRequest(tag=tag)
-        )
+        created: pb.Tag = await self._call("CreateTag", pb.CreateTagRequest(tag=tag))
         return created
 
     async def get_tag(self, atespace: str, name: str) -> pb.Tag:
-        found: pb.Tag = await self._call(
-            "GetTag", self._stub.GetTag, pb.GetTagRequest(tag=_ref(atespace, name))
-        )
+        found: pb.Tag = await self._call("GetTag", pb.GetTagRequest(tag=_ref(atespace, name)))
         return found
 
     async def list_tags(self, atespace: str) -> list[pb.Tag]:
@@ -397,6 +388,6 @@ class ControlClient:
 
     async def delete_tag(self, atespace: str, name: str) -> pb.Tag:
         deleted: pb.Tag = await self._call(
-            "DeleteTag", self._stub.DeleteTag, pb.DeleteTagRequest(tag=_ref(atespace, name))
+            "DeleteTag", pb.DeleteTagRequest(tag=_ref(atespace, name))
         )
         return deleted
