@@ -16,9 +16,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import grpc
+from google.protobuf import descriptor_pb2, descriptor_pool
 from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
+from gym_substrate.ateapi.codec import EraCodec
+from gym_substrate.ateapi.eras import CURRENT, parse_era
 from gym_substrate.local.auth import BearerAuthInterceptor, TokenVerifier
 from gym_substrate.local.control.identity import Identity
 from gym_substrate.local.control.plane import ControlPlane
@@ -61,12 +64,26 @@ class _UnknownMethods(grpc.GenericRpcHandler):  # type: ignore[type-arg]
         return grpc.stream_stream_rpc_method_handler(unimplemented)
 
 
-def _add_reflection(server: grpc.aio.Server) -> None:
+def _era_pool(era: str) -> descriptor_pool.DescriptorPool | None:
+    """What reflection describes: the era's ateapi (`EraCodec(era).pool`, so a client reading
+    it, `eras.detect_era`, names the era) plus reflection's own file; None (the default pool)
+    for the current era."""
+    if parse_era(era) == CURRENT:
+        return None
+    pool = EraCodec(era).pool
+    own = descriptor_pb2.FileDescriptorProto()
+    reflection_pb2.DESCRIPTOR.CopyToProto(own)
+    pool.Add(own)
+    return pool
+
+
+def _add_reflection(server: grpc.aio.Server, era: str) -> None:
     """v1alpha from grpcio-reflection, and v1 (the same messages under the newer name, which
     grpcurl and grpc-go clients try first) from the same servicer."""
-    reflection.enable_server_reflection(SERVED_SERVICES, server)
+    pool = _era_pool(era)
+    reflection.enable_server_reflection(SERVED_SERVICES, server, pool=pool)
     aio = reflection.aio  # type: ignore[attr-defined]
-    servicer = aio.ReflectionServicer(SERVED_SERVICES)
+    servicer = aio.ReflectionServicer(SERVED_SERVICES, pool=pool)
     handler = grpc.stream_stream_rpc_method_handler(
         servicer.ServerReflectionInfo,
         request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
@@ -83,11 +100,13 @@ def create_api_server(
     verifier: TokenVerifier | None,
     identity: Identity,
     options: Sequence[tuple[str, Any]] = (),
+    era: str = CURRENT,
 ) -> grpc.aio.Server:
-    """The server, not yet listening; ``verifier`` set means jwt mode (every call checked)."""
+    """The server, not yet listening; ``verifier`` set means jwt mode (every call checked);
+    ``era`` is the API era it speaks on the wire and describes by reflection."""
     interceptors = [] if verifier is None else [BearerAuthInterceptor(verifier, served_methods())]
     server = grpc.aio.server(interceptors=interceptors, options=list(options))
-    _add_reflection(server)
-    add_ateapi_services(server, plane, identity)
+    _add_reflection(server, era)
+    add_ateapi_services(server, plane, identity, era)
     server.add_generic_rpc_handlers((_UnknownMethods(),))
     return server

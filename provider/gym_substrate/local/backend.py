@@ -95,6 +95,7 @@ class LocalBackend:
         warm_pool: int | None = None,
         allow_host_rootfs: bool = False,
         actor_disk: int | None = None,
+        api_era: str | None = None,
     ) -> None:
         """Check every option (`backend_options.py`) at once; nothing runs until `start`."""
         options = check_options(
@@ -117,6 +118,7 @@ class LocalBackend:
             warm_pool=warm_pool,
             allow_host_rootfs=allow_host_rootfs,
             actor_disk=actor_disk,
+            api_era=api_era,
         )
         self._take_options(Path(state_dir).expanduser(), options)
         self._clear_serving_state()
@@ -146,6 +148,8 @@ class LocalBackend:
         self.actor_disk = options.actor_disk
         self.tls = options.tls
         self.auth = options.auth
+        # the ateapi release era served on the wire (v0.3, v0.4, current): one model inside
+        self.api_era = options.api_era
         # "debian": the default template runs in the built rootfs (rootfs.py); "host": on `/`
         self.default_rootfs = options.default_rootfs
         self.rootfs_dir = options.rootfs_dir
@@ -342,6 +346,7 @@ class LocalBackend:
                 ("grpc.so_reuseport", 0),
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ],
+            era=self.api_era,
         )
         address = f"127.0.0.1:{self._api_port}"
         try:
@@ -423,6 +428,7 @@ class LocalBackend:
             "token_file": str(self.token_file or ""),
             "admin_token_file": str(self.state_dir / statedir.ADMIN_TOKEN_FILE),
             "allow_host_rootfs": self.allow_host_rootfs,
+            "api_era": self.api_era,
         }
 
     def _default_template(self, runtime: str) -> pb.ActorTemplate:

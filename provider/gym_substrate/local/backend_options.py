@@ -11,11 +11,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from gym_substrate.ateapi.eras import CURRENT, ERAS, EraError, parse_era
 from gym_substrate.local.auth import AUTH_MODES
 from gym_substrate.local.runtimes import RUNTIME_NAMES, resolve_pause_tier
 from gym_substrate.local.runtimes.actor_disk import ACTOR_DISK_ENV, parse_size
 
 __all__ = [
+    "API_ERA_ENV",
     "DEFAULT_ROOTFS_CHOICES",
     "MAX_ACTORS",
     "WARM_POOL_ENV",
@@ -30,6 +32,7 @@ DEFAULT_ROOTFS_CHOICES = ("debian", "host")
 _ACTOR_MEMORY = 256 * 1024 * 1024
 MAX_ACTORS = 64
 WARM_POOL_ENV = "GYM_SUBSTRATE_WARM_POOL"  # LocalBackend's warm pool when not given
+API_ERA_ENV = "GYM_SUBSTRATE_API_ERA"  # LocalBackend's API era when not given
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class BackendOptions:
     warm_pool: int
     allow_host_rootfs: bool
     actor_disk: int | None
+    api_era: str = CURRENT
 
 
 def default_actors_per_worker(workers: int) -> int:
@@ -124,6 +128,17 @@ def _warm_pool_from_env() -> int:
         ) from None
 
 
+def _check_api_era(api_era: str | None) -> str:
+    """The wire era to serve: the argument, else $GYM_SUBSTRATE_API_ERA, else current."""
+    source = "api_era"
+    if api_era is None:
+        api_era, source = os.environ.get(API_ERA_ENV, "").strip() or CURRENT, API_ERA_ENV
+    try:
+        return parse_era(api_era)
+    except EraError as exc:
+        raise ValueError(f"{source}: {exc} (allowed: {', '.join(ERAS)})") from None
+
+
 def _check_auth(auth: str, tls: bool) -> None:
     if auth not in AUTH_MODES:
         raise ValueError(f"unknown auth mode {auth!r}: use one of {', '.join(AUTH_MODES)}")
@@ -155,6 +170,7 @@ def check_options(
     warm_pool: int | None,
     allow_host_rootfs: bool,
     actor_disk: int | None,
+    api_era: str | None = None,
 ) -> BackendOptions:
     """`LocalBackend`'s arguments checked and completed; ValueError names the first bad one."""
     if default_rootfs not in DEFAULT_ROOTFS_CHOICES:
@@ -178,6 +194,7 @@ def check_options(
     if not 0 <= warm_pool <= 16:
         raise ValueError(f"warm_pool must be 0..16 sandboxes per template, got {warm_pool}")
     _check_auth(auth, tls)
+    api_era = _check_api_era(api_era)
     return BackendOptions(
         runtime=runtime,
         workers=workers,
@@ -199,4 +216,5 @@ def check_options(
         # a default template on the host's `/` opts in to host-rootfs templates already
         allow_host_rootfs=bool(allow_host_rootfs) or default_rootfs == "host",
         actor_disk=actor_disk,
+        api_era=api_era,
     )

@@ -1,12 +1,16 @@
 """The gRPC front door: `ateapi.Control` served from one table over the proto's RPCs.
 
 Each RPC is one row of `control_table`: the control-plane part that answers it and how its
-record becomes the response. One handler serves every row, as ateapi's interceptor chain does:
-it refuses unknown request fields first (`RejectUnknownFieldsUnaryInterceptor`), times the call
-(`rpc_server_call_duration_seconds`, the `x-server-elapsed-us` trailer on every answer, errors
-included) and aborts with an `AteapiError`'s code and message unchanged; any other exception is
-INTERNAL `internal server error: ...`. Request and response classes come from the proto's
-service descriptor, so a table that misses an RPC fails at start-up.
+record becomes the response. Requests arrive as bytes of the backend's API era (`--api-era`):
+one that does not parse is INTERNAL as grpc-go answers it; the era's message is checked (unknown
+fields, `era_rules.py`) and converted to the current one, and responses are encoded back
+(`ateapi.codec`), so the table works on one model. One handler serves every row, as ateapi's
+interceptor chain does: it refuses unknown request fields first
+(`RejectUnknownFieldsUnaryInterceptor`), times the call (`rpc_server_call_duration_seconds`,
+the `x-server-elapsed-us` trailer on every answer, errors included) and aborts with an
+`AteapiError`'s code and message unchanged; any other exception is INTERNAL `internal server
+error: ...`. Request and response classes come from the proto's service descriptor, so a table
+that misses an RPC fails at start-up.
 
 The policy RPCs answer UNIMPLEMENTED with the reason: the local backend does not enforce
 egress or access policies, and a stored policy that did nothing would mislead.
@@ -23,12 +27,16 @@ from typing import Any
 
 import grpc
 from google.protobuf.descriptor import MethodDescriptor
+from google.protobuf.message import DecodeError, Message
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
+from gym_substrate.ateapi.codec import EraCodec
+from gym_substrate.ateapi.eras import CURRENT
 from gym_substrate.local.control.identity import Identity
 from gym_substrate.local.control.plane import ControlPlane
 from gym_substrate.local.control.validation import reject_unknown_fields
 from gym_substrate.local.control.worker_rpcs import WorkerRpcs
+from gym_substrate.local.era_rules import check_request
 from gym_substrate.local.errors import AteapiError
 
 __all__ = ["POLICY_RPCS", "add_ateapi_services", "control_table"]
@@ -157,13 +165,38 @@ def _assignment(actor: Any, worker: Any) -> pb.ActorAssignment:
 
 
 # ------------------------------------------------------------------------------ serving
-Behavior = Callable[[Any, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
+Behavior = Callable[[bytes, grpc.aio.ServicerContext[Any, Any]], Awaitable[Any]]
 
 
-def _behavior(plane: ControlPlane, method: MethodDescriptor, handler: Handler) -> Behavior:
-    label = f"{method.containing_service.full_name}/{method.name}"
+class _Edge:
+    """One method's wire: the era's request bytes in, a current request out, checked as the
+    era's server checks it (unknown fields on the era's message, then `era_rules`)."""
 
-    async def behavior(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+    def __init__(self, codec: EraCodec, method: MethodDescriptor) -> None:
+        self.codec = codec
+        self.name = method.name
+        self.current: type[Message] = getattr(pb, method.input_type.name)
+        self.wire = self.current if codec.identity else codec.era_class(method.input_type.full_name)
+
+    def parse(self, data: bytes) -> Message:
+        """The era's message; grpc-go refuses bytes that do not parse before any interceptor:
+        INTERNAL `grpc: error unmarshalling request: ...` (vendor/google.golang.org/grpc/
+        server.go, processUnaryRPC)."""
+        try:
+            return self.wire.FromString(data)
+        except DecodeError as exc:
+            raise AteapiError(
+                grpc.StatusCode.INTERNAL, f"grpc: error unmarshalling request: {exc}"
+            ) from exc
+
+    def request(self, message: Message) -> Message:
+        reject_unknown_fields(message)
+        check_request(self.codec.era, self.name, message)
+        return message if self.codec.identity else self.codec.from_era(message, self.current)
+
+
+def _behavior(plane: ControlPlane, edge: _Edge, handler: Handler, label: str) -> Behavior:
+    async def behavior(data: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         started = time.perf_counter()
         code = grpc.StatusCode.OK
 
@@ -172,8 +205,13 @@ def _behavior(plane: ControlPlane, method: MethodDescriptor, handler: Handler) -
             return (("x-server-elapsed-us", str(int((time.perf_counter() - started) * 1e6))),)
 
         try:
-            reject_unknown_fields(request)
-            result = handler(request)
+            message = edge.parse(data)
+        except AteapiError as exc:  # before any interceptor: no elapsed trailer
+            plane.metrics.rpc_duration.labels(label, exc.code.name).observe(0.0)
+            await context.abort(exc.code, exc.message)
+            raise  # unreachable: abort raises
+        try:
+            result = handler(edge.request(message))
             if inspect.isawaitable(result):
                 result = await result
         except AteapiError as exc:
@@ -187,7 +225,7 @@ def _behavior(plane: ControlPlane, method: MethodDescriptor, handler: Handler) -
             if isinstance(exc, grpc.aio.AbortError):
                 raise
             code = grpc.StatusCode.INTERNAL
-            log.exception("%s failed", method.name)
+            log.exception("%s failed", edge.name)
             await context.abort(
                 grpc.StatusCode.INTERNAL, f"internal server error: {exc}", elapsed()
             )
@@ -202,8 +240,11 @@ def _behavior(plane: ControlPlane, method: MethodDescriptor, handler: Handler) -
     return behavior
 
 
-def add_ateapi_services(server: grpc.aio.Server, plane: ControlPlane, identity: Identity) -> None:
-    """Serve `ateapi.Control` from ``plane``; every RPC of the proto must be in the table."""
+def add_ateapi_services(
+    server: grpc.aio.Server, plane: ControlPlane, identity: Identity, era: str = CURRENT
+) -> None:
+    """Serve `ateapi.Control` from ``plane`` in ``era``'s wire (one model inside, converted
+    here); every RPC of the proto must be in the table."""
     service = pb.DESCRIPTOR.services_by_name["Control"]
     table = control_table(plane, identity)
     expected = set(service.methods_by_name)
@@ -212,11 +253,12 @@ def add_ateapi_services(server: grpc.aio.Server, plane: ControlPlane, identity: 
             f"{service.full_name}: the servicer table does not match the proto (missing "
             f"{sorted(expected - set(table))}, unknown {sorted(set(table) - expected)})"
         )
+    codec = EraCodec(era)
     handlers = {
         m.name: grpc.unary_unary_rpc_method_handler(
-            _behavior(plane, m, table[m.name]),
-            request_deserializer=getattr(pb, m.input_type.name).FromString,
-            response_serializer=getattr(pb, m.output_type.name).SerializeToString,
+            _behavior(plane, _Edge(codec, m), table[m.name], f"{service.full_name}/{m.name}"),
+            request_deserializer=None,  # bytes: parsed in the behavior, in the era's wire
+            response_serializer=codec.encode,
         )
         for m in service.methods
     }
