@@ -69,7 +69,8 @@ _POLICY = "GetActorEgressPolicy"
     ("method", "code", "details", "is_finding"),
     [
         ("GetActor", grpc.StatusCode.UNKNOWN, "Exception calling application: boom", True),
-        ("SuspendActor", grpc.StatusCode.UNKNOWN, "actor is CRASHED because it was in", False),
+        ("SuspendActor", grpc.StatusCode.UNKNOWN, "actor is CRASHED because it was in", True),
+        ("SuspendActor", grpc.StatusCode.INTERNAL, "actor is CRASHED because it was in", False),
         ("GetActor", grpc.StatusCode.INTERNAL, "internal server error: KeyError: 'x'", True),
         ("ResumeActor", grpc.StatusCode.INTERNAL, "actor t/a crashed: atelet Restore: x", False),
         ("GetActor", grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", True),

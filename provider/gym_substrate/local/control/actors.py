@@ -3,11 +3,13 @@ workflow_delete.go).
 
 A new actor is SUSPENDED on its source: an explicit `source_tag`, else its template's golden
 tag, borrowed as generation 1 (owner TAG) until its first suspend writes its own; with neither
-its first resume cold-boots. The checks on a source tag, in upstream's order, all answer
-FAILED_PRECONDITION. Update replaces the spec (uid and version are preconditions; a missing one
-is INVALID_ARGUMENT, a stale one ABORTED). Delete takes the actor's lease, checks DeleteOptions
-before the state, needs SUSPENDED or CRASHED unless `any_state`, marks DELETING, stops what
-runs, removes the actor's own snapshots (never a tag's) and answers the record as deleted.
+(a template whose golden build has not ended, as the golden actor's own) its first resume
+cold-boots, and a golden tag the template names but that is gone is `Tag not found`. The
+checks on a source tag, in upstream's order, all answer FAILED_PRECONDITION. Update replaces
+the spec (uid and version are preconditions; a missing one is INVALID_ARGUMENT, a stale one
+ABORTED). Delete takes the actor's lease, checks DeleteOptions before the state, needs
+SUSPENDED or CRASHED unless `any_state`, marks DELETING, stops what runs, removes the actor's
+own snapshots (never a tag's) and answers the record as deleted.
 """
 
 from __future__ import annotations
@@ -251,8 +253,9 @@ class Actors:
             return None
         tag = self.plane.state.tags.get(key)
         if tag is None:
-            if source is None:
-                return None  # a golden tag deleted by hand: cold boot, as before it existed
+            # the template names a golden tag that is gone: refused as a missing source tag
+            # is (resolveTagSource; only a template with no golden tag yet, as the golden
+            # builder's own actor, boots cold)
             raise AteapiError(fail, "Tag not found")
         if tag.scope == "ATESPACE" and tag.meta.atespace != atespace:
             raise AteapiError(fail, "Tag is not published outside its Atespace")

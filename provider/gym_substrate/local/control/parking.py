@@ -133,16 +133,18 @@ class Parking:
         template = plane.template_of(record)
         if record.state == PAUSED:
             return record
-        if record.atespace == GOLDEN_ATESPACE:
-            raise AteapiError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f'actors in atespace "{GOLDEN_ATESPACE}" are golden actors, which cannot be paused',
-            )
+        # ensureMarkedPausing's order: PAUSING goes on, not RUNNING is refused, then the
+        # golden rule (workflow_pause.go, current vintage: search id 70284215644)
         if record.state not in (RUNNING, PAUSING):
             raise AteapiError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"MarkPausing prerequisite not met for Actor: {key} (got: "
                 f"ACTOR_STATE_{record.state}, want ACTOR_STATE_RUNNING)",
+            )
+        if record.state == RUNNING and record.atespace == GOLDEN_ATESPACE:
+            raise AteapiError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f'actors in atespace "{GOLDEN_ATESPACE}" are golden actors, which cannot be paused',
             )
         dest = new_snapshot_dir(plane.state_dir / "snapshots" / "local", f"{record.name}-")
         await check_room(plane, record, "pause", dest)
@@ -172,10 +174,12 @@ class Parking:
                 await plane.revert.crash(
                     record, "suspend", "node holding the actor's local snapshot is unknown"
                 )
+                # a plain error upstream, which ServerUnaryInterceptor answers INTERNAL
+                # (ateinterceptors.go@2e3e300a; workflow_suspend.go, search id 70362821796)
                 raise AteapiError(
-                    grpc.StatusCode.UNKNOWN,
-                    "actor is CRASHED because it was in PAUSED state with no completed local "
-                    "snapshot",
+                    grpc.StatusCode.INTERNAL,
+                    "internal server error: actor is CRASHED because it was in PAUSED state "
+                    "with no completed local snapshot",
                 )
             await check_room(plane, record, "suspend", dest, upload_from=Path(local.path))
             pending = Storage("DURABLE", "IN_PROGRESS", str(dest), local.fidelity)

@@ -32,10 +32,10 @@ CLIENT_CODES = frozenset(
 ALLOWED_ONLY_WITH: Mapping[str, tuple[str, ...]] = {
     # no free capacity (it was FAILED_PRECONDITION in June): controlapi's scheduler
     "RESOURCE_EXHAUSTED": ("no free workers available",),
-    # a lifecycle step that failed crashed the actor: the answer names it
-    "INTERNAL": ("crashed: ",),
-    # suspending a PAUSED actor whose local snapshot is unknown crashes it (workflow_suspend)
-    "UNKNOWN": ("actor is CRASHED because",),
+    # a lifecycle step that failed crashed the actor: the answer names it; suspending a PAUSED
+    # actor whose local snapshot is unknown crashes it (workflow_suspend, a plain error that
+    # ateinterceptors' ServerUnaryInterceptor answers INTERNAL)
+    "INTERNAL": ("crashed: ", "actor is CRASHED because"),
 }
 # the server's own deadline (a workflow that outlives it), unlike the client's
 SERVER_DEADLINE = "context deadline exceeded"
