@@ -231,3 +231,23 @@ def _varint(value: int) -> bytes:
         out.append(low | (0x80 if value else 0))
         if not value:
             return bytes(out)
+
+
+def test_the_era_option_is_checked_and_read_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gym_substrate.local import LocalBackend
+    from gym_substrate.local.backend_options import API_ERA_ENV
+
+    monkeypatch.delenv(API_ERA_ENV, raising=False)
+    assert LocalBackend(tmp_path, runtime="process").api_era == CURRENT
+    assert LocalBackend(tmp_path, runtime="process", api_era="v0.3.0").api_era == V03
+    with pytest.raises(
+        ValueError, match=r"api_era: unknown ateapi era 'v9'.*v0\.3, v0\.4, current"
+    ):
+        LocalBackend(tmp_path, runtime="process", api_era="v9")
+    monkeypatch.setenv(API_ERA_ENV, "v0.4")
+    assert LocalBackend(tmp_path, runtime="process").api_era == V04
+    monkeypatch.setenv(API_ERA_ENV, "old")
+    with pytest.raises(ValueError, match=API_ERA_ENV):
+        LocalBackend(tmp_path, runtime="process")

@@ -14,6 +14,7 @@ from gym_substrate.local import statedir
 from gym_substrate.local.backend import DEFAULT_ROOTFS_CHOICES
 
 __all__ = [
+    "api_era_option",
     "make_state_dir",
     "prepare_rootfs",
     "resolve",
@@ -48,6 +49,21 @@ def warm_pool_option(default: int | None, help: str) -> Callable[[F], F]:
         metavar="N",
         help=help,
     )
+
+
+def api_era_option(func: Any) -> Any:
+    """`--api-era`: the ateapi release whose wire the backend speaks (one model inside)."""
+    from gym_substrate.ateapi.eras import ERA_RELEASES, ERAS
+    from gym_substrate.local.backend_options import API_ERA_ENV
+
+    releases = "; ".join(f"{era}: {what}" for era, what in ERA_RELEASES.items())
+    return click.option(
+        "--api-era",
+        type=click.Choice(ERAS),
+        default=None,
+        help=f"The ateapi release the API speaks on the wire and describes by reflection "
+        f"({releases}). Default: ${API_ERA_ENV}, else current.",
+    )(func)
 
 
 def prepare_rootfs(runtime: str = "auto") -> None:

@@ -20,6 +20,7 @@ import click
 from rich.console import Console
 
 from gym_substrate.cli._local_common import (
+    api_era_option,
     make_state_dir,
     prepare_rootfs,
     resolve,
@@ -74,6 +75,7 @@ def _print_up(info: dict[str, Any]) -> None:
     if info.get("runtime_warning"):
         console.print(f"  [yellow]warning:[/] {info['runtime_warning']}")
     console.print(f"  capacity: {_capacity(info)}", highlight=False)
+    console.print(f"  ateapi era on the wire (--api-era): {info.get('api_era', 'current')}")
     if info.get("tls"):
         console.print(
             f"  API (ateapi.Control, TLS gRPC for {API_SERVER_NAME}, auth {info['auth']}): "
@@ -249,6 +251,7 @@ local.add_command(bench)
     "sandboxes see the host's files, read-only. Refused (FAILED_PRECONDITION) without it; "
     "`--rootfs host` implies it.",
 )
+@api_era_option
 @click.option("--daemon", is_flag=True, help="Run in the background; return once it answers.")
 @click.option("--json", "as_json", is_flag=True, help="Print the addresses as JSON.")
 def up(
@@ -271,6 +274,7 @@ def up(
     warm_pool: int,
     rootfs: str,
     allow_host_rootfs: bool,
+    api_era: str | None,
     daemon: bool,
     as_json: bool,
 ) -> None:
@@ -339,6 +343,7 @@ def up(
         "warm_pool": warm_pool,
         "allow_host_rootfs": allow_host_rootfs,
         "actor_disk": disk_bytes,
+        "api_era": api_era,
     }
     if not as_json:
         err.print(describe(disk_bytes))
@@ -385,6 +390,7 @@ async def _foreground(folder: Path, options: dict[str, Any], as_json: bool) -> N
         warm_pool=options["warm_pool"],
         allow_host_rootfs=options["allow_host_rootfs"],
         actor_disk=options["actor_disk"],
+        api_era=options["api_era"],
     )
     backend.standalone = True
     stop = asyncio.Event()
@@ -585,10 +591,11 @@ def status(state_dir: Path | None, as_json: bool) -> None:
     except BackendError as exc:
         raise fail(str(exc)) from exc
     if as_json:
-        emit_json({"running": True, **data})
+        emit_json({"running": True, "api_era": info.get("api_era", "current"), **data})
         return
     console.print(
-        f"runtime [bold]{data['runtime']}[/], {_capacity(info)}, API {data['api']}, router "
+        f"runtime [bold]{data['runtime']}[/], {_capacity(info)}, API {data['api']} (ateapi era "
+        f"{info.get('api_era', 'current')}), router "
         f"{data['router']}, admin {data.get('admin', '-')}, state {data['state_dir']}"
     )
     _print_status(data)

@@ -65,6 +65,7 @@ def spawn(
     warm_pool: int | None = None,
     allow_host_rootfs: bool = False,
     actor_disk: int | None = None,
+    api_era: str | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start `local up` for ``folder`` detached, logging to `<folder>/backend.log`."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -86,6 +87,7 @@ def spawn(
         argv += ["--actor-disk", str(actor_disk)]
     argv += (["--suspend-on-stop"] if suspend_on_stop else []) + (["--tls"] if tls else [])
     argv += ["--allow-host-rootfs"] if allow_host_rootfs else []
+    argv += ["--api-era", api_era] if api_era else []
     with open(folder / "backend.log", "ab") as log_file:
         # where this start's output begins: an error quotes only its own lines
         offset = log_file.tell()
