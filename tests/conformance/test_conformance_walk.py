@@ -35,6 +35,11 @@ suite's docstrings cite the Go files and commits; the proto is the contract):
   June API (CreateActorRequest{1: ActorRef, 2: template namespace, 3: template name}) is
   refused and creates nothing.
 
+Each release era (issue 30): the backend started with `api_era` v0.3 and v0.4 (process runtime
+only, to keep CI's time) is walked by the same client speaking that era on the wire
+(`EraWalkClient`: upstream's messages converted by `EraCodec(era).stub`), after reflection names
+the era (`eras.detect_era`); the walk's checks read the one current model back.
+
 Needs a running local backend: on the process runtime (the default `local/sandbox` template
 runs on the Debian rootfs, hence the `rootfs` marker) and under gVisor (`runsc`).
 """
@@ -55,11 +60,21 @@ from google.protobuf import unknown_fields
 from google.protobuf.message import Message
 from upstream_ateapi import ControlClient, Upstream
 
+from gym_substrate.ateapi import ateapi_pb2 as pb
+from gym_substrate.ateapi.codec import EraCodec
+from gym_substrate.ateapi.eras import CURRENT, V03, V04, detect_era
+from gym_substrate.ateapi.reflect import reflect
 from gym_substrate.local import LocalBackend
 
 pytestmark = [pytest.mark.slow, pytest.mark.rootfs, pytest.mark.timeout(900)]
 
-RUNTIMES = ["process", pytest.param("gvisor", marks=pytest.mark.runsc)]
+# (runtime, era): every runtime on the current era, the release eras on the process runtime
+WALKS = [
+    ("process", CURRENT),
+    pytest.param("gvisor", CURRENT, marks=pytest.mark.runsc),
+    ("process", V03),
+    ("process", V04),
+]
 
 DEFAULT_TEMPLATE = ("local", "sandbox")  # design.md: the local backend's default template
 GOLDEN_ATESPACE = "ate-golden"
@@ -240,20 +255,38 @@ async def run_in_sandbox(
     return job
 
 
+class EraWalkClient(ControlClient):
+    """The walk's client in a release era's wire: an upstream (current) message is sent as
+    the era's bytes and the era's answer read back as upstream's, by `EraCodec(era).stub`."""
+
+    def __init__(self, channel: grpc.aio.Channel, upstream: Upstream, era: str) -> None:
+        super().__init__(channel, upstream)
+        self.era_stub = EraCodec(era).stub(channel)
+
+    async def call(self, method: str, request: Message, deadline_s: float = 120.0) -> Any:
+        current = getattr(pb, request.DESCRIPTOR.name).FromString(request.SerializeToString())
+        answer = await getattr(self.era_stub, method)(current, timeout=deadline_s)
+        output = self._service.FindMethodByName(method).output_type
+        return self._upstream.cls(output.name).FromString(answer.SerializeToString())
+
+
 # ---------------------------------------------------------------------------------- the walk
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize(("runtime", "era"), WALKS)
 async def test_walk_an_actor_through_its_life(
-    tmp_path: Path, upstream: Upstream, runtime: str
+    tmp_path: Path, upstream: Upstream, runtime: str, era: str
 ) -> None:
     async with (
-        LocalBackend(tmp_path / "state", runtime=runtime, workers=1) as backend,
+        LocalBackend(tmp_path / "state", runtime=runtime, workers=1, api_era=era) as backend,
         grpc.aio.insecure_channel(backend.api_address) as channel,
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http,
     ):
-        walk = Walk(upstream, ControlClient(channel, upstream))
-        await _walk(walk, backend.router_url, http)
+        assert detect_era((await reflect(channel, None, 30)).files) == era
+        api = ControlClient(channel, upstream)
+        if era != CURRENT:
+            api = EraWalkClient(channel, upstream, era)
+        await _walk(Walk(upstream, api), backend.router_url, http)
 
 
 async def _walk(walk: Walk, router_url: str, http: aiohttp.ClientSession) -> None:
