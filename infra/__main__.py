@@ -56,6 +56,7 @@ try:
     cfg = StackConfig.from_mapping(raw, secrets=secrets)
 except ConfigError as exc:
     raise pulumi.RunError(str(exc)) from None
+pulumi.log.info(cfg.substrate.api_era.describe())
 
 
 def _templates(
@@ -76,6 +77,7 @@ def _templates(
             after=tuple(after),
             cluster=cluster,
             workloads=tuple(WorkloadTemplate.from_config(cfg, wl) for wl in cfg.workloads),
+            era=cfg.substrate.api_era,
         ),
     )
 
@@ -89,6 +91,9 @@ def _export(
     pulumi.export("grafanaUrl", ui if cfg.observability.enabled else None)
     pulumi.export("caPem", ca_pem)
     pulumi.export("templates", templates.names)
+    # The era the templates are written for: the configured one (checked against the server at
+    # `up`), else what the server declared; `preview` logs which.
+    pulumi.export("apiEra", cfg.substrate.api_era.era or templates.api_era)
     return templates.names
 
 

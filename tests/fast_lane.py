@@ -52,6 +52,7 @@ FAST_MODULES = frozenset(
         "provider/test_sweep_order.py",
         "provider/test_templates.py",
         "provider/test_units.py",
+        "stack/test_api_era.py",
         "stack/test_bundle.py",
         "stack/test_commands.py",
         "stack/test_config.py",

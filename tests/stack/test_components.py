@@ -257,6 +257,9 @@ def test_outputs_and_provider_config(stack: str) -> None:
     assert container["image"] == PINNED  # the workload, pinned by the image step, untouched
     assert template["template"]["volumes"][0]["image"]["reference"] == AGENT
     assert template["readyTimeoutSeconds"] == (600 if stack.endswith("microvm") else 300)
+    # Written for the era of the release installed; `up` checks it against the server.
+    assert template["era"] == {"expected": "v0.3", "basis": "substrate.version v0.3.0"}
+    assert run.globals["cfg"].substrate.api_era.era == "v0.3"  # what `apiEra` exports
     conn = template["connection"]
     if conn.get(SIG_KEY) == SECRET_SIG:  # a host's carries the SSH key: sent as a secret
         conn = conn["value"]

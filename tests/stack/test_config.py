@@ -244,7 +244,10 @@ def test_a_release_tag_is_required_and_source_is_the_escape_hatch() -> None:
     `substrate.source`, which builds the images (and so excludes `version` and `images`)."""
     raw, secrets = _raw("kind-gvisor")
     raw["substrate"]["version"] = "v0.2.0-rc.1"
+    # A release candidate's wire may lie between two releases: it names its era (test_api_era).
+    raw["substrate"]["apiEra"] = "v0.3"
     assert StackConfig.from_mapping(raw, secrets=secrets).substrate.version == "v0.2.0-rc.1"
+    del raw["substrate"]["apiEra"]
     for bad in ("v0.3.0-beta", "release-0.3", "v0.03.0", "latest"):
         raw["substrate"]["version"] = bad
         msg = _error(raw, secrets)

@@ -44,9 +44,17 @@ def render(stack: str | None, stack_file_path: Path | None, out: Path, as_json: 
         raise fail(
             f"cannot write into {out} ({exc.strerror or exc}); pick a writable --out folder"
         ) from exc
-    report = {"stack": str(path), "files": [str(f) for f in files], "skipped": skipped}
+    era = cfg.substrate.api_era
+    report = {
+        "stack": str(path),
+        "apiEra": era.era,
+        "apiEraBasis": era.basis,
+        "files": [str(f) for f in files],
+        "skipped": skipped,
+    }
     rows = [{"file": str(f.relative_to(out))} for f in files]
     emit(rows, ["file"], title=f"rendered {path.name} -> {out}", as_json=as_json, json_data=report)
     if not as_json:
+        console.print(era.describe())
         for s in skipped:
             console.print(f"[yellow]skipped[/yellow] {s}")

@@ -22,6 +22,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from gym_substrate.stack.api_era import ApiEra, parse_api_era
 from gym_substrate.stack.config_base import (
     ADDRESS,
     COMMIT,
@@ -94,6 +95,7 @@ class SubstrateConfig:
     source: SourceConfig | None = None
     auth_mode: str = "jwt"
     bucket: str = "ate-snapshots"
+    api_era: ApiEra = ApiEra()  # the era its templates are written for (stack/api_era.py)
 
     @property
     def prebuilt(self) -> bool:
@@ -312,13 +314,17 @@ def parse_substrate(top: Section, target: str) -> SubstrateConfig:
             f"give the repository the release's images are under, e.g. `{SUBSTRATE_IMAGES}` "
             "(no tag, no trailing slash)",
         )
+    version, given = _release(s), s.raw.get("version") is not None
     substrate = SubstrateConfig(
-        version=_release(s),
+        version=version,
         repo=repo,
         images=images,
         source=source,
         auth_mode=s.choice("authMode", "jwt", ("jwt", "mtls")),
         bucket=label(s, "bucket", "ate-snapshots"),
+        api_era=parse_api_era(
+            s, target=target, version=version, version_given=given, source=source is not None
+        ),
     )
     s.done()
     return substrate

@@ -8,6 +8,11 @@ stand for: the WorkerPool names the release's worker image by tag (the `worker-i
 it to its digest), a kind or host template names the workload by its configured tag and the
 agent image as built at `up` (so its name's hash differs from the one `up` creates); what cannot
 be written at all (the microVM SandboxConfig's checksums) is listed in SKIPPED.txt.
+
+The templates are written for the stack's ateapi era (`stack/api_era.py`), each file's first
+line says which; when the era is read from the server at `up` (`existing` without an era, a
+`substrate.source` commit without `substrate.apiEra`), they are written in the current era's form
+and the line says so.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from typing import Any
 import yaml
 
 from gym_substrate.stack import host, install_scripts, objects, observability, scripts
+from gym_substrate.stack.api_era import ApiEra
+from gym_substrate.stack.ateapi import era_template
 from gym_substrate.stack.config import StackConfig, WorkloadConfig, stack_file
 
 __all__ = ["STACKS", "render_stack", "shipped_stack_file"]
@@ -118,14 +125,24 @@ def _write_templates(
     write: Callable[[str, str], None],
     images: Callable[[WorkloadConfig], tuple[str, str]],
 ) -> None:
+    era = cfg.substrate.api_era
+    head = "".join(f"# {line}\n" for line in _era_lines(era))
     for i, wl in enumerate(cfg.workloads):
         image, agent = images(wl)
         message = objects.actor_template(cfg, wl, image=image, agent_image=agent)
         meta = message["metadata"]
+        body = era_template(message, era.era) if era.era else message
         write(
             f"templates/{i:02d}-{meta['atespace']}-{meta['name']}.yaml",
-            yaml.safe_dump(message, sort_keys=False),
+            head + yaml.safe_dump(body, sort_keys=False),
         )
+
+
+def _era_lines(era: ApiEra) -> list[str]:
+    lines = [era.describe()]
+    if era.era is None:
+        lines.append("Shown in the current era's form; `up` converts it for the server's era.")
+    return lines
 
 
 def _render_existing(cfg: StackConfig, write: Callable[[str, str], None]) -> list[str]:

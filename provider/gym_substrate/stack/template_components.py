@@ -20,6 +20,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from gym_substrate.stack import objects, scripts
+from gym_substrate.stack.api_era import ApiEra
 from gym_substrate.stack.commands import CopyToHost
 from gym_substrate.stack.config import StackConfig, WorkloadConfig
 from gym_substrate.stack.runner import Runner
@@ -169,12 +170,15 @@ class TemplatesArgs:
     after: tuple[pulumi.Resource, ...]  # the pool's readiness, the API's NodePort
     cluster: pulumi.Resource | None  # the image steps need the cluster machine ready
     workloads: tuple[WorkloadTemplate, ...]
+    era: ApiEra = ApiEra()  # the era the templates are written for (checked at `up`)
 
 
 class ActorTemplates(pulumi.ComponentResource):
-    """The templates' atespace, and per workload: its image by digest, its ActorTemplate."""
+    """The templates' atespace, and per workload: its image by digest, its ActorTemplate.
+    `api_era` is the era they were written for (the server's, as each create read it)."""
 
     names: pulumi.Output[dict[str, str]]
+    api_era: pulumi.Output[str]
 
     def __init__(self, name: str, args: TemplatesArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__(f"{_PKG}:ActorTemplates", name, {}, opts)
@@ -205,12 +209,20 @@ class ActorTemplates(pulumi.ComponentResource):
                 connection=args.connection,
                 template=message,
                 ready_timeout_s=args.ready_timeout_s,
+                era=args.era.props(),
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[self.atespace, *args.after]),
             )
             self.templates[wl.image] = resource
             refs[wl.image] = resource.ref
         self.names = pulumi.Output.all(**refs)  # type: ignore[assignment]
-        self.register_outputs({"templates": self.names})
+        eras = [t.apiEra for t in self.templates.values()]
+        self.api_era = pulumi.Output.all(*eras).apply(_one_era)
+        self.register_outputs({"templates": self.names, "apiEra": self.api_era})
+
+
+def _one_era(eras: list[str | None]) -> str:
+    """The templates' era: they all reach one server, so one era (", "-joined otherwise)."""
+    return ", ".join(sorted({e for e in eras if e})) or ""
 
 
 @dataclass(frozen=True)

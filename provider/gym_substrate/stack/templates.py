@@ -3,7 +3,9 @@
 Templates are API resources now (there is no ActorTemplate CRD) and immutable (no update RPC).
 `ActorTemplate` therefore:
 
-- create: CreateActorTemplate with the stack's TLS and token settings, then waits for the golden
+- create: CreateActorTemplate with the stack's TLS and token settings, in the wire of the
+  server's era (`era`: the era the config expects and why; the era spoken is the `apiEra`
+  output; `stack/api_era.py`), then waits for the golden
   tag; a failed golden build fails `up` with the template's `error_message` (and deletes the
   template it made, so nothing is left behind);
 - diff: any change to the template is a replace. The name carries a hash of the content
@@ -30,6 +32,7 @@ import pulumi.dynamic as dyn
 
 from gym_substrate.stack.ateapi import (
     ApiCallError,
+    ApiEraError,
     GoldenBuildFailed,
     TemplateClient,
     golden_state,
@@ -49,15 +52,19 @@ class TemplateError(RuntimeError):
 def _client(props: Mapping[str, Any]) -> Iterator[TemplateClient]:
     conn = dict(props["connection"])
     ssh = conn.pop("ssh", None)
+    era = props.get("era")
     if not ssh:
-        with TemplateClient.connect(conn) as client:
+        with TemplateClient.connect(conn, era=era) as client:
             yield client
         return
     from gym_substrate.stack.tunnel import SSHTunnel
 
     host, _, port = str(conn["api"]).rpartition(":")
     tunnel = SSHTunnel(ssh, remote=(host, int(port)), name=str(props.get("name", "ateapi")))
-    with tunnel as local, TemplateClient.connect(conn, dial=f"127.0.0.1:{local}") as client:
+    with (
+        tunnel as local,
+        TemplateClient.connect(conn, dial=f"127.0.0.1:{local}", era=era) as client,
+    ):
         yield client
 
 
@@ -74,6 +81,8 @@ class _TemplateProvider(dyn.ResourceProvider):
         with _client(props) as api:
             try:
                 created = api.create_template(message)
+            except ApiEraError as exc:
+                raise TemplateError(f"ActorTemplate {atespace}/{name}: {exc}") from None
             except ApiCallError as exc:
                 if exc.code != grpc.StatusCode.ALREADY_EXISTS:
                     raise TemplateError(f"ActorTemplate {atespace}/{name}: {exc}") from None
@@ -94,6 +103,7 @@ class _TemplateProvider(dyn.ResourceProvider):
             "ref": f"{atespace}/{name}",
             "uid": created.metadata.uid,
             "goldenTag": golden,
+            "apiEra": api.era,
         }
         return dyn.CreateResult(id_=f"{atespace}/{name}", outs=outs)
 
@@ -101,14 +111,17 @@ class _TemplateProvider(dyn.ResourceProvider):
         replaces = [k for k in ("template",) if _canon(olds.get(k)) != _canon(news.get(k))]
         changed = replaces + [
             k
-            for k in (*_CONNECTION_KEYS, "readyTimeoutSeconds")
+            for k in (*_CONNECTION_KEYS, "readyTimeoutSeconds", "era")
             if _canon(olds.get(k)) != _canon(news.get(k))
         ]
         return dyn.DiffResult(changes=bool(changed), replaces=replaces, delete_before_replace=False)
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dyn.UpdateResult:
-        # Only the connection or the wait changed: the template itself is the same resource.
-        keep: dict[str, Any] = {k: olds[k] for k in ("ref", "uid", "goldenTag") if k in olds}
+        # Only the connection, the wait or the expected era changed: the template itself is the
+        # same resource (a server upgraded in place keeps its templates).
+        keep: dict[str, Any] = {
+            k: olds[k] for k in ("ref", "uid", "goldenTag", "apiEra") if k in olds
+        }
         return dyn.UpdateResult(outs={**news, **keep})
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:
@@ -133,6 +146,7 @@ class ActorTemplate(dyn.Resource, module="gymsubstrate", name="ActorTemplate"):
     ref: pulumi.Output[str]
     uid: pulumi.Output[str]
     goldenTag: pulumi.Output[str]
+    apiEra: pulumi.Output[str]
 
     @property
     def golden_tag(self) -> pulumi.Output[str]:
@@ -145,6 +159,7 @@ class ActorTemplate(dyn.Resource, module="gymsubstrate", name="ActorTemplate"):
         connection: pulumi.Input[Mapping[str, Any]],
         template: pulumi.Input[Mapping[str, Any]],
         ready_timeout_s: int,
+        era: Mapping[str, str | None] | None = None,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         opts = pulumi.ResourceOptions.merge(
@@ -158,9 +173,11 @@ class ActorTemplate(dyn.Resource, module="gymsubstrate", name="ActorTemplate"):
                 "connection": connection,
                 "template": template,
                 "readyTimeoutSeconds": ready_timeout_s,
+                "era": dict(era or {}),
                 "ref": None,
                 "uid": None,
                 "goldenTag": None,
+                "apiEra": None,
             },
             opts,
         )
