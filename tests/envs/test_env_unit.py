@@ -12,6 +12,7 @@ from typing import Any
 import gymnasium as gym
 import pytest
 from envs_helpers import FakeProvider, result
+from gymnasium import error as gym_error
 from gymnasium.vector import SyncVectorEnv
 
 from gym_substrate.envs import (
@@ -165,19 +166,26 @@ def test_a_failing_release_is_reported_in_info(fake: FakeProvider) -> None:
 
 
 def test_step_before_reset_and_use_after_close(fake: FakeProvider) -> None:
+    """Out of turn, the env raises Gymnasium's own errors (ResetNeeded, ClosedEnvironmentError,
+    gymnasium/error.py), which stay RuntimeErrors for callers written against the old ones."""
     env = make(fake)
-    with pytest.raises(RuntimeError, match=r"^Call reset\(\) before step\(\)\.$"):
+    with pytest.raises(gym_error.ResetNeeded, match=r"^Call reset\(\) before step\(\)\.$"):
         env.step("true")
+    with pytest.raises(gym_error.ResetNeeded, match="needs an episode in progress"):
+        env.snapshot()
+    assert repr(env).startswith("<SandboxEnv idle ")
     env.reset()
     env.close()
     env.close()  # idempotent
     assert fake.open == {}
     assert fake.aclosed == 0  # the caller owns a provider instance it passed in
     closed = "This SandboxEnv is closed; create a new one."
-    with pytest.raises(RuntimeError, match=f"^{re.escape(closed)}$"):
+    with pytest.raises(gym_error.ClosedEnvironmentError, match=f"^{re.escape(closed)}$"):
         env.step("true")
     with pytest.raises(RuntimeError, match=f"^{re.escape(closed)}$"):
         env.reset()
+    assert env.closed
+    assert repr(env).startswith("<SandboxEnv closed ")
 
 
 def test_one_loop_thread_per_env_reused_by_every_call(fake: FakeProvider) -> None:

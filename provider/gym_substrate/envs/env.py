@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
 import shlex
 import time
 import weakref
@@ -24,6 +23,14 @@ import gymnasium as gym
 from gymnasium.envs.registration import EnvSpec
 
 from gym_substrate.envs._episode import EnvSnapshot, episode_of
+from gym_substrate.envs._options import (
+    MIN_OBS_LENGTH,
+    PROVIDER_NAME,
+    EnvClosedError,
+    EpisodeNotRunningError,
+    Phase,
+    check_options,
+)
 from gym_substrate.envs._runtime import Runtime, SandboxProviderLike, finalize
 from gym_substrate.envs._spaces import UnicodeText, sanitize
 from gym_substrate.envs.rewards import RewardFn, TerminationFn
@@ -38,18 +45,17 @@ __all__ = [
     "READY_OBSERVATION",
     "SandboxEnv",
     "SandboxProviderLike",
+    "EnvClosedError",
+    "EpisodeNotRunningError",
     "build_observation",
 ]
 
 logger = logging.getLogger(__name__)
 
 ENV_ID: Final = "gym_substrate/Sandbox-v0"
-PROVIDER_NAME: Final = "substrate"
 READY_OBSERVATION: Final = "Sandbox ready."
 ACTION_MAX_LENGTH: Final = 16384
 """Longest command, in characters: 4 UTF-8 bytes each stays under Linux's 128 KiB argv limit."""
-MIN_OBS_LENGTH: Final = 64
-"""Smallest `max_obs_length`: room for some head, some tail and the cut marker."""
 TIMEOUT_EXIT_CODE: Final = 124
 """Exit code reported when a command outlived `step_timeout_s` (as coreutils `timeout` does)."""
 
@@ -87,56 +93,6 @@ def _rebuild(cls: type[SandboxEnv], kwargs: dict[str, Any]) -> SandboxEnv:
     return cls(**kwargs)
 
 
-def _check_number(name: str, value: Any, *, integer: bool, minimum: float) -> None:
-    ok = isinstance(value, int) if integer else isinstance(value, int | float)
-    if isinstance(value, bool) or not ok:
-        kind = "an integer" if integer else "a number"
-        raise TypeError(f"SandboxEnv({name}=...) must be {kind}, got {value!r}")
-    if not math.isfinite(float(value)) or float(value) < minimum:
-        raise ValueError(f"SandboxEnv({name}=...) must be >= {minimum:g}, got {value!r}")
-
-
-def _shell_argv(shell: Any) -> list[str] | None:
-    if shell is None:
-        return None
-    if isinstance(shell, str):
-        argv = shlex.split(shell)
-        if len(argv) == 1:
-            argv.append("-c")
-    elif isinstance(shell, Sequence) and all(isinstance(a, str) for a in shell):
-        argv = list(shell)
-    else:
-        raise TypeError(
-            "SandboxEnv(shell=...) must be a program such as 'bash', a command prefix such as "
-            f"'bash -lc', or a list such as ['bash', '-lc'], got {shell!r}"
-        )
-    if not argv or not all(argv):
-        raise ValueError(f"SandboxEnv(shell=...) must not be empty, got {shell!r}")
-    return argv
-
-
-def _provider_config(provider: Mapping[Any, Any]) -> dict[str, Any]:
-    keys = list(provider)
-    if keys != [PROVIDER_NAME]:
-        raise ValueError(
-            "SandboxEnv(provider=...) as a mapping must have exactly one key, "
-            f"{PROVIDER_NAME!r}, holding the provider config (as in a NeMo Gym `sandbox:` block), "
-            f"got keys {keys!r}"
-        )
-    config = provider[PROVIDER_NAME]
-    if config is None:
-        return {}
-    if not isinstance(config, Mapping):
-        raise TypeError(
-            f"SandboxEnv(provider={{{PROVIDER_NAME!r}: ...}}) must map to the provider config "
-            f"(a mapping), got {type(config).__name__}"
-        )
-    bad = [k for k in config if not isinstance(k, str)]
-    if bad:
-        raise TypeError(f"provider config keys must be strings, got {bad!r}")
-    return copy.deepcopy(dict(config))
-
-
 class SandboxEnv(gym.Env[str, str]):
     """Each episode in a fresh sandbox; each action a shell command; each observation its output.
 
@@ -171,56 +127,21 @@ class SandboxEnv(gym.Env[str, str]):
         shell: str | Sequence[str] | None = None,
         render_mode: str | None = None,
     ) -> None:
-        if not isinstance(reward_fn, RewardFn):
-            raise TypeError(f"reward_fn must be a RewardFn instance, got {type(reward_fn)!r}")
-        if not isinstance(termination_fn, TerminationFn):
-            raise TypeError(
-                f"termination_fn must be a TerminationFn instance, got {type(termination_fn)!r}"
-            )
-        config: dict[str, Any] | None = None
-        instance: SandboxProviderLike | None = None
-        if isinstance(provider, Mapping):
-            config = _provider_config(provider)
-        elif all(callable(getattr(provider, m, None)) for m in ("create", "exec", "close")):
-            instance = provider
-        else:
-            raise TypeError(
-                "SandboxEnv(provider=...) must be a mapping {'substrate': {...provider config...}} "
-                f"or a sandbox provider instance (with create/exec/close), got {type(provider)!r}"
-            )
-        for name, value in (("image", image), ("template", template), ("cwd", cwd)):
-            if value is not None and (not isinstance(value, str) or not value):
-                raise TypeError(f"SandboxEnv({name}=...) must be a non-empty string or None")
-        if template is not None and template.count("/") != 1:
-            raise ValueError(f"SandboxEnv(template=...) must be 'namespace/name', got {template!r}")
-        _check_number("max_episode_steps", max_episode_steps, integer=True, minimum=1)
-        _check_number("step_timeout_s", step_timeout_s, integer=False, minimum=0.001)
-        _check_number("max_obs_length", max_obs_length, integer=True, minimum=MIN_OBS_LENGTH)
-        exec_env: dict[str, str] | None = None
-        if env is not None:
-            if not isinstance(env, Mapping) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in env.items()
-            ):
-                raise TypeError("SandboxEnv(env=...) must map variable names to string values")
-            exec_env = dict(env)
-        shell_argv = _shell_argv(shell)
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(
-                f"SandboxEnv(render_mode=...) must be None or one of "
-                f"{self.metadata['render_modes']}, got {render_mode!r}"
-            )
-
-        self.reward_fn = reward_fn
-        self.termination_fn = termination_fn
-        self.image = image
-        self.template = template
-        self.max_episode_steps = int(max_episode_steps)
-        self.step_timeout_s = float(step_timeout_s)
-        self.max_obs_length = int(max_obs_length)
-        self.cwd = cwd
-        self.exec_env = exec_env
-        self.shell = shell_argv
-        self.render_mode = render_mode
+        arguments = dict(locals())
+        del arguments["self"]
+        options = check_options(arguments, self.metadata["render_modes"])
+        config = options.provider_config
+        self.reward_fn = options.reward_fn
+        self.termination_fn = options.termination_fn
+        self.image = options.image
+        self.template = options.template
+        self.max_episode_steps = options.max_episode_steps
+        self.step_timeout_s = options.step_timeout_s
+        self.max_obs_length = options.max_obs_length
+        self.cwd = options.cwd
+        self.exec_env = options.exec_env
+        self.shell = options.shell
+        self.render_mode = options.render_mode
 
         self.observation_space = UnicodeText(self.max_obs_length, min_length=0)
         self.action_space = UnicodeText(ACTION_MAX_LENGTH, min_length=0, allow_nul=False)
@@ -235,7 +156,7 @@ class SandboxEnv(gym.Env[str, str]):
             "step_timeout_s": step_timeout_s,
             "max_obs_length": max_obs_length,
             "cwd": cwd,
-            "env": exec_env,
+            "env": options.exec_env,
             "shell": shell,
             "render_mode": render_mode,
         }
@@ -251,11 +172,10 @@ class SandboxEnv(gym.Env[str, str]):
                 kwargs=dict(self._init_kwargs),
             )
 
-        self._runtime = Runtime(config, instance)
+        self._runtime = Runtime(config, options.provider_instance)
         self._finalizer = weakref.finalize(self, finalize, self._runtime)
-        self._closed = False
-        self._in_episode = False
-        self._ended_as: str | None = None
+        self._phase = Phase.IDLE
+        self._ended_as: str | None = None  # "terminated" or "truncated", in Phase.ENDED
         self._step_count = 0
         self._task: Any = ""
         self._last_render: str | None = None
@@ -311,7 +231,7 @@ class SandboxEnv(gym.Env[str, str]):
             )
         task = episode.task if episode is not None else options.get("task", "")
 
-        self._in_episode = False
+        self._phase = Phase.IDLE
         self._release_quietly()
         from gym_substrate.nemo.types import SandboxSpec
 
@@ -335,7 +255,7 @@ class SandboxEnv(gym.Env[str, str]):
             self.termination_fn.reset(task)
             if episode is not None:
                 info["snapshot"] = episode.snapshot.ref
-        self._in_episode = True
+        self._phase = Phase.RUNNING
         self._last_observation = observation
         self._last_render = observation
         return observation, info
@@ -350,8 +270,8 @@ class SandboxEnv(gym.Env[str, str]):
         until `delete_snapshot()` (or `gym-substrate sweep`), independent of this env.
         """
         self._check_open()
-        if not self._in_episode:
-            raise RuntimeError(
+        if self._phase is not Phase.RUNNING:
+            raise EpisodeNotRunningError(
                 "snapshot() needs an episode in progress: call reset() first"
                 if self._ended_as is None
                 else f"this episode has ended ({self._ended_as}) and its sandbox was released; "
@@ -376,13 +296,13 @@ class SandboxEnv(gym.Env[str, str]):
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Run `action` in the sandbox; the class docstring describes the observation and `info`."""
         self._check_open()
-        if not self._in_episode:
+        if self._phase is not Phase.RUNNING:
             if self._ended_as is not None:
-                raise RuntimeError(
+                raise EpisodeNotRunningError(
                     f"This episode has ended ({self._ended_as}) and its sandbox was released; "
                     "call reset() to start a new one."
                 )
-            raise RuntimeError("Call reset() before step().")
+            raise EpisodeNotRunningError("Call reset() before step().")
         if not isinstance(action, str):
             raise TypeError(f"action must be a str (a shell command), got {type(action)!r}")
         if action not in self.action_space:
@@ -441,7 +361,7 @@ class SandboxEnv(gym.Env[str, str]):
         self._last_render = f"$ {action}\n{obs}\n[exit code {exit_code}]"
         self._last_observation = obs
         if terminated or truncated:
-            self._in_episode = False
+            self._phase = Phase.ENDED
             self._ended_as = "terminated" if terminated else "truncated"
             try:
                 self._runtime.release()
@@ -461,21 +381,20 @@ class SandboxEnv(gym.Env[str, str]):
 
         Idempotent; after it, `reset()` and `step()` raise.
         """
-        if self._closed:
+        if self._phase is Phase.CLOSED:
             return
-        self._closed = True
-        self._in_episode = False
+        self._phase = Phase.CLOSED
         self._finalizer.detach()
         self._runtime.shutdown()
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._phase is Phase.CLOSED
 
     # -- helpers ----------------------------------------------------------------------------
     def _check_open(self) -> None:
-        if self._closed:
-            raise RuntimeError("This SandboxEnv is closed; create a new one.")
+        if self._phase is Phase.CLOSED:
+            raise EnvClosedError("This SandboxEnv is closed; create a new one.")
 
     def _command(self, action: str) -> str:
         if self.shell is None:
@@ -489,5 +408,5 @@ class SandboxEnv(gym.Env[str, str]):
             logger.warning("SandboxEnv: releasing the previous sandbox failed: %s", exc)
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else ("running" if self._in_episode else "idle")
+        state = "idle" if self._phase is Phase.ENDED else self._phase.value
         return f"<SandboxEnv {state} sandbox={self.sandbox_id!r} step={self._step_count}>"
