@@ -96,8 +96,10 @@ def local_ateapi(
     workers: int = 2,
     actors_per_worker: int = 2,
     worker_labels: tuple[tuple[str, str], ...] = (("workload", "sandbox"),),
+    api_era: str | None = None,
 ) -> Iterator[LocalApi]:
-    """A started local backend (its own templates built), stopped when the block ends."""
+    """A started local backend (its own templates built), stopped when the block ends;
+    `api_era` is the release era it speaks on the wire (default: current)."""
     ready: dict[str, Any] = {}
     started = threading.Event()
     loop = asyncio.new_event_loop()
@@ -115,6 +117,7 @@ def local_ateapi(
                 tls=tls,
                 auth=auth,
                 default_rootfs="debian",
+                api_era=api_era,
             )
             async with backend:
                 plane = backend.plane
