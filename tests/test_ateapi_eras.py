@@ -142,9 +142,11 @@ def test_a_template_is_written_with_the_eras_snapshot_settings(era: str) -> None
 
 @pytest.mark.parametrize("era", [V03, V04])
 def test_an_actor_borrowing_a_tag_reads_as_borrowing_it(era: str) -> None:
-    """v0.3's CreateActor copies the tag's ExternalSnapshot into the actor's status
-    (controlapi/actor.go@18d1c266, id 70770430215): read back, it is a TAG-owned generation
-    with the tag's URI, which the borrowed-snapshot guard looks for."""
+    """The ExternalSnapshot era's CreateActor copies the tag's ExternalSnapshot into the
+    actor's status (controlapi/actor.go@18d1c266, id 70770430215: a tree between v0.3.0 and
+    v0.4.0, cited here for that era only; 2179589f's own actor.go, id 70296854730, stamps a
+    generation 1 owned by TAG instead): read back, it is a TAG-owned generation with the tag's
+    URI, which the borrowed-snapshot guard looks for."""
     actor = pb.Actor(metadata=pb.ResourceMetadata(atespace="gym", name="a"))
     actor.status.state = pb.ACTOR_STATE_PAUSED
     actor.status.worker_assignment.worker_pod_ips.append("10.1.2.3")

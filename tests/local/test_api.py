@@ -59,7 +59,7 @@ def _raw(channel: grpc.aio.Channel, method: str) -> Any:
 async def test_every_rpc_of_the_proto_is_served(backend: LocalBackend) -> None:
     """real: ateapi serves every RPC of `ateapi.Control` (ateapi.proto@2179589f); an empty
     request is refused by validation or answered, never `unknown method`. The policy RPCs
-    (egress and access, controlapi/access_policy.go@18d1c266) answer UNIMPLEMENTED here with the
+    (egress and access, ateapi.proto@2179589f) answer UNIMPLEMENTED here with the
     reason: the local backend enforces no policy, and a stored one that did nothing would
     mislead (design.md)."""
     async with grpc.aio.insecure_channel(backend.api_address) as channel:

@@ -3,7 +3,8 @@
 One test per behaviour, on both local runtimes (process and gVisor), with the real limits: the
 5 s parked-request budget, the budget + 5 s ext_proc timeout, routing by `ate-target-actor`,
 atunnel's headers and 502, the crash of an actor whose workload died. Each docstring says what
-the real one does and where (agent-substrate/substrate at 18d1c266).
+the real one does and where (agent-substrate/substrate at 18d1c266: a tree between v0.3.0 and
+v0.4.0, as atenet is not stored at 2179589f; the router reads no message the eras change).
 """
 
 from __future__ import annotations
@@ -171,7 +172,8 @@ async def test_a_dead_workload_is_502_then_its_crashed_actor_is_503_until_revert
     """real: a request that finds the workload dead gets atunnel's `502 bad gateway`
     (internal/atunnel/ingress.go, read_file id 68666963451) and the actor is CRASHED; a
     CRASHED actor's ResumeActor is FAILED_PRECONDITION (`ensureWorkerAssigned`,
-    controlapi/workflow_resume.go@18d1c266), which the router parks for the budget and then
+    controlapi/workflow_resume.go@18d1c266, a tree between v0.3.0 and v0.4.0; the file is not
+    stored at 2179589f), which the router parks for the budget and then
     answers `503 actor <ref> unavailable: <description>` (notes §2, derived); RevertActor
     takes it back to SUSPENDED and the next request resumes it (docs/api-guide.md)."""
     await make_actor(stub, "dies")

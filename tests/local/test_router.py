@@ -1,7 +1,8 @@
 """The router's routing, delivery and tunnels, against fakes (router_fakes.py).
 
-Each test pins one behaviour of today's atenet (agent-substrate/substrate at 18d1c266)
-and names the upstream file it comes from. The resume flights,
+Each test pins one behaviour of atenet at agent-substrate/substrate 18d1c266 (a tree between
+v0.3.0 and v0.4.0: atenet is not stored at 2179589f, and the router reads no message the eras
+change) and names the upstream file it comes from. The resume flights,
 parking and error bodies are in test_router_resume.py; the same behaviour on a real
 LocalBackend is in test_fidelity_router.py.
 """

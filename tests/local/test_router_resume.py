@@ -2,7 +2,8 @@
 
 Against a scripted ateapi over real gRPC (router_fakes.FakeControl). Budgets and retry
 intervals are constructor parameters, scaled down here; bounds on time are one-sided. Each
-docstring names the upstream file (agent-substrate/substrate at 18d1c266).
+docstring names the upstream file (agent-substrate/substrate at 18d1c266, a tree between
+v0.3.0 and v0.4.0; atenet is not stored at 2179589f).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The provider refuses a June-era ateapi once per connection, with one error saying what to do.
 
-Real: ateapi registers gRPC server reflection (`reflection.Register`, cmd/ateapi/main.go at
-18d1c266). June's API (this project at 5d48b0e) had
+Real: ateapi registers gRPC server reflection (`reflection.Register` in the current
+cmd/ateapi/internal/server `New()`, read_file id 71651480767, and in every older main.go read,
+18d1c266's included). June's API (this project at 5d48b0e) had
 `ateapi.SessionIdentity` and a `Control` without RevertActor or CreateTag; the current one has
 no SessionIdentity. The June server here is a real grpc.aio server whose reflection describes a
 FileDescriptorProto built below by hand (no June .proto is kept in the repository).

@@ -1,6 +1,7 @@
 """The local API's gRPC server, put together as cmd/ateapi/main.go puts ateapi's together.
 
-real (cmd/ateapi/main.go@18d1c266): one server with the auth interceptor first on unary and
+real (cmd/ateapi/internal/server `New()`, read_file id 71651480767; main.go@18d1c266 is the
+same): one server with the auth interceptor first on unary and
 streaming calls (`--auth-mode`, `auth.py`), then `reflection.Register` (v1 and v1alpha) and
 `ateapi.Control` (upstream also serves atelet's `ateapi.WorkerService`, which nothing here
 calls); no `grpc.health.v1.Health` (readiness is HTTP `/readyz` on the metrics port, here the

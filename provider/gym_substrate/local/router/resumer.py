@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_BUDGET_S = 5.0  # --parked-request-budget
 FAIL_FAST_BUDGET_S = 15.0  # failFastResumeBudget: the budget with parking off
-ATTEMPT_TIMEOUT_S = 600.0  # ateapi's maxRPCDeadline (cmd/ateapi/main.go@18d1c266)
+ATTEMPT_TIMEOUT_S = 600.0  # ateapi's MaxRPCDeadline (cmd/ateapi/internal/server, id 71651480767)
 DEFAULT_RETRY_INTERVAL_S = 0.1
 DEFAULT_RETRY_FACTOR = 1.1
 DEFAULT_RETRY_JITTER = 0.1
