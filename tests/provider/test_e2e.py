@@ -118,7 +118,7 @@ async def test_create_rejects_bad_specs_before_allocating(stack: Stack) -> None:
         (SandboxSpec(ports=[8080]), "forwards only to port 80"),
         (
             SandboxSpec(provider_options={"nope": 1}),
-            "Expected keys: atespace, from_snapshot, resource_requests, template",
+            "Expected keys: atespace, from_snapshot, resource_requests, snapshot_id, template",
         ),
         (
             SandboxSpec(provider_options={"template": "missing/tmpl"}),

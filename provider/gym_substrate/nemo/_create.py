@@ -44,6 +44,7 @@ from gym_substrate.nemo.errors import (
 from gym_substrate.nemo.types import SandboxSpec
 
 if TYPE_CHECKING:
+    from gym_substrate.nemo._forks import SnapshotSource
     from gym_substrate.nemo._shared import SharedResources
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "check_template",
     "choose_template",
     "create_actor",
+    "defaults_for",
     "ensure_atespace",
     "prepare",
     "snapshot_wanted",
@@ -325,6 +327,20 @@ def _no_capacity(exc: BaseException) -> bool:
 
 
 Defaults = Literal["replace", "merge", "keep"]
+
+
+def defaults_for(
+    spec: SandboxSpec, origin: SnapshotSource | None
+) -> tuple[Defaults, str | None, dict[str, str]]:
+    """How a new sandbox's workdir and env are recorded (`prepare`'s `defaults`), and the ones
+    it starts with: the spec's; from a snapshot, the source's with the spec's on top (`merge`),
+    or the source's alone (`keep`, nothing to record: the sandbox's own record came along)."""
+    workdir, env = spec.workdir, dict(spec.env or {})
+    if origin is None:
+        return "replace", workdir, env
+    if workdir or env:
+        return "merge", workdir, env
+    return "keep", origin.workdir, dict(origin.env or {})
 
 
 async def prepare(

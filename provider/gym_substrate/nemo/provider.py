@@ -259,12 +259,7 @@ class SubstrateProvider(SnapshotMethods, PtyMethods, _capabilities.ComposeCapabi
         except (SubstrateCreateError, ConfigError):
             METRICS.failures.labels("create").inc()
             raise
-        defaults: _create.Defaults = "replace"
-        workdir, env = spec.workdir, dict(spec.env or {})
-        if origin is not None and (workdir or env):
-            defaults = "merge"  # the source's, with the spec's on top
-        elif origin is not None:
-            defaults, workdir, env = "keep", origin.workdir, dict(origin.env or {})
+        defaults, workdir, env = _create.defaults_for(spec, origin)
         actor = SubstrateActor(
             actor_id=f"gym-{uuid.uuid4().hex}",
             atespace=atespace,
@@ -276,17 +271,7 @@ class SubstrateProvider(SnapshotMethods, PtyMethods, _capabilities.ComposeCapabi
         managed = ManagedActor(actor, self._shared_services())
         handle = SandboxHandle(sandbox_id=actor.actor_id, provider_name=self.name, raw=actor)
         managed.attach(handle)
-        ttl = spec.ttl_s if spec.ttl_s is not None else self.lifecycle.ttl_s
-        # Recorded before CreateActor: a reply lost on the way back still leaves a ledger entry
-        # that `sweep` can act on, even if this process dies right after.
-        await self._record(
-            "created",
-            actor,
-            ttl_s=ttl,
-            template=template,
-            metadata=dict(spec.metadata or {}),
-            **({"snapshot": origin.ref} if origin else {}),
-        )
+        await self._record_created(actor, spec)
         self._actors[(atespace, actor.actor_id)] = managed
         try:
             await _create.prepare(
@@ -300,13 +285,10 @@ class SubstrateProvider(SnapshotMethods, PtyMethods, _capabilities.ComposeCapabi
                 base=(origin.workdir, origin.env) if origin and origin.env is not None else None,
             )
         except BaseException as exc:
-            METRICS.failures.labels("create").inc()
-            with contextlib.suppress(BaseException):
-                await asyncio.shield(managed.discard())
-            self._forget(managed)
-            if isinstance(exc, (SubstrateCreateError, ConfigError)):
-                raise
-            if isinstance(exc, (SubstrateError, OSError)):
+            await self._abandon(managed)
+            if isinstance(exc, (SubstrateError, OSError)) and not isinstance(
+                exc, (SubstrateCreateError, ConfigError)
+            ):
                 raise SubstrateCreateError(
                     f"could not prepare actor {actor.actor_id}: {exc}"
                 ) from exc
@@ -318,6 +300,25 @@ class SubstrateProvider(SnapshotMethods, PtyMethods, _capabilities.ComposeCapabi
         METRICS.creates.inc()
         METRICS.create_latency.observe(time.monotonic() - started)
         return handle
+
+    async def _record_created(self, actor: SubstrateActor, spec: SandboxSpec) -> None:
+        """The ledger's `created`, before CreateActor: a reply lost on the way back still leaves
+        an entry that `sweep` can act on, even if this process dies right after."""
+        await self._record(
+            "created",
+            actor,
+            ttl_s=spec.ttl_s if spec.ttl_s is not None else self.lifecycle.ttl_s,
+            template=actor.template,
+            metadata=dict(spec.metadata or {}),
+            **({"snapshot": actor.snapshot} if actor.snapshot else {}),
+        )
+
+    async def _abandon(self, managed: ManagedActor) -> None:
+        """A create that failed after CreateActor: its actor goes, whatever stopped it."""
+        METRICS.failures.labels("create").inc()
+        with contextlib.suppress(BaseException):
+            await asyncio.shield(managed.discard())
+        self._forget(managed)
 
     # ------------------------------------------------------------------ exec
 
