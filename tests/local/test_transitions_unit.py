@@ -115,11 +115,13 @@ async def test_a_park_that_fails_at_any_step_settles_the_actor(
         monkeypatch.setattr(parking_module, "commit_snapshot", _raising("commit"))
     else:
         monkeypatch.setattr(plane.parking, "finish", _raising("finish"))
+    park = (
+        plane.parking.pause(pb.PauseActorRequest(actor=REF))
+        if operation == "pause"
+        else plane.parking.suspend(pb.SuspendActorRequest(actor=REF))
+    )
     with pytest.raises(AteapiError):
-        if operation == "pause":
-            await plane.parking.pause(pb.PauseActorRequest(actor=REF))
-        else:
-            await plane.parking.suspend(pb.SuspendActorRequest(actor=REF))
+        await park
     expected = RUNNING if step == "checkpoint (sandbox survives)" else CRASHED
     assert _settled(plane, runtime) == expected
     await stop_plane(plane)
@@ -157,11 +159,13 @@ async def test_a_revert_or_delete_that_fails_midway_crashes_the_actor(
         real_release(*args)
 
     monkeypatch.setattr(plane.pool, "release", release_once)
+    call = (
+        plane.revert.rpc(pb.RevertActorRequest(actor=REF))
+        if operation == "revert"
+        else plane.actors.delete(pb.DeleteActorRequest(actor=REF, any_state=True))
+    )
     with pytest.raises(AteapiError, match="injected"):
-        if operation == "revert":
-            await plane.revert.rpc(pb.RevertActorRequest(actor=REF))
-        else:
-            await plane.actors.delete(pb.DeleteActorRequest(actor=REF, any_state=True))
+        await call
     monkeypatch.undo()
     record = plane.state.actors["t/a"]
     assert record.state == CRASHED, record

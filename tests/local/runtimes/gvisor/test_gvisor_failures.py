@@ -95,7 +95,7 @@ async def test_a_namespace_removed_behind_the_slots_back_is_rebuilt(
 ) -> None:
     """The wedge's first error, `Cannot open network namespace`: the start repairs it."""
     slot_net = runtime._nets[0]
-    subprocess.run(["ip", "netns", "del", slot_net.netns], check=True)
+    await asyncio.to_thread(subprocess.run, ["ip", "netns", "del", slot_net.netns], check=True)
     started = await _start_works(runtime, tmp_path, 0, "repaired")
     assert runtime.repaired_nets == 1
     assert started.address == runtime.worker_ip(Slot(0))
