@@ -37,7 +37,8 @@ def imports(module: str, path: Path, modules: set[str], *, type_checking: bool =
     """What `module` imports, as dotted names: ours resolved to modules, others as written.
 
     Imports under `if TYPE_CHECKING:` never run; they count only with `type_checking=True`
-    (a layer rule cares about them, an import circle does not).
+    (the layer rules and the circle test both ask for them: a type-only import still ties
+    two modules together).
     """
     is_package = path.name == "__init__.py"
     found: set[str] = set()

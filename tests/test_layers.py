@@ -4,10 +4,12 @@ The distribution holds several products over a small shared core. The rules belo
 architecture: the local backend can be read (and replaced) without the provider, Gym users who
 install only the provider never load the lab, the CLI or Pulumi, and a product's `_` modules can
 change without a sibling breaking. Imports under `if TYPE_CHECKING:` count too: a type-only
-import still ties two products together.
+import still ties two products together, and two modules into a circle.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from import_graph import cycles, graph, imports, module_names
@@ -90,8 +92,49 @@ def test_products_import_only_the_layers_below_them() -> None:
     assert violations(graph(type_checking=True)) == []
 
 
+# Import circles still being taken apart (issue 33): none may join, and one gone must leave.
+CIRCLES_ALLOWED: list[list[str]] = [
+    [
+        "gym_substrate.local.runtimes.gvisor.adoption",
+        "gym_substrate.local.runtimes.gvisor.freezer",
+        "gym_substrate.local.runtimes.gvisor.runtime",
+        "gym_substrate.local.runtimes.gvisor.warm",
+    ],
+    ["gym_substrate.lab.experiments.arm", "gym_substrate.lab.experiments.plots"],
+]
+
+
 def test_no_import_circle_anywhere_in_the_package() -> None:
-    assert cycles(graph()) == []
+    """Type-only imports count: a circle under `if TYPE_CHECKING:` is still two modules that
+    cannot be read, tested or replaced one without the other."""
+    found = cycles(graph(type_checking=True))
+    assert [c for c in found if c not in CIRCLES_ALLOWED] == []
+    fixed = [c for c in CIRCLES_ALLOWED if c not in found]
+    assert not fixed, f"these circles are gone: remove them from CIRCLES_ALLOWED: {fixed}"
+
+
+def test_a_circle_through_a_type_only_import_is_found(tmp_path: Path) -> None:
+    """The circle test sees a circle closed only under `if TYPE_CHECKING:` (as the control
+    plane's parts once imported `ControlPlane` back), and would fail on it."""
+    sources = {
+        "gym_substrate.a": "from gym_substrate import b\n",
+        "gym_substrate.b": (
+            "from typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n"
+            "    from gym_substrate.a import A\n"
+        ),
+    }
+    paths = {}
+    for name, text in sources.items():
+        paths[name] = tmp_path / f"{name.rsplit('.', 1)[1]}.py"
+        paths[name].write_text(text)
+    known = set(sources) | {"gym_substrate"}
+
+    def edges(*, type_checking: bool) -> dict[str, set[str]]:
+        return {n: imports(n, p, known, type_checking=type_checking) for n, p in paths.items()}
+
+    assert cycles(edges(type_checking=True)) == [["gym_substrate.a", "gym_substrate.b"]]
+    assert cycles(edges(type_checking=False)) == []  # what the test used to look at
 
 
 @pytest.mark.parametrize(

@@ -322,10 +322,10 @@ async def test_an_injected_clock_stamps_metadata_and_crashes(
     running, _ = await plane.resume.run("t/a")
     assert (running.meta.create_time, running.meta.update_time) == (clock.now - 5, clock.now)
     clock.now += 7
-    crashed = await plane.revert.crash(running, "", "the actor's sandbox exited")
+    crashed = await plane.crashes.crash(running, "", "the actor's sandbox exited")
     assert crashed.crash_time == clock.now
     clock.now += 1
-    again = await plane.revert.crash(crashed, "resume", "later")
+    again = await plane.crashes.crash(crashed, "resume", "later")
     assert (again.crash_time, again.crash_message) == (clock.now - 1, "the actor's sandbox exited")
     template = plane.state.templates["local/sandbox"]
     assert template.snapshot_time == 1_000_000.0  # probed: no warm-up

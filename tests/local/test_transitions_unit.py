@@ -72,7 +72,7 @@ async def test_a_resume_that_fails_at_any_step_crashes_and_frees_the_slot(
     if step == "runtime.start":
         await _inject(monkeypatch, runtime, "start")
     elif step == "spec":
-        monkeypatch.setattr(plane, "spec", _raising("spec"))
+        monkeypatch.setattr(plane.shared, "spec", _raising("spec"))
     elif step == "source":
         monkeypatch.setattr(Resume, "_source", _raising("source"))
     else:

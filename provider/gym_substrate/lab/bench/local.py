@@ -234,7 +234,7 @@ async def _pool_full(backend: LocalBackend) -> None:
         return
 
     def full() -> bool:
-        targets = warm_targets(plane)
+        targets = warm_targets(plane.shared)
         return bool(targets) and all(warm.count(k) >= warm.size for k in targets)
 
     async def wait() -> None:

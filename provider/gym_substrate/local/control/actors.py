@@ -48,7 +48,8 @@ from gym_substrate.local.runtimes.base import RuntimeFailure
 from gym_substrate.local.snapshots import remove_snapshot
 
 if TYPE_CHECKING:
-    from gym_substrate.local.control.plane import ControlPlane
+    from gym_substrate.local.control.crashes import Crashes
+    from gym_substrate.local.control.shared import Shared
 
 __all__ = ["Actors"]
 
@@ -56,12 +57,13 @@ log = logging.getLogger(__name__)
 
 
 class Actors:
-    def __init__(self, plane: ControlPlane) -> None:
-        self.plane = plane
+    def __init__(self, shared: Shared, crashes: Crashes) -> None:
+        self.shared = shared
+        self.crashes = crashes
 
     # ---------------------------------------------------------------- RPCs
     def get(self, request: pb.GetActorRequest) -> ActorRecord:
-        return self.plane.state.actor(validated_ref(request, "actor"))
+        return self.shared.state.actor(validated_ref(request, "actor"))
 
     def create(self, request: pb.CreateActorRequest) -> ActorRecord:
         errors = FieldErrors()
@@ -85,7 +87,7 @@ class Actors:
             )
         errors.raise_if_any()
         template_key = f"{actor.actor_template.atespace}/{actor.actor_template.name}"
-        template = self.plane.state.templates.get(template_key)
+        template = self.shared.state.templates.get(template_key)
         if template is None:
             raise AteapiError(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -128,7 +130,7 @@ class Actors:
                     f"while updating actor {key}: persistence: precondition required: "
                     f"{precondition}",
                 )
-        record = self.plane.state.actors.get(key)
+        record = self.shared.state.actors.get(key)
         if record is None:
             raise AteapiError(grpc.StatusCode.NOT_FOUND, f"actor {key} not found")
         if actor.metadata.uid != record.meta.uid or actor.metadata.version != record.meta.version:
@@ -146,7 +148,7 @@ class Actors:
         template_key = f"{actor.actor_template.atespace}/{actor.actor_template.name}"
         if template_key != record.template:
             changes.update(self._repoint(record, template_key))
-        return self.plane.state.save(record, **changes)
+        return self.shared.state.save(record, **changes)
 
     def _repoint(self, record: ActorRecord, template_key: str) -> dict[str, object]:
         """A new template for a SUSPENDED actor: same sandbox config and storage location."""
@@ -156,13 +158,13 @@ class Actors:
                 "actor must be ACTOR_STATE_SUSPENDED to change its actor template "
                 f"(got: ACTOR_STATE_{record.state})",
             )
-        new = self.plane.state.templates.get(template_key)
+        new = self.shared.state.templates.get(template_key)
         if new is None:
             raise AteapiError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 "actor template not found",
             )
-        old = self.plane.state.templates.get(record.template)
+        old = self.shared.state.templates.get(record.template)
         if old is not None:
             before, after = (pb.ActorTemplate.FromString(t.message) for t in (old, new))
             if list(before.volumes) != list(after.volumes):
@@ -189,7 +191,7 @@ class Actors:
         errors.raise_if_any()
         rows = [
             r
-            for r in self.plane.state.actors.values()
+            for r in self.shared.state.actors.values()
             if not request.atespace or r.atespace == request.atespace
         ]
         return page(
@@ -203,8 +205,11 @@ class Actors:
 
     async def delete(self, request: pb.DeleteActorRequest) -> ActorRecord:
         key = validated_ref(request, "actor")
-        async with self.plane.locks.lock(key), guard(self.plane, key, "delete"):
-            record = self.plane.state.actor(key)
+        async with (
+            self.shared.locks.lock(key),
+            guard(self.shared.state, self.crashes, key, "delete"),
+        ):
+            record = self.shared.state.actor(key)
             check_preconditions("Actor", key, record.meta.uid, record.meta.version, request.options)
             if record.state not in (SUSPENDED, CRASHED, DELETING) and not request.any_state:
                 raise AteapiError(
@@ -225,7 +230,7 @@ class Actors:
     ) -> ActorRecord:
         """A new SUSPENDED actor on its source tag (explicit, else the golden one)."""
         borrowed = self._source(atespace, template, source)
-        state = self.plane.state
+        state = self.shared.state
         key = f"{atespace}/{name}"
         if key in state.actors:
             raise AteapiError(grpc.StatusCode.ALREADY_EXISTS, f"Actor {name} already exists")
@@ -233,7 +238,7 @@ class Actors:
             raise AteapiError(grpc.StatusCode.FAILED_PRECONDITION, f"Atespace {atespace} not found")
         return state.insert(
             ActorRecord(
-                meta=new_meta(atespace, name, self.plane.clock()),
+                meta=new_meta(atespace, name, self.shared.clock()),
                 template=template.meta.key,
                 template_uid=template.meta.uid,
                 worker_selector=dict(selector or {}),
@@ -251,7 +256,7 @@ class Actors:
         key = source or template.golden_tag
         if not key:
             return None
-        tag = self.plane.state.tags.get(key)
+        tag = self.shared.state.tags.get(key)
         if tag is None:
             # the template names a golden tag that is gone: refused as a missing source tag
             # is (resolveTagSource; only a template with no golden tag yet, as the golden
@@ -272,25 +277,25 @@ class Actors:
 
     async def remove(self, record: ActorRecord) -> ActorRecord:
         """Mark DELETING, stop what runs, free the worker and the actor's own snapshots."""
-        plane = self.plane
+        shared = self.shared
         try:
-            deleting = plane.state.save(record, state=DELETING)
+            deleting = shared.state.save(record, state=DELETING)
         except StateFolderFull as exc:
             # a full state folder must not keep what fills it: free the actor first (a crash
             # before its row goes leaves it as it was stored, its sandbox gone: CRASHED at start)
             log.warning("actor %s: deleting without marking it DELETING: %s", record.key, exc)
-            deleting = plane.state.mark(record, state=DELETING)
+            deleting = shared.state.mark(record, state=DELETING)
         for handle in (record.handle, record.retained_handle):
-            await plane.stop_sandbox(handle)
-        plane.pool.release(record.slot, record.key)
+            await shared.stop_sandbox(handle)
+        shared.pool.release(record.slot, record.key)
         for snapshot in record.snapshots:
             if snapshot.owner == "ACTOR":
                 for stored in snapshot.storage:
                     await asyncio.to_thread(remove_snapshot, stored.path)
-        template = plane.state.templates.get(record.template)
+        template = shared.state.templates.get(record.template)
         if template is not None:
             with contextlib.suppress(RuntimeFailure, ValueError):
-                spec = plane.spec(record, template)
-                await plane.runtime.forget_actor(spec)
-        plane.state.remove(deleting)
+                spec = shared.spec(record, template)
+                await shared.runtime.forget_actor(spec)
+        shared.state.remove(deleting)
         return dataclasses.replace(deleting, handle="", slot=None, worker="")

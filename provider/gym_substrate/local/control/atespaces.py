@@ -19,7 +19,7 @@ from gym_substrate.local.control.validation import FieldErrors, check_short_name
 from gym_substrate.local.errors import AteapiError
 
 if TYPE_CHECKING:
-    from gym_substrate.local.control.plane import ControlPlane
+    from gym_substrate.local.control.shared import Shared
 
 __all__ = ["Atespaces", "check_preconditions"]
 
@@ -35,11 +35,11 @@ def check_preconditions(
 
 
 class Atespaces:
-    def __init__(self, plane: ControlPlane) -> None:
-        self.plane = plane
+    def __init__(self, shared: Shared) -> None:
+        self.shared = shared
 
     def _get(self, name: str) -> AtespaceRecord:
-        record = self.plane.state.atespaces.get(name)
+        record = self.shared.state.atespaces.get(name)
         if record is None:
             raise AteapiError(grpc.StatusCode.NOT_FOUND, f"Atespace {name} not found")
         return record
@@ -57,12 +57,12 @@ class Atespaces:
         return self.ensure(request.atespace.metadata.name, exists_ok=False)
 
     def ensure(self, name: str, *, exists_ok: bool = True) -> AtespaceRecord:
-        existing = self.plane.state.atespaces.get(name)
+        existing = self.shared.state.atespaces.get(name)
         if existing is not None:
             if exists_ok:
                 return existing
             raise AteapiError(grpc.StatusCode.ALREADY_EXISTS, f"Atespace {name} already exists")
-        return self.plane.state.insert(AtespaceRecord(new_meta("", name, self.plane.clock())))
+        return self.shared.state.insert(AtespaceRecord(new_meta("", name, self.shared.clock())))
 
     def get(self, request: pb.GetAtespaceRequest) -> AtespaceRecord:
         return self._get(validated_ref(request, "atespace", atespaced=False))
@@ -72,7 +72,7 @@ class Atespaces:
         check_page_request(errors, request.page_size, request.page_token)
         errors.raise_if_any()
         return page(
-            list(self.plane.state.atespaces.values()),
+            list(self.shared.state.atespaces.values()),
             lambda r: (r.meta.name,),
             kind="atespace",
             scope="",
@@ -84,7 +84,7 @@ class Atespaces:
         name = validated_ref(request, "atespace", atespaced=False)
         record = self._get(name)
         check_preconditions("Atespace", name, record.meta.uid, record.meta.version, request.options)
-        state = self.plane.state
+        state = self.shared.state
         if any(
             r.meta.atespace == name
             for table in (state.actors, state.tags, state.templates)

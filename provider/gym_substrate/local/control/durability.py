@@ -30,7 +30,7 @@ from gym_substrate.local.runtimes.base import RuntimeFailure
 from gym_substrate.local.snapshots import existing_parent, free_bytes, remove_snapshot, tree_bytes
 
 if TYPE_CHECKING:
-    from gym_substrate.local.control.plane import ControlPlane
+    from gym_substrate.local.control.shared import Shared
 
 __all__ = [
     "check_room",
@@ -61,16 +61,16 @@ def lost_since(record: ActorRecord) -> str:
     )
 
 
-async def _estimate(plane: ControlPlane, handle: str, durable: bool) -> int | None:
+async def _estimate(shared: Shared, handle: str, durable: bool) -> int | None:
     """The runtime's guess of the bytes a park of ``handle`` writes: ``suspend_estimate`` for a
     durable one where the runtime has it (the process runtime, whose pause writes nothing and
     whose suspend copies the actor's files), else ``checkpoint_estimate`` (gVisor: both write
     an image of the sandbox)."""
-    if not durable and not getattr(plane.runtime, "pause_writes_image", lambda: True)():
+    if not durable and not getattr(shared.runtime, "pause_writes_image", lambda: True)():
         return None  # gVisor's freeze tier: a pause keeps the sandbox, no image is written now
-    estimate = getattr(plane.runtime, "suspend_estimate", None) if durable else None
+    estimate = getattr(shared.runtime, "suspend_estimate", None) if durable else None
     if estimate is None:
-        estimate = getattr(plane.runtime, "checkpoint_estimate", None)
+        estimate = getattr(shared.runtime, "checkpoint_estimate", None)
     if estimate is None or not handle:
         return None
     try:
@@ -82,7 +82,7 @@ async def _estimate(plane: ControlPlane, handle: str, durable: bool) -> int | No
 
 
 async def check_room(
-    plane: ControlPlane,
+    shared: Shared,
     record: ActorRecord,
     operation: str,
     dest: Path,
@@ -96,10 +96,11 @@ async def check_room(
         needed: int | None = 0
         if not await asyncio.to_thread(_same_device, upload_from, dest):  # else a rename
             needed = await asyncio.to_thread(tree_bytes, upload_from)
-        if getattr(plane.runtime, "suspend_estimate", None) is not None:  # files beside it
-            needed = (needed or 0) + (await _estimate(plane, record.retained_handle, True) or 0)
+        # what the retained sandbox writes beside it (the process runtime's files; gVisor's
+        # frozen sandbox, checkpointed now: its memory and in-memory overlay)
+        needed = (needed or 0) + (await _estimate(shared, record.retained_handle, True) or 0)
     else:
-        needed = await _estimate(plane, record.handle, durable)
+        needed = await _estimate(shared, record.handle, durable)
     if not needed:
         return
     free = await asyncio.to_thread(free_bytes, dest)
@@ -123,25 +124,25 @@ def _same_device(source: Path, dest: Path) -> bool:
         return False
 
 
-async def sandbox_survived(plane: ControlPlane, handle: str, exc: Exception) -> bool:
+async def sandbox_survived(shared: Shared, handle: str, exc: Exception) -> bool:
     """After a failed checkpoint: is the sandbox still there to keep running?"""
     if isinstance(exc, RuntimeFailure) and exc.sandbox_lost:
         return False
     try:
-        return bool(handle) and await plane.runtime.is_alive(handle)
+        return bool(handle) and await shared.runtime.is_alive(handle)
     except (RuntimeFailure, OSError):
         return False
 
 
 async def keep_running(
-    plane: ControlPlane, record: ActorRecord, operation: str, dest: Path, exc: Exception
+    shared: Shared, record: ActorRecord, operation: str, dest: Path, exc: Exception
 ) -> AteapiError:
     """Undo a park whose checkpoint failed but left the sandbox alive: the new generation goes,
     the actor is RUNNING again; the error to answer with."""
     await asyncio.to_thread(remove_snapshot, dest)
-    current = plane.state.actor(record.key)
+    current = shared.state.actor(record.key)
     snapshots = tuple(s for s in current.snapshots if s.generation != current.last_generation)
-    plane.state.save(current, state=RUNNING, snapshots=snapshots)
+    shared.state.save(current, state=RUNNING, snapshots=snapshots)
     log.warning("%s of %s failed; it keeps running: %s", operation, record.key, exc)
     return AteapiError(
         grpc.StatusCode.INTERNAL,
@@ -176,13 +177,11 @@ def drop_pending_durable(record: ActorRecord) -> tuple[SnapshotRecord, ...]:
     )
 
 
-def keep_paused(
-    plane: ControlPlane, record: ActorRecord, dest: Path, exc: Exception
-) -> AteapiError:
+def keep_paused(shared: Shared, record: ActorRecord, dest: Path, exc: Exception) -> AteapiError:
     """Undo an upload that failed with the local image intact: the actor is PAUSED again."""
     shutil.rmtree(dest, ignore_errors=True)
-    current = plane.state.actor(record.key)
-    plane.state.save(current, state=PAUSED, snapshots=drop_pending_durable(current))
+    current = shared.state.actor(record.key)
+    shared.state.save(current, state=PAUSED, snapshots=drop_pending_durable(current))
     log.warning("suspend of paused %s failed; it stays paused: %s", record.key, exc)
     return AteapiError(
         grpc.StatusCode.INTERNAL,

@@ -33,7 +33,12 @@ from gym_substrate.local.control.warm_targets import kick_warm_pool
 from gym_substrate.local.errors import AteapiError
 
 if TYPE_CHECKING:
-    from gym_substrate.local.control.plane import ControlPlane
+    from gym_substrate.local.control.actors import Actors
+    from gym_substrate.local.control.atespaces import Atespaces
+    from gym_substrate.local.control.parking import Parking
+    from gym_substrate.local.control.resume import Resume
+    from gym_substrate.local.control.shared import Shared
+    from gym_substrate.local.control.tags import Tags
 
 __all__ = ["WARMUP_S", "GoldenBuilder"]
 
@@ -58,8 +63,22 @@ def _truncate(text: str) -> str:
 
 
 class GoldenBuilder:
-    def __init__(self, plane: ControlPlane) -> None:
-        self.plane = plane
+    def __init__(
+        self,
+        shared: Shared,
+        *,
+        atespaces: Atespaces,
+        actors: Actors,
+        tags: Tags,
+        resume: Resume,
+        parking: Parking,
+    ) -> None:
+        self.shared = shared
+        self.atespaces = atespaces
+        self.actors = actors
+        self.tags = tags
+        self.resume = resume
+        self.parking = parking
         self._tasks: dict[str, asyncio.Task[None]] = {}  # template uid -> its build
 
     def build(self, record: TemplateRecord) -> None:
@@ -71,7 +90,7 @@ class GoldenBuilder:
         task.add_done_callback(lambda _: self._tasks.pop(record.meta.uid, None))
 
     def start_all(self) -> None:
-        for record in list(self.plane.state.templates.values()):
+        for record in list(self.shared.state.templates.values()):
             self.build(record)
 
     async def cancel(self, record: TemplateRecord) -> None:
@@ -99,17 +118,17 @@ class GoldenBuilder:
     async def _run(self, key: str, uid: str) -> None:
         delay = _RETRY_FIRST_S
         while True:
-            record = self.plane.state.templates.get(key)
+            record = self.shared.state.templates.get(key)
             if record is None or record.meta.uid != uid:
                 return
             if record.golden_tag or record.golden_error:
                 return
             try:
-                async with self.plane.locks.lock(f"template:{key}", f"ActorTemplate {key}"):
+                async with self.shared.locks.lock(f"template:{key}", f"ActorTemplate {key}"):
                     wait = await self._pass(record)
             except _Failed as failed:
                 log.warning("golden build of %s failed: %s", key, failed.text)
-                self.plane.state.save(record, golden_error=_truncate(failed.text))
+                self.shared.state.save(record, golden_error=_truncate(failed.text))
                 return
             except AteapiError as exc:
                 log.info("golden build of %s: %s; retrying in %.1f s", key, exc.message, delay)
@@ -124,9 +143,9 @@ class GoldenBuilder:
 
     async def _pass(self, record: TemplateRecord) -> float | None:
         """One step; the seconds until the next pass, or None when the build is done."""
-        plane = self.plane
+        shared = self.shared
         golden = f"{GOLDEN_ATESPACE}/{record.meta.uid}"
-        tag = plane.state.tags.get(golden)
+        tag = shared.state.tags.get(golden)
         if tag is not None:
             if tag.template_uid != record.meta.uid or tag.source_actor != golden:
                 raise _Failed(
@@ -135,13 +154,13 @@ class GoldenBuilder:
             if tag.snapshot is not None and tag.snapshot.completed("DURABLE") is not None:
                 await self._save(record, golden)
                 return None
-            await plane.tags.remove(tag)
+            await self.tags.remove(tag)
             return 0.0
-        actor = plane.state.actors.get(golden)
+        actor = shared.state.actors.get(golden)
         if actor is None:
-            plane.atespaces.ensure(GOLDEN_ATESPACE)
+            self.atespaces.ensure(GOLDEN_ATESPACE)
             try:
-                plane.actors.insert(GOLDEN_ATESPACE, record.meta.uid, record, source=None)
+                self.actors.insert(GOLDEN_ATESPACE, record.meta.uid, record, source=None)
             except AteapiError as exc:
                 if exc.code == grpc.StatusCode.INVALID_ARGUMENT:
                     raise _Failed(
@@ -159,24 +178,24 @@ class GoldenBuilder:
             if actor.state == SUSPENDED and own is not None and own.owner == "ACTOR":
                 await self._tag(golden)
                 return 0.0
-            await plane.resume.run(golden)
+            await self.resume.run(golden)
             warmup = self._warmup(record)
-            plane.state.save(record, snapshot_time=plane.clock() + warmup)
+            shared.state.save(record, snapshot_time=shared.clock() + warmup)
             return warmup
         if actor.state == RUNNING:
-            current = plane.state.templates[record.meta.key]
+            current = shared.state.templates[record.meta.key]
             if not current.snapshot_time:
                 warmup = self._warmup(record)
-                plane.state.save(current, snapshot_time=plane.clock() + warmup)
+                shared.state.save(current, snapshot_time=shared.clock() + warmup)
                 return warmup
-            remaining = current.snapshot_time - plane.clock()
+            remaining = current.snapshot_time - shared.clock()
             if remaining > 0:
                 return remaining
-            await plane.parking.suspend_key(golden)
+            await self.parking.suspend_key(golden)
             await self._tag(golden)
             return 0.0
         if actor.state == SUSPENDING:
-            await plane.parking.suspend_key(golden)
+            await self.parking.suspend_key(golden)
             await self._tag(golden)
             return 0.0
         raise _Failed(
@@ -193,14 +212,14 @@ class GoldenBuilder:
         return 0.0 if probed else WARMUP_S
 
     async def _tag(self, golden: str) -> None:
-        await self.plane.tags.insert(golden, golden, "PUBLISHED")
+        await self.tags.insert(golden, golden, "PUBLISHED")
 
     async def _save(self, record: TemplateRecord, golden: str) -> None:
-        actor = self.plane.state.actors.get(golden)
+        actor = self.shared.state.actors.get(golden)
         if actor is not None:
-            await self.plane.actors.remove(actor)
-        current = self.plane.state.templates.get(record.meta.key)
+            await self.actors.remove(actor)
+        current = self.shared.state.templates.get(record.meta.key)
         if current is not None and current.meta.uid == record.meta.uid:
-            self.plane.state.save(current, golden_tag=golden)
-            kick_warm_pool(self.plane)
+            self.shared.state.save(current, golden_tag=golden)
+            kick_warm_pool(self.shared)
             log.info("golden tag of %s: %s", record.meta.key, golden)

@@ -48,7 +48,9 @@ from gym_substrate.local.runtimes.base import (
 from gym_substrate.local.snapshots import partial_path, remove_snapshot, tree_bytes
 
 if TYPE_CHECKING:
-    from gym_substrate.local.control.plane import ControlPlane
+    from gym_substrate.local.control.crashes import Crashes
+    from gym_substrate.local.control.parking import Parking
+    from gym_substrate.local.control.shared import Shared
 
 __all__ = ["INTERRUPTED_STATES", "Interrupted"]
 
@@ -82,8 +84,10 @@ def _left_alive(dest: Path, handle: str) -> bool:
 
 
 class Interrupted:
-    def __init__(self, plane: ControlPlane) -> None:
-        self.plane = plane
+    def __init__(self, shared: Shared, crashes: Crashes, parking: Parking) -> None:
+        self.shared = shared
+        self.crashes = crashes
+        self.parking = parking
 
     async def settle(self, record: ActorRecord) -> str | None:
         """Finish ``record``'s interrupted operation; the sandbox handle to keep ("" for none),
@@ -102,9 +106,9 @@ class Interrupted:
             return await self._upload_cut(record, dest)
         adopted = await self._adopt(record)
         if adopted:
-            current = self.plane.state.actor(record.key)
+            current = self.shared.state.actor(record.key)
             generation = max(s.generation for s in current.snapshots)
-            self.plane.state.save(
+            self.shared.state.save(
                 current,
                 state=RUNNING,
                 snapshots=tuple(s for s in current.snapshots if s.generation != generation),
@@ -117,7 +121,7 @@ class Interrupted:
             )
             return adopted
         operation = "pause" if record.state == PAUSING else "suspend"
-        await self.plane.revert.crash(
+        await self.crashes.crash(
             record,
             operation,
             "the backend stopped before its checkpoint was complete, and the sandbox is gone; "
@@ -126,8 +130,8 @@ class Interrupted:
         return ""
 
     async def _complete(self, record: ActorRecord, stored: Storage, dest: Path) -> str:
-        plane = self.plane
-        template = plane.state.templates.get(record.template)
+        shared = self.shared
+        template = shared.state.templates.get(record.template)
         durability = stored.durability
         alive = bool(record.handle) and await self._alive(record.handle)
         retained = (
@@ -136,20 +140,20 @@ class Interrupted:
             else ""
         )
         if alive and not retained:
-            await plane.stop_sandbox(record.handle)
+            await shared.stop_sandbox(record.handle)
         if template is None:  # nothing can resume it; keep the image for a revert
-            await plane.revert.crash(record, "", "its template is gone")
+            await self.crashes.crash(record, "", "its template is gone")
             return ""
         size = await asyncio.to_thread(tree_bytes, dest)
         kind = SnapshotKind.LOCAL if durability == "LOCAL" else SnapshotKind.EXTERNAL
         result = CheckpointResult(
             snapshot=SnapshotRef(kind, dest),
             files=(("files", size),),
-            memory_kept=plane.runtime.memory_survives_suspend or bool(retained),
+            memory_kept=shared.runtime.memory_survives_suspend or bool(retained),
             retained_handle=retained or None,
         )
         target = PAUSED if durability == "LOCAL" else SUSPENDED
-        plane.parking.finish(record, template, durability, result, target)
+        self.parking.finish(record, template, durability, result, target)
         log.warning(
             "actor %s was %s when the backend stopped; its image %s was complete: %s",
             record.key,
@@ -164,15 +168,15 @@ class Interrupted:
         local = latest.completed("LOCAL") if latest is not None else None
         partial = partial_path(dest)
         if local is not None and await asyncio.to_thread(restore_local, partial, Path(local.path)):
-            current = self.plane.state.actor(record.key)
-            self.plane.state.save(current, state=PAUSED, snapshots=drop_pending_durable(current))
+            current = self.shared.state.actor(record.key)
+            self.shared.state.save(current, state=PAUSED, snapshots=drop_pending_durable(current))
             log.warning(
                 "actor %s was uploading its paused image when the backend stopped: the "
                 "unfinished copy is removed and it stays PAUSED",
                 record.key,
             )
             return record.retained_handle
-        await self.plane.revert.crash(
+        await self.crashes.crash(
             record,
             "suspend",
             "the backend stopped during the upload of its paused image, which is gone; "
@@ -184,8 +188,8 @@ class Interrupted:
         adopted = await self._adopt(record)
         if not adopted:
             return None
-        current = self.plane.state.actor(record.key)
-        self.plane.state.save(current, state=RUNNING, retained_handle="")
+        current = self.shared.state.actor(record.key)
+        self.shared.state.save(current, state=RUNNING, retained_handle="")
         log.warning(
             "actor %s was RESUMING when the backend stopped; its restored sandbox runs: adopted "
             "(RUNNING)",
@@ -195,27 +199,27 @@ class Interrupted:
 
     async def _alive(self, handle: str) -> bool:
         try:
-            return await self.plane.runtime.is_alive(handle)
+            return await self.shared.runtime.is_alive(handle)
         except (RuntimeFailure, OSError):
             return False
 
     async def _adopt(self, record: ActorRecord) -> str:
         """Adopt ``record``'s sandbox on its slot (RESUMING: found by the runtime); its handle,
         or "" when there is none to adopt."""
-        plane = self.plane
-        template = plane.state.templates.get(record.template)
+        shared = self.shared
+        template = shared.state.templates.get(record.template)
         if record.slot is None or template is None:
             return ""
         try:
-            adopted = await plane.runtime.adopt(
-                plane.spec(record, template), Slot(record.slot), record.handle, record.address
+            adopted = await shared.runtime.adopt(
+                shared.spec(record, template), Slot(record.slot), record.handle, record.address
             )
         except (RuntimeFailure, ValueError) as exc:
             log.warning("adopting %s failed: %s", record.key, exc)
             return ""
-        if adopted is None or not plane.pool.adopt(record.slot, record.key):
+        if adopted is None or not shared.pool.adopt(record.slot, record.key):
             return ""
-        plane.state.save(
-            plane.state.actor(record.key), handle=adopted.handle, address=adopted.address
+        shared.state.save(
+            shared.state.actor(record.key), handle=adopted.handle, address=adopted.address
         )
         return adopted.handle

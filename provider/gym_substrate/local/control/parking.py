@@ -66,7 +66,8 @@ from gym_substrate.local.snapshots import (
 )
 
 if TYPE_CHECKING:
-    from gym_substrate.local.control.plane import ControlPlane
+    from gym_substrate.local.control.crashes import Crashes
+    from gym_substrate.local.control.shared import Shared
 
 __all__ = ["Parking"]
 
@@ -87,27 +88,28 @@ def _completed(
 
 
 class Parking:
-    def __init__(self, plane: ControlPlane) -> None:
-        self.plane = plane
+    def __init__(self, shared: Shared, crashes: Crashes) -> None:
+        self.shared = shared
+        self.crashes = crashes
 
     # ---------------------------------------------------------------- RPCs
     async def pause(self, request: pb.PauseActorRequest) -> ActorRecord:
         key = validated_ref(request, "actor")
-        task = self.plane.locks.run_detached(key, lambda: self._guarded(key, "pause", self._pause))
+        task = self.shared.locks.run_detached(key, lambda: self._guarded(key, "pause", self._pause))
         return await asyncio.shield(task)
 
     async def suspend(self, request: pb.SuspendActorRequest) -> ActorRecord:
         return await self.suspend_key(validated_ref(request, "actor"))
 
     async def suspend_key(self, key: str) -> ActorRecord:
-        task = self.plane.locks.run_detached(
+        task = self.shared.locks.run_detached(
             key, lambda: self._guarded(key, "suspend", self._suspend)
         )
         return await asyncio.shield(task)
 
     async def suspend_all(self, timeout_s: float) -> None:
         """`local down --suspend`: every RUNNING actor, at once; what overruns is crashed."""
-        running = [r.key for r in self.plane.state.actors.values() if r.state == RUNNING]
+        running = [r.key for r in self.shared.state.actors.values() if r.state == RUNNING]
         if not running:
             return
         log.info("suspending %d running actors before stopping", len(running))
@@ -118,19 +120,19 @@ class Parking:
         for task in done:
             if task.exception() is not None:
                 log.warning("suspend at shutdown failed: %s", task.exception())
-        await self.plane.locks.drain()
+        await self.shared.locks.drain()
 
     # ---------------------------------------------------------------- workflows
     async def _guarded(
         self, key: str, operation: str, work: Callable[[str], Awaitable[ActorRecord]]
     ) -> ActorRecord:
-        async with guard(self.plane, key, operation):
+        async with guard(self.shared.state, self.crashes, key, operation):
             return await work(key)
 
     async def _pause(self, key: str) -> ActorRecord:
-        plane = self.plane
-        record = plane.state.actor(key)
-        template = plane.template_of(record)
+        shared = self.shared
+        record = shared.state.actor(key)
+        template = shared.template_of(record)
         if record.state == PAUSED:
             return record
         # ensureMarkedPausing's order: PAUSING goes on, not RUNNING is refused, then the
@@ -146,16 +148,16 @@ class Parking:
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f'actors in atespace "{GOLDEN_ATESPACE}" are golden actors, which cannot be paused',
             )
-        dest = new_snapshot_dir(plane.state_dir / "snapshots" / "local", f"{record.name}-")
-        await check_room(plane, record, "pause", dest)
+        dest = new_snapshot_dir(shared.state_dir / "snapshots" / "local", f"{record.name}-")
+        await check_room(shared, record, "pause", dest)
         record = self._new_generation(record, template, "LOCAL", dest, PAUSING)
         result = await self._checkpoint(record, template, "pause", SnapshotKind.LOCAL, dest)
         return self.finish(record, template, "LOCAL", result, PAUSED)
 
     async def _suspend(self, key: str) -> ActorRecord:
-        plane = self.plane
-        record = plane.state.actor(key)
-        template = plane.template_of(record)
+        shared = self.shared
+        record = shared.state.actor(key)
+        template = shared.template_of(record)
         if record.state == SUSPENDED:
             return record
         if record.state not in (RUNNING, PAUSED, SUSPENDING):
@@ -164,14 +166,14 @@ class Parking:
                 f"MarkSuspending prerequisite not met for Actor: {key} (got: "
                 f"ACTOR_STATE_{record.state}, want ACTOR_STATE_RUNNING or ACTOR_STATE_PAUSED)",
             )
-        spec = plane.spec(record, template)
+        spec = shared.spec(record, template)
         base = spec.template.snapshot_location / "atespaces" / record.atespace / "actors"
         dest = new_snapshot_dir(base / record.meta.uid)
         latest = record.latest()
         local = latest.completed("LOCAL") if latest is not None else None
         if record.state == PAUSED or (record.state == SUSPENDING and not record.handle):
             if latest is None or local is None:
-                await plane.revert.crash(
+                await self.crashes.crash(
                     record, "suspend", "node holding the actor's local snapshot is unknown"
                 )
                 # a plain error upstream, which ServerUnaryInterceptor answers INTERNAL
@@ -181,15 +183,15 @@ class Parking:
                     "internal server error: actor is CRASHED because it was in PAUSED state "
                     "with no completed local snapshot",
                 )
-            await check_room(plane, record, "suspend", dest, upload_from=Path(local.path))
+            await check_room(shared, record, "suspend", dest, upload_from=Path(local.path))
             pending = Storage("DURABLE", "IN_PROGRESS", str(dest), local.fidelity)
             upload = dataclasses.replace(latest, storage=(*latest.storage, pending))
             snapshots = tuple(upload if s is latest else s for s in record.snapshots)
-            record = plane.state.save(record, state=SUSPENDING, snapshots=snapshots)
+            record = shared.state.save(record, state=SUSPENDING, snapshots=snapshots)
             result = await self._upload(record, template, Path(local.path), dest)
         else:
             if record.state == RUNNING:
-                await check_room(plane, record, "suspend", dest, durable=True)
+                await check_room(shared, record, "suspend", dest, durable=True)
             record = self._new_generation(record, template, "DURABLE", dest, SUSPENDING)
             result = await self._checkpoint(
                 record, template, "suspend", SnapshotKind.EXTERNAL, dest
@@ -212,7 +214,7 @@ class Parking:
             template.meta.uid,
             (Storage(durability, "IN_PROGRESS", str(dest)),),  # type: ignore[arg-type]
         )
-        return self.plane.state.save(
+        return self.shared.state.save(
             record,
             state=transit,
             last_generation=generation,
@@ -227,58 +229,58 @@ class Parking:
         kind: SnapshotKind,
         dest: Path,
     ) -> CheckpointResult:
-        plane = self.plane
+        shared = self.shared
         started = time.perf_counter()
-        await plane.release_connections(record.handle)
+        await shared.release_connections(record.handle)
         partial = partial_path(dest)
         try:
-            spec = plane.spec(record, template)
-            result = await plane.runtime.checkpoint(spec, record.handle, kind, partial)
+            spec = shared.spec(record, template)
+            result = await shared.runtime.checkpoint(spec, record.handle, kind, partial)
             crash_point("after-checkpoint-before-commit")
             await asyncio.to_thread(commit_snapshot, partial, dest)
         except Exception as exc:  # noqa: BLE001 - the actor must not stay in transit
-            plane.metrics.lifecycle(
+            shared.metrics.lifecycle(
                 operation, template, "", time.perf_counter() - started, "INTERNAL"
             )
-            if await sandbox_survived(plane, record.handle, exc):
-                raise await keep_running(plane, record, operation, dest, exc) from exc
+            if await sandbox_survived(shared, record.handle, exc):
+                raise await keep_running(shared, record, operation, dest, exc) from exc
             await asyncio.to_thread(remove_snapshot, dest)
             message = f"atelet Checkpoint: {exc}; {lost_since(record)}"
-            await plane.revert.crash(record, operation, message)
+            await self.crashes.crash(record, operation, message)
             raise AteapiError(
                 grpc.StatusCode.INTERNAL, f"actor {record.key} crashed: {message}"
             ) from exc
         crash_point("after-checkpoint-before-record")
-        plane.metrics.lifecycle(operation, template, "", time.perf_counter() - started)
+        shared.metrics.lifecycle(operation, template, "", time.perf_counter() - started)
         return dataclasses.replace(result, snapshot=SnapshotRef(kind, dest))
 
     async def _upload(
         self, record: ActorRecord, template: TemplateRecord, local: Path, dest: Path
     ) -> CheckpointResult:
-        plane = self.plane
+        shared = self.shared
         started = time.perf_counter()
         partial = partial_path(dest)
         try:
-            spec = plane.spec(record, template)
-            result = await plane.runtime.upload(
+            spec = shared.spec(record, template)
+            result = await shared.runtime.upload(
                 spec, SnapshotRef(SnapshotKind.LOCAL, local), record.retained_handle, partial
             )
             crash_point("after-checkpoint-before-commit")
             await asyncio.to_thread(commit_snapshot, partial, dest)
         except Exception as exc:  # noqa: BLE001 - the actor must not stay in transit
-            plane.metrics.lifecycle(
+            shared.metrics.lifecycle(
                 "suspend", template, "", time.perf_counter() - started, "INTERNAL"
             )
             if await asyncio.to_thread(restore_local, partial, local):
-                raise keep_paused(plane, record, dest, exc) from exc
+                raise keep_paused(shared, record, dest, exc) from exc
             await asyncio.to_thread(remove_snapshot, dest)
             message = f"atelet UploadPausedCheckpoint: {exc}; {lost_since(record)}"
-            await plane.revert.crash(record, "suspend", message)
+            await self.crashes.crash(record, "suspend", message)
             raise AteapiError(
                 grpc.StatusCode.INTERNAL, f"actor {record.key} crashed: {message}"
             ) from exc
         crash_point("after-checkpoint-before-record")
-        plane.metrics.lifecycle("suspend", template, "", time.perf_counter() - started)
+        shared.metrics.lifecycle("suspend", template, "", time.perf_counter() - started)
         return dataclasses.replace(result, snapshot=SnapshotRef(SnapshotKind.EXTERNAL, dest))
 
     def finish(
@@ -290,9 +292,9 @@ class Parking:
         target: str,
     ) -> ActorRecord:
         """Free the worker, keep the new generation, drop what it replaces."""
-        plane = self.plane
-        plane.pool.release(record.slot, record.key)
-        current = plane.state.actor(record.key)
+        shared = self.shared
+        shared.pool.release(record.slot, record.key)
+        current = shared.state.actor(record.key)
         newest = max(s.generation for s in current.snapshots)
         kept: list[SnapshotRecord] = []
         doomed: list[str] = []
@@ -315,7 +317,7 @@ class Parking:
             if snapshot.storage:
                 kept.append(snapshot)
         stale_retained = current.retained_handle if current.retained_handle != retained else ""
-        record = plane.state.save(
+        record = shared.state.save(
             current,
             state=target,
             snapshots=tuple(kept),
@@ -326,16 +328,16 @@ class Parking:
             retained_handle=retained,
         )
         for kind, size in result.files:
-            plane.metrics.snapshot_size.labels(
+            shared.metrics.snapshot_size.labels(
                 kind, template.meta.atespace, template.meta.name
             ).observe(size)  # noqa: E501
         task = asyncio.get_running_loop().create_task(self._clean(doomed, stale_retained))
-        plane.recovery.track(task)
+        shared.track(task)
         return record
 
     async def _clean(self, folders: list[str], retained: str) -> None:
         if retained:
-            await self.plane.stop_sandbox(retained)
+            await self.shared.stop_sandbox(retained)
         for folder in folders:
             with contextlib.suppress(OSError):
                 await asyncio.to_thread(remove_snapshot, folder)

@@ -20,6 +20,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING
 
+from gym_substrate.local.control.crashes import ATEOM_RESTARTED, WORKER_GONE
 from gym_substrate.local.control.interrupted import INTERRUPTED_STATES, Interrupted
 from gym_substrate.local.control.records import (
     CRASHED,
@@ -30,12 +31,15 @@ from gym_substrate.local.control.records import (
     SUSPENDED,
     ActorRecord,
 )
-from gym_substrate.local.control.revert import ATEOM_RESTARTED, WORKER_GONE
 from gym_substrate.local.control.transitions import Orphans
 from gym_substrate.local.runtimes.base import RuntimeFailure, Slot
 
 if TYPE_CHECKING:
-    from gym_substrate.local.control.plane import ControlPlane
+    from gym_substrate.local.control.actors import Actors
+    from gym_substrate.local.control.crashes import Crashes
+    from gym_substrate.local.control.parking import Parking
+    from gym_substrate.local.control.shared import Shared
+    from gym_substrate.local.control.tags import Tags
 
 __all__ = ["WATCH_INTERVAL_S", "Recovery"]
 
@@ -45,30 +49,36 @@ WATCH_INTERVAL_S = 2.0
 
 
 class Recovery:
-    def __init__(self, plane: ControlPlane, *, watch_interval_s: float = WATCH_INTERVAL_S) -> None:
-        self.plane = plane
+    def __init__(
+        self,
+        shared: Shared,
+        *,
+        crashes: Crashes,
+        actors: Actors,
+        tags: Tags,
+        parking: Parking,
+        watch_interval_s: float = WATCH_INTERVAL_S,
+    ) -> None:
+        self.shared = shared
+        self.crashes = crashes
+        self.actors = actors
+        self.tags = tags
         self.watch_interval_s = watch_interval_s
-        self._tasks: set[asyncio.Task[object]] = set()
         self._watchdog: asyncio.Task[None] | None = None
-        self.interrupted = Interrupted(plane)
-        self.orphans = Orphans(plane, plane.clock)
-
-    def track(self, task: asyncio.Task[object] | asyncio.Task[None]) -> None:
-        """Keep a background step alive until it ends (and wait for it at stop)."""
-        self._tasks.add(task)  # type: ignore[arg-type]
-        task.add_done_callback(self._tasks.discard)  # type: ignore[arg-type]
+        self.interrupted = Interrupted(shared, crashes, parking)
+        self.orphans = Orphans(shared.state, shared.locks, shared.metrics, crashes, shared.clock)
 
     async def settle(self) -> None:
-        while self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=15)
+        """Wait for the background steps (`Shared.track`), those they start included."""
+        await self.shared.settle()
 
     # ---------------------------------------------------------------- start
     async def recover(self) -> None:
-        plane = self.plane
-        await plane.tags.recover()  # before golden builds start: a cut-short golden tag goes
+        shared = self.shared
+        await self.tags.recover()  # before golden builds start: a cut-short golden tag goes
         keep: set[str] = set()
         lost_workers: set[str] = set()
-        for record in list(plane.state.actors.values()):
+        for record in list(shared.state.actors.values()):
             if record.state in (SUSPENDED, CRASHED):
                 continue
             if record.state == PAUSED:
@@ -86,7 +96,7 @@ class Recovery:
                     continue
             if record.atespace == GOLDEN_ATESPACE:
                 log.info("golden actor %s was lost; its template's build starts over", record.key)
-                await plane.actors.remove(record)
+                await self.actors.remove(record)
                 continue
             if record.worker:
                 lost_workers.add(record.worker)
@@ -96,47 +106,47 @@ class Recovery:
                 record.key,
                 record.state,
             )
-            await plane.revert.crash_lost(record, ATEOM_RESTARTED)
+            await self.crashes.crash_lost(record, ATEOM_RESTARTED)
         for name in lost_workers:
-            worker = plane.pool.by_name(name)
+            worker = shared.pool.by_name(name)
             if worker is not None:
-                plane.pool.record_restart(worker)
-        for line in await plane.runtime.sweep(keep):
+                shared.pool.record_restart(worker)
+        for line in await shared.runtime.sweep(keep):
             log.warning("removed a sandbox no actor claims: %s", line)
 
     async def _adopt(self, record: ActorRecord) -> bool:
-        plane = self.plane
-        template = plane.state.templates.get(record.template)
+        shared = self.shared
+        template = shared.state.templates.get(record.template)
         if not record.handle or record.slot is None or template is None:
             return False
         try:
-            spec = plane.spec(record, template)
-            adopted = await plane.runtime.adopt(
+            spec = shared.spec(record, template)
+            adopted = await shared.runtime.adopt(
                 spec, Slot(record.slot), record.handle, record.address
             )
         except (RuntimeFailure, ValueError) as exc:
             log.warning("adopting %s failed: %s", record.key, exc)
             return False
-        if adopted is None or not plane.pool.adopt(record.slot, record.key):
+        if adopted is None or not shared.pool.adopt(record.slot, record.key):
             return False
         if adopted.address != record.address or adopted.handle != record.handle:
-            plane.state.save(record, handle=adopted.handle, address=adopted.address)
+            shared.state.save(record, handle=adopted.handle, address=adopted.address)
         log.info("adopted running actor %s at %s", record.key, adopted.address)
         return True
 
     # ---------------------------------------------------------------- stop
     async def stop_all(self) -> None:
         """`local down`: stop every sandbox; what ran in one is CRASHED (its worker went)."""
-        plane = self.plane
+        shared = self.shared
         await self.settle()
-        for record in list(plane.state.actors.values()):
+        for record in list(shared.state.actors.values()):
             if record.atespace == GOLDEN_ATESPACE and record.state != SUSPENDED:
-                await plane.actors.remove(record)  # its build starts over at the next start
+                await self.actors.remove(record)  # its build starts over at the next start
                 continue
             if record.state in HOLDING_STATES and (record.handle or record.worker):
-                await plane.revert.crash_lost(record, WORKER_GONE)
+                await self.crashes.crash_lost(record, WORKER_GONE)
             if record.retained_handle:
-                await plane.stop_sandbox(record.retained_handle)
+                await shared.stop_sandbox(record.retained_handle)
         await self.settle()
 
     # ---------------------------------------------------------------- the watchdog
@@ -158,18 +168,18 @@ class Recovery:
 
     async def watch_once(self) -> None:
         """Crash RUNNING actors whose sandbox exited, and repair orphaned transitions."""
-        plane = self.plane
+        shared = self.shared
         try:
             await self.orphans.sweep()
         except Exception:  # noqa: BLE001 - a watch must not die of one actor
             log.exception("the orphaned-transition sweep failed")
-        for record in list(plane.state.actors.values()):
+        for record in list(shared.state.actors.values()):
             if record.state != RUNNING or not record.handle:
                 continue
             try:
-                alive = await plane.runtime.is_alive(record.handle)
+                alive = await shared.runtime.is_alive(record.handle)
             except Exception:  # noqa: BLE001 - a watch must not die of one sandbox
                 log.debug("is_alive(%s) failed", record.handle, exc_info=True)
                 continue
-            if not alive and not plane.locks.busy(record.key):
-                await plane.revert.crash_dead_sandbox(record)
+            if not alive and not shared.locks.busy(record.key):
+                await self.crashes.crash_dead_sandbox(record)

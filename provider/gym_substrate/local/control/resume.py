@@ -36,7 +36,8 @@ from gym_substrate.local.errors import AteapiError
 from gym_substrate.local.runtimes.base import Slot, SnapshotKind, SnapshotRef
 
 if TYPE_CHECKING:
-    from gym_substrate.local.control.plane import ControlPlane
+    from gym_substrate.local.control.crashes import Crashes
+    from gym_substrate.local.control.shared import Shared
 
 __all__ = ["START_ALLOWANCE_S", "Resume"]
 
@@ -49,32 +50,36 @@ def _selector(template: TemplateRecord) -> dict[str, str]:
 
 
 class Resume:
-    def __init__(self, plane: ControlPlane) -> None:
-        self.plane = plane
+    def __init__(self, shared: Shared, crashes: Crashes) -> None:
+        self.shared = shared
+        self.crashes = crashes
 
     async def rpc(self, request: pb.ResumeActorRequest) -> tuple[ActorRecord, bool]:
         return await self.run(validated_ref(request, "actor"))
 
     async def run(self, key: str) -> tuple[ActorRecord, bool]:
         """Resume actor ``key``; the record and whether a resume ran."""
-        state = self.plane.state
+        state = self.shared.state
         record = state.actor(key)
         if record.state == RUNNING:
             return record, False
-        async with self.plane.locks.lock(key), guard(self.plane, key, "resume"):
+        async with (
+            self.shared.locks.lock(key),
+            guard(self.shared.state, self.crashes, key, "resume"),
+        ):
             record = state.actor(key)
             if record.state == RUNNING:
                 return record, False
-            template = self.plane.template_of(record)
+            template = self.shared.template_of(record)
             record = await self._assign(record, template)
             return await self._start(record, template), True
 
     async def _assign(self, record: ActorRecord, template: TemplateRecord) -> ActorRecord:
-        plane = self.plane
+        shared = self.shared
         selectors = [_selector(template), record.worker_selector]
         if record.state == RESUMING:
-            reason = plane.pool.still_hosts(record.worker, record.slot, record.key)
-            worker = plane.pool.by_name(record.worker)
+            reason = shared.pool.still_hosts(record.worker, record.slot, record.key)
+            worker = shared.pool.by_name(record.worker)
             if (
                 not reason
                 and worker is not None
@@ -82,7 +87,7 @@ class Resume:
             ):
                 reason = "assigned worker no longer satisfies the actor's placement constraints"
             if reason:
-                await plane.revert.crash(record, "resume", reason)
+                await self.crashes.crash(record, "resume", reason)
                 raise AteapiError(grpc.StatusCode.ABORTED, f"actor {record.key} crashed")
             return record
         if record.state not in (SUSPENDED, PAUSED):
@@ -91,9 +96,9 @@ class Resume:
                 f"AssignWorker prerequisite not met for Actor: {record.key} (got: "
                 f"ACTOR_STATE_{record.state}, want ACTOR_STATE_SUSPENDED or ACTOR_STATE_PAUSED)",
             )
-        placement = plane.pool.place(record.key, selectors)
+        placement = shared.pool.place(record.key, selectors)
         try:
-            return plane.state.save(
+            return shared.state.save(
                 record,
                 state=RESUMING,
                 worker=placement.worker.meta.name,
@@ -101,7 +106,7 @@ class Resume:
                 worker_epoch=placement.worker.epoch,
             )
         except BaseException:  # not recorded (a full state folder): the slot goes back
-            plane.pool.release(placement.slot, record.key)
+            shared.pool.release(placement.slot, record.key)
             raise
 
     def _source(
@@ -122,22 +127,22 @@ class Resume:
         return SnapshotRef(SnapshotKind.EXTERNAL, Path(durable.path)), "latest"
 
     async def _start(self, record: ActorRecord, template: TemplateRecord) -> ActorRecord:
-        plane = self.plane
+        shared = self.shared
         source, kind = self._source(record, template)
         step = "atelet Run" if source is None else "atelet Restore"
         started_at = time.perf_counter()
         assert record.slot is not None
         try:
-            spec = plane.spec(record, template)
-            started = await plane.runtime.start(
+            spec = shared.spec(record, template)
+            started = await shared.runtime.start(
                 spec,
                 Slot(record.slot),
                 source,
                 timeout_s=spec.template.probe_timeout_s + START_ALLOWANCE_S,
             )
         except Exception as exc:  # noqa: BLE001 - whatever failed, the actor must not stay RESUMING
-            await plane.revert.crash(record, "resume", f"{step}: {exc}")
-            plane.metrics.lifecycle(
+            await self.crashes.crash(record, "resume", f"{step}: {exc}")
+            shared.metrics.lifecycle(
                 "resume", template, kind, time.perf_counter() - started_at, "INTERNAL"
             )
             raise AteapiError(
@@ -145,7 +150,7 @@ class Resume:
             ) from exc
         crash_point("mid-resume-after-restore")
         try:
-            record = plane.state.save(
+            record = shared.state.save(
                 record,
                 state=RUNNING,
                 handle=started.handle,
@@ -153,7 +158,7 @@ class Resume:
                 retained_handle="",
             )
         except BaseException:  # not recorded (a full state folder): no sandbox nobody tracks
-            await plane.stop_sandbox(started.handle)
+            await shared.stop_sandbox(started.handle)
             raise
-        plane.metrics.lifecycle("resume", template, kind, time.perf_counter() - started_at)
+        shared.metrics.lifecycle("resume", template, kind, time.perf_counter() - started_at)
         return record

@@ -43,7 +43,7 @@ from gym_substrate.local.errors import AteapiError
 from gym_substrate.local.snapshots import commit_snapshot, partial_path, remove_snapshot
 
 if TYPE_CHECKING:
-    from gym_substrate.local.control.plane import ControlPlane
+    from gym_substrate.local.control.shared import Shared
 
 __all__ = ["Tags", "copy_snapshot"]
 
@@ -97,11 +97,11 @@ def _scope(errors: FieldErrors, value: int) -> str:
 
 
 class Tags:
-    def __init__(self, plane: ControlPlane) -> None:
-        self.plane = plane
+    def __init__(self, shared: Shared) -> None:
+        self.shared = shared
 
     def _get(self, key: str) -> TagRecord:
-        record = self.plane.state.tags.get(key)
+        record = self.shared.state.tags.get(key)
         if record is None:
             raise AteapiError(grpc.StatusCode.NOT_FOUND, f"Tag {key} not found")
         return record
@@ -139,7 +139,7 @@ class Tags:
         errors.raise_if_any()
         rows = [
             r
-            for r in self.plane.state.tags.values()
+            for r in self.shared.state.tags.values()
             if not request.atespace or r.meta.atespace == request.atespace
         ]
         return page(
@@ -186,11 +186,11 @@ class Tags:
             raise AteapiError(
                 grpc.StatusCode.FAILED_PRECONDITION, f"Tag {key} is still being created"
             )
-        return self.plane.state.save(record, scope=scope)
+        return self.shared.state.save(record, scope=scope)
 
     async def delete(self, request: pb.DeleteTagRequest) -> TagRecord:
         key = validated_ref(request, "tag")
-        async with self.plane.locks.lock(f"tag:{key}", "tag"):
+        async with self.shared.locks.lock(f"tag:{key}", "tag"):
             record = self._get(key)
             check_preconditions("Tag", key, record.meta.uid, record.meta.version, request.options)
             await self.remove(record)
@@ -201,7 +201,7 @@ class Tags:
         """At start: finish the tags a killed backend was copying. A copy committed before
         the kill is recorded COMPLETED; an unfinished one (its `.partial` folder) is removed
         with its tag, whose CreateTag never answered (a golden tag's build starts over)."""
-        for record in list(self.plane.state.tags.values()):
+        for record in list(self.shared.state.tags.values()):
             storage = record.snapshot.storage if record.snapshot is not None else ()
             pending = [s for s in storage if s.status == "IN_PROGRESS"]
             if record.snapshot is None or not pending:
@@ -211,7 +211,7 @@ class Tags:
             if await asyncio.to_thread(folder.is_dir):
                 done = dataclasses.replace(pending[0], status="COMPLETED")
                 snapshot = dataclasses.replace(record.snapshot, storage=(done,))
-                self.plane.state.save(record, snapshot=snapshot)
+                self.shared.state.save(record, snapshot=snapshot)
                 log.info("tag %s: its copy was complete before the restart: kept", record.meta.key)
             else:
                 log.warning("tag %s: its copy was cut short by a restart: removed", record.meta.key)
@@ -222,13 +222,13 @@ class Tags:
         if record.snapshot is not None:
             for stored in record.snapshot.storage:
                 await asyncio.to_thread(remove_snapshot, stored.path)
-        self.plane.state.remove(record)
+        self.shared.state.remove(record)
 
     async def insert(self, key: str, source: str, scope: str) -> TagRecord:
         """CreateTag's workflow: tag what the SUSPENDED actor ``source`` holds now."""
-        plane = self.plane
-        async with plane.locks.lock(source):
-            actor = plane.state.actor(source)
+        shared = self.shared
+        async with shared.locks.lock(source):
+            actor = shared.state.actor(source)
             if actor.state != SUSPENDED:
                 raise AteapiError(
                     grpc.StatusCode.FAILED_PRECONDITION,
@@ -242,27 +242,27 @@ class Tags:
                     grpc.StatusCode.FAILED_PRECONDITION,
                     f"Actor {source} holds no external snapshot to tag",
                 )
-            template = plane.template_of(actor)
-            if key in plane.state.tags:
+            template = shared.template_of(actor)
+            if key in shared.state.tags:
                 raise AteapiError(
                     grpc.StatusCode.ALREADY_EXISTS,
                     f"Tag {key} already exists; delete it and create it again to retry",
                 )
             atespace, _, name = key.partition("/")
-            if atespace not in plane.state.atespaces:
+            if atespace not in shared.state.atespaces:
                 raise AteapiError(
                     grpc.StatusCode.FAILED_PRECONDITION, f"Atespace {atespace} not found"
                 )
-            meta = new_meta(atespace, name, plane.clock())
+            meta = new_meta(atespace, name, shared.clock())
             folder = (
-                plane.templates.spec(template).snapshot_location
+                shared.template_spec(template).snapshot_location
                 / "atespaces"
                 / atespace
                 / "tags"
                 / meta.uid
             )
             pending = Storage("DURABLE", "IN_PROGRESS", str(folder), stored.fidelity)
-            record = plane.state.insert(
+            record = shared.state.insert(
                 TagRecord(
                     meta,
                     "PUBLISHED" if scope == "PUBLISHED" else "ATESPACE",
@@ -281,9 +281,9 @@ class Tags:
                     f"for Tag {key}: {exc}",
                 ) from exc
             done = Storage("DURABLE", "COMPLETED", str(folder), stored.fidelity)
-            plane.metrics.snapshot_size.labels(
+            shared.metrics.snapshot_size.labels(
                 "tag", template.meta.atespace, template.meta.name
             ).observe(size)  # noqa: E501
-            return plane.state.save(
+            return shared.state.save(
                 record, snapshot=SnapshotRecord(1, "TAG", snapshot.template_uid, (done,))
             )

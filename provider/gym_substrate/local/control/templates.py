@@ -21,6 +21,7 @@ from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.local.control.atespaces import check_preconditions
 from gym_substrate.local.control.paging import check_page_request, page
 from gym_substrate.local.control.records import GOLDEN_ATESPACE, TemplateRecord, new_meta
+from gym_substrate.local.control.shared import HOST_ROOTFS_REFUSED
 from gym_substrate.local.control.template_rules import apply_defaults, validate_template
 from gym_substrate.local.control.validation import FieldErrors, check_short_name, validated_ref
 from gym_substrate.local.control.warm_targets import kick_warm_pool
@@ -30,12 +31,15 @@ from gym_substrate.local.runtimes.base import TemplateSpec
 from gym_substrate.local.templates import (
     local_problems,
     resolve,
-    template_from_json,
     template_to_json,
 )
 
 if TYPE_CHECKING:
-    from gym_substrate.local.control.plane import ControlPlane
+    from gym_substrate.local.control.actors import Actors
+    from gym_substrate.local.control.atespaces import Atespaces
+    from gym_substrate.local.control.golden import GoldenBuilder
+    from gym_substrate.local.control.shared import Shared
+    from gym_substrate.local.control.tags import Tags
 
 __all__ = ["HOST_ROOTFS_REFUSED", "Templates"]
 
@@ -51,14 +55,6 @@ def _spec_only(template: pb.ActorTemplate) -> bytes:
     return body.SerializeToString(deterministic=True)
 
 
-HOST_ROOTFS_REFUSED = (
-    "template {template} runs on the host's own root filesystem (image local/host), which this "
-    "backend refuses: a sandbox on it sees the host's files. The operator allows it with "
-    "`gym-substrate local up --allow-host-rootfs` (or `--rootfs host`); otherwise use the "
-    "Debian image (local/debian-bookworm) or one added with `gym-substrate local images add`"
-)
-
-
 def _on_host_rootfs(template: pb.ActorTemplate) -> bool:
     """Whether a container runs on the host's `/` (the image local/host, pinned or not)."""
     for container in template.containers:
@@ -70,11 +66,23 @@ def _on_host_rootfs(template: pb.ActorTemplate) -> bool:
 
 
 class Templates:
-    def __init__(self, plane: ControlPlane) -> None:
-        self.plane = plane
+    def __init__(
+        self,
+        shared: Shared,
+        *,
+        atespaces: Atespaces,
+        actors: Actors,
+        tags: Tags,
+        golden: GoldenBuilder,
+    ) -> None:
+        self.shared = shared
+        self.atespaces = atespaces
+        self.actors = actors
+        self.tags = tags
+        self.golden = golden
 
     def _get(self, key: str) -> TemplateRecord:
-        record = self.plane.state.templates.get(key)
+        record = self.shared.state.templates.get(key)
         if record is None:
             raise AteapiError(grpc.StatusCode.NOT_FOUND, f"ActorTemplate {key} not found")
         return record
@@ -97,11 +105,11 @@ class Templates:
         if problems:
             raise AteapiError(grpc.StatusCode.FAILED_PRECONDITION, "; ".join(problems))
         key = f"{meta.atespace}/{meta.name}"
-        if not self.plane.allow_host_rootfs and _on_host_rootfs(template):
+        if not self.shared.allow_host_rootfs and _on_host_rootfs(template):
             raise AteapiError(
                 grpc.StatusCode.FAILED_PRECONDITION, HOST_ROOTFS_REFUSED.format(template=key)
             )
-        state = self.plane.state
+        state = self.shared.state
         if key in state.templates:
             raise AteapiError(grpc.StatusCode.ALREADY_EXISTS, f"ActorTemplate {key} already exists")
         if meta.atespace not in state.atespaces:
@@ -109,16 +117,16 @@ class Templates:
                 grpc.StatusCode.FAILED_PRECONDITION, f"Atespace {meta.atespace} not found"
             )
         record = TemplateRecord(
-            new_meta(meta.atespace, meta.name, self.plane.clock()), _spec_only(template), {}
+            new_meta(meta.atespace, meta.name, self.shared.clock()), _spec_only(template), {}
         )
         try:
             record = TemplateRecord(
-                record.meta, record.message, template_to_json(resolve(template, self.plane.images))
+                record.meta, record.message, template_to_json(resolve(template, self.shared.images))
             )
         except ValueError as exc:  # an image not (yet) here: the golden build will say so
             log.info("template %s: %s", key, exc)
         state.insert(record)
-        self.plane.golden.build(record)
+        self.golden.build(record)
         return record
 
     def get(self, request: pb.GetActorTemplateRequest) -> TemplateRecord:
@@ -131,7 +139,7 @@ class Templates:
         errors.raise_if_any()
         rows = [
             r
-            for r in self.plane.state.templates.values()
+            for r in self.shared.state.templates.values()
             if not request.atespace or r.meta.atespace == request.atespace
         ]
         return page(
@@ -145,7 +153,7 @@ class Templates:
 
     async def delete(self, request: pb.DeleteActorTemplateRequest) -> TemplateRecord:
         key = validated_ref(request, "actor_template")
-        async with self.plane.locks.lock(f"template:{key}", f"ActorTemplate {key}"):
+        async with self.shared.locks.lock(f"template:{key}", f"ActorTemplate {key}"):
             record = self._get(key)
             check_preconditions(
                 "ActorTemplate", key, record.meta.uid, record.meta.version, request.options
@@ -155,33 +163,29 @@ class Templates:
 
     async def remove(self, record: TemplateRecord) -> None:
         """A template, its golden build, golden actor and golden tag."""
-        await self.plane.golden.cancel(record)
+        await self.golden.cancel(record)
         golden = f"{GOLDEN_ATESPACE}/{record.meta.uid}"
-        actor = self.plane.state.actors.get(golden)
+        actor = self.shared.state.actors.get(golden)
         if actor is not None:
-            await self.plane.actors.remove(actor)
-        tag = self.plane.state.tags.get(golden)
+            await self.actors.remove(actor)
+        tag = self.shared.state.tags.get(golden)
         if tag is not None:
-            await self.plane.tags.remove(tag)
-        self.plane.state.remove(record)
-        kick_warm_pool(self.plane)  # its pooled sandboxes go now
+            await self.tags.remove(tag)
+        self.shared.state.remove(record)
+        kick_warm_pool(self.shared)  # its pooled sandboxes go now
 
     # ---------------------------------------------------------------- internal
     def spec(self, record: TemplateRecord) -> TemplateSpec:
         """What the runtime runs; resolved now if its images were missing until now."""
-        if record.runtime_spec:
-            return template_from_json(record.runtime_spec)
-        spec = resolve(pb.ActorTemplate.FromString(record.message), self.plane.images)
-        self.plane.state.save(record, runtime_spec=template_to_json(spec))
-        return spec
+        return self.shared.template_spec(record)
 
     async def ensure(self, template: pb.ActorTemplate) -> TemplateRecord:
         """The backend's own template at start: created, or kept; replaced when it changed
         and no actor uses it (a new agent build), kept with a warning when some do."""
         meta = template.metadata
         key = f"{meta.atespace}/{meta.name}"
-        self.plane.atespaces.ensure(meta.atespace)
-        current = self.plane.state.templates.get(key)
+        self.atespaces.ensure(meta.atespace)
+        current = self.shared.state.templates.get(key)
         wanted = pb.ActorTemplate()
         wanted.CopyFrom(template)
         apply_defaults(wanted)
@@ -190,7 +194,7 @@ class Templates:
                 return current
             users = [
                 a.key
-                for a in self.plane.state.actors.values()
+                for a in self.shared.state.actors.values()
                 if a.template == key and a.atespace != GOLDEN_ATESPACE
             ]
             if users:

@@ -34,7 +34,10 @@ from gym_substrate.local.control.records import (
 from gym_substrate.local.errors import AteapiError
 
 if TYPE_CHECKING:
-    from gym_substrate.local.control.plane import ControlPlane
+    from gym_substrate.local.control.crashes import Crashes
+    from gym_substrate.local.control.locks import Workflows
+    from gym_substrate.local.control.state import State
+    from gym_substrate.local.metrics import Metrics
 
 __all__ = ["ORPHAN_GRACE_S", "TRANSITIONAL", "Orphans", "guard"]
 
@@ -52,18 +55,18 @@ _OPERATION = {
 
 
 @contextlib.asynccontextmanager
-async def guard(plane: ControlPlane, key: str, operation: str) -> AsyncIterator[None]:
+async def guard(state: State, crashes: Crashes, key: str, operation: str) -> AsyncIterator[None]:
     """Run a workflow on actor ``key``; crash the actor if it escapes mid-transition."""
     try:
         yield
     except Exception as exc:
-        record = plane.state.actors.get(key)
+        record = state.actors.get(key)
         if record is None or record.state not in TRANSITIONAL:
             raise
         reason = f"{type(exc).__name__}: {exc}"
         log.error("actor %s: %s failed in %s: %s", key, operation, record.state, reason)
         try:
-            await plane.revert.crash(record, operation, f"internal error: {reason}")
+            await crashes.crash(record, operation, f"internal error: {reason}")
         except Exception:  # noqa: BLE001 - the original error is the one to report
             log.exception("actor %s: crashing it after a failed %s failed too", key, operation)
         if isinstance(exc, AteapiError):
@@ -77,21 +80,29 @@ class Orphans:
     """Transitional actors with no operation behind them, repaired after ``grace_s``."""
 
     def __init__(
-        self, plane: ControlPlane, clock: Callable[[], float], grace_s: float = ORPHAN_GRACE_S
+        self,
+        state: State,
+        locks: Workflows,
+        metrics: Metrics,
+        crashes: Crashes,
+        clock: Callable[[], float],
+        grace_s: float = ORPHAN_GRACE_S,
     ) -> None:
-        self.plane = plane
+        self.state = state
+        self.locks = locks
+        self.metrics = metrics
+        self.crashes = crashes
         self.clock = clock
         self.grace_s = grace_s
         self._seen: dict[str, float] = {}  # actor key -> when first seen orphaned
 
     async def sweep(self) -> list[str]:
         """One look at every actor; the keys repaired this time."""
-        plane = self.plane
         now = self.clock()
         orphaned = {
             key
-            for key, record in plane.state.actors.items()
-            if record.state in TRANSITIONAL and not plane.locks.busy(key)
+            for key, record in self.state.actors.items()
+            if record.state in TRANSITIONAL and not self.locks.busy(key)
         }
         self._seen = {key: self._seen.get(key, now) for key in orphaned}
         repaired = []
@@ -102,10 +113,9 @@ class Orphans:
         return repaired
 
     async def _repair(self, key: str) -> bool:
-        plane = self.plane
         try:
-            async with plane.locks.lock(key):
-                record = plane.state.actors.get(key)
+            async with self.locks.lock(key):
+                record = self.state.actors.get(key)
                 if record is None or record.state not in TRANSITIONAL:
                     return False
                 state = record.state
@@ -115,8 +125,8 @@ class Orphans:
                     state,
                     self.grace_s,
                 )
-                plane.metrics.orphaned_transitions.labels(state).inc()
-                await plane.revert.crash(
+                self.metrics.orphaned_transitions.labels(state).inc()
+                await self.crashes.crash(
                     record,
                     _OPERATION[state],
                     f"left {state} with no operation behind it (repaired by the watchdog)",

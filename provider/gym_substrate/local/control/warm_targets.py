@@ -15,42 +15,42 @@ from typing import TYPE_CHECKING
 from gym_substrate.local.runtimes.base import TemplateSpec
 
 if TYPE_CHECKING:
-    from gym_substrate.local.control.plane import ControlPlane
+    from gym_substrate.local.control.shared import Shared
 
 __all__ = ["attach_warm_pool", "kick_warm_pool", "warm_targets"]
 
 
-def warm_targets(plane: ControlPlane) -> dict[str, tuple[TemplateSpec, Path]]:
+def warm_targets(shared: Shared) -> dict[str, tuple[TemplateSpec, Path]]:
     """Template key -> (what the runtime runs, the golden snapshot folder it restores)."""
     found: dict[str, tuple[TemplateSpec, Path]] = {}
-    for template in list(plane.state.templates.values()):
+    for template in list(shared.state.templates.values()):
         if not template.golden_tag:
             continue
-        tag = plane.state.tags.get(template.golden_tag)
+        tag = shared.state.tags.get(template.golden_tag)
         if tag is None or tag.snapshot is None or tag.template_uid != template.meta.uid:
             continue
         stored = tag.snapshot.completed("DURABLE")
         if stored is None:
             continue
         try:
-            spec = plane.templates.spec(template)
+            spec = shared.template_spec(template)
         except ValueError:  # its images are not on this machine (now)
             continue
-        if spec.rootfs.kind == "host" and not plane.allow_host_rootfs:
+        if spec.rootfs.kind == "host" and not shared.allow_host_rootfs:
             continue
         found[spec.key] = (spec, Path(stored.path))
     return found
 
 
-def attach_warm_pool(plane: ControlPlane) -> None:
+def attach_warm_pool(shared: Shared) -> None:
     """Start the runtime's warm pool, if it has one, on this plane's golden snapshots."""
-    warm = getattr(plane.runtime, "warm", None)
+    warm = getattr(shared.runtime, "warm", None)
     if warm is not None:
-        warm.attach(lambda: warm_targets(plane))
+        warm.attach(lambda: warm_targets(shared))
 
 
-def kick_warm_pool(plane: ControlPlane) -> None:
+def kick_warm_pool(shared: Shared) -> None:
     """A template or golden tag changed: let the pool look now rather than at its next pass."""
-    warm = getattr(plane.runtime, "warm", None)
+    warm = getattr(shared.runtime, "warm", None)
     if warm is not None:
         warm.kick()

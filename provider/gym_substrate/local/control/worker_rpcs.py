@@ -18,9 +18,9 @@ import grpc
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.local.control.atespaces import check_preconditions
+from gym_substrate.local.control.crashes import WORKER_GONE
 from gym_substrate.local.control.paging import check_page_request, page
 from gym_substrate.local.control.records import WORKER_ACTIVE, ActorRecord, WorkerRecord
-from gym_substrate.local.control.revert import WORKER_GONE
 from gym_substrate.local.control.validation import FieldErrors, check_short_name, validated_ref
 from gym_substrate.local.errors import AteapiError
 
@@ -127,7 +127,7 @@ class WorkerRpcs:
         for key in list(self.pool.holders(worker).values()):
             record = self.plane.state.actors.get(key)
             if record is not None:
-                await self.plane.revert.crash_lost(record, WORKER_GONE)
+                await self.plane.crashes.crash_lost(record, WORKER_GONE)
         return self.pool.remove(worker)
 
     def create(self, request: pb.CreateWorkerRequest) -> WorkerRecord:

@@ -77,7 +77,7 @@ async def _full(backend: LocalBackend) -> None:
     await settle_golden(backend)
 
     def full() -> bool:
-        targets = warm_targets(plane)
+        targets = warm_targets(plane.shared)
         return bool(targets) and all(warm.count(k) >= warm.size for k in targets)
 
     await _until(backend, full)

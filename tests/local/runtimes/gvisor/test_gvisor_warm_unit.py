@@ -55,8 +55,8 @@ def test_a_refill_never_takes_a_slots_home_namespace() -> None:
 
 async def test_the_bench_names_a_pool_that_keeps_failing(monkeypatch: pytest.MonkeyPatch) -> None:
     pool = _pool(workers=2, spares=[])
-    backend: Any = SimpleNamespace(runtime=SimpleNamespace(warm=pool), plane=object())
-    monkeypatch.setattr(bench, "warm_targets", lambda plane: {"local/sandbox": None})
+    backend: Any = SimpleNamespace(runtime=SimpleNamespace(warm=pool), plane=SimpleNamespace(shared=object()))
+    monkeypatch.setattr(bench, "warm_targets", lambda shared: {"local/sandbox": None})
 
     async def fail_twice() -> None:
         for failures in (1, 2):
@@ -72,8 +72,8 @@ async def test_the_bench_names_a_pool_that_keeps_failing(monkeypatch: pytest.Mon
 
 async def test_the_bench_waits_for_a_pool_that_fills(monkeypatch: pytest.MonkeyPatch) -> None:
     pool = _pool(workers=2, spares=[])
-    backend: Any = SimpleNamespace(runtime=SimpleNamespace(warm=pool), plane=object())
-    monkeypatch.setattr(bench, "warm_targets", lambda plane: {"local/sandbox": None})
+    backend: Any = SimpleNamespace(runtime=SimpleNamespace(warm=pool), plane=SimpleNamespace(shared=object()))
+    monkeypatch.setattr(bench, "warm_targets", lambda shared: {"local/sandbox": None})
     monkeypatch.setattr(pool, "count", lambda key: filled)
     filled = 0
 
