@@ -100,7 +100,6 @@ CIRCLES_ALLOWED: list[list[str]] = [
         "gym_substrate.local.runtimes.gvisor.runtime",
         "gym_substrate.local.runtimes.gvisor.warm",
     ],
-    ["gym_substrate.lab.experiments.arm", "gym_substrate.lab.experiments.plots"],
 ]
 
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from gym_substrate.lab.experiments.arm import ArmResult
+    from gym_substrate.lab.experiments._arm_records import ArmResult
 
 __all__ = [
     "PLOTS_MISSING",
