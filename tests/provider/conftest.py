@@ -26,15 +26,15 @@ from aiohttp import web
 
 from gym_substrate import SubstrateProvider
 from gym_substrate.ateapi import ateapi_pb2 as pb
-from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
 
 TEMPLATE = "local/sandbox"
 
 # The Gym conformance tests need nemo-gym on sys.path before gym_substrate.nemo.types is imported;
 # test_gym_conformance.py runs them in a subprocess that sets this.
 collect_ignore = [] if os.environ.get("GYM_SUBSTRATE_GYM_CONFORMANCE") else ["gym_conformance"]
-# The forwarder serves every Control RPC the proto declares.
+# The forwarder serves every Control RPC the proto declares, and relays reflection.
 _METHODS = tuple(m.name for m in pb.DESCRIPTOR.services_by_name["Control"].methods)
+_REFLECTION = ("grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection")
 
 
 @dataclass
@@ -67,16 +67,38 @@ class GrpcFaultProxy:
         self.faults[method].extend([GrpcFault(code, details, after_forward)] * times)
 
     async def start(self) -> None:
+        """Forward each call's bytes unchanged (the backend's API era is the client's to
+        speak), and the server's reflection, by which the provider reads that era."""
         self._channel = grpc.aio.insecure_channel(self.upstream)
-        stub = pb_grpc.ControlStub(self._channel)
-        servicer = type("Forwarder", (), {})()
-        for method in _METHODS:
-            setattr(servicer, method, self._forwarder(method, getattr(stub, method)))
+        handlers = {
+            method: grpc.unary_unary_rpc_method_handler(
+                self._forwarder(method, self._channel.unary_unary(f"/ateapi.Control/{method}"))
+            )
+            for method in _METHODS
+        }
         self._server = grpc.aio.server()
-        pb_grpc.add_ControlServicer_to_server(servicer, self._server)
+        generic = [grpc.method_handlers_generic_handler("ateapi.Control", handlers)]
+        for service in _REFLECTION:
+            relay = self._relay(self._channel.stream_stream(f"/{service}/ServerReflectionInfo"))
+            handler = grpc.stream_stream_rpc_method_handler(relay)
+            generic.append(
+                grpc.method_handlers_generic_handler(service, {"ServerReflectionInfo": handler})
+            )
+        self._server.add_generic_rpc_handlers(tuple(generic))
         port = self._server.add_insecure_port("127.0.0.1:0")
         await self._server.start()
         self.address = f"127.0.0.1:{port}"
+
+    @staticmethod
+    def _relay(call: Any) -> Any:
+        async def relay(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            try:
+                async for reply in call(requests):
+                    yield reply
+            except grpc.aio.AioRpcError as exc:
+                await context.abort(exc.code(), exc.details() or "")
+
+        return relay
 
     def _forwarder(self, method: str, call: Any) -> Any:
         async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -273,9 +295,10 @@ class Stack:
 
 @contextlib.asynccontextmanager
 async def make_stack(
-    tmp: Path, *, workers: int = 4, runtime: str = "process"
+    tmp: Path, *, workers: int = 4, runtime: str = "process", api_era: str | None = None
 ) -> AsyncIterator[Stack]:
-    """A local backend with room for `workers` running actors (one actor per worker)."""
+    """A local backend with room for `workers` running actors (one actor per worker), serving
+    ``api_era`` on the wire (default: $GYM_SUBSTRATE_API_ERA, else current)."""
     from gym_substrate.local import LocalBackend
 
     async with LocalBackend(
@@ -284,6 +307,7 @@ async def make_stack(
         workers=workers,
         actors_per_worker=1,
         default_rootfs="host",
+        api_era=api_era,
     ) as backend:
         gproxy = GrpcFaultProxy(backend.api_address)
         hproxy = HttpFaultProxy(backend.router_url)

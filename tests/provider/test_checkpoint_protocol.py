@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 import pytest
 
+from gym_substrate.ateapi.eras import CURRENT, V03, V04
 from gym_substrate.nemo.types import SandboxSpec, SandboxStatus
 
 from .checkpointer import Checkpointer, CheckpointError
@@ -104,9 +105,15 @@ async def _round_trip(stack: Stack, sessions: int, *, memory: bool) -> None:
     await provider.aclose()
 
 
-async def test_the_checkpoint_protocol_round_trip_on_the_process_runtime(tmp_path: Path) -> None:
-    async with make_stack(tmp_path, workers=4) as stack:
-        await _round_trip(stack, 16, memory=False)
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("era", "sessions"), [(CURRENT, 16), (V03, 4), (V04, 4)]
+)  # the release eras the backend serves (issue 30), with fewer sessions to spare CI's time
+async def test_the_checkpoint_protocol_round_trip_on_the_process_runtime(
+    tmp_path: Path, era: str, sessions: int
+) -> None:
+    async with make_stack(tmp_path, workers=4, api_era=era) as stack:
+        await _round_trip(stack, sessions, memory=False)
 
 
 @pytest.mark.runsc
