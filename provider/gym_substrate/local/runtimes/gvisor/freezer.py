@@ -41,7 +41,6 @@ from gym_substrate.local.runtimes.base import (
     SnapshotKind,
     SnapshotRef,
     StartedSandbox,
-    pss_bytes,
 )
 from gym_substrate.local.runtimes.gvisor import cgfreeze, host, net, slotaddr
 from gym_substrate.local.runtimes.gvisor._proc import run_command
@@ -361,7 +360,7 @@ class FreezeTier:
         pids = self.rt.runsc.pids(entry.cid)
         if pids is not None:
             roots = {p for p in pids if p > 0}
-            entry.pss = await asyncio.to_thread(lambda: pss_bytes(host.children_of(roots)))
+            entry.pss = await asyncio.to_thread(host.held_bytes, roots)
             with contextlib.suppress(OSError):
                 await asyncio.to_thread(self._save)
         self._enforce_budget()

@@ -38,7 +38,6 @@ from gym_substrate.local.runtimes.base import (
     SnapshotRef,
     StartedSandbox,
     TemplateSpec,
-    pss_bytes,
 )
 from gym_substrate.local.runtimes.gvisor import (
     adoption,
@@ -401,11 +400,19 @@ class GvisorRuntime:
 
     async def checkpoint_estimate(self, handle: str) -> int | None:
         """Bytes a checkpoint of ``handle`` would plainly need (None when unknown)."""
+        pids = self.runsc.pids(handle)
+        if handle in self.tier.frozen:  # `runsc events` would wait on the frozen sentry for ever
+            held = self.tier.frozen[handle].pss  # its memory and overlay, once measured
+            if not held and pids:
+                held = await asyncio.to_thread(host.held_bytes, {p for p in pids if p > 0})
+            return image_bytes(held, self.compression) if held else None
         with self.phases.timed("park: room check (runsc events --stats)"):
             usage = await self.runsc.memory_usage(handle)
         if usage is None:
             return None
-        return image_bytes(usage, self.compression)
+        # the image holds the in-memory root overlay too, which that usage leaves out (issue 32)
+        overlay = await asyncio.to_thread(host.filestore_bytes, pids[0]) if pids else 0
+        return image_bytes(usage + overlay, self.compression)
 
     async def _abort_host_connections(self, slot: int) -> None:
         """Reset every host TCP connection into the sandbox before checkpointing it.
@@ -546,7 +553,7 @@ class GvisorRuntime:
         if pids is None or not pid_running(pids[0], handle):
             return None
         roots = {pid for pid in pids if pid > 0}
-        return await asyncio.to_thread(lambda: pss_bytes(host.children_of(roots)))
+        return await asyncio.to_thread(host.held_bytes, roots)
 
     # -- cleanup -------------------------------------------------------------------------------
     async def cleanup(self) -> list[str]:
