@@ -26,7 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from ._errors import ApiError, body_timeout_error
-from ._numbers import parse_decimal, parse_octal
+from ._numbers import parse_decimal
 from ._wire import reply
 from .contract import MAX_FILE_OFFSET, ErrorCode, FileStat, UploadReply
 
@@ -40,56 +40,6 @@ _NAME_MAX = 255  # bytes in one file name on Linux file systems
 
 def _bad(message: str) -> ApiError:
     return ApiError(400, "bad_request", message)
-
-
-def _path_param(request: web.Request, *, file: bool) -> str:
-    """The absolute `path` parameter, normalised; `file`: it must name a file, not "/" or "..".
-
-    The OpenAPI document describes the same rule as a pattern.
-    """
-    path = request.query.get("path")
-    if path is None or path == "":
-        raise _bad("query parameter path is required, e.g. ?path=/tmp/data.bin")
-    if not path.startswith("/"):
-        raise _bad(f"path must be absolute (start with /), got {path[:200]!r}")
-    if "\x00" in path:
-        raise _bad("path must not contain NUL characters")
-    if file and os.path.basename(path) in ("", ".", ".."):
-        raise _bad(f"path must name a file: it must not end in /, . or .., got {path[:200]!r}")
-    return os.path.normpath(path)
-
-
-def _offset_param(request: web.Request) -> int:
-    raw = request.query.get("offset")
-    if raw is None:
-        return 0
-    value = parse_decimal(raw, MAX_FILE_OFFSET)
-    if value is None:
-        msg = f"offset must be an integer 0..{MAX_FILE_OFFSET} in ASCII digits, got {raw[:64]!r}"
-        raise _bad(msg)
-    return value
-
-
-def _bool_param(request: web.Request, name: str, default: bool) -> bool:
-    raw = request.query.get(name)
-    if raw is None:
-        return default
-    if raw in ("true", "1"):
-        return True
-    if raw in ("false", "0"):
-        return False
-    raise _bad(f"{name} must be true, false, 1 or 0, got {raw[:64]!r}")
-
-
-def _mode_param(request: web.Request) -> int:
-    raw = request.query.get("mode")
-    if raw is None:
-        return 0o644
-    value = parse_octal(raw)
-    if value is None:
-        msg = f"mode must be 1-4 octal digits such as 644, 0755 or 0o600, got {raw[:64]!r}"
-        raise _bad(msg)
-    return value
 
 
 # File-system errors a request can cause, as the contract's answers; any other errno is a 500.
@@ -313,11 +263,8 @@ class FileHandlers:
             "with offset= and final=false, then final=true on the last one",
         )
 
-    async def put(self, request: web.Request) -> web.Response:
-        path = _path_param(request, file=True)
-        offset = _offset_param(request)
-        final = _bool_param(request, "final", True)
-        mode = _mode_param(request)
+    async def put(self, request: web.Request, query: dict[str, Any]) -> web.Response:
+        path, offset, final, mode = query["path"], query["offset"], query["final"], query["mode"]
         length = request.content_length
         if length is not None and length > self._max:
             raise self._too_large()
@@ -397,8 +344,8 @@ class FileHandlers:
             await loop.run_in_executor(None, os.close, fd)
         return web.json_response(reply(UploadReply, {"path": path, "size": pos, "sha256": digest}))
 
-    async def get(self, request: web.Request) -> web.StreamResponse:
-        path = _path_param(request, file=True)
+    async def get(self, request: web.Request, query: dict[str, Any]) -> web.StreamResponse:
+        path = query["path"]
         loop = asyncio.get_running_loop()
         try:
             fd, st = await loop.run_in_executor(None, _open_read, path)
@@ -438,8 +385,8 @@ class FileHandlers:
         finally:
             fobj.close()
 
-    async def stat(self, request: web.Request) -> web.Response:
-        path = _path_param(request, file=False)
+    async def stat(self, request: web.Request, query: dict[str, Any]) -> web.Response:
+        path = query["path"]
         try:
             info = await asyncio.get_running_loop().run_in_executor(None, _stat, path)
         except OSError as exc:

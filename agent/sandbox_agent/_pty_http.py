@@ -1,4 +1,4 @@
-"""The HTTP handlers of /v1/pty: query parameters and bodies in, a session's JSON out."""
+"""The HTTP handlers of /v1/pty: parsed query parameters and bodies in, a session's JSON out."""
 
 from __future__ import annotations
 
@@ -11,28 +11,14 @@ from aiohttp import web
 
 from ._config import AgentConfig
 from ._errors import ApiError, body_timeout_error
-from ._numbers import parse_decimal
 from ._pty import PtyManager, PtySession
-from ._requests import bad_request, parse_pty_request, parse_resize, parse_signal
+from ._requests import parse_pty_request, parse_resize, parse_signal
 from ._wire import reply
-from .contract import MAX_FILE_OFFSET, MAX_PTY_INPUT_BYTES, MAX_PTY_READ_BYTES, PtyInputReply
+from .contract import MAX_PTY_INPUT_BYTES, PtyInputReply
 
 __all__ = ["PtyHandlers"]
 
 log = logging.getLogger("sandbox_agent.pty")
-
-
-def _offset_param(request: web.Request, required: bool) -> int | None:
-    raw = request.query.get("offset")
-    if raw is None:
-        if required:
-            return 0
-        return None
-    value = parse_decimal(raw, MAX_FILE_OFFSET)
-    if value is None:
-        msg = f"offset must be an integer 0..{MAX_FILE_OFFSET} in ASCII digits, got {raw[:64]!r}"
-        raise bad_request(msg)
-    return value
 
 
 class PtyHandlers:
@@ -43,12 +29,10 @@ class PtyHandlers:
         manager: PtyManager,
         config: AgentConfig,
         read_json: Callable[[web.Request], Awaitable[Any]],
-        wait_param: Callable[[web.Request], float],
     ) -> None:
         self._pty = manager
         self._config = config
         self._read_json = read_json
-        self._wait_param = wait_param
 
     def _session(self, request: web.Request) -> PtySession:
         return self._pty.get(request.match_info["session_id"])
@@ -57,42 +41,30 @@ class PtyHandlers:
     def _answer(session: PtySession) -> web.Response:
         return web.json_response(session.to_json())
 
-    async def create(self, request: web.Request) -> web.Response:
+    async def create(self, request: web.Request, query: dict[str, Any]) -> web.Response:
         session_id, spec = parse_pty_request(await self._read_json(request))
         log.debug("pty %s: %r", session_id, spec.command)
         return self._answer(await self._pty.create(session_id, spec))
 
-    async def get(self, request: web.Request) -> web.Response:
-        wait = self._wait_param(request)
+    async def get(self, request: web.Request, query: dict[str, Any]) -> web.Response:
         session = self._session(request)
-        await self._pty.wait(session, wait)
+        await self._pty.wait(session, query["wait"])
         return self._answer(session)
 
-    async def delete(self, request: web.Request) -> web.Response:
+    async def delete(self, request: web.Request, query: dict[str, Any]) -> web.Response:
         session = self._session(request)
         await self._pty.close(session)
         return self._answer(session)
 
-    async def output(self, request: web.Request) -> web.Response:
-        wait = self._wait_param(request)
-        stream = request.query.get("stream", "stdout")
-        if stream not in ("stdout", "stderr"):
-            raise bad_request(f"stream must be stdout or stderr, got {stream[:64]!r}")
-        offset = _offset_param(request, required=True)
-        assert offset is not None
-        raw = request.query.get("max_bytes")
-        max_bytes = MAX_PTY_READ_BYTES
-        if raw is not None:
-            value = parse_decimal(raw, MAX_PTY_READ_BYTES)
-            if value is None or value < 1:
-                msg = f"max_bytes must be an integer 1..{MAX_PTY_READ_BYTES}, got {raw[:64]!r}"
-                raise bad_request(msg)
-            max_bytes = value
+    async def output(self, request: web.Request, query: dict[str, Any]) -> web.Response:
         session = self._session(request)
-        return web.json_response(await self._pty.read(session, stream, offset, wait, max_bytes))
+        read = self._pty.read(
+            session, query["stream"], query["offset"], query["wait"], query["max_bytes"]
+        )
+        return web.json_response(await read)
 
-    async def input(self, request: web.Request) -> web.Response:
-        offset = _offset_param(request, required=False)
+    async def input(self, request: web.Request, query: dict[str, Any]) -> web.Response:
+        offset = query["offset"]
         session = self._session(request)
         length = request.content_length
         too_large = ApiError(
@@ -126,13 +98,13 @@ class PtyHandlers:
             )
         )
 
-    async def resize(self, request: web.Request) -> web.Response:
+    async def resize(self, request: web.Request, query: dict[str, Any]) -> web.Response:
         rows, cols = parse_resize(await self._read_json(request))
         session = self._session(request)
         self._pty.resize(session, rows, cols)
         return self._answer(session)
 
-    async def signal(self, request: web.Request) -> web.Response:
+    async def signal(self, request: web.Request, query: dict[str, Any]) -> web.Response:
         name = parse_signal(await self._read_json(request))
         session = self._session(request)
         self._pty.signal(session, name)

@@ -3,7 +3,9 @@
 - `validate(Decl, body)`: a parsed JSON request body checked against its declaration, with
   defaults filled in, or `WireError` whose message names the field and what it accepts;
 - `reply(Decl, values)`: a reply built in declaration order, refusing a missing or unknown key;
-- `schema(Decl)`: the declaration as a JSON Schema (OpenAPI 3.1) object.
+- `schema(Decl)`: the declaration as a JSON Schema (OpenAPI 3.1) object;
+- `conforms(Decl, body)`: a parsed JSON reply checked against its declaration (the provider's
+  client checks every reply so), or `WireError` naming the field.
 
 A field is its type (str, int, float, bool, None, Literal, list, dict, a nested TypedDict or a
 union of those) with the markers of `_fields` in `typing.Annotated`. Markers on a nullable field
@@ -37,7 +39,17 @@ from ._fields import (
 )
 from ._numbers import json_integer, parse_decimal
 
-__all__ = ["Field", "Node", "WireError", "declared", "describe", "reply", "schema", "validate"]
+__all__ = [
+    "Field",
+    "Node",
+    "WireError",
+    "conforms",
+    "declared",
+    "describe",
+    "reply",
+    "schema",
+    "validate",
+]
 
 _NO_NUL = "^[^\\x00]*$"
 _SCALARS = {str: "str", int: "int", float: "number", bool: "bool", type(None): "null"}
@@ -334,6 +346,23 @@ def _dict(n: Node, value: dict[str, Any], path: str) -> dict[str, Any]:
             raise WireError(f"{path} name {key!r} is invalid: {describe(key_node)}") from None
         out[key] = _value(value_node, item, f"{path}[{key!r}]")
     return out
+
+
+# ----- checking a reply
+
+
+def conforms(decl: type, body: Any, path: str = "the reply") -> None:
+    """`body` holds every field `decl` requires, each as declared, else `WireError`.
+
+    Fields `decl` does not name are let through: a newer agent may add some to a reply.
+    """
+    if not isinstance(body, dict):
+        raise WireError(f"{path} must be a JSON object, got {_preview(body)}")
+    for f in declared(decl):
+        if f.name in body:
+            _value(f.node, body[f.name], f.name)
+        elif f.required:
+            raise WireError(f"{f.name} is missing: it must be {describe(f.node)}")
 
 
 # ----- building a reply

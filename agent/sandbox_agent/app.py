@@ -24,13 +24,13 @@ from ._errors import ApiError, body_timeout_error, code_for_status, error_respon
 from ._files import FileHandlers
 from ._identity import Identity, read_actor_id
 from ._jobs import AnyJob, JobManager
-from ._numbers import parse_number
 from ._openapi import openapi_document
 from ._pty import PtyManager
 from ._pty_http import PtyHandlers
 from ._requests import parse_exec_request
+from ._routes import add_routes
 from ._wire import reply
-from .contract import ACTOR_ID_HEADER, MAX_WAIT_S, Readiness
+from .contract import ACTOR_ID_HEADER, Readiness
 
 __all__ = ["create_app", "JOBS_KEY", "CONFIG_KEY", "PTY_KEY"]
 
@@ -64,19 +64,6 @@ def _http_exception_response(exc: web.HTTPException) -> web.StreamResponse:
     else:
         message = exc.reason or "request failed"
     return error_response(status, code, message, headers)
-
-
-def _wait_param(request: web.Request) -> float:
-    raw = request.query.get("wait")
-    if raw is None:
-        return 0.0
-    value = parse_number(raw, 0.0, MAX_WAIT_S)
-    if value is None:
-        msg = (
-            f"wait must be a number of seconds 0..{MAX_WAIT_S:g} such as 2 or 0.5, got {raw[:64]!r}"
-        )
-        raise ApiError(400, "bad_request", msg)
-    return value
 
 
 def _job_response(job: AnyJob, status: int) -> web.Response:
@@ -161,7 +148,7 @@ class _Agent:
                     "not executed (stale address?)",
                 )
 
-    async def readyz(self, request: web.Request) -> web.Response:
+    async def readyz(self, request: web.Request, query: dict[str, Any]) -> web.Response:
         actor_id = await self.current_actor_id()
         values = {
             "status": "ok",
@@ -172,7 +159,7 @@ class _Agent:
         }
         return web.json_response(reply(Readiness, values))
 
-    async def openapi(self, request: web.Request) -> web.Response:
+    async def openapi(self, request: web.Request, query: dict[str, Any]) -> web.Response:
         return web.Response(body=self._doc_body, content_type="application/json")
 
     async def read_json(self, request: web.Request) -> Any:
@@ -192,12 +179,11 @@ class _Agent:
             msg = "the body is not a usable JSON object: arrays or objects nested too deeply"
             raise ApiError(400, "bad_request", msg) from None
 
-    async def exec_start(self, request: web.Request) -> web.Response:
-        wait = _wait_param(request)
+    async def exec_start(self, request: web.Request, query: dict[str, Any]) -> web.Response:
         job_id, spec = parse_exec_request(await self.read_json(request))
         log.debug("exec %s: %r", job_id, spec.argv)
         job = await self.jobs.submit(job_id, spec)
-        await self.jobs.wait(job, wait)
+        await self.jobs.wait(job, query["wait"])
         return _job_response(job, 200 if job.finished else 202)
 
     def _job_or_404(self, request: web.Request) -> AnyJob:
@@ -211,13 +197,12 @@ class _Agent:
             )
         return job
 
-    async def exec_get(self, request: web.Request) -> web.Response:
-        wait = _wait_param(request)
+    async def exec_get(self, request: web.Request, query: dict[str, Any]) -> web.Response:
         job = self._job_or_404(request)
-        await self.jobs.wait(job, wait)
+        await self.jobs.wait(job, query["wait"])
         return _job_response(job, 200)
 
-    async def exec_delete(self, request: web.Request) -> web.Response:
+    async def exec_delete(self, request: web.Request, query: dict[str, Any]) -> web.Response:
         job = await self.jobs.kill(self._job_or_404(request))
         return _job_response(job, 200)
 
@@ -240,22 +225,28 @@ def create_app(config: AgentConfig | None = None) -> web.Application:
     app[IDENTITY_KEY] = agent.identity
     app[PTY_KEY] = agent.ptys
     files = agent.files
-    pty = PtyHandlers(agent.ptys, config, agent.read_json, _wait_param)
-    app.router.add_get("/readyz", agent.readyz)
-    app.router.add_get("/v1/openapi.json", agent.openapi)
-    app.router.add_post("/v1/exec", agent.exec_start)
-    app.router.add_get("/v1/exec/{job_id}", agent.exec_get)
-    app.router.add_delete("/v1/exec/{job_id}", agent.exec_delete)
-    app.router.add_put("/v1/files", files.put)
-    app.router.add_get("/v1/files", files.get)
-    app.router.add_get("/v1/stat", files.stat)
-    app.router.add_post("/v1/pty", pty.create)
-    app.router.add_get("/v1/pty/{session_id}", pty.get)
-    app.router.add_delete("/v1/pty/{session_id}", pty.delete)
-    app.router.add_get("/v1/pty/{session_id}/output", pty.output)
-    app.router.add_post("/v1/pty/{session_id}/input", pty.input)
-    app.router.add_post("/v1/pty/{session_id}/resize", pty.resize)
-    app.router.add_post("/v1/pty/{session_id}/signal", pty.signal)
+    pty = PtyHandlers(agent.ptys, config, agent.read_json)
+    add_routes(
+        app.router,
+        {
+            "readyz": agent.readyz,
+            "openapi": agent.openapi,
+            "execStart": agent.exec_start,
+            "execGet": agent.exec_get,
+            "execKill": agent.exec_delete,
+            "filePut": files.put,
+            "fileGet": files.get,
+            "fileHead": files.get,
+            "stat": files.stat,
+            "ptyCreate": pty.create,
+            "ptyGet": pty.get,
+            "ptyClose": pty.delete,
+            "ptyOutput": pty.output,
+            "ptyInput": pty.input,
+            "ptyResize": pty.resize,
+            "ptySignal": pty.signal,
+        },
+    )
     app.on_startup.append(agent.on_startup)
     app.on_shutdown.append(agent.on_shutdown)
     return app

@@ -83,3 +83,23 @@ def test_contract_imports_only_the_standard_library() -> None:
     for name, tree in (("contract.py", contract), ("_fields.py", fields)):
         foreign = _imported(tree) - set(sys.stdlib_module_names) - {"__future__"}
         assert not foreign, f"{name} imports {sorted(foreign)}"
+
+
+# The modules the provider loads with `sandbox_agent.endpoints`, and what each may import of the
+# package: the endpoint table, its parameters, the walker that checks replies, and the contract.
+_PROVIDER_SIDE = {
+    "endpoints.py": {"_params", "_wire", "contract"},
+    "_params.py": {"_fields", "_numbers"},
+    "_wire.py": {"_fields", "_numbers"},
+    "_numbers.py": set(),
+}
+
+
+def test_endpoint_table_imports_only_the_standard_library() -> None:
+    """The provider's client builds its requests from `sandbox_agent.endpoints` and checks the
+    replies with it, without the agent's server (aiohttp) or any of its handlers."""
+    for name, allowed in _PROVIDER_SIDE.items():
+        tree = ast.parse((PACKAGE / name).read_text())
+        assert _relative_imports(tree) <= allowed, (name, _relative_imports(tree))
+        foreign = _imported(tree) - set(sys.stdlib_module_names) - {"__future__"}
+        assert not foreign, f"{name} imports {sorted(foreign)}"
