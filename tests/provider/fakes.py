@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import time
 import uuid
 from collections import Counter, deque
 from collections.abc import Mapping
@@ -425,12 +426,24 @@ class FakeAgents:
         self._faults.extend([status] * times)
 
     @staticmethod
-    def _run(command: Any) -> dict[str, Any]:
+    def _run(job_id: str, command: Any) -> dict[str, Any]:
+        """The finished job, every field the contract declares (the client checks them)."""
         text = command if isinstance(command, str) else " ".join(command)
-        if text.startswith("exit "):
-            return {"state": "exited", "exit_code": int(text.split()[1]), "stdout": ""}
+        code = int(text.split()[1]) if text.startswith("exit ") else 0
         out = text[5:] + "\n" if text.startswith("echo ") else ""
-        return {"state": "exited", "exit_code": 0, "stdout": out, "stderr": ""}
+        return {
+            "id": job_id,
+            "state": "exited",
+            "exit_code": code,
+            "signal": None,
+            "stdout": out,
+            "stderr": "",
+            "stdout_truncated": False,
+            "stderr_truncated": False,
+            "started_at": time.time(),
+            "duration_ms": 0.1,
+            "error": None,
+        }
 
     def _route(self, headers: Mapping[str, str], what: str) -> FakeActor | HttpResponse:
         assert "host" not in {k.lower() for k in headers}, "the provider routes by header only"
@@ -470,7 +483,8 @@ class FakeAgents:
         actor, actor_id = routed, routed.name
         path, params = urlsplit(url).path, dict(params or {})
         if path == "/readyz":
-            return _json(200, {"status": "ok", "actor_id": actor_id, "boot_id": actor.boot})
+            ready = {"status": "ok", "agent_version": "0.1.0", "actor_id": actor_id}
+            return _json(200, {**ready, "boot_id": actor.boot, "uptime_s": 0.0})
         if path == "/v1/exec" and method == "POST":
             job = json.loads(body or b"{}")
             text = job["command"] if isinstance(job["command"], str) else job["command"][-1]
@@ -480,7 +494,7 @@ class FakeAgents:
             key = (actor.boot, job["id"])
             if key not in self.jobs:
                 self.runs[job["id"]] += 1
-                self.jobs[key] = {"id": job["id"], **self._run(job["command"])}
+                self.jobs[key] = self._run(job["id"], job["command"])
             return _json(200, self.jobs[key])
         if path.startswith("/v1/exec/"):
             found = self.jobs.get((actor.boot, path.rsplit("/", 1)[1]))

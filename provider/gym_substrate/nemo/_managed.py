@@ -49,6 +49,7 @@ from gym_substrate.nemo.control_client import (
 from gym_substrate.nemo.errors import (
     ActorCrashedError,
     ActorNotFoundError,
+    AgentProtocolError,
     ConnectionConfigError,
     ControlPlaneError,
     NoFreeWorkersError,
@@ -347,6 +348,10 @@ class ManagedActor:
                 ),
                 what=f"GET /readyz on {actor.actor_id}",
             )
+        except AgentProtocolError as exc:  # answered, but not as a sandbox agent does
+            hint = not_an_agent(self.services.router)
+            message = f"GET /readyz on {actor.actor_id}: {hint.text} ({exc})"
+            raise ConnectionConfigError(message, key=hint.key) from exc
         except SubstrateError as exc:
             if not unmoved:
                 raise
@@ -357,11 +362,6 @@ class ManagedActor:
                 f"workload does not answer (its router answers 503): the workload died, and "
                 f"nothing restarts it; close() or pause() the sandbox ({exc})"
             ) from exc
-        if not isinstance(ready, dict) or "boot_id" not in ready:
-            hint = not_an_agent(self.services.router)
-            raise ConnectionConfigError(
-                f"GET /readyz on {actor.actor_id}: {hint.text}", key=hint.key
-            )
         self.lost_workload = None
         self._publish(
             status=actor_state(resumed),

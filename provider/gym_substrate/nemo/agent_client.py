@@ -8,8 +8,14 @@ The transport is the one seam to the network (as httpx's transports): `AiohttpTr
 production, an in-memory fake in tests, no patching. Every response is classified here into
 "the agent answered" (JSON error object -> `AgentResponseError`) or "the router answered"
 (anything else non-2xx -> `RouterError`, 503 -> `ActorUnavailableError`); transport failures
-become `AgentTransportError`. Retrying is the caller's job: only the caller knows whether a
-request is idempotent (exec submissions carry a client id; file chunks carry an offset).
+become `AgentTransportError`.
+
+Requests are built from the agent's endpoint table (`sandbox_agent.endpoints`: method, path,
+query names and the text of their values), and every success answer is checked against the
+table before a caller sees it: a status or a body the contract does not declare is an
+`AgentProtocolError` naming the endpoint and the field. Retrying is the caller's job: only the
+caller knows whether a request is idempotent (exec submissions carry a client id; file chunks
+carry an offset).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import aiohttp
 
@@ -27,6 +33,7 @@ from gym_substrate.nemo._connhints import http_hint
 from gym_substrate.nemo.errors import (
     ActorMismatchError,
     ActorUnavailableError,
+    AgentProtocolError,
     AgentResponseError,
     AgentTransportError,
     ConnectionConfigError,
@@ -43,6 +50,25 @@ from sandbox_agent.contract import (
     PtySession,
     Readiness,
     UploadReply,
+)
+from sandbox_agent.endpoints import (
+    EXEC_GET,
+    EXEC_KILL,
+    EXEC_START,
+    FILE_GET,
+    FILE_PUT,
+    PTY_CLOSE,
+    PTY_CREATE,
+    PTY_GET,
+    PTY_INPUT,
+    PTY_OUTPUT,
+    PTY_RESIZE,
+    PTY_SIGNAL,
+    READYZ,
+    STAT,
+    Bytes,
+    Endpoint,
+    ReplyError,
 )
 
 __all__ = ["AgentClient", "AiohttpTransport", "HttpResponse", "HttpTransport"]
@@ -175,110 +201,133 @@ class AgentClient:
         cls2 = ActorUnavailableError if status == 503 else RouterError
         return cls2(message, status=status, body=text)
 
+    async def _call(
+        self,
+        endpoint: Endpoint,
+        *,
+        segments: Mapping[str, str] | None = None,
+        query: Mapping[str, Any] | None = None,
+        json_body: Any = None,
+        data: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> tuple[Any, dict[str, str]]:
+        """One request to `endpoint` of the table, its reply checked against the declaration.
+
+        The path, the query's names and the text of its values come from the table; a success
+        answer the table does not declare, or a body that breaks its declaration, is an
+        `AgentProtocolError` naming the endpoint and the field.
+        """
+        path = endpoint.url(**{k: quote(v, safe="") for k, v in (segments or {}).items()})
+        hdrs = dict(headers or {})
+        if endpoint.body is not None and endpoint.body.shape is Bytes:
+            hdrs["Content-Type"] = "application/octet-stream"
+        elif data is not None or (json_body is not None and endpoint.body is None):
+            raise TypeError(f"{endpoint.what} takes {endpoint.body}, not this body")
+        status, answer_headers, payload = await self._request(
+            endpoint.method,
+            path,
+            params=endpoint.query(query or {}) or None,
+            json_body=json_body,
+            data=data,
+            headers=hdrs,
+            timeout_s=timeout_s,
+        )
+        try:
+            return endpoint.check_reply(status, payload), answer_headers
+        except ReplyError as exc:
+            what = f"{endpoint.method} {path} on {self.actor_id}"
+            raise AgentProtocolError(f"{what}: {exc}", status=status, code="bad_reply") from exc
+
+    def _polled(self, wait_s: float) -> float:
+        """The timeout of a request that the agent may hold for `wait_s`."""
+        return wait_s + self.request_timeout_s
+
     async def readyz(self, timeout_s: float = 5.0) -> Readiness:
-        _, _, body = await self._request("GET", "/readyz", timeout_s=timeout_s)
-        return cast(Readiness, json.loads(body))
+        reply, _ = await self._call(READYZ, timeout_s=timeout_s)
+        return cast(Readiness, reply)
 
     async def submit(self, job: Mapping[str, Any], wait_s: float) -> Job:
-        _, _, body = await self._request(
-            "POST",
-            "/v1/exec",
-            params={"wait": f"{wait_s:.3f}"},
-            json_body=job,
-            timeout_s=wait_s + self.request_timeout_s,
+        reply, _ = await self._call(
+            EXEC_START, query={"wait": wait_s}, json_body=job, timeout_s=self._polled(wait_s)
         )
-        return cast(Job, json.loads(body))
+        return cast(Job, reply)
 
     async def poll(self, job_id: str, wait_s: float) -> Job:
-        _, _, body = await self._request(
-            "GET",
-            f"/v1/exec/{job_id}",
-            params={"wait": f"{wait_s:.3f}"},
-            timeout_s=wait_s + self.request_timeout_s,
+        reply, _ = await self._call(
+            EXEC_GET,
+            segments={"job_id": job_id},
+            query={"wait": wait_s},
+            timeout_s=self._polled(wait_s),
         )
-        return cast(Job, json.loads(body))
+        return cast(Job, reply)
 
     async def kill(self, job_id: str) -> Job:
-        _, _, body = await self._request("DELETE", f"/v1/exec/{job_id}")
-        return cast(Job, json.loads(body))
+        reply, _ = await self._call(EXEC_KILL, segments={"job_id": job_id})
+        return cast(Job, reply)
 
     async def put_chunk(
         self, path: str, offset: int, data: bytes, *, final: bool, mode: int
     ) -> UploadReply:
-        params = {
-            "path": path,
-            "offset": str(offset),
-            "final": "true" if final else "false",
-            "mode": f"{mode:o}",
-        }
-        _, _, body = await self._request(
-            "PUT",
-            "/v1/files",
-            params=params,
-            data=data,
-            headers={"Content-Type": "application/octet-stream"},
-        )
-        return cast(UploadReply, json.loads(body))
+        query = {"path": path, "offset": offset, "final": final, "mode": mode}
+        reply, _ = await self._call(FILE_PUT, query=query, data=data)
+        return cast(UploadReply, reply)
 
     async def stat(self, path: str) -> FileStat:
-        _, _, body = await self._request("GET", "/v1/stat", params={"path": path})
-        return cast(FileStat, json.loads(body))
+        reply, _ = await self._call(STAT, query={"path": path})
+        return cast(FileStat, reply)
 
     async def get_range(self, path: str, start: int, end: int) -> tuple[bytes, dict[str, str]]:
         """Bytes [start, end] inclusive of `path`."""
-        _, headers, body = await self._request(
-            "GET", "/v1/files", params={"path": path}, headers={"Range": f"bytes={start}-{end}"}
+        reply, headers = await self._call(
+            FILE_GET, query={"path": path}, headers={"Range": f"bytes={start}-{end}"}
         )
-        return body, headers
+        return cast(bytes, reply), headers
 
     # ------------------------------------------------------------------ PTY sessions
 
     async def pty_create(self, body: PtyRequest) -> PtySession:
-        _, _, payload = await self._request("POST", "/v1/pty", json_body=body)
-        return cast(PtySession, json.loads(payload))
+        reply, _ = await self._call(PTY_CREATE, json_body=body)
+        return cast(PtySession, reply)
 
     async def pty_get(self, session_id: str, wait_s: float = 0.0) -> PtySession:
-        _, _, payload = await self._request(
-            "GET",
-            f"/v1/pty/{session_id}",
-            params={"wait": f"{wait_s:.3f}"},
-            timeout_s=wait_s + self.request_timeout_s,
+        reply, _ = await self._call(
+            PTY_GET,
+            segments={"session_id": session_id},
+            query={"wait": wait_s},
+            timeout_s=self._polled(wait_s),
         )
-        return cast(PtySession, json.loads(payload))
+        return cast(PtySession, reply)
 
     async def pty_output(
         self, session_id: str, stream: str, offset: int, wait_s: float
     ) -> PtyOutput:
-        _, _, payload = await self._request(
-            "GET",
-            f"/v1/pty/{session_id}/output",
-            params={"stream": stream, "offset": str(offset), "wait": f"{wait_s:.3f}"},
-            timeout_s=wait_s + self.request_timeout_s,
+        reply, _ = await self._call(
+            PTY_OUTPUT,
+            segments={"session_id": session_id},
+            query={"stream": stream, "offset": offset, "wait": wait_s},
+            timeout_s=self._polled(wait_s),
         )
-        return cast(PtyOutput, json.loads(payload))
+        return cast(PtyOutput, reply)
 
     async def pty_input(self, session_id: str, offset: int, data: bytes) -> PtyInputReply:
-        _, _, payload = await self._request(
-            "POST",
-            f"/v1/pty/{session_id}/input",
-            params={"offset": str(offset)},
-            data=data,
-            headers={"Content-Type": "application/octet-stream"},
+        reply, _ = await self._call(
+            PTY_INPUT, segments={"session_id": session_id}, query={"offset": offset}, data=data
         )
-        return cast(PtyInputReply, json.loads(payload))
+        return cast(PtyInputReply, reply)
 
     async def pty_resize(self, session_id: str, rows: int, cols: int) -> PtySession:
-        _, _, payload = await self._request(
-            "POST", f"/v1/pty/{session_id}/resize", json_body={"rows": rows, "cols": cols}
+        reply, _ = await self._call(
+            PTY_RESIZE, segments={"session_id": session_id}, json_body={"rows": rows, "cols": cols}
         )
-        return cast(PtySession, json.loads(payload))
+        return cast(PtySession, reply)
 
     async def pty_signal(self, session_id: str, name: str) -> PtySession:
-        _, _, payload = await self._request(
-            "POST", f"/v1/pty/{session_id}/signal", json_body={"signal": name}
+        reply, _ = await self._call(
+            PTY_SIGNAL, segments={"session_id": session_id}, json_body={"signal": name}
         )
-        return cast(PtySession, json.loads(payload))
+        return cast(PtySession, reply)
 
     async def pty_close(self, session_id: str) -> PtySession:
-        _, _, payload = await self._request("DELETE", f"/v1/pty/{session_id}")
-        return cast(PtySession, json.loads(payload))
+        reply, _ = await self._call(PTY_CLOSE, segments={"session_id": session_id})
+        return cast(PtySession, reply)

@@ -25,7 +25,10 @@ both chain the original with `raise ... from exc`. The two roots live in
     │   ├── RouterError                            router 5xx/404: the actor was not reached
     │   │   └── ActorUnavailableError              router 503: the actor has no worker
     │   └── AgentResponseError                     the agent answered 4xx/5xx (has `code`)
-    │       └── ActorMismatchError                 409 actor_mismatch: wrong sandbox reached
+    │       ├── ActorMismatchError                 409 actor_mismatch: wrong sandbox reached
+    │       └── AgentProtocolError                 a success answer the contract does not
+    │                                              declare (code `bad_reply`; names the
+    │                                              endpoint and the field)
     ├── TransferError (+ OSError)                  upload/download failed or sha256 mismatch
     ├── RetryError                                 a retry deadline ran out (chained to the cause)
     ├── CloseError (+ RuntimeError)                close() could not delete the actor
@@ -54,6 +57,7 @@ __all__ = [
     "ActorNotFoundError",
     "ActorUnavailableError",
     "AgentError",
+    "AgentProtocolError",
     "AgentResponseError",
     "AgentTransportError",
     "AlreadyExistsError",
@@ -173,6 +177,13 @@ class AgentResponseError(AgentError):
 
 class ActorMismatchError(AgentResponseError):
     """The request reached a sandbox other than the one the handle names."""
+
+
+class AgentProtocolError(AgentResponseError):
+    """The agent answered a success status its endpoint does not declare, or a body that breaks
+    the endpoint's declaration in `sandbox_agent.endpoints` (a missing field, a wrong value): the
+    message names the endpoint and the field. `code` is `bad_reply`; never retried, as the same
+    agent answers the same way again."""
 
 
 class TransferError(SubstrateError, OSError):
