@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from gym_substrate.ateapi.eras import ERAS
 from gym_substrate.cli import main
 from gym_substrate.lab.tools.sweep import sweep_actors
 from gym_substrate.nemo.types import SandboxSpec
@@ -40,7 +41,10 @@ def _smoke(*args: str) -> tuple[int, list[dict[str, object]]]:
     return result.exit_code, json.loads(result.output[start:]) if start >= 0 else []
 
 
-def test_smoke_command_on_the_local_backend() -> None:
+@pytest.mark.parametrize("era", ERAS)
+def test_smoke_command_on_the_local_backend(era: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Against each API era the backend serves (issue 30): the provider reads it by reflection."""
+    monkeypatch.setenv("GYM_SUBSTRATE_API_ERA", era)
     code, steps = _smoke("--config", str(ROOT / "configs" / "substrate.yaml"), "--local", "process")
     assert [s["name"] for s in steps] == STEPS
     assert all(s["ok"] for s in steps), steps
