@@ -29,6 +29,7 @@ import grpc
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.core.names import TARGET_ACTOR_HEADER, parse_ref
+from gym_substrate.nemo._retry import Pacer
 from gym_substrate.nemo.agent_client import HttpResponse
 from gym_substrate.nemo.control_client import Resumed
 from gym_substrate.nemo.errors import AgentTransportError, ControlPlaneError, translate_grpc_error
@@ -507,3 +508,19 @@ class FakeAgents:
             digest = hashlib.sha256(data).hexdigest() if final else None
             return _json(200, {"path": key[1], "size": len(data), "sha256": digest})
         return _json(404, {"error": {"code": "not_found", "message": f"{method} {path}"}})
+
+
+class FakePace:
+    """A clock that moves only when the provider sleeps on it (`pacer`, for
+    `SubstrateProvider(pacer=...)`): retries and capacity waits run at once, and `sleeps` says
+    which backoffs they took, as the router's resumer tests count theirs."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+        self.pacer = Pacer(clock=lambda: self.now, sleep=self._sleep)
+
+    async def _sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+        await asyncio.sleep(0)  # a real turn of the loop, no real time

@@ -18,7 +18,7 @@ from gym_substrate import SubstrateCreateError, SubstrateProvider
 from gym_substrate.nemo._capacity import queue_for
 from gym_substrate.nemo.types import SandboxHandle, SandboxSpec
 
-from .fakes import FakeAgents, FakeControl
+from .fakes import FakeAgents, FakeControl, FakePace
 
 CONN = {"api": "127.0.0.1:1", "router": "http://router.invalid", "tls": {"plaintext": True}}
 WAITERS = 6
@@ -26,12 +26,15 @@ WAITERS = 6
 _HANG_S = 30
 
 
-def _provider(control: FakeControl, retry: dict[str, float], **create: Any) -> SubstrateProvider:
+def _provider(
+    control: FakeControl, retry: dict[str, float], pace: FakePace | None = None, **create: Any
+) -> SubstrateProvider:
     return SubstrateProvider(
         connection=CONN,
         control=control,
         http=FakeAgents(control),
         create={"ready_timeout_s": 600, "retry": retry, **create},
+        pacer=pace.pacer if pace is not None else None,
     )
 
 
@@ -123,4 +126,21 @@ async def test_a_waiter_whose_deadline_passes_leaves_the_line_and_the_rest_go_on
         assert served == [0, 2]
         assert len(control.actors) == 1
         await p.close(last)
+    await p.aclose()
+
+
+async def test_a_wait_for_capacity_runs_on_the_providers_clock_and_sleep() -> None:
+    """Ten minutes of five-minute backoffs with no worker freed: over at once on an injected
+    clock, after the backoffs the policy asks for (half to all of `initial`, then `maximum`),
+    and the error names the wait on that clock."""
+    control, pace = FakeControl(workers=1), FakePace()
+    p = _provider(control, {"initial": 300, "maximum": 300, "deadline": 600}, pace)
+    async with asyncio.timeout(_HANG_S):
+        holder = await p.create(SandboxSpec())
+        with pytest.raises(SubstrateCreateError, match="no free capacity"):
+            await p.create(SandboxSpec())
+        assert pace.sleeps
+        assert all(150 <= s <= 300 for s in pace.sleeps[:-1]), pace.sleeps
+        assert 590 < pace.now <= 600 + 300  # the create's ready timeout, on that clock
+        await p.close(holder)
     await p.aclose()

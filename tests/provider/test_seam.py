@@ -18,7 +18,7 @@ from gym_substrate.nemo import _shared
 from gym_substrate.nemo._metrics import METRICS
 from gym_substrate.nemo.types import SandboxSpec
 
-from .fakes import PAUSED, SUSPENDED, FakeAgents, FakeControl
+from .fakes import PAUSED, SUSPENDED, FakeAgents, FakeControl, FakePace
 
 CONN = {"api": "127.0.0.1:1", "router": "http://router.invalid", "tls": {"plaintext": True}}
 
@@ -166,13 +166,15 @@ async def test_an_idle_parked_sandbox_waits_for_capacity_within_its_resume_deadl
 
 
 async def test_close_waits_out_a_refused_delete() -> None:
-    control = FakeControl()
-    async with _provider(control) as p:
+    """Two refusals, two backoffs, on the provider's clock and sleep (none of them real)."""
+    control, pace = FakeControl(), FakePace()
+    async with _provider(control, pacer=pace.pacer) as p:
         handle = await p.create(SandboxSpec())
         control.fail("DeleteActor", grpc.StatusCode.ABORTED, "another operation", times=2)
         await p.close(handle)
         await p.close(handle)  # idempotent: no second round of RPCs
         assert control.calls["DeleteActor"] == 3
+        assert len(pace.sleeps) == 2
     assert control.actors == {}
 
 

@@ -43,6 +43,8 @@ from gym_substrate.nemo.errors import (
 from gym_substrate.nemo.ledger import Ledger
 from gym_substrate.nemo.types import SandboxStatus
 
+from .fakes import FakePace
+
 ROOT = Path(__file__).resolve().parents[2]
 CONN = {"api": "127.0.0.1:1", "router": "http://127.0.0.1:2", "tls": {"plaintext": True}}
 
@@ -221,16 +223,9 @@ def test_yaml_loader_errors(tmp_path: Path, text: str, message: str) -> None:
 async def test_retry_backoff_is_jittered_capped_and_deadlined(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    sleeps: list[float] = []
-    clock = [0.0]
-
-    async def fake_sleep(s: float) -> None:
-        sleeps.append(s)
-        clock[0] += s
-
-    monkeypatch.setattr(_retry.asyncio, "sleep", fake_sleep)
+    pace = FakePace()  # the policy's clock and sleep: the backoffs are counted, not waited
+    sleeps = pace.sleeps
     monkeypatch.setattr(_retry.random, "uniform", lambda a, b: b)
-    monkeypatch.setattr(_retry.time, "monotonic", lambda: clock[0])
     calls = 0
 
     async def flaky() -> str:
@@ -240,7 +235,7 @@ async def test_retry_backoff_is_jittered_capped_and_deadlined(
             raise TransientControlPlaneError("x")
         return "ok"
 
-    policy = _retry.RetryPolicy(initial=1, maximum=3, multiplier=2, deadline=100)
+    policy = _retry.RetryPolicy(initial=1, maximum=3, multiplier=2, deadline=100, pacer=pace.pacer)
     assert (
         await _retry.retry_target(
             flaky, lambda e: isinstance(e, TransientControlPlaneError), policy, what="op"

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
@@ -26,6 +25,8 @@ from typing import Any, TypeVar
 
 from gym_substrate.nemo._metrics import METRICS
 from gym_substrate.nemo._retry import (
+    REAL_PACE,
+    Pacer,
     RetryPolicy,
     is_transient_control,
     no_capacity,
@@ -66,20 +67,14 @@ class CapacityQueue:
     def ahead_of(self, ticket: _Ticket) -> int:
         return self._line.index(ticket) if ticket in self._line else 0
 
-    async def turn(self, ticket: _Ticket, within: float) -> bool:
+    async def turn(self, ticket: _Ticket, within: float, pacer: Pacer = REAL_PACE) -> bool:
         """Wait until `ticket` heads the line; False when `within` seconds passed first."""
-        try:
-            await asyncio.wait_for(ticket.turn.wait(), max(0.0, within))
-        except TimeoutError:
-            return ticket.turn.is_set()
-        return True
+        await pacer.wait(ticket.turn, within)
+        return ticket.turn.is_set()
 
-    async def rest(self, seconds: float) -> None:
+    async def rest(self, seconds: float, pacer: Pacer = REAL_PACE) -> None:
         """The head's backoff: over early when this process frees capacity."""
-        try:
-            await asyncio.wait_for(self._freed.wait(), max(0.0, seconds))
-        except TimeoutError:
-            pass
+        await pacer.wait(self._freed, seconds)
 
     def asking(self) -> None:
         """The head is about to ask: what was freed before is seen by this call."""
@@ -136,7 +131,9 @@ async def wait_in_line(
     `first`: ask once before joining a line that is not empty (an actor that should already be
     running, whose resume needs no worker).
     """
-    started = time.monotonic()
+    pacer = policy.pacer
+    clock = pacer.clock
+    started = clock()
     deadline = started + policy.deadline
     since: float | None = None
     ticket: _Ticket | None = None
@@ -145,20 +142,20 @@ async def wait_in_line(
         if queue.waiting and not first:
             ticket = queue.join()
         while True:
-            if ticket is not None and not await queue.turn(ticket, deadline - time.monotonic()):
+            if ticket is not None and not await queue.turn(ticket, deadline - clock(), pacer):
                 ahead = queue.ahead_of(ticket)
                 cause = NoFreeWorkersError(
                     f"{call}: RESOURCE_EXHAUSTED: {ahead} earlier call(s) of this process were "
                     "still waiting for a free worker",
                     method=call,
                 )
-                raise no_capacity(what, time.monotonic() - (since or started), cause)
+                raise no_capacity(what, clock() - (since or started), cause)
             if ticket is not None:
                 queue.asking()
             try:
                 return await target()
             except Exception as exc:
-                now = time.monotonic()
+                now = clock()
                 if isinstance(exc, NoFreeWorkersError):
                     METRICS.capacity_waits.labels(call).inc()
                     since = now if since is None else since
@@ -168,7 +165,7 @@ async def wait_in_line(
                             continue  # behind others: wait for the turn, no call meanwhile
                     if deadline - now <= 0:
                         raise no_capacity(what, now - since, exc) from exc
-                    await queue.rest(min(next(pauses), deadline - now))
+                    await queue.rest(min(next(pauses), deadline - now), pacer)
                     continue
                 if not predicate(exc):
                     raise
@@ -181,9 +178,9 @@ async def wait_in_line(
                     raise RetryError(
                         f"{what} did not succeed within {policy.deadline:g} s", exc
                     ) from exc
-                await asyncio.sleep(min(next(sleeps), deadline - now))
+                await pacer.sleep(min(next(sleeps), deadline - now))
     finally:
         if ticket is not None:
             queue.leave(ticket)
         if since is not None:
-            METRICS.capacity_wait_seconds.observe(time.monotonic() - since)
+            METRICS.capacity_wait_seconds.observe(clock() - since)

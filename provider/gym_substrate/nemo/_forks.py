@@ -248,9 +248,8 @@ class SnapshotMethods:
                 raise
             raise SnapshotError(f"could not snapshot sandbox {actor.actor_id}: {exc}") from exc
 
-    @staticmethod
     async def _create_tag(
-        control: ControlAPI, actor: SubstrateActor, name: str, scope: SnapshotScope
+        self, control: ControlAPI, actor: SubstrateActor, name: str, scope: SnapshotScope
     ) -> pb.Tag:
         """CreateTag, retried through transient codes; a retry that finds the tag our earlier
         attempt made (same source) takes it."""
@@ -274,7 +273,7 @@ class SnapshotMethods:
         return await retry_target(
             attempt,
             is_transient_control,
-            RetryPolicy(initial=0.05, maximum=1.0, multiplier=2.0, deadline=60.0),
+            RetryPolicy(0.05, 1.0, 2.0, 60.0, self._retry.pacer),
             what=f"CreateTag {actor.atespace}/{name}",
         )
 

@@ -291,7 +291,9 @@ class ManagedActor:
         return await retry_target(
             lambda: request(self.services.agent(self.actor)),
             lambda exc: is_router_glitch(exc) or is_lost_worker(exc),
-            HTTP_RETRY.with_deadline(max(0.001, end - time.monotonic())),
+            HTTP_RETRY.paced(self.services.retry.pacer).with_deadline(
+                max(0.001, end - time.monotonic())
+            ),
             what=what,
             on_error=on_error,
         )
@@ -345,6 +347,7 @@ class ManagedActor:
                     maximum=0.5,
                     multiplier=2.0,
                     deadline=max(0.001, deadline - time.monotonic()),
+                    pacer=self.services.retry.pacer,
                 ),
                 what=f"GET /readyz on {actor.actor_id}",
             )
@@ -601,6 +604,7 @@ class ManagedActor:
                     maximum=0.5,
                     multiplier=2.0,
                     deadline=self.services.close_timeout_s,
+                    pacer=self.services.retry.pacer,
                 ),
                 what=f"deleting actor {actor.actor_id}",
             )

@@ -6,16 +6,20 @@ resubmission reuses the job id; file chunks carry an offset) and teardown. The H
 clients never retry on their own. Full jitter keeps hundreds of rollouts that hit "no free
 capacity" (RESOURCE_EXHAUSTED) at the same moment from retrying in lockstep; `wait_for_capacity`
 is the loop that waits it out, counts it and says so when it gives up (`_capacity.wait_in_line`
-does the same for ResumeActor, in arrival order).
+does the same for ResumeActor, in arrival order). Every wait runs on its policy's `Pacer`, a
+clock and a sleep: the event loop's own (`time.monotonic`, `asyncio.sleep`) unless the provider
+was given another (`SubstrateProvider(pacer=...)`), as the router's resumer takes its clock and
+sleep, so a test counts attempts and backoffs without waiting for them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 from gym_substrate.nemo._metrics import METRICS
@@ -30,6 +34,8 @@ from gym_substrate.nemo.errors import (
 
 __all__ = [
     "HTTP_RETRY",
+    "REAL_PACE",
+    "Pacer",
     "RetryPolicy",
     "is_lost_worker",
     "is_resumable",
@@ -44,17 +50,60 @@ __all__ = [
 T = TypeVar("T")
 
 
+def _monotonic() -> float:
+    return time.monotonic()  # looked up at each call, as a test's monkeypatch expects
+
+
+async def _sleep(seconds: float) -> None:
+    await asyncio.sleep(seconds)
+
+
+@dataclass(frozen=True)
+class Pacer:
+    """The clock (seconds, monotonic) and the sleep that retries and capacity waits run on."""
+
+    clock: Callable[[], float] = _monotonic
+    sleep: Callable[[float], Awaitable[None]] = _sleep
+
+    async def wait(self, event: asyncio.Event, seconds: float) -> None:
+        """Wait for `event`, `seconds` at most: the event loop's own timeout on the real clock,
+        a race against `sleep` on another."""
+        if self.sleep is _sleep:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), max(0.0, seconds))
+            return
+        if event.is_set():
+            return
+        waiting = asyncio.ensure_future(event.wait())
+        sleeping = asyncio.ensure_future(self.sleep(max(0.0, seconds)))
+        try:
+            await asyncio.wait((waiting, sleeping), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (waiting, sleeping):
+                task.cancel()
+            await asyncio.gather(waiting, sleeping, return_exceptions=True)
+
+
+REAL_PACE = Pacer()
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Exponential backoff with full jitter under one overall deadline (seconds)."""
+    """Exponential backoff with full jitter under one overall deadline (seconds), timed by
+    `pacer` (the real clock and sleep unless one is injected; not part of the policy's value)."""
 
     initial: float = 0.1
     maximum: float = 2.0
     multiplier: float = 2.0
     deadline: float = 60.0
+    pacer: Pacer = field(default=REAL_PACE, compare=False, repr=False)
 
     def with_deadline(self, deadline: float) -> RetryPolicy:
         return replace(self, deadline=deadline)
+
+    def paced(self, pacer: Pacer) -> RetryPolicy:
+        """This policy timed by `pacer` (a fixed policy, on the provider's clock and sleep)."""
+        return replace(self, pacer=pacer)
 
 
 # Agent requests through the router: short first sleeps (a reset is usually over at once).
@@ -112,7 +161,8 @@ async def retry_target(
 
     Raises `RetryError` chained to the last error when the deadline would be crossed.
     """
-    deadline = time.monotonic() + policy.deadline
+    clock = policy.pacer.clock
+    deadline = clock() + policy.deadline
     for sleep in sleep_generator(policy):
         try:
             return await target()
@@ -123,12 +173,12 @@ async def retry_target(
                 maybe = on_error(exc)
                 if maybe is not None:
                     await maybe
-            remaining = deadline - time.monotonic()
+            remaining = deadline - clock()
             if remaining <= 0:
                 raise RetryError(
                     f"{what} did not succeed within {policy.deadline:g} s", exc
                 ) from exc
-            await asyncio.sleep(min(sleep, remaining))
+            await policy.pacer.sleep(min(sleep, remaining))
     raise AssertionError("unreachable")  # pragma: no cover
 
 
@@ -161,8 +211,9 @@ async def wait_for_capacity(
     Transient codes are retried only for `transient_s` (`create.retry.deadline`) from the
     start: a control plane that is down is reported then, not at the (longer) call deadline.
     """
+    clock = policy.pacer.clock
     since: float | None = None
-    started = time.monotonic()
+    started = clock()
 
     async def attempt() -> T:
         try:
@@ -171,7 +222,7 @@ async def wait_for_capacity(
             if (
                 transient_s is not None
                 and is_transient_control(exc)
-                and time.monotonic() - started >= transient_s
+                and clock() - started >= transient_s
             ):
                 raise RetryError(f"{what} did not succeed within {transient_s:g} s", exc) from exc
             raise
@@ -181,7 +232,7 @@ async def wait_for_capacity(
         if isinstance(exc, NoFreeWorkersError):
             METRICS.capacity_waits.labels(call).inc()
             if since is None:
-                since = time.monotonic()
+                since = clock()
         if on_error is not None:
             maybe = on_error(exc)
             if maybe is not None:
@@ -192,8 +243,8 @@ async def wait_for_capacity(
     except RetryError as exc:
         if not isinstance(exc.cause, NoFreeWorkersError):
             raise
-        waited = time.monotonic() - (since or time.monotonic())
+        waited = clock() - (since or clock())
         raise no_capacity(what, waited, exc.cause) from exc.cause
     finally:
         if since is not None:
-            METRICS.capacity_wait_seconds.observe(time.monotonic() - since)
+            METRICS.capacity_wait_seconds.observe(clock() - since)

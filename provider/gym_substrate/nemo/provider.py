@@ -41,7 +41,13 @@ from gym_substrate.nemo._managed import ActorServices, ManagedActor
 from gym_substrate.nemo._metrics import METRICS, serve_metrics
 from gym_substrate.nemo._pty import SubstratePtySession
 from gym_substrate.nemo._pty_methods import PtyMethods
-from gym_substrate.nemo._retry import RetryPolicy, is_transient_control, retry_target
+from gym_substrate.nemo._retry import (
+    REAL_PACE,
+    Pacer,
+    RetryPolicy,
+    is_transient_control,
+    retry_target,
+)
 from gym_substrate.nemo.agent_client import HttpTransport
 from gym_substrate.nemo.config import (
     ConnectionConfig,
@@ -91,7 +97,9 @@ class SubstrateProvider(SnapshotMethods, PtyMethods, _capabilities.ComposeCapabi
     `lifecycle`, `pause_mode` and `metrics`. Construction validates them (reading the files they
     name, such as a CA bundle) and opens no connection. `control` and `http` replace the real
     ateapi client and HTTP transport, e.g. with in-memory fakes; by default both are made on
-    first use and shared by every provider on the same event loop and connection.
+    first use and shared by every provider on the same event loop and connection. `pacer` is
+    the clock and sleep its retries and capacity waits run on (`_retry.Pacer`; by default the
+    event loop's), e.g. a fake pair that counts backoffs without waiting them out.
     """
 
     name: ClassVar[str] = "substrate"
@@ -107,6 +115,7 @@ class SubstrateProvider(SnapshotMethods, PtyMethods, _capabilities.ComposeCapabi
         metrics: MetricsConfig | Mapping[str, Any] | None = None,
         control: ControlAPI | None = None,
         http: HttpTransport | None = None,
+        pacer: Pacer | None = None,
         **unknown: Any,
     ) -> None:
         if unknown:
@@ -127,7 +136,10 @@ class SubstrateProvider(SnapshotMethods, PtyMethods, _capabilities.ComposeCapabi
             raise ConfigError(f"pause_mode: must be one of pause, suspend; got {pause_mode!r}")
         self.pause_mode: PauseMode = pause_mode
         retry = self.create_config.retry
-        self._retry = RetryPolicy(retry.initial, retry.maximum, retry.multiplier, retry.deadline)
+        # the clock and sleep of every retry and capacity wait (a test injects a fake pair)
+        self._retry = RetryPolicy(
+            retry.initial, retry.maximum, retry.multiplier, retry.deadline, pacer or REAL_PACE
+        )
         ledger = Ledger(self.lifecycle.ledger) if self.lifecycle.ledger else None
         self._record = LedgerRecorder(ledger, self.connection.api)
         self._injected = (control, http)
@@ -487,7 +499,9 @@ class SubstrateProvider(SnapshotMethods, PtyMethods, _capabilities.ComposeCapabi
             return await retry_target(
                 lambda: control.get_actor(atespace, name),
                 is_transient_control,
-                _RECONNECT_RETRY.with_deadline(self.connection.connect_timeout_s),
+                _RECONNECT_RETRY.paced(self._retry.pacer).with_deadline(
+                    self.connection.connect_timeout_s
+                ),
                 what=f"GetActor {atespace}/{name}",
             )
         except RetryError as exc:  # still down: the last answer, as a single call gives it
