@@ -233,21 +233,35 @@ def _varint(value: int) -> bytes:
             return bytes(out)
 
 
+def _options(**given: Any) -> Any:
+    """`check_options` as `LocalBackend` calls it with its defaults (no backend starts)."""
+    from gym_substrate.local.backend_options import check_options
+
+    defaults: dict[str, Any] = {
+        "runtime": "process", "workers": 1, "actors_per_worker": 1, "api_port": 0,
+        "router_port": 0, "admin_port": 0, "router_timeout_s": 300.0, "parked_request_max": 1,
+        "parked_request_budget_s": 5.0, "suspend_on_stop": False, "tls": False,
+        "auth": "mtls", "default_rootfs": "host", "rootfs_dir": None, "pause_tier": None,
+        "frozen_memory": None, "warm_pool": None, "allow_host_rootfs": False,
+        "actor_disk": None,
+    }  # fmt: skip
+    return check_options(**{**defaults, **given})
+
+
 def test_the_era_option_is_checked_and_read_from_the_environment(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from gym_substrate.local import LocalBackend
     from gym_substrate.local.backend_options import API_ERA_ENV
 
     monkeypatch.delenv(API_ERA_ENV, raising=False)
-    assert LocalBackend(tmp_path, runtime="process").api_era == CURRENT
-    assert LocalBackend(tmp_path, runtime="process", api_era="v0.3.0").api_era == V03
+    assert _options().api_era == CURRENT
+    assert _options(api_era="v0.3.0").api_era == V03
     with pytest.raises(
         ValueError, match=r"api_era: unknown ateapi era 'v9'.*v0\.3, v0\.4, current"
     ):
-        LocalBackend(tmp_path, runtime="process", api_era="v9")
+        _options(api_era="v9")
     monkeypatch.setenv(API_ERA_ENV, "v0.4")
-    assert LocalBackend(tmp_path, runtime="process").api_era == V04
+    assert _options().api_era == V04
     monkeypatch.setenv(API_ERA_ENV, "old")
     with pytest.raises(ValueError, match=API_ERA_ENV):
-        LocalBackend(tmp_path, runtime="process")
+        _options()
