@@ -55,7 +55,9 @@ def test_a_refill_never_takes_a_slots_home_namespace() -> None:
 
 async def test_the_bench_names_a_pool_that_keeps_failing(monkeypatch: pytest.MonkeyPatch) -> None:
     pool = _pool(workers=2, spares=[])
-    backend: Any = SimpleNamespace(runtime=SimpleNamespace(warm=pool), plane=SimpleNamespace(shared=object()))
+    backend: Any = SimpleNamespace(
+        runtime=SimpleNamespace(warm=pool), plane=SimpleNamespace(shared=object())
+    )
     monkeypatch.setattr(bench, "warm_targets", lambda shared: {"local/sandbox": None})
 
     async def fail_twice() -> None:
@@ -72,7 +74,9 @@ async def test_the_bench_names_a_pool_that_keeps_failing(monkeypatch: pytest.Mon
 
 async def test_the_bench_waits_for_a_pool_that_fills(monkeypatch: pytest.MonkeyPatch) -> None:
     pool = _pool(workers=2, spares=[])
-    backend: Any = SimpleNamespace(runtime=SimpleNamespace(warm=pool), plane=SimpleNamespace(shared=object()))
+    backend: Any = SimpleNamespace(
+        runtime=SimpleNamespace(warm=pool), plane=SimpleNamespace(shared=object())
+    )
     monkeypatch.setattr(bench, "warm_targets", lambda shared: {"local/sandbox": None})
     monkeypatch.setattr(pool, "count", lambda key: filled)
     filled = 0
