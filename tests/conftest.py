@@ -11,11 +11,13 @@ import os
 import shutil
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from ci_policy import ON_CI as _ON_CI
 from fast_lane import FAST_MODULES
+from sleep_guard import LIMIT_S, watch_sleeps
 
 
 def _runsc_problem() -> str | None:
@@ -94,6 +96,24 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         if _ON_CI and required_on_ci:
             pytest.fail(f"CI must provide {marker}: {problem}", pytrace=False)
         pytest.skip(problem)
+
+
+@pytest.fixture(autouse=True)
+def _no_long_sleep_in_the_fast_lane(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
+    """A `fast` test whose code really sleeps more than 50 ms at once fails (sleep_guard.py)."""
+    if request.node.get_closest_marker("fast") is None:
+        yield
+        return
+    with watch_sleeps(monkeypatch.setattr) as long:
+        yield
+    if long:
+        pytest.fail(
+            f"the fast lane sleeps at most {LIMIT_S * 1000:g} ms at a time for real, this test "
+            f"slept {', '.join(long)}: inject a clock and sleep, or mark the test slow",
+            pytrace=False,
+        )
 
 
 # The Go-built toolchain (Pulumi, its Kubernetes provider, a control plane) takes about half an

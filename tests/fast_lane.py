@@ -6,7 +6,8 @@ actors), and wait on no real limit: they drive the code through fakes, injected 
 scaled-down deadlines. A test of such a module that must keep a bound on a measured time is
 marked `slow` and left out of the lane (conftest). The whole lane runs in under two minutes on a
 2-core machine, so a developer gets a trustworthy answer before the full suite's hour.
-`tests/test_layout.py` checks that none of them carries a marker of a heavy component.
+`tests/test_layout.py` checks that none of them carries a marker of a heavy component, and
+conftest fails a fast test that really sleeps more than 50 ms at once (`sleep_guard.py`).
 """
 
 from __future__ import annotations

@@ -8,12 +8,15 @@ the run ends with "import file mismatch" before any test runs (CI run of stop 26
 from __future__ import annotations
 
 import ast
+import asyncio
 import re
+import time
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 from fast_lane import FAST_MODULES, HEAVY_MARKERS
+from sleep_guard import watch_sleeps
 
 TESTS = Path(__file__).resolve().parent
 
@@ -202,3 +205,20 @@ def test_no_test_asserts_a_two_sided_wall_clock_window() -> None:
         if path.name != "test_layout.py" and (windows := _two_sided_time_windows(path.read_text()))
     }
     assert not found, f"test these with an injected clock or a one-sided `slow` bound: {found}"
+
+
+async def test_the_sleep_guard_sees_a_long_sleep_and_spares_short_and_cancelled_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """conftest fails a `fast` test that really sleeps over 50 ms at once (sleep_guard.py);
+    shown here at a 1 ms limit, so this test stays within the lane's own."""
+    with watch_sleeps(monkeypatch.setattr, limit_s=0.001) as long:
+        await asyncio.sleep(0.0005)
+        background = asyncio.ensure_future(asyncio.sleep(10))  # cancelled: it held nothing
+        await asyncio.sleep(0)
+        background.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await background
+        await asyncio.sleep(0.002)
+        time.sleep(0.002)  # noqa: ASYNC251 - the blocking sleep is what is watched
+    assert long == ["asyncio.sleep(0.002)", "time.sleep(0.002)"]

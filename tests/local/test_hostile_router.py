@@ -152,6 +152,7 @@ async def test_unfinished_request_heads_are_cut() -> None:
         assert status_of(answer) == 200
 
 
+@pytest.mark.slow  # waits out a real router deadline (over the fast lane's 50 ms sleeps)
 async def test_keep_alive_between_requests_is_not_the_head_deadline() -> None:
     """An idle keep-alive connection is not cut by the head deadline alone."""
     async with RouterEnv(head_timeout_s=0.3) as env:

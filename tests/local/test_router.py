@@ -253,6 +253,7 @@ async def test_a_sandbox_that_does_not_answer_is_502_and_reported() -> None:
         assert env.plane.gone == [("t/a", "dead-1")]
 
 
+@pytest.mark.slow  # waits out a real router deadline (over the fast lane's 50 ms sleeps)
 async def test_route_timeout_is_envoys_504() -> None:
     """The workload route's timeout (5 min by default, `defaultRouteTimeout`,
     xds.go@18d1c266; scaled down here) ends a slow answer with Envoy's `504 upstream request
@@ -267,6 +268,7 @@ async def test_route_timeout_is_envoys_504() -> None:
         assert (response.status, await response.text()) == (504, "upstream request timeout")
 
 
+@pytest.mark.slow  # waits out a real router deadline (over the fast lane's 50 ms sleeps)
 async def test_route_timeout_counts_from_the_end_of_the_request_body() -> None:
     """Envoy's route timeout starts once the whole request is in (xds.go@18d1c266 route
     timeout), so a slow upload is not cut by it; the idle timeout (5 min 30 s,

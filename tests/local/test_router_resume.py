@@ -184,6 +184,7 @@ async def test_the_budget_runs_out_on_a_retryable_error() -> None:
         assert _waits(env, "budget_exhausted") == 1
 
 
+@pytest.mark.slow  # waits out a real router deadline (over the fast lane's 50 ms sleeps)
 async def test_concurrent_requests_share_one_flight() -> None:
     """Callers for one actor attach to one flight (key `atespace/name`), which is removed when
     it publishes, so the next request starts a fresh one (resumer.go@18d1c266). With
@@ -228,6 +229,7 @@ async def test_the_budget_is_per_flight_and_joiners_share_what_is_left() -> None
         assert _waits(env, "budget_exhausted") == 2
 
 
+@pytest.mark.slow  # waits out a real router deadline (over the fast lane's 50 ms sleeps)
 async def test_an_attempt_in_flight_is_not_cut_by_the_budget() -> None:
     """Attempts run detached from the budget's context (`context.WithoutCancel`,
     resumer.go@18d1c266): a resume slower than the budget still publishes its success, and

@@ -130,6 +130,7 @@ def test_a_freeze_that_does_not_settle_is_thawed_and_retried(
     from gym_substrate.local.runtimes.gvisor import cgfreeze
 
     monkeypatch.setattr(cgfreeze, "_FREEZE_SETTLE_S", 0.01)
+    monkeypatch.setattr(cgfreeze.time, "sleep", lambda seconds: None)  # the retries' backoff
     knob = tmp_path / "freezer.state"
     reads: list[str] = []
     settles_after = {"thaws": 2}
