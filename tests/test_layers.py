@@ -175,3 +175,19 @@ def test_the_graph_sees_lazy_and_type_only_imports() -> None:
     root = imports("gym_substrate", modules["gym_substrate"], set(modules), type_checking=True)
     assert "gym_substrate.nemo.provider" in root  # only under TYPE_CHECKING
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+
+
+def test_the_public_names_are_written_once_and_all_resolve() -> None:
+    """`gym_substrate/__init__.py` names its exports once (its TYPE_CHECKING imports, explicit
+    re-exports for type checkers); `__all__` and the lazy look-up come from them, and every
+    name resolves to a class or value whose public path is `gym_substrate`."""
+    import gym_substrate
+
+    assert set(gym_substrate.__all__) == {*gym_substrate._EXPORTS, "__version__"}
+    assert {"SubstrateProvider", "UnsupportedServerError", "SupportsSandboxSnapshot"} <= set(
+        gym_substrate.__all__
+    )
+    for name in gym_substrate._EXPORTS:
+        value = getattr(gym_substrate, name)
+        if isinstance(value, type):
+            assert value.__module__ == "gym_substrate", name
