@@ -10,8 +10,10 @@ by its bytes; one that differs is walked field by field (by number), and the few
 moved are converted by the functions at the end of this module, each citing what it maps.
 
 What cannot cross is said where it is lost: a v0.3/v0.4 snapshot has no generation (a
-`Snapshot` read from one gets a synthetic generation, newest last) and no fidelity beyond
-FULL/DATA (FULL is read as MEMORY: gVisor's and the microVM's checkpoints keep memory).
+`Snapshot` read from one gets a synthetic generation, newest last) and no fidelity, only a
+content scope: DATA reads as VOLUMES, FULL as UNSPECIFIED (the provider says UNKNOWN: memory
+on gVisor and microVMs, files only on a runtime that keeps no memory, and the server does not
+say which). A template's FULL is a preference for the most, MEMORY.
 """
 
 from __future__ import annotations
@@ -218,7 +220,15 @@ def _scope(fidelity: int) -> int:
 
 
 def _fidelity(scope: int) -> int:
+    """A template's preference: FULL asks for the most the runtime keeps (MEMORY)."""
     return pb.SNAPSHOT_FIDELITY_VOLUMES if scope == _DATA else pb.SNAPSHOT_FIDELITY_MEMORY
+
+
+def _held(scope: int) -> int:
+    """What a v0.3/v0.4 snapshot holds, as far as the server says: DATA is the volumes only;
+    FULL is the whole sandbox as its runtime checkpoints it (memory on gVisor and microVMs,
+    files only elsewhere), which the server does not tell apart: UNSPECIFIED, read as UNKNOWN."""
+    return pb.SNAPSHOT_FIDELITY_VOLUMES if scope == _DATA else pb.SNAPSHOT_FIDELITY_UNSPECIFIED
 
 
 def _config_to_era(codec: EraCodec, src: pb.SnapshotConfig, dst: Any) -> None:
@@ -261,7 +271,7 @@ def _tag_status_from_era(codec: EraCodec, src: Any, dst: pb.TagStatus) -> None:
     stored = snapshot.storage.add(durability=pb.SNAPSHOT_DURABILITY_DURABLE)
     if src.snapshot.snapshot_uri:
         stored.status = pb.SNAPSHOT_STORAGE_STATUS_COMPLETED
-        stored.fidelity = _fidelity(src.snapshot.content_scope)  # type: ignore[assignment]
+        stored.fidelity = _held(src.snapshot.content_scope)  # type: ignore[assignment]
         stored.object.snapshot_uri = src.snapshot.snapshot_uri
     else:  # still being created, or its create died: not usable
         stored.status = pb.SNAPSHOT_STORAGE_STATUS_IN_PROGRESS
@@ -322,7 +332,7 @@ def _actor_status_from_era(codec: EraCodec, src: Any, dst: pb.ActorStatus) -> No
         snapshot.owner = pb.SNAPSHOT_OWNER_TAG if tagged else pb.SNAPSHOT_OWNER_ACTOR
         snapshot.actor_template_uid = external.actor_template_uid
         stored = snapshot.storage.add(durability=durability, status=status)  # type: ignore[arg-type]
-        stored.fidelity = _fidelity(external.content_scope)  # type: ignore[assignment]
+        stored.fidelity = _held(external.content_scope)  # type: ignore[assignment]
         if durability == durable:
             stored.object.snapshot_uri = where
         else:
