@@ -42,6 +42,7 @@ FAST_MODULES = frozenset(
         "local/test_servicer.py",
         "local/test_sizes_unit.py",
         "local/test_transitions_unit.py",
+        "local/test_option_table_unit.py",
         "local/test_up_ports_unit.py",
         "provider/test_api_eras.py",
         "provider/test_apicheck.py",

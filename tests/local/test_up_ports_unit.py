@@ -3,7 +3,7 @@ collide with the first on the admin listener's default 47090 (issue 29)."""
 
 from __future__ import annotations
 
-from gym_substrate.cli.local import DEFAULT_ADMIN_PORT, admin_port_for
+from gym_substrate.local.option_table import DEFAULT_ADMIN_PORT, admin_port_for
 
 
 def test_the_admin_port_is_free_chosen_when_the_other_two_are() -> None:

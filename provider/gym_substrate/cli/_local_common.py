@@ -1,4 +1,10 @@
-"""Options and helpers the `local` command modules share (state folder, rootfs choice)."""
+"""Options and helpers the `local` command modules share (state folder, rootfs choice).
+
+The local backend's options are click options built from their rows in
+`gym_substrate.local.option_table`: `backend_options` adds every one (`local up`), and
+`backend_option(name, ...)` one of them, with another default or help where a command differs
+(`local bench --warm-pool`, the experiments' `--pause-tier`).
+"""
 
 from __future__ import annotations
 
@@ -11,10 +17,12 @@ import click
 from gym_substrate.cli._output import fail
 from gym_substrate.local import rootfs as rootfs_mod
 from gym_substrate.local import statedir
-from gym_substrate.local.backend import DEFAULT_ROOTFS_CHOICES
+from gym_substrate.local.option_table import OPTIONS, BackendOption, option
 
 __all__ = [
     "api_era_option",
+    "backend_option",
+    "backend_options",
     "make_state_dir",
     "prepare_rootfs",
     "resolve",
@@ -24,46 +32,62 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
+_UNSET: Any = object()
 
-MAX_WARM_POOL = 16  # sandboxes per template (gvisor.warm.MAX_WARM_POOL, checked there too)
+
+def _click_type(row: BackendOption) -> Any:
+    if row.kind == "choice":
+        return click.Choice(row.choices)
+    if row.kind == "int" and row.bounds is not None:
+        return click.IntRange(int(row.bounds[0]), int(row.bounds[1]))
+    if row.kind == "float" and row.bounds is not None:
+        return click.FloatRange(row.bounds[0], row.bounds[1])
+    return None  # text ("size": read by the row's parse)
 
 
-def rootfs_option(func: Any) -> Any:
+def backend_option(
+    name: str, *, default: Any = _UNSET, help: str | None = None
+) -> Callable[[F], F]:
+    """The click option of the local backend's option ``name`` (its row in `OPTIONS`); the
+    command's parameter is the row's name, which is `LocalBackend`'s keyword."""
+    row = option(name)
+    if row.flag is None:
+        raise ValueError(f"the local backend option {name!r} has no flag")
+    if row.kind == "flag":
+        return click.option(row.flag, row.name, is_flag=True, help=help or row.help)
+    default = row.cli_default if default is _UNSET else default
     return click.option(
-        "--rootfs",
-        type=click.Choice(DEFAULT_ROOTFS_CHOICES),
-        default="debian",
-        show_default=True,
-        help="What the default template `local/sandbox` runs on: a minimal Debian of its own "
-        "(built on first use, `local rootfs build`) or, as an explicit opt-in, the host's `/`.",
-    )(func)
+        row.flag,
+        row.name,
+        type=_click_type(row),
+        default=default,
+        show_default=row.show_default and default is not None,
+        metavar=row.metavar,
+        help=help or row.help,
+    )
+
+
+def backend_options(func: F) -> F:
+    """Every local backend option that has a flag, in `OPTIONS` order (`local up`)."""
+    for row in reversed(OPTIONS):
+        if row.flag is not None:
+            func = backend_option(row.name)(func)
+    return func
+
+
+def rootfs_option(func: F) -> F:
+    """`--rootfs debian|host` (parameter `default_rootfs`)."""
+    return backend_option("default_rootfs")(func)
 
 
 def warm_pool_option(default: int | None, help: str) -> Callable[[F], F]:
     """`--warm-pool N` (0-16) of every command that starts a local backend."""
-    return click.option(
-        "--warm-pool",
-        type=click.IntRange(0, MAX_WARM_POOL),
-        default=default,
-        show_default=default is not None,
-        metavar="N",
-        help=help,
-    )
+    return backend_option("warm_pool", default=default, help=help)
 
 
-def api_era_option(func: Any) -> Any:
+def api_era_option(func: F) -> F:
     """`--api-era`: the ateapi release whose wire the backend speaks (one model inside)."""
-    from gym_substrate.ateapi.eras import ERA_RELEASES, ERAS
-    from gym_substrate.local.backend_options import API_ERA_ENV
-
-    releases = "; ".join(f"{era}: {what}" for era, what in ERA_RELEASES.items())
-    return click.option(
-        "--api-era",
-        type=click.Choice(ERAS),
-        default=None,
-        help=f"The ateapi release the API speaks on the wire and describes by reflection "
-        f"({releases}). Default: ${API_ERA_ENV}, else current.",
-    )(func)
+    return backend_option("api_era")(func)
 
 
 def prepare_rootfs(runtime: str = "auto") -> None:

@@ -24,7 +24,7 @@ __all__ = ["bench", "demo"]
 @click.option("--runtime", type=click.Choice(RUNTIME_NAMES), default="auto", show_default=True)
 @click.option("--sandboxes", type=click.IntRange(1, 16), default=3, show_default=True)
 @rootfs_option
-def demo(runtime: str, sandboxes: int, rootfs: str) -> None:
+def demo(runtime: str, sandboxes: int, default_rootfs: str) -> None:
     """Start a throwaway backend and walk sandboxes through their whole lifecycle."""
     from gym_substrate.local.tour import run_demo
 
@@ -36,7 +36,7 @@ def demo(runtime: str, sandboxes: int, rootfs: str) -> None:
                 runtime=runtime,
                 sandboxes=sandboxes,
                 workers=max(2, sandboxes),
-                default_rootfs=rootfs,
+                default_rootfs=default_rootfs,
             )
         )
     except (BackendError, RuntimeFailure) as exc:
@@ -88,7 +88,7 @@ def bench(
     execs: int,
     pause_tier: str,
     warm_pool: int,
-    rootfs: str,
+    default_rootfs: str,
     phases: bool,
     as_json: bool,
 ) -> None:
@@ -104,7 +104,7 @@ def bench(
                 runtime=runtime,
                 iterations=iterations,
                 execs=execs,
-                default_rootfs=rootfs,
+                default_rootfs=default_rootfs,
                 pause_tier=pause_tier,
                 phases=phases,
                 warm_pool=warm_pool,

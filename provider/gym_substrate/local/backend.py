@@ -72,55 +72,14 @@ MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
 
 class LocalBackend:
-    def __init__(
-        self,
-        state_dir: Path,
-        *,
-        runtime: str = "auto",
-        workers: int = 4,
-        actors_per_worker: int | None = None,
-        api_port: int = 0,
-        router_port: int = 0,
-        admin_port: int = 0,
-        router_timeout_s: float = 300.0,
-        parked_request_max: int = 1024,
-        parked_request_budget_s: float = 5.0,
-        suspend_on_stop: bool = False,
-        tls: bool = False,
-        auth: str = "mtls",
-        default_rootfs: str = "debian",
-        rootfs_dir: Path | None = None,
-        pause_tier: str | None = None,
-        frozen_memory: int | None = None,
-        warm_pool: int | None = None,
-        allow_host_rootfs: bool = False,
-        actor_disk: int | None = None,
-        api_era: str | None = None,
-    ) -> None:
-        """Check every option (`backend_options.py`) at once; nothing runs until `start`."""
-        options = check_options(
-            runtime=runtime,
-            workers=workers,
-            actors_per_worker=actors_per_worker,
-            api_port=api_port,
-            router_port=router_port,
-            admin_port=admin_port,
-            router_timeout_s=router_timeout_s,
-            parked_request_max=parked_request_max,
-            parked_request_budget_s=parked_request_budget_s,
-            suspend_on_stop=suspend_on_stop,
-            tls=tls,
-            auth=auth,
-            default_rootfs=default_rootfs,
-            rootfs_dir=rootfs_dir,
-            pause_tier=pause_tier,
-            frozen_memory=frozen_memory,
-            warm_pool=warm_pool,
-            allow_host_rootfs=allow_host_rootfs,
-            actor_disk=actor_disk,
-            api_era=api_era,
-        )
-        self._take_options(Path(state_dir).expanduser(), options)
+    def __init__(self, state_dir: Path, **options: Any) -> None:
+        """Check every option at once (`backend_options.py`); nothing runs until `start`.
+
+        ``options`` are the keywords of `option_table.OPTIONS` (runtime, workers, ports,
+        router limits, TLS and auth, pause tier, warm pool, root filesystem, API era), each
+        with its row's default and check; an unknown one raises TypeError.
+        """
+        self._take_options(Path(state_dir).expanduser(), check_options(**options))
         self._clear_serving_state()
 
     def _take_options(self, state_dir: Path, options: BackendOptions) -> None:

@@ -1,8 +1,9 @@
 """A backend in another process: start it detached, ask it what it serves, stop it.
 
-`local up --daemon` re-executes `python -m gym_substrate.cli local up ...` in a new session with its
-output in `<state-dir>/backend.log`, and is done once the API, the router and the admin listener
-answer. Other commands find such a backend through `backend.json` (`statedir.read_backend_info`)
+`local up --daemon` re-executes `python -m gym_substrate.cli local up ...` (the flags of its
+checked options, `option_table.command_line`) in a new session with its output in
+`<state-dir>/backend.log`, and is done once the API, the router and the admin listener answer.
+Other commands find such a backend through `backend.json` (`statedir.read_backend_info`)
 and talk to it over its admin listener (`/_local/status`, `/_local/images`; the router port
 serves actor traffic only, as Substrate's) or stop it by signal (SIGTERM: running actors crash,
 as when worker pods go away; SIGUSR1: they are suspended first).
@@ -23,7 +24,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from gym_substrate.local.backend_options import BackendOptions, keywords
 from gym_substrate.local.errors import BackendError
+from gym_substrate.local.option_table import command_line
 from gym_substrate.local.statedir import read_admin_token, read_backend_info
 
 __all__ = [
@@ -44,50 +47,12 @@ __all__ = [
 START_TIMEOUT_S = 120
 
 
-def spawn(
-    folder: Path,
-    *,
-    workers: int,
-    actors_per_worker: int | None,
-    runtime: str,
-    api_port: int,
-    router_port: int,
-    admin_port: int,
-    router_timeout: float,
-    suspend_on_stop: bool,
-    parked_requests: int = 1024,
-    resume_budget_s: float = 5.0,
-    tls: bool = False,
-    auth: str = "mtls",
-    rootfs: str = "debian",
-    pause_tier: str = "freeze",
-    frozen_memory: int | None = None,
-    warm_pool: int | None = None,
-    allow_host_rootfs: bool = False,
-    actor_disk: int | None = None,
-    api_era: str | None = None,
-) -> subprocess.Popen[bytes]:
-    """Start `local up` for ``folder`` detached, logging to `<folder>/backend.log`."""
+def spawn(folder: Path, options: BackendOptions) -> subprocess.Popen[bytes]:
+    """Start `local up` for ``folder`` detached with ``options`` (checked: `check_options`) as
+    its flags (`option_table.command_line`), logging to `<folder>/backend.log`."""
     folder.mkdir(parents=True, exist_ok=True)
-    argv = [
-        sys.executable, "-m", "gym_substrate.cli", "local", "up",
-        "--workers", str(workers), "--runtime", runtime, "--state-dir", str(folder),
-        "--api-port", str(api_port), "--router-port", str(router_port),
-        "--admin-port", str(admin_port), "--router-timeout", str(router_timeout),
-        "--auth", auth, "--rootfs", rootfs, "--parked-requests", str(parked_requests),
-        "--resume-budget-s", str(resume_budget_s), "--pause-tier", pause_tier,
-    ]  # fmt: skip
-    if frozen_memory is not None:
-        argv += ["--frozen-memory", str(frozen_memory)]
-    if warm_pool is not None:
-        argv += ["--warm-pool", str(warm_pool)]
-    if actors_per_worker is not None:
-        argv += ["--actors-per-worker", str(actors_per_worker)]
-    if actor_disk is not None:
-        argv += ["--actor-disk", str(actor_disk)]
-    argv += (["--suspend-on-stop"] if suspend_on_stop else []) + (["--tls"] if tls else [])
-    argv += ["--allow-host-rootfs"] if allow_host_rootfs else []
-    argv += ["--api-era", api_era] if api_era else []
+    argv = [sys.executable, "-m", "gym_substrate.cli", "local", "up", "--state-dir", str(folder)]
+    argv += command_line(keywords(options))
     with open(folder / "backend.log", "ab") as log_file:
         # where this start's output begins: an error quotes only its own lines
         offset = log_file.tell()
