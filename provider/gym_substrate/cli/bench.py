@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from gym_substrate.cli import LazyGroup
+from gym_substrate.cli._options import options
 from gym_substrate.cli._output import Column, console, emit, emit_json, fail, progress
 
 
@@ -40,6 +41,10 @@ from gym_substrate.cli._output import Column, console, emit, emit_json, fail, pr
         "checkpoint": (
             "gym_substrate.cli.bench_checkpoint:checkpoint",
             "NeMo Gym session checkpoints: export and restore of 16 sessions against replays.",
+        ),
+        "docker": (
+            "gym_substrate.cli.bench_docker:docker",
+            "Ours against NeMo Gym's docker provider on the same rootfs, in the same run.",
         ),
     },
 )
@@ -162,46 +167,55 @@ def provider(runtime: str, execs: int, cycles: int, transfer_mib: int, as_json: 
     )
 
 
+_ENV_OPTIONS = options(
+    click.option(
+        "--runtime",
+        type=click.Choice(["auto", "process", "gvisor"]),
+        default="auto",
+        show_default=True,
+        help="Local backend runtime (ignored with --config).",
+    ),
+    click.option(
+        "--steps",
+        type=click.IntRange(10, 1_000_000),
+        default=500,
+        show_default=True,
+        help="Timed steps for the single env and its baseline.",
+    ),
+    click.option(
+        "--vector-steps",
+        type=click.IntRange(10, 1_000_000),
+        default=150,
+        show_default=True,
+        help="Timed vector steps (each is one step of every env).",
+    ),
+    click.option(
+        "--num-envs",
+        type=click.IntRange(1, 64),
+        default=4,
+        show_default=True,
+        help="Vector env size.",
+    ),
+    click.option(
+        "--vector",
+        "vector_mode",
+        type=click.Choice(["async", "sync"]),
+        default="async",
+        show_default=True,
+        help="AsyncVectorEnv (worker processes) or SyncVectorEnv.",
+    ),
+    click.option(
+        "--config",
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        default=None,
+        help="YAML with a `substrate:` sandbox block: bench that stack instead of a local backend.",
+    ),
+    click.option("--json", "as_json", is_flag=True, help="Print the results as JSON."),
+)
+
+
 @click.command("env")
-@click.option(
-    "--runtime",
-    type=click.Choice(["auto", "process", "gvisor"]),
-    default="auto",
-    show_default=True,
-    help="Local backend runtime (ignored with --config).",
-)
-@click.option(
-    "--steps",
-    type=click.IntRange(10, 1_000_000),
-    default=500,
-    show_default=True,
-    help="Timed steps for the single env and its baseline.",
-)
-@click.option(
-    "--vector-steps",
-    type=click.IntRange(10, 1_000_000),
-    default=150,
-    show_default=True,
-    help="Timed vector steps (each is one step of every env).",
-)
-@click.option(
-    "--num-envs", type=click.IntRange(1, 64), default=4, show_default=True, help="Vector env size."
-)
-@click.option(
-    "--vector",
-    "vector_mode",
-    type=click.Choice(["async", "sync"]),
-    default="async",
-    show_default=True,
-    help="AsyncVectorEnv (worker processes) or SyncVectorEnv.",
-)
-@click.option(
-    "--config",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help="YAML with a `substrate:` sandbox block: bench that stack instead of a local backend.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
+@_ENV_OPTIONS
 def env(
     runtime: str,
     steps: int,

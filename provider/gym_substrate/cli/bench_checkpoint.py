@@ -7,45 +7,51 @@ import asyncio
 
 import click
 
+from gym_substrate.cli._options import options
 from gym_substrate.cli._output import Column, console, emit, fail, progress
+
+_CHECKPOINT_OPTIONS = options(
+    click.option(
+        "--runtime",
+        type=click.Choice(["gvisor", "process"]),
+        default="gvisor",
+        show_default=True,
+        help="Local backend runtime (the process runtime keeps no memory: restores lose the "
+        "process).",
+    ),
+    click.option(
+        "--sessions",
+        type=click.IntRange(1, 64),
+        default=16,
+        show_default=True,
+        help="Sessions exported and restored at once (and fresh replays at once).",
+    ),
+    click.option(
+        "--rounds",
+        type=click.IntRange(1, 100),
+        default=1,
+        show_default=True,
+        help="Rounds of checkpoint then baseline, alternated.",
+    ),
+    click.option(
+        "--workers",
+        type=click.IntRange(1, 64),
+        default=None,
+        help="Worker slots of the backend (default: one per session; fewer parks idle sessions).",
+    ),
+    click.option(
+        "--memory-mib",
+        type=click.IntRange(1, 4096),
+        default=32,
+        show_default=True,
+        help="Memory each session's process holds.",
+    ),
+    click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON."),
+)
 
 
 @click.command("checkpoint")
-@click.option(
-    "--runtime",
-    type=click.Choice(["gvisor", "process"]),
-    default="gvisor",
-    show_default=True,
-    help="Local backend runtime (the process runtime keeps no memory: restores lose the process).",
-)
-@click.option(
-    "--sessions",
-    type=click.IntRange(1, 64),
-    default=16,
-    show_default=True,
-    help="Sessions exported and restored at once (and fresh replays at once).",
-)
-@click.option(
-    "--rounds",
-    type=click.IntRange(1, 100),
-    default=1,
-    show_default=True,
-    help="Rounds of checkpoint then baseline, alternated.",
-)
-@click.option(
-    "--workers",
-    type=click.IntRange(1, 64),
-    default=None,
-    help="Worker slots of the backend (default: one per session; fewer parks idle sessions).",
-)
-@click.option(
-    "--memory-mib",
-    type=click.IntRange(1, 4096),
-    default=32,
-    show_default=True,
-    help="Memory each session's process holds.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@_CHECKPOINT_OPTIONS
 def checkpoint(
     runtime: str, sessions: int, rounds: int, workers: int | None, memory_mib: int, as_json: bool
 ) -> None:

@@ -6,39 +6,45 @@ import asyncio
 
 import click
 
+from gym_substrate.cli._options import options
 from gym_substrate.cli._output import Column, console, emit, fail, progress
+
+_DENSITY_OPTIONS = options(
+    click.option("--sandboxes", type=click.IntRange(1, 5000), default=200, show_default=True),
+    click.option(
+        "--concurrency",
+        type=click.IntRange(1, 64),
+        default=8,
+        show_default=True,
+        help="Creates, and then reads, in flight at once.",
+    ),
+    click.option("--workers", type=click.IntRange(1, 64), default=2, show_default=True),
+    click.option("--actors-per-worker", type=click.IntRange(1, 64), default=2, show_default=True),
+    click.option(
+        "--frozen-memory",
+        default=None,
+        help="The freeze tier's budget (e.g. 512M); default: local up's (a quarter of free "
+        "memory).",
+    ),
+    click.option(
+        "--warm-pool", type=click.IntRange(0, 16), default=None, help="Default: local up's (1)."
+    ),
+    click.option(
+        "--runtime", type=click.Choice(["gvisor", "process"]), default="gvisor", show_default=True
+    ),
+    click.option(
+        "--rootfs",
+        type=click.Choice(["debian", "host"]),
+        default="debian",
+        show_default=True,
+        help="The default template's root filesystem (debian: local up's own).",
+    ),
+    click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON."),
+)
 
 
 @click.command("density")
-@click.option("--sandboxes", type=click.IntRange(1, 5000), default=200, show_default=True)
-@click.option(
-    "--concurrency",
-    type=click.IntRange(1, 64),
-    default=8,
-    show_default=True,
-    help="Creates, and then reads, in flight at once.",
-)
-@click.option("--workers", type=click.IntRange(1, 64), default=2, show_default=True)
-@click.option("--actors-per-worker", type=click.IntRange(1, 64), default=2, show_default=True)
-@click.option(
-    "--frozen-memory",
-    default=None,
-    help="The freeze tier's budget (e.g. 512M); default: local up's (a quarter of free memory).",
-)
-@click.option(
-    "--warm-pool", type=click.IntRange(0, 16), default=None, help="Default: local up's (1)."
-)
-@click.option(
-    "--runtime", type=click.Choice(["gvisor", "process"]), default="gvisor", show_default=True
-)
-@click.option(
-    "--rootfs",
-    type=click.Choice(["debian", "host"]),
-    default="debian",
-    show_default=True,
-    help="The default template's root filesystem (debian: local up's own).",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@_DENSITY_OPTIONS
 def density(
     sandboxes: int,
     concurrency: int,

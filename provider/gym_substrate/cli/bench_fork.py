@@ -6,6 +6,7 @@ import asyncio
 
 import click
 
+from gym_substrate.cli._options import options
 from gym_substrate.cli._output import Column, console, emit, fail, progress
 
 
@@ -21,44 +22,50 @@ def _fanouts(ctx: click.Context, param: click.Parameter, value: str) -> list[int
     return counts
 
 
+_FORK_OPTIONS = options(
+    click.option(
+        "--runtime",
+        type=click.Choice(["gvisor", "process"]),
+        default="gvisor",
+        show_default=True,
+        help="Local backend runtime (the process runtime keeps no memory: its forks lose the "
+        "process).",
+    ),
+    click.option(
+        "--forks",
+        type=click.IntRange(1, 1000),
+        default=10,
+        show_default=True,
+        help="Single forks timed (each with a fresh create and a replay, interleaved).",
+    ),
+    click.option(
+        "--fanout",
+        "fanouts",
+        default="8,16",
+        show_default=True,
+        callback=_fanouts,
+        help="Children per fan-out, comma-separated.",
+    ),
+    click.option(
+        "--fanout-runs",
+        type=click.IntRange(1, 100),
+        default=3,
+        show_default=True,
+        help="Runs of each fan-out.",
+    ),
+    click.option(
+        "--memory-mib",
+        type=click.IntRange(1, 4096),
+        default=50,
+        show_default=True,
+        help="Memory the source's process holds.",
+    ),
+    click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON."),
+)
+
+
 @click.command("fork")
-@click.option(
-    "--runtime",
-    type=click.Choice(["gvisor", "process"]),
-    default="gvisor",
-    show_default=True,
-    help="Local backend runtime (the process runtime keeps no memory: its forks lose the process).",
-)
-@click.option(
-    "--forks",
-    type=click.IntRange(1, 1000),
-    default=10,
-    show_default=True,
-    help="Single forks timed (each with a fresh create and a replay, interleaved).",
-)
-@click.option(
-    "--fanout",
-    "fanouts",
-    default="8,16",
-    show_default=True,
-    callback=_fanouts,
-    help="Children per fan-out, comma-separated.",
-)
-@click.option(
-    "--fanout-runs",
-    type=click.IntRange(1, 100),
-    default=3,
-    show_default=True,
-    help="Runs of each fan-out.",
-)
-@click.option(
-    "--memory-mib",
-    type=click.IntRange(1, 4096),
-    default=50,
-    show_default=True,
-    help="Memory the source's process holds.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@_FORK_OPTIONS
 def fork(
     runtime: str, forks: int, fanouts: list[int], fanout_runs: int, memory_mib: int, as_json: bool
 ) -> None:
