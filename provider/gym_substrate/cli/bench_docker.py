@@ -6,32 +6,37 @@ import asyncio
 
 import click
 
+from gym_substrate.cli._options import options
 from gym_substrate.cli._output import Column, console, emit, fail, progress
+
+_DOCKER_OPTIONS = options(
+    click.option(
+        "--sandboxes",
+        type=click.IntRange(1, 64),
+        default=4,
+        show_default=True,
+        help="Sandboxes on each side (also the forks, prefix re-runs and pause round trips timed).",
+    ),
+    click.option(
+        "--execs",
+        type=click.IntRange(1, 10_000),
+        default=20,
+        show_default=True,
+        help="Execs of `true` timed per sandbox.",
+    ),
+    click.option(
+        "--memory-mib",
+        type=click.IntRange(1, 4096),
+        default=50,
+        show_default=True,
+        help="Memory the prefix's process holds (as in `bench fork`).",
+    ),
+    click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON."),
+)
 
 
 @click.command("docker")
-@click.option(
-    "--sandboxes",
-    type=click.IntRange(1, 64),
-    default=4,
-    show_default=True,
-    help="Sandboxes on each side (also the forks, prefix re-runs and pause round trips timed).",
-)
-@click.option(
-    "--execs",
-    type=click.IntRange(1, 10_000),
-    default=20,
-    show_default=True,
-    help="Execs of `true` timed per sandbox.",
-)
-@click.option(
-    "--memory-mib",
-    type=click.IntRange(1, 4096),
-    default=50,
-    show_default=True,
-    help="Memory the prefix's process holds (as in `bench fork`).",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@_DOCKER_OPTIONS
 def docker(sandboxes: int, execs: int, memory_mib: int, as_json: bool) -> None:
     """The same work through NeMo Gym's docker provider (or the docker commands it runs) and
     through ours on gVisor, on the default template's root filesystem (imported with `docker
