@@ -18,6 +18,7 @@ import click
 from rich.console import Console
 
 from gym_substrate.cli._local_common import resolve, state_dir_option
+from gym_substrate.cli._options import options
 from gym_substrate.cli._output import Column, console, emit_json, fail, table
 from gym_substrate.cli.local_bench import bench, demo
 from gym_substrate.cli.local_rootfs import rootfs_group
@@ -45,39 +46,44 @@ local.add_command(bench)
 local.add_command(up)
 
 
+_DOWN_OPTIONS = options(
+    state_dir_option,
+    click.option(
+        "--timeout",
+        type=click.FloatRange(1, 3600),
+        default=180,
+        show_default=True,
+        help="Seconds to wait for a clean stop before killing the backend.",
+    ),
+    click.option(
+        "--suspend",
+        is_flag=True,
+        help="Suspend running actors before stopping (else they show CRASHED: their workers went "
+        "away; RevertActor takes them back to their last suspend).",
+    ),
+    click.option(
+        "--purge",
+        is_flag=True,
+        help="Then remove the state folder's contents (actors, templates, tags, snapshots, images, "
+        "credentials; the shared rootfs build stays): also for a folder of an older backend.",
+    ),
+    click.option(
+        "--orphans",
+        is_flag=True,
+        help="Instead: clean up after every backend on this machine that died without "
+        "stopping its sandboxes (crashed or interrupted runs, any state folder).",
+    ),
+    click.option(
+        "--discard",
+        is_flag=True,
+        help="After a crash, remove the sandboxes the dead backend left running without adopting "
+        "them first: their actors' state since their last snapshot is dropped (they show CRASHED).",
+    ),
+)
+
+
 @local.command()
-@state_dir_option
-@click.option(
-    "--timeout",
-    type=click.FloatRange(1, 3600),
-    default=180,
-    show_default=True,
-    help="Seconds to wait for a clean stop before killing the backend.",
-)
-@click.option(
-    "--suspend",
-    is_flag=True,
-    help="Suspend running actors before stopping (else they show CRASHED: their workers went "
-    "away; RevertActor takes them back to their last suspend).",
-)
-@click.option(
-    "--purge",
-    is_flag=True,
-    help="Then remove the state folder's contents (actors, templates, tags, snapshots, images, "
-    "credentials; the shared rootfs build stays): also for a folder of an older backend.",
-)
-@click.option(
-    "--orphans",
-    is_flag=True,
-    help="Instead: clean up after every backend on this machine that died without "
-    "stopping its sandboxes (crashed or interrupted runs, any state folder).",
-)
-@click.option(
-    "--discard",
-    is_flag=True,
-    help="After a crash, remove the sandboxes the dead backend left running without adopting "
-    "them first: their actors' state since their last snapshot is dropped (they show CRASHED).",
-)
+@_DOWN_OPTIONS
 def down(
     state_dir: Path | None,
     timeout: float,
