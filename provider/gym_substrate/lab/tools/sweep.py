@@ -35,10 +35,13 @@ from typing import Any
 
 __all__ = [
     "STATES",
+    "Selection",
     "SweepResult",
     "SweepTarget",
+    "delete_planned",
     "delete_targets",
     "find_targets",
+    "plan_sweep",
     "sweep_actors",
 ]
 
@@ -336,3 +339,55 @@ async def sweep_actors(
         return await delete_targets(provider, targets)
     finally:
         await provider.aclose()
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What a sweep picks: none of it set, the ledger's leftovers; else live actors (or with
+    ``snapshots``, snapshots) of the atespace by ``everything``, ``name`` or ``states``."""
+
+    everything: bool = False
+    name: str | None = None
+    states: tuple[str, ...] | None = None
+    snapshots: bool = False
+    checkpoints: bool = False
+
+    @property
+    def selecting(self) -> bool:
+        """True when the sweep goes past the ledger (the CLI asks before deleting then)."""
+        return self.everything or self.name is not None or bool(self.states) or self.snapshots
+
+    @property
+    def what(self) -> str:
+        return "snapshot(s)" if self.snapshots else "actor(s)"
+
+
+async def plan_sweep(
+    provider_kwargs: dict[str, Any], selection: Selection
+) -> tuple[str, list[SweepTarget]]:
+    """The provider's atespace and what ``selection`` would delete in it (nothing deleted)."""
+    from gym_substrate import SubstrateProvider
+
+    async with SubstrateProvider(**provider_kwargs) as provider:
+        targets = await find_targets(
+            provider,
+            everything=selection.everything,
+            name=selection.name,
+            states=selection.states,
+            snapshots=selection.snapshots,
+            checkpoints=selection.checkpoints,
+        )
+        return provider.connection.atespace, targets
+
+
+async def delete_planned(
+    provider_kwargs: dict[str, Any],
+    targets: list[SweepTarget],
+    *,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> list[SweepResult]:
+    """Delete the targets `plan_sweep` found, through a provider of its own."""
+    from gym_substrate import SubstrateProvider
+
+    async with SubstrateProvider(**provider_kwargs) as provider:
+        return await delete_targets(provider, targets, on_progress=on_progress)
