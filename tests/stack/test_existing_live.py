@@ -143,6 +143,9 @@ def _configure(cli: Pulumi, cluster: KwokCluster, local: LocalApi, ports: tuple[
     cli.config("templates.storageLocation", f"file://localhost{local.snapshots}/")
     cli.config("templates.resources", "false")
     cli.config("templates.readyTimeoutSeconds", "120")
+    # The shipped file names v0.3.0; the local backend speaks the current wire, so the stack
+    # reads the era from the server instead (`substrate.version` would have to agree with it).
+    cli.run("config", "rm", "--path", "substrate.version")
     # The operator exports the token (`kubectl create token ate-client`); here, the local
     # backend's, read by our ActorTemplate provider in the engine's process, never stored.
     cli.extra_env = {"SUBSTRATE_TOKEN": local.token()}
@@ -177,7 +180,9 @@ def test_existing_stack_creates_keeps_replaces_and_deletes_its_template(
     before = set(local.templates())
 
     # preview: everything is a create, the install's objects are reads, nothing is applied.
-    steps = cli.steps(cli.run("preview", "--json", step="preview").stdout)
+    preview = cli.run("preview", "--json", step="preview").stdout
+    assert "ActorTemplates are written for the ateapi era the server declares at `up`" in preview
+    steps = cli.steps(preview)
     assert set(steps) >= READS, steps
     assert {op for op, _ in steps} == {"create", "read"}, steps
     creates = {name for op, name in steps if op == "create"}
@@ -202,6 +207,7 @@ def test_existing_stack_creates_keeps_replaces_and_deletes_its_template(
     assert "gym" in local.atespaces()
     assert outputs["caPem"].strip() == local.ca_pem.strip()
     assert outputs["database"] == {"mode": "bundled", "address": None}
+    assert outputs["apiEra"] == "current"  # read from the local backend's reflection
     resources = _resources(cli)
     (state_template,) = _of_type(resources, "pulumi-python:dynamic/gymsubstrate:ActorTemplate")
     assert state_template["outputs"]["goldenTag"].startswith("ate-golden/")
