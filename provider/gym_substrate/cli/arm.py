@@ -6,21 +6,25 @@ from typing import Any
 
 import click
 
-from gym_substrate.cli._experiments import (
+from gym_substrate.cli._arms import (
+    ArmShape,
     GymInputs,
     arm_options,
-    arm_progress,
     driver_option,
-    fail_on_leaks,
     gym_arms,
     gym_options,
     gym_rows,
+    run_gym_arms,
+)
+from gym_substrate.cli._experiments import (
+    Target,
+    arm_progress,
+    fail_on_leaks,
     note,
     output_options,
     report_files,
     run,
-    run_gym_arms,
-    target_options,
+    target,
 )
 from gym_substrate.cli._output import Column, emit, emit_json, fail
 
@@ -35,7 +39,7 @@ from gym_substrate.cli._output import Column, emit, emit_json, fail
 )
 @driver_option
 @arm_options()
-@target_options
+@target
 @gym_options
 @output_options("Print the summary as JSON.")
 @click.pass_context
@@ -43,23 +47,9 @@ def arm(
     ctx: click.Context,
     policy: str,
     driver: str,
-    rollouts: int,
-    steps: int,
-    rounds: int,
-    think: Any,
-    workload: str,
-    idle_after_s: float,
-    duration_s: float | None,
-    seed: int,
-    on_crash: str | None,
-    config_file: str | None,
-    runtime: str,
-    workers: int,
-    actors_per_worker: int,
-    gym_env: str,
-    gym_python: str | None,
-    gym_task: str | None,
-    replay_rollouts: str | None,
+    shape: ArmShape,
+    target: Target,
+    gym: GymInputs,
     out: str | None,
     as_json: bool,
 ) -> None:
@@ -73,38 +63,29 @@ def arm(
     provider and the replay policy as the model, N rollouts of one task collected at once by
     `gym eval run`; each step is then an agent turn between two model calls.
     """
-    from gym_substrate.lab.experiments import ExperimentError, load_workload
-    from gym_substrate.lab.experiments.arm import ArmConfig, run_arm, write_arm
-    from gym_substrate.lab.experiments.artifacts import make_out_dir
-    from gym_substrate.lab.experiments.backend import local_or_config
-
-    gym = GymInputs(gym_env, gym_python, gym_task, replay_rollouts)
     if driver == "gym":
-        _gym_arm(
-            ctx, policy, rollouts, think, idle_after_s, seed, on_crash, config_file, runtime,
-            workers, actors_per_worker, gym, out, as_json,
-        )  # fmt: skip
+        _gym_arm(ctx, policy, shape, target, gym, out, as_json)
         return
     gym.refuse_without_driver()
+    _synthetic_arm(policy, shape, target, out, as_json)
+
+
+def _synthetic_arm(
+    policy: str, shape: ArmShape, where: Target, out: str | None, as_json: bool
+) -> None:
+    from gym_substrate.lab.experiments import ExperimentError, load_workload
+    from gym_substrate.lab.experiments.arm import run_arm, write_arm
+    from gym_substrate.lab.experiments.artifacts import make_out_dir
+    from gym_substrate.lab.experiments.compare import figure_rows
+
     try:
-        config = ArmConfig(
-            policy,
-            rollouts,
-            steps,
-            think,
-            load_workload(workload),
-            rounds=rounds,
-            idle_after_s=idle_after_s,
-            duration_s=duration_s,
-            seed=seed,
-            on_crash=on_crash,
-        )
+        config = shape.config(policy, shape.rollouts, load_workload(shape.workload))
         folder = make_out_dir(out, f"arm-{policy}")
     except ExperimentError as exc:
         raise fail(str(exc)) from exc
 
     async def main() -> dict[str, Any]:
-        async with local_or_config(config_file, runtime, workers, actors_per_worker) as target:
+        async with where.open() as target:
             note(f"target: {target.where} ({target.runtime_reason})", as_json=as_json)
             with arm_progress() as on_progress:
                 result = await run_arm(config, target, on_progress=on_progress)
@@ -115,13 +96,11 @@ def arm(
     if as_json:
         emit_json(written)
     else:
-        from gym_substrate.lab.experiments.compare import figure_rows
-
         emit(
             figure_rows([summary]),
             [Column("figure"), Column(summary["arm"], justify="right")],
-            title=f"arm {summary['arm']}: {rollouts} rollouts x {steps} steps, think "
-            f"{summary['think_s']} s, workload {summary['workload']}",
+            title=f"arm {summary['arm']}: {shape.rollouts} rollouts x {shape.steps} steps, "
+            f"think {summary['think_s']} s, workload {summary['workload']}",
         )
     report_files(folder, written["plots_note"], as_json=as_json)
     fail_on_leaks(summary["leaked_actors"], summary["leaked_actor_ids"])
@@ -130,15 +109,8 @@ def arm(
 def _gym_arm(
     ctx: click.Context,
     policy: str,
-    rollouts: int,
-    think: Any,
-    idle_after_s: float,
-    seed: int,
-    on_crash: str | None,
-    config_file: str | None,
-    runtime: str,
-    workers: int,
-    actors_per_worker: int,
+    shape: ArmShape,
+    where: Target,
     gym: GymInputs,
     out: str | None,
     as_json: bool,
@@ -147,25 +119,10 @@ def _gym_arm(
     from gym_substrate.lab.experiments.compare import figure_rows
 
     configs, env, folder = gym_arms(
-        ctx,
-        gym,
-        [(policy, rollouts)],
-        think=think,
-        idle_after_s=idle_after_s,
-        seed=seed,
-        on_crash=on_crash,
-        out=out,
-        folder_prefix=f"arm-gym-{policy}",
+        ctx, gym, [(policy, shape.rollouts)], shape, out=out, folder_prefix=f"arm-gym-{policy}"
     )
     written = run_gym_arms(
-        configs,
-        env,
-        lambda _: folder,
-        lambda results: write_arm(results[0], folder),
-        config_file=config_file,
-        runtime=runtime,
-        workers=workers,
-        actors_per_worker=actors_per_worker,
+        configs, env, lambda _: folder, lambda results: write_arm(results[0], folder), where
     )
     summary = written["summary"]
     if as_json:
@@ -174,7 +131,7 @@ def _gym_arm(
         emit(
             gym_rows(figure_rows([summary]), [summary]),
             [Column("figure"), Column(summary["arm"], justify="right")],
-            title=f"arm {summary['arm']} through NeMo Gym: {rollouts} rollouts of "
+            title=f"arm {summary['arm']} through NeMo Gym: {shape.rollouts} rollouts of "
             f"{summary['task']} ({summary['agent']}), think {summary['think_s']} s",
         )
     report_files(folder, written["plots_note"], as_json=as_json)

@@ -6,22 +6,26 @@ from typing import Any
 
 import click
 
-from gym_substrate.cli._experiments import (
+from gym_substrate.cli._arms import (
+    ArmShape,
     GymInputs,
     arm_options,
-    arm_progress,
     compare_columns,
     driver_option,
-    fail_on_leaks,
     gym_arms,
     gym_options,
     gym_rows,
+    run_gym_arms,
+)
+from gym_substrate.cli._experiments import (
+    Target,
+    arm_progress,
+    fail_on_leaks,
     note,
     output_options,
     report_files,
     run,
-    run_gym_arms,
-    target_options,
+    target,
 )
 from gym_substrate.cli._output import emit, emit_json, fail
 
@@ -37,32 +41,18 @@ from gym_substrate.cli._output import emit, emit_json, fail
     "--actors-per-worker, i.e. 1x).",
 )
 @click.option("--suspend", "with_suspend", is_flag=True, help="Also run the suspend arm.")
-@target_options
+@target
 @gym_options
 @output_options("Print the comparison as JSON.")
 @click.pass_context
 def compare(
     ctx: click.Context,
     driver: str,
-    rollouts: int,
-    steps: int,
-    rounds: int,
-    think: Any,
-    workload: str,
-    idle_after_s: float,
-    duration_s: float | None,
-    seed: int,
-    on_crash: str | None,
+    shape: ArmShape,
     never_rollouts: int | None,
     with_suspend: bool,
-    config_file: str | None,
-    runtime: str,
-    workers: int,
-    actors_per_worker: int,
-    gym_env: str,
-    gym_python: str | None,
-    gym_task: str | None,
-    replay_rollouts: str | None,
+    target: Target,
+    gym: GymInputs,
     out: str | None,
     as_json: bool,
 ) -> None:
@@ -72,48 +62,33 @@ def compare(
     parking arms run --rollouts. Prints every figure side by side with the ratios to never and
     writes each arm's folder plus compare.csv, compare.json and compare.png.
     """
-    from gym_substrate.lab.experiments import ExperimentError, load_workload
-    from gym_substrate.lab.experiments.arm import ArmConfig
-    from gym_substrate.lab.experiments.artifacts import make_out_dir
-    from gym_substrate.lab.experiments.backend import local_or_config
-    from gym_substrate.lab.experiments.compare import compare_rows, run_compare, write_compare
-
-    gym = GymInputs(gym_env, gym_python, gym_task, replay_rollouts)
+    policies = [("never", target.slots if never_rollouts is None else never_rollouts)]
+    policies += [("pause", shape.rollouts)] + (
+        [("suspend", shape.rollouts)] if with_suspend else []
+    )
     if driver == "gym":
-        _gym_compare(
-            ctx, rollouts, think, idle_after_s, seed, on_crash, never_rollouts, with_suspend,
-            config_file, runtime, workers, actors_per_worker, gym, out, as_json,
-        )  # fmt: skip
+        _gym_compare(ctx, policies, shape, target, gym, out, as_json)
         return
     gym.refuse_without_driver()
+    _synthetic_compare(policies, shape, target, out, as_json)
+
+
+def _synthetic_compare(
+    policies: list[tuple[str, int]], shape: ArmShape, where: Target, out: str | None, as_json: bool
+) -> None:
+    from gym_substrate.lab.experiments import ExperimentError, load_workload
+    from gym_substrate.lab.experiments.artifacts import make_out_dir
+    from gym_substrate.lab.experiments.compare import compare_rows, run_compare, write_compare
+
     try:
-        load = load_workload(workload)
-
-        def arm(policy: str, n: int) -> ArmConfig:
-            return ArmConfig(
-                policy,
-                n,
-                steps,
-                think,
-                load,
-                rounds=rounds,
-                idle_after_s=idle_after_s,
-                duration_s=duration_s,
-                seed=seed,
-                on_crash=on_crash,
-            )
-
-        slots = workers * actors_per_worker
-        configs = [arm("never", slots if never_rollouts is None else never_rollouts)]
-        configs.append(arm("pause", rollouts))
-        if with_suspend:
-            configs.append(arm("suspend", rollouts))
+        load = load_workload(shape.workload)
+        configs = [shape.config(policy, n, load) for policy, n in policies]
         folder = make_out_dir(out, "compare")
     except ExperimentError as exc:
         raise fail(str(exc)) from exc
 
     async def main() -> dict[str, Any]:
-        async with local_or_config(config_file, runtime, workers, actors_per_worker) as target:
+        async with where.open() as target:
             note(f"target: {target.where} ({target.runtime_reason})", as_json=as_json)
             with arm_progress() as on_progress:
                 results = await run_compare(configs, target, on_progress=on_progress)
@@ -127,8 +102,8 @@ def compare(
         emit(
             compare_rows(arms),
             compare_columns(arms),
-            title=f"compare: never at {configs[0].rollouts} vs parking at {rollouts} rollouts, "
-            f"{steps} steps, think {think} s, workload {load.name}",
+            title=f"compare: never at {configs[0].rollouts} vs parking at {shape.rollouts} "
+            f"rollouts, {shape.steps} steps, think {shape.think} s, workload {load.name}",
         )
     report_files(folder, data["plots_note"], as_json=as_json)
     fail_on_leaks(sum(a["leaked_actors"] for a in data["arms"]))
@@ -136,17 +111,9 @@ def compare(
 
 def _gym_compare(
     ctx: click.Context,
-    rollouts: int,
-    think: Any,
-    idle_after_s: float,
-    seed: int,
-    on_crash: str | None,
-    never_rollouts: int | None,
-    with_suspend: bool,
-    config_file: str | None,
-    runtime: str,
-    workers: int,
-    actors_per_worker: int,
+    policies: list[tuple[str, int]],
+    shape: ArmShape,
+    where: Target,
     gym: GymInputs,
     out: str | None,
     as_json: bool,
@@ -154,31 +121,13 @@ def _gym_compare(
     """The same comparison through Gym: one Gym run per arm, one after the other."""
     from gym_substrate.lab.experiments.compare import compare_rows, write_compare
 
-    slots = workers * actors_per_worker
-    policies = [("never", slots if never_rollouts is None else never_rollouts)]
-    policies.append(("pause", rollouts))
-    if with_suspend:
-        policies.append(("suspend", rollouts))
-    configs, env, folder = gym_arms(
-        ctx,
-        gym,
-        policies,
-        think=think,
-        idle_after_s=idle_after_s,
-        seed=seed,
-        on_crash=on_crash,
-        out=out,
-        folder_prefix="compare-gym",
-    )
+    configs, env, folder = gym_arms(ctx, gym, policies, shape, out=out, folder_prefix="compare-gym")
     data = run_gym_arms(
         configs,
         env,
         lambda cfg: folder / cfg.name,
         lambda results: write_compare(results, folder),
-        config_file=config_file,
-        runtime=runtime,
-        workers=workers,
-        actors_per_worker=actors_per_worker,
+        where,
     )
     arms = data["arms"]
     if as_json:
@@ -188,7 +137,7 @@ def _gym_compare(
             gym_rows(compare_rows(arms), arms),
             compare_columns(arms),
             title=f"compare through NeMo Gym: never at {configs[0].rollouts} vs parking at "
-            f"{rollouts} rollouts of {arms[0]['task']}, think {think} s",
+            f"{shape.rollouts} rollouts of {arms[0]['task']}, think {shape.think} s",
         )
     report_files(folder, data["plots_note"], as_json=as_json)
     fail_on_leaks(sum(a["leaked_actors"] for a in arms))
