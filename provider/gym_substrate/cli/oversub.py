@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import click
 
 from gym_substrate.cli._experiments import (
+    Target,
     arm_progress,
     fail_on_leaks,
     note,
     output_options,
     report_files,
     run,
-    target_options,
+    target,
 )
+from gym_substrate.cli._options import options
 from gym_substrate.cli._output import Column, emit, emit_json, fail
 
 
@@ -34,29 +37,53 @@ def _sandboxes(ctx: click.Context, param: click.Parameter, value: str) -> str:
     return text
 
 
+_OVERSUB_OPTIONS = options(
+    click.option(
+        "--sandboxes",
+        "sandboxes",
+        required=True,
+        callback=_sandboxes,
+        metavar="K|Nx",
+        help="Sandboxes (K) or a multiple of the actor slots, --workers x --actors-per-worker "
+        "(2x, 4x, 8x).",
+    ),
+    click.option(
+        "--policy", type=click.Choice(["pause", "suspend"]), default="pause", show_default=True
+    ),
+    click.option("--steps", type=int, default=5, show_default=True, help="Steps per sandbox."),
+    click.option(
+        "--think-s",
+        "think",
+        default="1",
+        show_default=True,
+        metavar="SPEC",
+        help="Gap between a sandbox's steps: seconds (1) or a range (0.5-2).",
+    ),  # fmt: skip
+    click.option("--workload", default="light", show_default=True, help="Built-in name or file."),
+    click.option("--idle-after-s", type=float, default=0.1, show_default=True),
+    click.option("--duration-s", type=float, default=None, help="Start no new step after this."),
+    click.option("--seed", type=int, default=0, show_default=True),
+)
+
+
+@dataclass(frozen=True)
+class Oversub:
+    """What `oversub` was asked: K sandboxes of one policy, stepping with gaps, on a target."""
+
+    count: int
+    policy: str
+    steps: int
+    think: Any  # lab.experiments.ThinkSpec
+    workload: str
+    idle_after_s: float
+    duration_s: float | None
+    seed: int
+    where: Target
+
+
 @click.command("oversub")
-@click.option(
-    "--sandboxes",
-    "sandboxes",
-    required=True,
-    callback=_sandboxes,
-    metavar="K|Nx",
-    help="Sandboxes (K) or a multiple of the actor slots, --workers x --actors-per-worker "
-    "(2x, 4x, 8x).",
-)
-@click.option(
-    "--policy", type=click.Choice(["pause", "suspend"]), default="pause", show_default=True
-)
-@click.option("--steps", type=int, default=5, show_default=True, help="Steps per sandbox.")
-@click.option(
-    "--think-s", "think", default="1", show_default=True, metavar="SPEC",
-    help="Gap between a sandbox's steps: seconds (1) or a range (0.5-2).",
-)  # fmt: skip
-@click.option("--workload", default="light", show_default=True, help="Built-in name or file.")
-@click.option("--idle-after-s", type=float, default=0.1, show_default=True)
-@click.option("--duration-s", type=float, default=None, help="Start no new step after this.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@target_options
+@_OVERSUB_OPTIONS
+@target
 @output_options("Print the summary as JSON.")
 def oversub(
     sandboxes: str,
@@ -67,10 +94,7 @@ def oversub(
     idle_after_s: float,
     duration_s: float | None,
     seed: int,
-    config_file: str | None,
-    runtime: str,
-    workers: int,
-    actors_per_worker: int,
+    target: Target,
     out: str | None,
     as_json: bool,
 ) -> None:
@@ -79,13 +103,9 @@ def oversub(
     Reports completion (sandboxes that ran every step), step latency and fairness: the slowest
     sandbox's steps per second against the median's (1.0 = perfectly fair).
     """
-    from gym_substrate.lab.experiments import ExperimentError, ThinkSpec, load_workload
-    from gym_substrate.lab.experiments.arm import ArmConfig, run_arm, write_arm
-    from gym_substrate.lab.experiments.artifacts import make_out_dir
-    from gym_substrate.lab.experiments.backend import local_or_config
-    from gym_substrate.lab.experiments.oversub import progress_plot, sandbox_rows
+    from gym_substrate.lab.experiments import ThinkSpec
 
-    slots = workers * actors_per_worker
+    slots = target.slots
     count = (
         max(1, round(float(sandboxes[:-1]) * slots)) if sandboxes.endswith("x") else int(sandboxes)
     )
@@ -93,24 +113,35 @@ def oversub(
         spec = ThinkSpec.parse(think)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--think-s") from exc
+    request = Oversub(count, policy, steps, spec, workload, idle_after_s, duration_s, seed, target)
+    _report(request, _run(request, out, as_json), as_json)
+
+
+def _run(request: Oversub, out: str | None, as_json: bool) -> tuple[dict[str, Any], Any]:
+    """Run the oversubscribed arm; its files written, with the per-sandbox rows and plot."""
+    from gym_substrate.lab.experiments import ExperimentError, load_workload
+    from gym_substrate.lab.experiments.arm import ArmConfig, run_arm, write_arm
+    from gym_substrate.lab.experiments.artifacts import make_out_dir
+    from gym_substrate.lab.experiments.oversub import progress_plot, sandbox_rows
+
     try:
         config = ArmConfig(
-            policy,
-            count,
-            steps,
-            spec,
-            load_workload(workload),
-            name=f"oversub-{count}",
-            idle_after_s=idle_after_s,
-            duration_s=duration_s,
-            seed=seed,
+            request.policy,
+            request.count,
+            request.steps,
+            request.think,
+            load_workload(request.workload),
+            name=f"oversub-{request.count}",
+            idle_after_s=request.idle_after_s,
+            duration_s=request.duration_s,
+            seed=request.seed,
         )
         folder = make_out_dir(out, "oversub")
     except ExperimentError as exc:
         raise fail(str(exc)) from exc
 
     async def main() -> dict[str, Any]:
-        async with local_or_config(config_file, runtime, workers, actors_per_worker) as target:
+        async with request.where.open() as target:
             note(f"target: {target.where} ({target.runtime_reason})", as_json=as_json)
             with arm_progress() as on_progress:
                 result = await run_arm(config, target, on_progress=on_progress)
@@ -120,11 +151,16 @@ def oversub(
             written["sandboxes"] = sandbox_rows(result)
             return written
 
-    written = run(main())
+    return run(main()), folder
+
+
+def _report(request: Oversub, ran: tuple[dict[str, Any], Any], as_json: bool) -> None:
+    written, folder = ran
     s = written["summary"]
     if as_json:
         emit_json(written)
     else:
+        slots = request.where.slots
         emit(
             written["sandboxes"],
             [
@@ -135,8 +171,9 @@ def oversub(
                 Column("resumes", justify="right"),
                 Column("failure"),
             ],
-            title=f"oversub: {count} sandboxes on {slots} actor slots ({count / slots:g}x), "
-            f"{steps} steps, gap {spec} s, policy {policy}",
+            title=f"oversub: {request.count} sandboxes on {slots} actor slots "
+            f"({request.count / slots:g}x), {request.steps} steps, gap {request.think} s, "
+            f"policy {request.policy}",
         )
         note(
             f"completion {s['completion']:.0%}, step latency p50 {s['step_p50_s'] or 0:.3g} s "
