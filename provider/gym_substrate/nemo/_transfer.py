@@ -168,6 +168,23 @@ async def _uploaded_already(
     return {"path": target, "size": size, "sha256": sha256}
 
 
+async def _file_to_download(managed: ManagedActor, source_path: str) -> FileStat:
+    """The sandbox file's stat; TransferError (ENOENT when there is none) unless a file."""
+    try:
+        info = await _call(managed, lambda agent: agent.stat(source_path), f"stat {source_path}")
+    except AgentResponseError as exc:
+        if exc.status == 404:
+            raise TransferError(
+                errno.ENOENT, f"no such file in the sandbox: {source_path}"
+            ) from exc
+        raise TransferError(f"cannot download {source_path}: {exc}") from exc
+    if info.get("type") != "file":
+        raise TransferError(
+            f"cannot download {source_path}: it is a {info.get('type')}, not a file"
+        )
+    return info
+
+
 async def download(
     managed: ManagedActor,
     source_path: str,
@@ -181,18 +198,7 @@ async def download(
     tmp = target.with_name(f".{target.name}.part-{uuid.uuid4().hex[:8]}")
     stat_what = f"stat {source_path}"
     try:
-        try:
-            info = await _call(managed, lambda agent: agent.stat(source_path), stat_what)
-        except AgentResponseError as exc:
-            if exc.status == 404:
-                raise TransferError(
-                    errno.ENOENT, f"no such file in the sandbox: {source_path}"
-                ) from exc
-            raise TransferError(f"cannot download {source_path}: {exc}") from exc
-        if info.get("type") != "file":
-            raise TransferError(
-                f"cannot download {source_path}: it is a {info.get('type')}, not a file"
-            )
+        info = await _file_to_download(managed, source_path)
         size = int(info["size"])
         digest = hashlib.sha256()
         # The sandbox hashes its copy while we fetch ours.
