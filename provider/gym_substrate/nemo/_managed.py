@@ -15,16 +15,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import enum
 import logging
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.nemo._actor import DELETED, SubstrateActor
+from gym_substrate.nemo._actor_services import (
+    ActorServices,
+    Lifecycle,
+    ResumeFailedError,
+    WorkloadLostError,
+    is_code,
+    may_be_crashed,
+    teardown_may_retry,
+)
 from gym_substrate.nemo._capacity import queue_for, wait_in_line
 from gym_substrate.nemo._connhints import not_an_agent
 from gym_substrate.nemo._metrics import METRICS
@@ -37,10 +44,9 @@ from gym_substrate.nemo._retry import (
     is_transient_control,
     retry_target,
 )
-from gym_substrate.nemo.agent_client import AgentClient, HttpTransport
-from gym_substrate.nemo.config import CrashPolicy, IdlePolicy, PauseMode
+from gym_substrate.nemo.agent_client import AgentClient
+from gym_substrate.nemo.config import PauseMode
 from gym_substrate.nemo.control_client import (
-    ControlAPI,
     Resumed,
     actor_state,
     crash_message,
@@ -52,10 +58,8 @@ from gym_substrate.nemo.errors import (
     AgentProtocolError,
     ConnectionConfigError,
     ControlPlaneError,
-    NoFreeWorkersError,
     SnapshotBusyError,
     SubstrateError,
-    TransientControlPlaneError,
 )
 from gym_substrate.nemo.types import SandboxHandle
 
@@ -72,82 +76,10 @@ log = logging.getLogger("gym_substrate.provider")
 T = TypeVar("T")
 
 
-class Lifecycle(enum.Enum):
-    """Where a sandbox is, as this process knows it."""
-
-    ACTIVE = "active"  # on a worker, or believed to be: the next request finds out
-    PARKED = "parked"  # paused or suspended (by us or before connect); the next call resumes it
-    CRASHED = "crashed"  # found CRASHED with on_crash: fail; calls fail until close()
-    CLOSED = "closed"  # deleted by close(); every later call is refused
-
-
-class Recorder(Protocol):
-    async def __call__(self, event: str, actor: SubstrateActor, **extra: Any) -> None: ...
-
-
-@dataclass(frozen=True)
-class ActorServices:
-    """What every sandbox of one provider shares: clients, policies and the ledger."""
-
-    control: ControlAPI
-    transport: HttpTransport
-    router: str
-    retry: RetryPolicy
-    ready_timeout_s: float
-    close_timeout_s: float
-    idle_policy: IdlePolicy
-    idle_after_s: float
-    record: Recorder
-    on_crash: CrashPolicy = "fail"
-
-    def agent(self, actor: SubstrateActor) -> AgentClient:
-        return AgentClient(self.transport, self.router, actor.actor_id, actor.atespace)
-
-
-class ResumeFailedError(SubstrateError):
-    """The actor lost its worker (router 503) and could not be resumed; chained to why."""
-
-
-class WorkloadLostError(SubstrateError):
-    """The actor is RUNNING but its workload does not answer: it died (router 503)."""
-
-
 # How long a router 503 may last after a ResumeActor that found the actor already RUNNING
 # (`resumed` false): nothing moved, so the workload is dead (a RUNNING actor whose workload
 # died stays RUNNING, and its router answers 503 until the worker pod goes).
 _DEAD_WORKLOAD_GRACE_S = 2.0
-
-
-# Errors that another look cannot fix: the request itself is wrong, or we may not make it.
-_FINAL_FOR_TEARDOWN = frozenset({"INVALID_ARGUMENT", "PERMISSION_DENIED", "UNAUTHENTICATED"})
-
-
-def _is_code(exc: BaseException, name: str) -> bool:
-    return isinstance(exc, ControlPlaneError) and exc.code is not None and exc.code.name == name
-
-
-def _may_be_crashed(exc: BaseException) -> bool:
-    """A refused ResumeActor (not a transient or capacity answer): GetActor says if CRASHED."""
-    return (
-        isinstance(exc, ControlPlaneError)
-        and not isinstance(exc, (ActorNotFoundError, NoFreeWorkersError))
-        and not is_transient_control(exc)
-    )
-
-
-def _teardown_may_retry(exc: BaseException) -> bool:
-    """Teardown looks again after anything but a request the server can never accept.
-
-    A delete that raced another operation (ABORTED, FAILED_PRECONDITION), transient codes, an
-    INTERNAL from a workflow that failed halfway: each is over at the next look.
-    """
-    if isinstance(exc, (NoFreeWorkersError, TransientControlPlaneError)):
-        return True
-    if isinstance(exc, ActorNotFoundError):  # gone: teardown is done, not retried
-        return False
-    return isinstance(exc, ControlPlaneError) and not (
-        exc.code is not None and exc.code.name in _FINAL_FOR_TEARDOWN
-    )
 
 
 class ManagedActor:
@@ -315,7 +247,7 @@ class ManagedActor:
             try:
                 return await control.resume_actor(actor.atespace, actor.actor_id)
             except ControlPlaneError as exc:
-                if _may_be_crashed(exc):  # refused: a CRASHED actor says so, else re-raise
+                if may_be_crashed(exc):  # refused: a CRASHED actor says so, else re-raise
                     await self._raise_if_crashed()
                 raise
 
@@ -326,7 +258,7 @@ class ManagedActor:
             call="ResumeActor",
             what=f"ResumeActor {actor.actor_id}",
             # FAILED_PRECONDITION that is not a crash: another transition is under way
-            predicate=lambda exc: is_resumable(exc) or _is_code(exc, "FAILED_PRECONDITION"),
+            predicate=lambda exc: is_resumable(exc) or is_code(exc, "FAILED_PRECONDITION"),
             transient_s=self.services.retry.deadline,
             first=lost_worker,  # believed running: its resume may need no worker at all
         )
@@ -450,7 +382,7 @@ class ManagedActor:
             try:
                 return await control.revert_actor(actor.atespace, actor.actor_id)
             except ControlPlaneError as rexc:
-                if not _is_code(rexc, "FAILED_PRECONDITION"):
+                if not is_code(rexc, "FAILED_PRECONDITION"):
                     raise
                 got = await control.get_actor(actor.atespace, actor.actor_id)
                 if actor_state(got) != "SUSPENDED":
@@ -485,7 +417,7 @@ class ManagedActor:
                     return await control.pause_actor(actor.atespace, actor.actor_id)
                 return await control.suspend_actor(actor.atespace, actor.actor_id)
             except ControlPlaneError as exc:
-                if _may_be_crashed(exc):
+                if may_be_crashed(exc):
                     await self._raise_if_crashed()
                 raise
 
@@ -598,7 +530,7 @@ class ManagedActor:
         try:
             await retry_target(
                 lambda: control.delete_actor(actor.atespace, actor.actor_id, any_state=True),
-                _teardown_may_retry,
+                teardown_may_retry,
                 RetryPolicy(
                     initial=0.05,
                     maximum=0.5,
