@@ -26,6 +26,7 @@ from gym_substrate.nemo._metrics import METRICS
 from gym_substrate.nemo.errors import (
     ActorUnavailableError,
     AgentTransportError,
+    ControlPlaneError,
     NoFreeWorkersError,
     RetryError,
     RouterError,
@@ -35,6 +36,7 @@ from gym_substrate.nemo.errors import (
 __all__ = [
     "HTTP_RETRY",
     "REAL_PACE",
+    "RECONNECT_RETRY",
     "Pacer",
     "RetryPolicy",
     "is_lost_worker",
@@ -44,6 +46,7 @@ __all__ = [
     "no_capacity",
     "retry_target",
     "sleep_generator",
+    "through_reconnect",
     "wait_for_capacity",
 ]
 
@@ -248,3 +251,21 @@ async def wait_for_capacity(
     finally:
         if since is not None:
             METRICS.capacity_wait_seconds.observe(clock() - since)
+
+
+# connect() and status() look again through UNAVAILABLE quickly: a restarted control plane is
+# back within about a second of listening again (the channel's reconnect backoff, `_grpc`).
+RECONNECT_RETRY = RetryPolicy(initial=0.05, maximum=0.5, multiplier=2.0)
+
+
+async def through_reconnect(
+    call: Callable[[], Awaitable[T]], policy: RetryPolicy, *, what: str
+) -> T:
+    """``call`` again through UNAVAILABLE (a control plane restarting) within ``policy``; still
+    down at its deadline, the last answer is raised as a single call gives it."""
+    try:
+        return await retry_target(call, is_transient_control, policy, what=what)
+    except RetryError as exc:
+        if isinstance(exc.cause, ControlPlaneError):
+            raise exc.cause from exc
+        raise

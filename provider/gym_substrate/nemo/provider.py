@@ -43,10 +43,10 @@ from gym_substrate.nemo._pty import SubstratePtySession
 from gym_substrate.nemo._pty_methods import PtyMethods
 from gym_substrate.nemo._retry import (
     REAL_PACE,
+    RECONNECT_RETRY,
     Pacer,
     RetryPolicy,
-    is_transient_control,
-    retry_target,
+    through_reconnect,
 )
 from gym_substrate.nemo.agent_client import HttpTransport
 from gym_substrate.nemo.config import (
@@ -65,7 +65,6 @@ from gym_substrate.nemo.errors import (
     ConfigError,
     ControlPlaneError,
     ProviderClosedError,
-    RetryError,
     SubstrateCreateError,
     SubstrateError,
 )
@@ -84,10 +83,6 @@ __all__ = ["SANDBOX_RUNTIME_RETURN_CODE", "SubstrateActor", "SubstrateProvider"]
 log = logging.getLogger("gym_substrate.provider")
 
 T = TypeVar("T")
-
-# connect() and status() look again through UNAVAILABLE quickly: a restarted control plane is
-# back within about a second of listening again (the channel's reconnect backoff, `_grpc`).
-_RECONNECT_RETRY = RetryPolicy(initial=0.05, maximum=0.5, multiplier=2.0)
 
 
 class SubstrateProvider(SnapshotMethods, PtyMethods, _capabilities.ComposeCapabilities):
@@ -494,20 +489,12 @@ class SubstrateProvider(SnapshotMethods, PtyMethods, _capabilities.ComposeCapabi
     async def _get_actor(self, atespace: str, name: str) -> pb.Actor:
         """GetActor through UNAVAILABLE (a control plane restarting) for up to
         `connection.connect_timeout_s`: the channel reconnects within about a second."""
-        control = self.control
-        try:
-            return await retry_target(
-                lambda: control.get_actor(atespace, name),
-                is_transient_control,
-                _RECONNECT_RETRY.paced(self._retry.pacer).with_deadline(
-                    self.connection.connect_timeout_s
-                ),
-                what=f"GetActor {atespace}/{name}",
-            )
-        except RetryError as exc:  # still down: the last answer, as a single call gives it
-            if isinstance(exc.cause, ControlPlaneError):
-                raise exc.cause from exc
-            raise
+        control, policy = self.control, RECONNECT_RETRY.paced(self._retry.pacer)
+        return await through_reconnect(
+            lambda: control.get_actor(atespace, name),
+            policy.with_deadline(self.connection.connect_timeout_s),
+            what=f"GetActor {atespace}/{name}",
+        )
 
     @_shared.holding
     async def pause(self, handle: SandboxHandle) -> None:
