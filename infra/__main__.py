@@ -154,6 +154,58 @@ def _existing(cfg: StackConfig) -> dict[str, Any]:
     }
 
 
+def _ssh_to(cfg: StackConfig, host: BorrowedHost) -> Any:
+    """How the templates reach the API of a borrowed host: its NodePort answers on the host's
+    loopback, so they tunnel over SSH, with the host key the host's first step recorded (or the
+    configured one)."""
+    return pulumi.Output.all(
+        pulumi.Config(PROJECT).require_secret("sshPrivateKey"),
+        host.prep_root.knownHostKey,
+    ).apply(
+        lambda v: {
+            "host": cfg.host.address,  # type: ignore[union-attr]
+            "port": cfg.host.port,  # type: ignore[union-attr]
+            "user": cfg.host.user,  # type: ignore[union-attr]
+            "privateKey": v[0],
+            "hostKey": cfg.host.host_key or v[1],  # type: ignore[union-attr]
+        }
+    )
+
+
+def _export_kind_or_host(
+    cfg: StackConfig, cluster: KindCluster, install: SubstrateInstall, api: str, templates: Any
+) -> Any:
+    """The stack's outputs on kind or a host: kubeconfig, addresses, worker image, the
+    provider config (returned), the client token and the SSH tunnel of a host."""
+    router = f"http://127.0.0.1:{cfg.access.router_node_port}"
+    pulumi.export("kubeconfig", cluster.kubeconfig)
+    names = _export(
+        api, router, f"http://127.0.0.1:{cfg.access.grafana_node_port}", install.ca_pem, templates
+    )
+    pulumi.export("workerImage", install.worker_image)
+    # jwt on kind: the token file the install's client-token step wrote (and printed) on this
+    # machine; on a host the token itself is exported as `clientToken` instead.
+    provider_config = pulumi.Output.all(install.ca_pem, names, install.token_file).apply(
+        lambda v: objects.to_yaml(
+            objects.provider_config(
+                cfg, api=api, router=router, ca_pem=v[0], templates=v[1], token_file=v[2]
+            )
+        )
+    )
+    pulumi.export("providerConfig", provider_config)
+    if install.client_token is not None:
+        pulumi.export("clientToken", install.client_token)
+    if cfg.host is not None:
+        ports = [cfg.access.api_node_port, cfg.access.router_node_port]
+        if cfg.observability.enabled:
+            ports += [cfg.access.grafana_node_port, cfg.access.prometheus_node_port]
+        forwards = " ".join(f"-L {p}:127.0.0.1:{p}" for p in ports)
+        pulumi.export(
+            "sshTunnel", f"ssh -N {forwards} -p {cfg.host.port} {cfg.host.user}@{cfg.host.address}"
+        )
+    return provider_config
+
+
 def _kind_or_host(cfg: StackConfig) -> dict[str, Any]:
     runner = Runner(cwd=str(REPO_ROOT))
     host: BorrowedHost | None = None
@@ -185,22 +237,7 @@ def _kind_or_host(cfg: StackConfig) -> dict[str, Any]:
     )
     access = Access("access", ObjectsArgs(kube, install, tuple(objects.nodeport_services(cfg))))
     api = f"127.0.0.1:{cfg.access.api_node_port}"
-    ssh = None
-    if host is not None and cfg.host is not None:
-        # The API NodePort answers on the host's loopback: the templates tunnel over SSH, with
-        # the host key the host's first step recorded (or the configured one).
-        ssh = pulumi.Output.all(
-            pulumi.Config(PROJECT).require_secret("sshPrivateKey"),
-            host.prep_root.knownHostKey,
-        ).apply(
-            lambda v: {
-                "host": cfg.host.address,  # type: ignore[union-attr]
-                "port": cfg.host.port,  # type: ignore[union-attr]
-                "user": cfg.host.user,  # type: ignore[union-attr]
-                "privateKey": v[0],
-                "hostKey": cfg.host.host_key or v[1],  # type: ignore[union-attr]
-            }
-        )
+    ssh = _ssh_to(cfg, host) if host is not None else None
     token = token_source(
         cfg.substrate.auth_mode, file=install.token_file, value=install.client_token
     )
@@ -212,32 +249,7 @@ def _kind_or_host(cfg: StackConfig) -> dict[str, Any]:
             ObjectsArgs(kube, install, tuple(observability.observability_objects(cfg))),
         )
 
-    router = f"http://127.0.0.1:{cfg.access.router_node_port}"
-    pulumi.export("kubeconfig", cluster.kubeconfig)
-    names = _export(
-        api, router, f"http://127.0.0.1:{cfg.access.grafana_node_port}", install.ca_pem, templates
-    )
-    pulumi.export("workerImage", install.worker_image)
-    # jwt on kind: the token file the install's client-token step wrote (and printed) on this
-    # machine; on a host the token itself is exported as `clientToken` instead.
-    provider_config = pulumi.Output.all(install.ca_pem, names, install.token_file).apply(
-        lambda v: objects.to_yaml(
-            objects.provider_config(
-                cfg, api=api, router=router, ca_pem=v[0], templates=v[1], token_file=v[2]
-            )
-        )
-    )
-    pulumi.export("providerConfig", provider_config)
-    if install.client_token is not None:
-        pulumi.export("clientToken", install.client_token)
-    if cfg.host is not None:
-        ports = [cfg.access.api_node_port, cfg.access.router_node_port]
-        if cfg.observability.enabled:
-            ports += [cfg.access.grafana_node_port, cfg.access.prometheus_node_port]
-        forwards = " ".join(f"-L {p}:127.0.0.1:{p}" for p in ports)
-        pulumi.export(
-            "sshTunnel", f"ssh -N {forwards} -p {cfg.host.port} {cfg.host.user}@{cfg.host.address}"
-        )
+    provider_config = _export_kind_or_host(cfg, cluster, install, api, templates)
     return {
         "cluster": cluster,
         "install": install,
