@@ -92,15 +92,9 @@ def test_products_import_only_the_layers_below_them() -> None:
     assert violations(graph(type_checking=True)) == []
 
 
-# Import circles still being taken apart (issue 33): none may join, and one gone must leave.
-CIRCLES_ALLOWED: list[list[str]] = [
-    [
-        "gym_substrate.local.runtimes.gvisor.adoption",
-        "gym_substrate.local.runtimes.gvisor.freezer",
-        "gym_substrate.local.runtimes.gvisor.runtime",
-        "gym_substrate.local.runtimes.gvisor.warm",
-    ],
-]
+# Import circles still being taken apart: none since issue 33 took the gVisor runtime's last
+# one apart (runtime, freezer, warm pool, adoption). None may join, and one gone must leave.
+CIRCLES_ALLOWED: list[list[str]] = []
 
 
 def test_no_import_circle_anywhere_in_the_package() -> None:

@@ -65,11 +65,14 @@ def test_a_suspend_is_checked_even_on_the_freeze_tier(tmp_path: Path) -> None:
 def test_a_budget_eviction_that_cannot_fit_keeps_the_sandbox_frozen(tmp_path: Path) -> None:
     """Past the frozen-memory budget the oldest frozen sandbox is checkpointed; when its image
     cannot fit, it stays frozen (nothing lost) instead of a checkpoint cut short by ENOSPC."""
-    from gym_substrate.local.runtimes.gvisor import freezer
+    from gym_substrate.local.runtimes.gvisor import freezer, frozen
+    from gym_substrate.local.runtimes.gvisor.slots import UnitBook
 
-    runtime: Any = SimpleNamespace(compression="none", runsc=None)
-    tier = freezer.FreezeTier(runtime, {"gvisor.pause_tier": "freeze"})
-    entry = freezer._Frozen(
+    parts: Any = SimpleNamespace(
+        compression="none", runsc=None, sandboxes=None, nets=None, units=UnitBook(1)
+    )
+    tier = freezer.FreezeTier(parts, {"gvisor.pause_tier": "freeze"})
+    entry = frozen.Frozen(
         cid="c1", actor="gym/a", unit=0, dest=str(tmp_path), frozen_at=0.0, method="cgroup"
     )
     entry.pss = 2**62

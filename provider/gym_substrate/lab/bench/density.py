@@ -162,15 +162,15 @@ def _leaks(backend: Any) -> dict[str, int]:
     held = {k for w in plane.pool.all() for k in plane.pool.holders(w).values()}
     running = {k for k, r in plane.state.actors.items() if r.state in ("RUNNING", "RESUMING")}
     leaks = {"slots held by no running actor": len(held - running)}
-    tier = getattr(backend.runtime, "tier", None)
-    if tier is not None:
+    units = getattr(backend.runtime, "units", None)  # the gVisor runtime's namespace book
+    if units is not None:
         instance = backend.runtime.instance
         on_host = {
             int(p.name.rsplit("-w", 1)[1])
             for p in Path("/run/netns").glob(f"{instance}-w*")
             if p.name.rsplit("-w", 1)[1].isdigit()
         }
-        leaks["namespaces in no book"] = len(on_host - tier.units_in_use())
+        leaks["namespaces in no book"] = len(on_host - units.in_use())
     return leaks
 
 

@@ -203,7 +203,7 @@ async def run_bench(
                     await _memory(session, backend, running_mem, paused_mem)
                 together = await _memory_together(session, backend, workers)
                 if phases and gvisor is not None:
-                    await gvisor._await_drains()  # the background steps after the last park
+                    await gvisor.sandboxes.await_drains()  # the steps after the last park
                     steps = gvisor.phases.samples()
                     steps.update(await wrapper_overhead(gvisor.runsc, iterations))
             finally:

@@ -52,8 +52,8 @@ def _fail(error: Exception) -> Any:
 
 async def _slot_is_clean(runtime: Any, slot: int) -> None:
     """The slot's namespace is whole and no sandbox of ours runs in it."""
-    assert await asyncio.to_thread(net.slot_net_intact, runtime._nets[slot])
-    for sandbox in list(runtime._sandboxes.values()):
+    assert await asyncio.to_thread(net.slot_net_intact, runtime.nets.by_slot[slot])
+    for sandbox in list(runtime.sandboxes.known.values()):
         if sandbox.slot == slot:
             assert not await runtime.is_alive(sandbox.cid), sandbox
 
@@ -68,7 +68,7 @@ async def _start_works(runtime: Any, tmp_path: Path, slot: int, name: str) -> An
 START_STEPS = {
     "veth address reset (ip)": ("net.reset_sandbox_addr", CommandError("`ip -n` failed")),
     "runsc run": ("runsc.run", RunscError("runsc run failed")),
-    "wakeup probe": ("_wait_ready", RuntimeFailure("probe never answered")),
+    "wakeup probe": ("sandboxes.wait_ready", RuntimeFailure("probe never answered")),
     "an unexpected class": ("net.reset_sandbox_addr", KeyError("eth0")),
 }
 
@@ -79,7 +79,7 @@ async def test_a_start_that_fails_at_any_step_leaves_the_slot_clean(
 ) -> None:
     where, error = START_STEPS[step]
     owner, _, name = where.rpartition(".")
-    target = {"net": net, "runsc": runtime.runsc, "": runtime}[owner]
+    target = {"net": net, "runsc": runtime.runsc, "sandboxes": runtime.sandboxes}[owner]
     with monkeypatch.context() as patch:
         patch.setattr(target, name, _fail(error))
         actor = ActorSpec("default", "doomed", counter_template(tmp_path / "snaps"))
@@ -94,7 +94,7 @@ async def test_a_namespace_removed_behind_the_slots_back_is_rebuilt(
     runtime: Any, tmp_path: Path
 ) -> None:
     """The wedge's first error, `Cannot open network namespace`: the start repairs it."""
-    slot_net = runtime._nets[0]
+    slot_net = runtime.nets.by_slot[0]
     await asyncio.to_thread(subprocess.run, ["ip", "netns", "del", slot_net.netns], check=True)
     started = await _start_works(runtime, tmp_path, 0, "repaired")
     assert runtime.repaired_nets == 1
@@ -108,7 +108,7 @@ async def test_a_freeze_that_fails_keeps_the_sandbox_running(
     started = await _start_works(runtime, tmp_path, 0, "keeps")
     actor = ActorSpec("default", "keeps", counter_template(tmp_path / "snaps", marker=False))
     with monkeypatch.context() as patch:
-        patch.setattr(runtime.tier, "_set_frozen", _fail(FreezeError("will not settle")))
+        patch.setattr(runtime.tier, "set_frozen", _fail(FreezeError("will not settle")))
         with pytest.raises(RuntimeFailure, match="freezing"):
             await runtime.checkpoint(actor, started.handle, SnapshotKind.LOCAL, tmp_path / "p")
     assert await runtime.is_alive(started.handle)
@@ -125,7 +125,8 @@ async def test_a_thaw_whose_probe_fails_frees_the_slot(
     actor = ActorSpec("default", "thawed", counter_template(tmp_path / "snaps", marker=False))
     paused = await runtime.checkpoint(actor, started.handle, SnapshotKind.LOCAL, tmp_path / "p")
     with monkeypatch.context() as patch:
-        patch.setattr(runtime, "_wait_ready", _fail(RuntimeFailure("probe never answered")))
+        never = _fail(RuntimeFailure("probe never answered"))
+        patch.setattr(runtime.sandboxes, "wait_ready", never)
         with pytest.raises(RuntimeFailure, match="probe"):
             await runtime.start(actor, Slot(1), paused.snapshot, timeout_s=30)
     assert not await runtime.is_alive(started.handle)  # ended, not left on the slot
@@ -146,7 +147,7 @@ async def test_an_eviction_that_fails_loses_only_that_pause_and_no_namespace(
         with pytest.raises(RuntimeFailure, match="checkpointing frozen"):
             await runtime.tier.evict(entry.cid, reason="a test")
     assert runtime.tier.frozen == {}
-    assert entry.unit in runtime.tier.spares  # its namespace is a spare, whole
+    assert entry.unit in runtime.units.spares  # its namespace is a spare, whole
     assert await asyncio.to_thread(net.slot_net_intact, entry.slotnet)
     with pytest.raises(RuntimeFailure, match="lost"):
         await runtime.start(actor, Slot(0), paused.snapshot, timeout_s=30)

@@ -26,31 +26,32 @@ import pytest
 from gym_substrate.lab.bench import local as bench
 from gym_substrate.local.runtimes.base import RuntimeFailure
 from gym_substrate.local.runtimes.gvisor import warm
-from gym_substrate.local.runtimes.gvisor.freezer import FreezeTier, _Frozen
+from gym_substrate.local.runtimes.gvisor.freezer import FreezeTier
+from gym_substrate.local.runtimes.gvisor.frozen import Frozen
+from gym_substrate.local.runtimes.gvisor.sandboxes import Parts
+from gym_substrate.local.runtimes.gvisor.slots import SlotNets, UnitBook
 from gym_substrate.local.runtimes.gvisor.warm import UNIT_BASE, WarmPool
 
 
 def _pool(workers: int, spares: list[int], budget: str = "4G") -> WarmPool:
-    """A pool and a real frozen tier (its unit book) on a runtime of no sandboxes."""
-    runtime: Any = SimpleNamespace(
-        config=SimpleNamespace(workers=workers), instance="gsunit", dir=Path(mkdtemp())
-    )
-    runtime.tier = FreezeTier(
-        runtime, {"gvisor.pause_tier": "freeze", "gvisor.frozen_memory": budget}
-    )
-    runtime.tier.spares = list(spares)
-    runtime.tier.slots = {0: 7, 1: 1}
-    runtime.warm = WarmPool(runtime, {"gvisor.warm_pool": "1"})
-    return runtime.warm  # type: ignore[no-any-return]
+    """A pool and a real frozen tier (the namespace book) on parts of no sandboxes; the
+    registry is a stand-in whose ``runsc`` and ``discard`` each test sets."""
+    sandboxes: Any = SimpleNamespace(instance="gsunit", runsc=None)
+    units = UnitBook(workers)
+    parts = Parts(Path(mkdtemp()), "none", sandboxes, SlotNets("gsunit", workers), units)
+    tier = FreezeTier(parts, {"gvisor.pause_tier": "freeze", "gvisor.frozen_memory": budget})
+    units.spares = list(spares)
+    units.slots = {0: 7, 1: 1}
+    return WarmPool(parts, {"gvisor.warm_pool": "1"}, tier)
 
 
 def test_a_refill_never_takes_a_slots_home_namespace() -> None:
     pool = _pool(workers=2, spares=[0, 9])
     assert pool._take_unit() == (9, None)
-    assert pool.rt.tier.spares == [0]  # slot 0's home unit waits for the next freeze
+    assert pool.units.spares == [0]  # slot 0's home unit waits for the next freeze
     unit, known = pool._take_unit()
     assert (unit, known) == (UNIT_BASE, None)  # a number of its own, not 0
-    assert pool.rt.tier.spares == [0]
+    assert pool.units.spares == [0]
 
 
 async def test_the_bench_names_a_pool_that_keeps_failing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -97,15 +98,15 @@ async def test_the_bench_waits_for_a_pool_that_fills(monkeypatch: pytest.MonkeyP
 
 async def test_a_unit_being_released_is_handed_to_nobody(monkeypatch: pytest.MonkeyPatch) -> None:
     pool = _pool(workers=57, spares=[])  # 57: the first number a freeze would take
-    tier = pool.rt.tier
+    tier = pool.tier
     released: list[int] = []
     gate = asyncio.Event()
 
     async def slow_discard(cid: str) -> None:
         await gate.wait()  # the sandbox's removal takes a while (runsc delete)
 
-    pool.rt._discard = slow_discard
-    pool.rt.runsc = SimpleNamespace(pids=lambda cid: None)
+    pool.sandboxes.discard = slow_discard
+    pool.sandboxes.runsc = SimpleNamespace(pids=lambda cid: None)
     monkeypatch.setattr(warm.net, "release_slot_net", lambda inst, unit: released.append(unit))
     dropping = asyncio.create_task(pool._destroy("warm-1", 57, "cgroup"))
     pooled = asyncio.create_task(pool._destroy("warm-2", UNIT_BASE, "cgroup"))
@@ -121,29 +122,29 @@ async def test_a_unit_being_released_is_handed_to_nobody(monkeypatch: pytest.Mon
 async def test_a_unit_given_back_meanwhile_is_not_released(monkeypatch: pytest.MonkeyPatch) -> None:
     """A failed claim's thaw put the unit into the spares; its teardown must keep it."""
     pool = _pool(workers=2, spares=[])
-    pool.rt.runsc = SimpleNamespace(pids=lambda cid: None)
+    pool.sandboxes.runsc = SimpleNamespace(pids=lambda cid: None)
 
     async def discard(cid: str) -> None:
-        pool.rt.tier.spares.append(57)
+        pool.units.spares.append(57)
 
-    pool.rt._discard = discard
+    pool.sandboxes.discard = discard
     released: list[int] = []
     monkeypatch.setattr(warm.net, "release_slot_net", lambda inst, unit: released.append(unit))
     await pool._destroy("warm-1", 57, "cgroup")
     assert released == []
-    assert pool.rt.tier.spares == [57]
+    assert pool.units.spares == [57]
 
 
 def test_the_pool_fills_only_with_room_for_every_slot_to_freeze() -> None:
     mib = 2**20
     pool = _pool(workers=2, spares=[], budget=str(400 * mib))
-    tier = pool.rt.tier
+    tier = pool.tier
     for index in range(4):
-        tier.frozen[f"f{index}"] = _Frozen(f"f{index}", f"t/a{index}", 10 + index, "", 0.0, "x")
+        tier.frozen[f"f{index}"] = Frozen(f"f{index}", f"t/a{index}", 10 + index, "", 0.0, "x")
         tier.frozen[f"f{index}"].pss = 50 * mib
     # 200 MiB frozen + one pooled (50) + both slots freezing (100) = 350 <= 400
     assert pool._budget_allows()
-    tier.frozen["f4"] = _Frozen("f4", "t/a4", 14, "", 0.0, "x")
+    tier.frozen["f4"] = Frozen("f4", "t/a4", 14, "", 0.0, "x")
     tier.frozen["f4"].pss = 60 * mib
     # 260 + 60 + 120 = 440 > 400: the fill would be shed as soon as the slots pause
     assert not pool._budget_allows()

@@ -84,7 +84,7 @@ async def measure_floor(
     try:
         started = await rt.start(actor, Slot(0), None, timeout_s=template.probe_timeout_s + 30)
         cid, ip = started.handle, started.address
-        slot_net = rt._nets[0]
+        slot_net = rt.nets.by_slot[0]
         for index in range(repetitions):
             pids = rt.runsc.pids(cid)
             freezer = cgfreeze.find_freezer(pids[0]) if pids else None
@@ -114,9 +114,9 @@ async def measure_floor(
                 await _ms(rt.runsc.checkpoint(cid, image, compression=rt.compression, timeout_s=60))
             )
             await rt.stop(cid)
-            cid = rt._new_cid("bench-floor")
-            sandbox = await asyncio.to_thread(rt._prepare_dir, actor, 0, cid)
-            rt._sandboxes[cid] = sandbox
+            cid = rt.sandboxes.new_cid("bench-floor")
+            sandbox = await asyncio.to_thread(rt.sandboxes.prepare, actor, 0, slot_net, cid)
+            rt.sandboxes.register(sandbox)
             await net.reset_sandbox_addr(slot_net)
             restore_started = time.perf_counter()
             await rt.runsc.restore(

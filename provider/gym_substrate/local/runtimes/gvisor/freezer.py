@@ -17,7 +17,13 @@ frozen sandbox first.
 Network namespaces ("units") are numbered: slot i starts on unit i; units >= workers are made
 as sandboxes freeze. Which unit each slot uses, the frozen sandboxes and the spare units are
 kept in ``<runtime_dir>/frozen.json``, so a control plane that restarts (even after SIGKILL)
-re-adopts its frozen sandboxes; one that died meanwhile is recorded as lost in its folder.
+re-adopts its frozen sandboxes; one that died meanwhile is recorded as lost in its folder
+(``frozen.py`` holds that record).
+
+The tier gets the runtime's ``Parts`` (``sandboxes.py``: the sandbox registry, the slots'
+namespaces, the namespace book), never the runtime, and the warm pool joins its budget through
+``share_budget`` (``BudgetShare``: what the pool holds and dropping it), so this module imports
+neither the runtime nor the pool (issue 33).
 """
 
 from __future__ import annotations
@@ -26,12 +32,10 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from gym_substrate.local.runtimes.base import (
     ActorSpec,
@@ -44,16 +48,29 @@ from gym_substrate.local.runtimes.base import (
 )
 from gym_substrate.local.runtimes.gvisor import cgfreeze, host, net, slotaddr
 from gym_substrate.local.runtimes.gvisor._proc import run_command
-from gym_substrate.local.runtimes.gvisor.runsc import ContainerState, RunscError, image_bytes
+from gym_substrate.local.runtimes.gvisor.frozen import (
+    FROZEN_MARKER,
+    GUESS_PSS,
+    STATE_FILE,
+    Frozen,
+    claimed_cid,
+    committed,
+    default_frozen_memory,
+    folder_of,
+    load_state,
+    mark_lost,
+    parse_frozen_memory,
+    save_state,
+)
+from gym_substrate.local.runtimes.gvisor.runsc import RunscError, image_bytes
+from gym_substrate.local.runtimes.gvisor.sandboxes import Parts
 from gym_substrate.local.runtimes.pause_tiers import DEFAULT_PAUSE_TIER, PAUSE_TIERS
-from gym_substrate.local.runtimes.sizes import bytes_of
 from gym_substrate.local.snapshots import PARTIAL_SUFFIX, existing_parent, free_bytes
 
-if TYPE_CHECKING:
-    from gym_substrate.local.runtimes.gvisor.runtime import GvisorRuntime
-
+# FROZEN_MARKER and the two sizes are frozen.py's, named here too for the CLI and the tests
 __all__ = [
     "FROZEN_MARKER",
+    "BudgetShare",
     "FreezeTier",
     "default_frozen_memory",
     "parse_frozen_memory",
@@ -61,61 +78,32 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FROZEN_MARKER = "frozen.json"  # one of base.RETAINED_MARKERS
 FREEZERS = ("auto", "cgroup", "runsc")
-_STATE_FILE = "frozen.json"
-_GUESS_PSS = 128 * 1024 * 1024  # until a frozen sandbox is measured
 _CHECKPOINT_TIMEOUT_S = 60.0
 _PARK_AT_ONCE = 4  # checkpoints at `local down`: enough to overlap I/O, few enough for 2 CPUs
 
 
-def default_frozen_memory() -> int:
-    """A quarter of the memory available now: what frozen actors may keep by default."""
-    try:
-        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        available = 4 * 1024**3
-    return max(0, available // 4)
+class BudgetShare(Protocol):
+    """What else lives in the frozen-memory budget (the warm pool): its bytes, and dropping
+    some of them (the bytes freed)."""
+
+    def bytes(self) -> int: ...
+
+    def shed(self, over: int) -> int: ...
 
 
-def parse_frozen_memory(text: str) -> int:
-    """``512M``, ``2G``, ``1048576`` (bytes) or ``0`` (nothing stays frozen) -> bytes."""
-    size = bytes_of(text)
-    if size is None:
-        raise ValueError(
-            f"frozen memory {text!r} is not a size: use bytes or a number with K, M, G "
-            "(e.g. 512M, 2G; 0 checkpoints every pause)"
-        )
-    return size
+class _NothingShares:
+    def bytes(self) -> int:
+        return 0
 
-
-@dataclass
-class _Frozen:
-    cid: str
-    actor: str
-    unit: int
-    dest: str
-    frozen_at: float
-    method: str  # "cgroup" | "runsc"
-    pss: int = 0
-    slotnet: net.SlotNet | None = field(default=None, repr=False, compare=False)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False, compare=False)
-
-    def saved(self) -> dict[str, Any]:
-        return {
-            "actor": self.actor,
-            "unit": self.unit,
-            "dest": self.dest,
-            "frozen_at": self.frozen_at,
-            "method": self.method,
-            "pss": self.pss,
-        }
+    def shed(self, over: int) -> int:
+        return 0
 
 
 class FreezeTier:
-    """Freeze, thaw, evict and re-adopt frozen sandboxes of one ``GvisorRuntime``."""
+    """Freeze, thaw, evict and re-adopt frozen sandboxes of one gVisor runtime."""
 
-    def __init__(self, runtime: GvisorRuntime, extra: Mapping[str, str]) -> None:
+    def __init__(self, parts: Parts, extra: Mapping[str, str]) -> None:
         tier = extra.get("gvisor.pause_tier", DEFAULT_PAUSE_TIER)
         if tier not in PAUSE_TIERS:
             raise ValueError(f"gvisor.pause_tier {tier!r} is not one of {', '.join(PAUSE_TIERS)}")
@@ -126,85 +114,56 @@ class FreezeTier:
         self.enabled = tier == "freeze"
         self.method = method
         self.budget = parse_frozen_memory(budget) if budget else default_frozen_memory()
-        self.rt = runtime
-        self.slots: dict[int, int] = {}  # slot -> unit
-        self.spares: list[int] = []
-        self._spare_nets: dict[int, net.SlotNet] = {}
-        # units whose namespace is being torn down: no one may be given them until it is gone
-        self.releasing: set[int] = set()
-        self.frozen: dict[str, _Frozen] = {}
+        self.parts = parts
+        self.runsc, self.sandboxes = parts.runsc, parts.sandboxes
+        self.nets, self.units = parts.nets, parts.units
+        self.frozen: dict[str, Frozen] = {}
+        self.units.held_by(lambda: [e.unit for e in self.frozen.values()])
+        self.sharing: BudgetShare = _NothingShares()
         self._refills: dict[int, asyncio.Task[net.SlotNet]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self.evictions = 0
 
+    def share_budget(self, other: BudgetShare) -> None:
+        """``other`` (the warm pool) lives in the frozen-memory budget too, and goes first."""
+        self.sharing = other
+
     # -- persistence -------------------------------------------------------------------------
     @property
     def state_path(self) -> Path:
-        return self.rt.dir / _STATE_FILE
+        return self.parts.dir / STATE_FILE
 
     def _save(self) -> None:
-        data = {
-            "slots": {str(k): v for k, v in self.slots.items()},
-            "spares": sorted(self.spares),
-            "frozen": {cid: entry.saved() for cid, entry in self.frozen.items()},
-        }
-        tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
-        tmp.replace(self.state_path)
+        save_state(self.state_path, self.units, self.frozen)
 
-    def _load(self) -> None:
-        try:
-            data = json.loads(self.state_path.read_text())
-            self.slots = {int(k): int(v) for k, v in data.get("slots", {}).items()}
-            self.spares = [int(u) for u in data.get("spares", [])]
-            self.frozen = {
-                str(cid): _Frozen(
-                    str(cid),
-                    str(e["actor"]),
-                    int(e["unit"]),
-                    str(e["dest"]),
-                    float(e["frozen_at"]),
-                    str(e["method"]),
-                    int(e.get("pss", 0)),
-                )
-                for cid, e in data.get("frozen", {}).items()
-            }
-        except FileNotFoundError:  # nothing frozen (or `local down` removed it all)
-            self.slots, self.spares, self.frozen = {}, [], {}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            log.warning("ignoring unreadable %s: %s", self.state_path, exc)
-            self.slots, self.spares, self.frozen = {}, [], {}
+    def _save_quietly(self) -> None:
+        with contextlib.suppress(OSError):
+            self._save()
 
     # -- units -------------------------------------------------------------------------------
-    def unit_of(self, slot: int) -> int:
-        return self.slots.setdefault(slot, slot)
-
     def _new_unit(self) -> int:
-        used = self.units_in_use()
-        unit = self.rt.config.workers
-        while unit in used:
-            unit += 1
-        return unit
+        return self.units.first_free(self.units.workers)
 
-    def units_in_use(self) -> set[int]:
-        """Every unit something holds: a slot, the spares, a frozen sandbox, the warm pool, or
-        a teardown still under way. ``_new_unit`` and the warm pool's numbering take a unit
-        outside it, and a teardown removes a namespace only when its unit is outside it.
+    def take_spare(self, above: int) -> tuple[int, net.SlotNet | None] | None:
+        """The first spare unit from ``above`` on, out of the spares (with its namespace when
+        known whole); None when there is none."""
+        for unit in self.units.spares:
+            if unit >= above:
+                self.units.spares.remove(unit)
+                self._save_quietly()
+                return unit, self.units.spare_nets.pop(unit, None)
+        return None
 
-        Issue 29's race: a pooled sandbox dropped for the budget left its unit in none of
-        these while its namespace was still being removed in the background; a freeze took
-        the number, was handed the namespace about to go, and the next start on that slot
-        failed with `Cannot open network namespace`."""
-        used = set(self.slots.values()) | set(self.spares) | self.releasing
-        used |= {e.unit for e in self.frozen.values()}
-        return used | self.rt.warm.units()
+    def add_spare(self, unit: int) -> None:
+        self.units.spares.append(unit)
+        self._save_quietly()
 
     async def slot_ready(self, slot: int) -> None:
         """Wait for the namespace a slot gets after its sandbox froze (if still being built)."""
         task = self._refills.get(slot)
         if task is not None:
             try:
-                self.rt._nets[slot] = await asyncio.shield(task)
+                self.nets.by_slot[slot] = await asyncio.shield(task)
             except Exception as exc:
                 raise RuntimeFailure(
                     f"slot {slot}: building its network namespace failed: {exc}"
@@ -213,78 +172,41 @@ class FreezeTier:
                 self._refills.pop(slot, None)
 
     def _give_slot_a_unit(self, slot: int) -> None:
-        self.rt._nets.pop(slot, None)
-        unit = self.spares.pop(0) if self.spares else self._new_unit()
-        self.slots[slot] = unit
-        task = asyncio.create_task(self._hand_over(slot, unit, self._spare_nets.pop(unit, None)))
+        self.nets.by_slot.pop(slot, None)
+        spares = self.units.spares
+        unit = spares.pop(0) if spares else self._new_unit()
+        self.units.slots[slot] = unit
+        known = self.units.spare_nets.pop(unit, None)
+        task = asyncio.create_task(self.nets.hand_over(slot, unit, known, self.units))
         self._refills[slot] = task
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _hand_over(self, slot: int, unit: int, known: net.SlotNet | None) -> net.SlotNet:
-        """In the background after a freeze (the next start on the slot waits for it): reset
-        the connections still open to the slot's worker IP, which conntrack keeps pointing at
-        the frozen sandbox, so no keep-alive connection reaches it when another actor holds
-        the IP; give the slot ``unit``'s namespace and point the worker IP at it."""
-        worker = self.rt._worker_ips.get(slot)
-        if worker is not None:
-            await slotaddr.reset_connections(worker)
-        made = known
-        if made is None or not await asyncio.to_thread(net.slot_net_intact, made):
-            made = await asyncio.to_thread(net.setup_slot_net, self.rt.instance, unit)
-        if self.slots.get(slot) == unit:  # still this slot's unit (a thaw may have come first)
-            self.rt._nets[slot] = made
-            self.rt.publish_slots()
-        return made
-
-    # -- listing -----------------------------------------------------------------------------
-    async def containers(self) -> list[ContainerState]:
-        """What ``runsc list`` says, read from runsc's state files: ``runsc list`` asks every
-        sandbox, and waits forever for a frozen one. A frozen sandbox is "paused"."""
-        root = self.rt.runsc.root
-        paths = await asyncio.to_thread(
-            lambda: sorted(root.glob("*_sandbox:*.state")) if root.is_dir() else []
-        )
-        found: list[ContainerState] = []
-        for path in paths:
-            cid = path.name.partition("_sandbox:")[0]
-            pids = self.rt.runsc.pids(cid)
-            status = "stopped"
-            if pids is not None and await self.rt.is_alive(cid):
-                frozen = cid in self.frozen
-                if not frozen:
-                    freezer = cgfreeze.find_freezer(pids[0])
-                    with contextlib.suppress(OSError):
-                        frozen = freezer is not None and freezer.frozen()
-                status = "paused" if frozen else "running"
-            found.append(ContainerState(cid, status, pids[0] if pids else -1, ""))
-        return found
-
     # -- open / close ------------------------------------------------------------------------
     def load(self) -> None:
         """Read which unit each slot uses (before the runtime builds the slots' networks)."""
-        self._load()
+        self.frozen = load_state(self.state_path, self.units)
 
     async def open(self) -> None:
         """Re-adopt what a previous control plane froze (also after it was SIGKILLed)."""
         lost = []
         for cid, entry in list(self.frozen.items()):
-            if await self.rt.is_alive(cid) and self.rt._load_sandbox(cid) is not None:
+            if await self.sandboxes.is_alive(cid) and self.sandboxes.load(cid) is not None:
                 entry.slotnet = await asyncio.to_thread(
-                    net.setup_slot_net, self.rt.instance, entry.unit
+                    net.setup_slot_net, self.nets.instance, entry.unit
                 )
                 log.info("re-adopted frozen sandbox %s of %s", cid, entry.actor)
                 continue
             lost.append(entry)
             del self.frozen[cid]
-            self.spares.append(entry.unit)
+            self.units.spares.append(entry.unit)
         for entry in lost:
             log.warning(
                 "frozen sandbox %s of %s is gone: that pause is lost", entry.cid, entry.actor
             )
-            self._mark_lost(entry, "its frozen sandbox was gone when the backend restarted")
+            mark_lost(entry, "its frozen sandbox was gone when the backend restarted")
         self._save()
-        self._enforce_budget()
+        self.enforce_budget()
 
     async def close(self) -> None:
         tasks = list(self._tasks)
@@ -300,50 +222,55 @@ class FreezeTier:
             raise RuntimeFailure(f"sandbox pid {pid} has no reachable cgroup freezer")
         return found
 
-    async def _set_frozen(self, cid: str, pid: int, freeze: bool, method: str) -> None:
+    def method_for(self, pid: int) -> str:
+        """How the sandbox of ``pid`` is frozen: "cgroup" where it has a cgroup freezer (and
+        the tier may use it), else "runsc" (pause and resume)."""
+        return "runsc" if self._freezer(pid) is None else "cgroup"
+
+    async def set_frozen(self, cid: str, pid: int, freeze: bool, method: str) -> None:
         if method == "cgroup":
             freezer = self._freezer(pid)
             if freezer is not None:
                 await asyncio.to_thread(freezer.freeze if freeze else freezer.thaw)
                 return
         verb = "pause" if freeze else "resume"
-        await run_command([*self.rt.runsc._base(), verb, cid], timeout_s=30)
+        await run_command([*self.runsc._base(), verb, cid], timeout_s=30)
 
     async def freeze(
         self, actor: ActorSpec, cid: str, slot: int, pid: int, dest: Path
     ) -> CheckpointResult:
         """PauseActor on the frozen tier; the slot is free when this returns."""
-        method = "runsc" if self._freezer(pid) is None else "cgroup"
+        method = self.method_for(pid)
         await asyncio.to_thread(dest.mkdir, parents=True, exist_ok=True)
         try:
             try:
-                await self._set_frozen(cid, pid, True, method)
+                await self.set_frozen(cid, pid, True, method)
             except cgfreeze.FreezeError as exc:
                 if method != "cgroup" or self.method == "cgroup":
                     raise
                 # the cgroup would not settle (and was thawed again): runsc pauses inside
                 log.warning("cgroup freeze of %s failed (%s); using runsc pause", actor.key, exc)
                 method = "runsc"
-                await self._set_frozen(cid, pid, True, method)
+                await self.set_frozen(cid, pid, True, method)
         except (cgfreeze.FreezeError, OSError, RunscError, RuntimeFailure) as exc:
             # half frozen would make the sandbox unkillable: thaw what froze, then report
             with contextlib.suppress(cgfreeze.FreezeError, OSError, RunscError, RuntimeFailure):
-                await self._set_frozen(cid, pid, False, method)
+                await self.set_frozen(cid, pid, False, method)
             raise RuntimeFailure(f"freezing {actor.key} failed: {exc}") from None
-        unit = self.unit_of(slot)
+        unit = self.units.unit_of(slot)
         # recorded under the name it is committed to: PauseActor writes into `<dest>.partial`
         # and renames it once this returns (snapshots.commit_snapshot)
         final = str(dest).removesuffix(PARTIAL_SUFFIX)
-        entry = _Frozen(cid, actor.key, unit, final, time.time(), method)
-        entry.slotnet = self.rt._nets.get(slot)
+        entry = Frozen(cid, actor.key, unit, final, time.time(), method)
+        entry.slotnet = self.nets.by_slot.get(slot)
         body = json.dumps({"sandbox": cid, "actor": actor.key}).encode()
         await asyncio.to_thread((dest / FROZEN_MARKER).write_bytes, body)
         self.frozen[cid] = entry
-        self.rt._set_sandbox_slot(cid, None)
+        self.sandboxes.set_slot(cid, None)
         self._give_slot_a_unit(slot)
         self._save()
         self._spawn(self._measure(entry))
-        self._enforce_budget()
+        self.enforce_budget()
         return CheckpointResult(
             snapshot=SnapshotRef(SnapshotKind.LOCAL, dest),
             files=(("frozen", len(body)),),
@@ -356,31 +283,31 @@ class FreezeTier:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _measure(self, entry: _Frozen) -> None:
-        pids = self.rt.runsc.pids(entry.cid)
+    async def _measure(self, entry: Frozen) -> None:
+        pids = self.runsc.pids(entry.cid)
         if pids is not None:
             roots = {p for p in pids if p > 0}
             entry.pss = await asyncio.to_thread(host.held_bytes, roots)
             with contextlib.suppress(OSError):
                 await asyncio.to_thread(self._save)
-        self._enforce_budget()
+        self.enforce_budget()
 
     def frozen_bytes(self) -> int:
-        return sum(e.pss or _GUESS_PSS for e in self.frozen.values())
+        return sum(e.pss or GUESS_PSS for e in self.frozen.values())
 
     def typical_pss(self) -> int:
         """The largest measured frozen sandbox, or the guess until one is measured."""
-        return max((e.pss for e in self.frozen.values()), default=0) or _GUESS_PSS
+        return max((e.pss for e in self.frozen.values()), default=0) or GUESS_PSS
 
-    def _enforce_budget(self) -> None:
-        over = self.frozen_bytes() + self.rt.warm.bytes() - self.budget
-        over -= self.rt.warm.shed(over) if over > 0 else 0  # the warm pool goes first
+    def enforce_budget(self) -> None:
+        over = self.frozen_bytes() + self.sharing.bytes() - self.budget
+        over -= self.sharing.shed(over) if over > 0 else 0  # the warm pool goes first
         for entry in sorted(self.frozen.values(), key=lambda e: e.frozen_at):
             if over <= 0:
                 break
             if entry.lock.locked():
                 continue
-            over -= entry.pss or _GUESS_PSS
+            over -= entry.pss or GUESS_PSS
             self._spawn(
                 self.evict(entry.cid, reason="over the frozen-memory budget", room_first=True)
             )
@@ -388,14 +315,7 @@ class FreezeTier:
     # -- thaw --------------------------------------------------------------------------------
     def claims(self, folder: Path) -> str | None:
         """The sandbox a LOCAL snapshot folder names, when it was frozen."""
-        try:
-            data = json.loads((folder / FROZEN_MARKER).read_text())
-        except (OSError, ValueError):
-            return None
-        if data.get("lost"):
-            raise RuntimeFailure(f"the paused actor's memory is lost: {data['lost']}")
-        cid = data.get("sandbox")
-        return cid if isinstance(cid, str) else None
+        return claimed_cid(folder)
 
     async def thaw(
         self, actor: ActorSpec, slot: Slot, folder: Path, deadline: float
@@ -412,12 +332,12 @@ class FreezeTier:
         async with entry.lock:
             if cid not in self.frozen:  # evicted while we waited: restore its image
                 return None
-            pids = self.rt.runsc.pids(cid)
-            if pids is None or not await self.rt.is_alive(cid):
+            pids = self.runsc.pids(cid)
+            if pids is None or not await self.sandboxes.is_alive(cid):
                 self._drop(entry)
                 raise RuntimeFailure(f"frozen sandbox {cid} of {actor.key} died")
             try:
-                await self._set_frozen(cid, pids[0], False, entry.method)
+                await self.set_frozen(cid, pids[0], False, entry.method)
             except (cgfreeze.FreezeError, OSError, RunscError, RuntimeFailure) as exc:
                 raise RuntimeFailure(f"thawing {actor.key} failed: {exc}") from None
             try:
@@ -427,35 +347,62 @@ class FreezeTier:
                 raise RuntimeFailure(
                     f"moving thawed {actor.key} onto its slot failed: {exc}"
                 ) from exc
-        address = self.rt.worker_ip(slot)
+        address = self.nets.worker_ip(slot)
         try:
-            await self.rt._wait_ready(actor.template, address, cid, deadline)
+            await self.sandboxes.wait_ready(actor.template, address, cid, deadline)
         except BaseException:
             # on the slot but not answering: end it here, or it holds the slot's namespace and
             # every later start there is refused as a busy slot
-            await asyncio.shield(self.rt.kill(cid, after="failed thaw"))
+            await asyncio.shield(self.sandboxes.kill(cid, after="failed thaw"))
             raise
         return StartedSandbox(handle=cid, address=address, memory_restored=True)
 
-    async def _onto_slot(self, entry: _Frozen, slot: Slot, folder: Path) -> None:
+    async def _onto_slot(self, entry: Frozen, slot: Slot, folder: Path) -> None:
         """The thawed sandbox's namespace becomes the slot's; the slot's old one a spare."""
         await self.slot_ready(slot.index)
         unit_net = entry.slotnet
         if unit_net is None or not await asyncio.to_thread(net.slot_net_intact, unit_net):
-            unit_net = await asyncio.to_thread(net.setup_slot_net, self.rt.instance, entry.unit)
-        old = self.slots.get(slot.index)
+            unit_net = await asyncio.to_thread(net.setup_slot_net, self.nets.instance, entry.unit)
+        units, by_slot = self.units, self.nets.by_slot
+        old = units.slots.get(slot.index)
         if old is not None and old != entry.unit:
-            self.spares.append(old)
-            if slot.index in self.rt._nets:
-                self._spare_nets[old] = self.rt._nets[slot.index]
-        self.slots[slot.index] = entry.unit
-        self.rt._nets[slot.index] = unit_net
+            units.spares.append(old)
+            if slot.index in by_slot:
+                units.spare_nets[old] = by_slot[slot.index]
+        units.slots[slot.index] = entry.unit
+        by_slot[slot.index] = unit_net
         del self.frozen[entry.cid]
-        self.rt._set_sandbox_slot(entry.cid, slot.index)
-        self.rt.publish_slots()  # the slot's worker IP reaches this sandbox from now on
+        self.sandboxes.set_slot(entry.cid, slot.index)
+        self.nets.publish()  # the slot's worker IP reaches this sandbox from now on
         self._save()
         with contextlib.suppress(OSError):
             await asyncio.to_thread((folder / FROZEN_MARKER).unlink)
+
+    # -- the warm pool's sandboxes (warm.py) -------------------------------------------------
+    def hold_pooled(
+        self,
+        cid: str,
+        actor: str,
+        unit: int,
+        folder: Path,
+        method: str,
+        pss: int,
+        slotnet: net.SlotNet,
+    ) -> None:
+        """A pooled sandbox handed to ``actor`` is recorded as frozen for it, so ``thaw``
+        resumes it from ``folder`` as it resumes a paused actor."""
+        self.frozen[cid] = Frozen(cid, actor, unit, str(folder), time.time(), method, pss)
+        self.frozen[cid].slotnet = slotnet
+
+    def take_pooled(self, folder: Path) -> list[tuple[str, int]]:
+        """The claims under ``folder`` (the pool's) that a previous run did not finish, out of
+        the record: (sandbox, unit) each."""
+        taken = []
+        for cid, entry in list(self.frozen.items()):
+            if Path(entry.dest).is_relative_to(folder):
+                del self.frozen[cid]
+                taken.append((cid, entry.unit))
+        return taken
 
     # -- evict -------------------------------------------------------------------------------
     async def evict(
@@ -475,29 +422,29 @@ class FreezeTier:
             if cid not in self.frozen:
                 return None
             if dest is None:
-                await _committed(entry)
-            target = dest or _folder(entry)
+                await committed(entry)
+            target = dest or folder_of(entry)
             if room_first and not await self._room_for(entry, target):
                 return None
             started = time.perf_counter()
-            pids = self.rt.runsc.pids(cid)
+            pids = self.runsc.pids(cid)
             try:
-                if pids is None or not await self.rt.is_alive(cid):
+                if pids is None or not await self.sandboxes.is_alive(cid):
                     raise RuntimeFailure("the frozen sandbox died")
-                await self._set_frozen(cid, pids[0], False, entry.method)
+                await self.set_frozen(cid, pids[0], False, entry.method)
                 if entry.slotnet is not None:
                     await slotaddr.reset_connections(entry.slotnet.sandbox_ip)
                 await asyncio.to_thread(target.mkdir, parents=True, exist_ok=True)
-                await self.rt.runsc.checkpoint(
-                    cid, target, compression=self.rt.compression, timeout_s=_CHECKPOINT_TIMEOUT_S
+                await self.runsc.checkpoint(
+                    cid, target, compression=self.parts.compression, timeout_s=_CHECKPOINT_TIMEOUT_S
                 )
             except (cgfreeze.FreezeError, OSError, RunscError, RuntimeFailure) as exc:
                 log.warning("checkpointing frozen %s of %s failed: %s", cid, entry.actor, exc)
-                self._mark_lost(entry, f"checkpointing it ({reason}) failed: {exc}")
+                mark_lost(entry, f"checkpointing it ({reason}) failed: {exc}")
                 await self._end(entry)
                 raise RuntimeFailure(f"checkpointing frozen {entry.actor} failed: {exc}") from None
             with contextlib.suppress(OSError):
-                await asyncio.to_thread((_folder(entry) / FROZEN_MARKER).unlink)
+                await asyncio.to_thread((folder_of(entry) / FROZEN_MARKER).unlink)
             self.evictions += 1
             log.info(
                 "checkpointed frozen %s (%s) in %.0f ms",
@@ -508,8 +455,8 @@ class FreezeTier:
             await self._end(entry)
         return target
 
-    async def _room_for(self, entry: _Frozen, target: Path) -> bool:
-        needed = image_bytes(entry.pss or _GUESS_PSS, self.rt.compression)
+    async def _room_for(self, entry: Frozen, target: Path) -> bool:
+        needed = image_bytes(entry.pss or GUESS_PSS, self.parts.compression)
         folder = existing_parent(target)
         free = await asyncio.to_thread(free_bytes, folder)
         if free >= needed:
@@ -524,27 +471,21 @@ class FreezeTier:
         )
         return False
 
-    async def _end(self, entry: _Frozen) -> None:
+    async def _end(self, entry: Frozen) -> None:
         """The sandbox is gone (or going): kill what is left of it, as a delete does (its
         removal drains in the background), then its unit becomes a spare."""
         try:
-            await self.rt.kill(entry.cid, after="evict")
+            await self.sandboxes.kill(entry.cid, after="evict")
         finally:
             self._drop(entry)
 
-    def _drop(self, entry: _Frozen) -> None:
+    def _drop(self, entry: Frozen) -> None:
         if self.frozen.pop(entry.cid, None) is not None:
-            self.spares.append(entry.unit)
+            self.units.spares.append(entry.unit)
             if entry.slotnet is not None:
-                self._spare_nets[entry.unit] = entry.slotnet
+                self.units.spare_nets[entry.unit] = entry.slotnet
             with contextlib.suppress(OSError):
                 self._save()
-
-    def _mark_lost(self, entry: _Frozen, why: str) -> None:
-        with contextlib.suppress(OSError):
-            (_folder(entry) / FROZEN_MARKER).write_text(
-                json.dumps({"sandbox": entry.cid, "actor": entry.actor, "lost": why})
-            )
 
     async def forget(self, cid: str) -> bool:
         """Stop a frozen sandbox: thaw it first (a frozen task cannot die), then kill it; False
@@ -555,12 +496,12 @@ class FreezeTier:
         async with entry.lock:
             if self.frozen.get(cid) is None:
                 return False
-            pids = self.rt.runsc.pids(cid)
+            pids = self.runsc.pids(cid)
             if pids is not None:
                 with contextlib.suppress(cgfreeze.FreezeError, OSError, RunscError, RuntimeFailure):
-                    await self._set_frozen(cid, pids[0], False, entry.method)
+                    await self.set_frozen(cid, pids[0], False, entry.method)
             try:
-                await self.rt.kill(cid, after="delete")
+                await self.sandboxes.kill(cid, after="delete")
             finally:
                 self._drop(entry)
         return True
@@ -578,22 +519,3 @@ class FreezeTier:
         for cid, result in zip(cids, results, strict=True):
             if isinstance(result, BaseException):
                 log.warning("frozen sandbox %s could not be checkpointed: %s", cid, result)
-
-
-def _folder(entry: _Frozen) -> Path:
-    """The frozen actor's snapshot folder: its committed name, or still `.partial` when the
-    pause that froze it has not been committed yet."""
-    final = Path(entry.dest)
-    partial = final.with_name(final.name + PARTIAL_SUFFIX)
-    return partial if not final.is_dir() and partial.is_dir() else final
-
-
-async def _committed(entry: _Frozen, timeout_s: float = 10.0) -> None:
-    """Wait until the pause that froze ``entry`` has renamed its `.partial` folder (it does
-    so as soon as the freeze returns), so an image is never written into a folder that is
-    being renamed; a pause that never commits (its backend died) is left to the restart."""
-    final = Path(entry.dest)
-    for _ in range(int(timeout_s / 0.01)):  # a rename by another task: no event to wait on
-        if await asyncio.to_thread(final.is_dir):
-            return
-        await asyncio.sleep(0.01)

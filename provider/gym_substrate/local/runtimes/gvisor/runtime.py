@@ -9,24 +9,26 @@ After ``runsc checkpoint`` returns the image is complete, but the sandbox proces
 moment to exit and ``runsc delete`` refuses until it has. That tail is drained in the
 background; the next ``start`` on the same slot waits for it, so the slot's netns never holds
 two sandboxes, while pause itself returns as soon as the image is on disk.
+
+The runtime is built from parts it shares with its frozen tier (``freezer.py``) and warm pool
+(``warm.py``): the sandbox registry (``sandboxes.py``), the slots' namespaces and the namespace
+book (``slots.py``). Those two get the parts, never the runtime, and ``start`` asks the pool for
+a pooled sandbox itself, so nothing in the package imports this module but the package's entry
+points (issue 33).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
-import os
 import re
-import secrets
 import shutil
 import sys
 import time
 from collections.abc import Collection
 from pathlib import Path
 
-from gym_substrate.core import procfs
 from gym_substrate.local.runtimes.actor_disk import DEFAULT_ACTOR_DISK
 from gym_substrate.local.runtimes.base import (
     ActorSpec,
@@ -37,24 +39,24 @@ from gym_substrate.local.runtimes.base import (
     SnapshotKind,
     SnapshotRef,
     StartedSandbox,
-    TemplateSpec,
 )
 from gym_substrate.local.runtimes.gvisor import (
     adoption,
     cgfreeze,
-    folders,
     host,
     hostclean,
     net,
     slotaddr,
 )
-from gym_substrate.local.runtimes.gvisor._proc import kill_sandbox, pid_running, wait_pid_exit
-from gym_substrate.local.runtimes.gvisor.folders import Sandbox, image_files, move_tree
+from gym_substrate.local.runtimes.gvisor._proc import pid_running, wait_pid_exit
+from gym_substrate.local.runtimes.gvisor.folders import image_files, move_tree
 from gym_substrate.local.runtimes.gvisor.freezer import FROZEN_MARKER, FreezeTier
 from gym_substrate.local.runtimes.gvisor.phases import Phases
-from gym_substrate.local.runtimes.gvisor.ready import http_status, wait_ready
+from gym_substrate.local.runtimes.gvisor.ready import http_status
 from gym_substrate.local.runtimes.gvisor.runsc import ContainerState, Runsc, RunscError, image_bytes
-from gym_substrate.local.runtimes.gvisor.warm import WarmPool, warm_first
+from gym_substrate.local.runtimes.gvisor.sandboxes import Parts, Sandboxes
+from gym_substrate.local.runtimes.gvisor.slots import SlotNets, UnitBook
+from gym_substrate.local.runtimes.gvisor.warm import WarmPool
 
 __all__ = ["AGENT_PORT", "GvisorRuntime", "http_status"]
 
@@ -63,7 +65,6 @@ log = logging.getLogger(__name__)
 AGENT_PORT = 80  # Substrate's router only ever forwards to port 80 inside the actor
 _COMPRESSIONS = ("none", "flate-best-speed")
 _CHECKPOINT_TIMEOUT_S = 60.0
-_KILL_EXIT_S = 10.0  # a SIGKILLed sentry exits in milliseconds; past this, runsc destroys it
 
 
 class GvisorRuntime:
@@ -95,37 +96,24 @@ class GvisorRuntime:
             self.dir / "runsc",
             platform=config.extra.get("gvisor.platform"),
             overlay_limit=int(config.extra.get("actor_disk", DEFAULT_ACTOR_DISK)),
-            bundle_root=self.sandboxes_dir,
+            bundle_root=self.dir / "sandboxes",
         )
-        self._nets: dict[int, net.SlotNet] = {}
-        self._worker_ips: dict[int, str] = {}  # a slot's address at open: its pod IP
-        self._sandboxes: dict[str, Sandbox] = {}
-        self._drains: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
-        self._opened = False
-        # False: nft is missing, so sandboxes can reach host services (see warning()).
-        self._firewall: bool | None = None if shutil.which("nft") else False
-        # PauseActor's frozen tier (freezer.py): off unless gvisor.pause_tier is "freeze"
-        self.tier = FreezeTier(self, config.extra)
-        self.tier.enabled = self.tier.enabled and self._firewall is not False  # see warning()
         self.phases = Phases()  # each lifecycle step's wall time (`local bench --phases`)
-        self.warm = WarmPool(self, config.extra)  # warm.py: gvisor.warm_pool
+        self.sandboxes = Sandboxes(self.dir, self.instance, self.runsc, self.phases)
+        self.nets = SlotNets(self.instance, config.workers)
+        # False: nft is missing, so sandboxes can reach host services (see warning()).
+        self.nets.firewall = None if shutil.which("nft") else False
+        self.units = UnitBook(config.workers)
+        parts = Parts(self.dir, compression, self.sandboxes, self.nets, self.units)
+        # PauseActor's frozen tier (freezer.py): off unless gvisor.pause_tier is "freeze"
+        self.tier = FreezeTier(parts, config.extra)
+        self.tier.enabled = self.tier.enabled and self.nets.firewall is not False  # warning()
+        self.warm = WarmPool(parts, config.extra, self.tier)  # warm.py: gvisor.warm_pool
         self.repaired_nets = 0  # slot namespaces found gone at a start and rebuilt
 
-    # -- paths -------------------------------------------------------------------------------
-    @property
-    def sandboxes_dir(self) -> Path:
-        return self.dir / "sandboxes"
-
-    @property
-    def etc_dir(self) -> Path:
-        return self.dir / "etc"
-
-    def _new_cid(self, label: str) -> str:
-        return f"{self.instance}-{label}.{secrets.token_hex(4)}"
-
     def warning(self) -> str | None:
-        if self._firewall is False:
+        if self.nets.firewall is False:
             return (
                 "nft (nftables) is not installed: gVisor actors cannot leave the machine, but "
                 "they can reach host services listening on all interfaces, and PauseActor "
@@ -137,90 +125,56 @@ class GvisorRuntime:
     # -- open / close ------------------------------------------------------------------------
     async def open(self) -> None:
         async with self._lock:
-            if self._opened:
+            if self.nets.opened:
                 return
             self.dir.mkdir(parents=True, exist_ok=True)
-            self.sandboxes_dir.mkdir(exist_ok=True)
-            self._firewall = await asyncio.to_thread(net.install_firewall, self.instance)
-            self.tier.enabled = self.tier.enabled and self._firewall  # see warning()
+            self.sandboxes.dir.mkdir(exist_ok=True)
+            self.nets.firewall = await asyncio.to_thread(net.install_firewall, self.instance)
+            self.tier.enabled = self.tier.enabled and self.nets.firewall  # see warning()
             self.tier.load()
             for index in range(self.config.workers):
-                unit = self.tier.unit_of(index)
-                self._nets[index] = await asyncio.to_thread(net.setup_slot_net, self.instance, unit)
+                unit = self.units.unit_of(index)
+                made = await asyncio.to_thread(net.setup_slot_net, self.instance, unit)
+                self.nets.by_slot[index] = made
                 # the worker's IP: its home unit's sandbox address, whichever unit holds it now
-                home = self._nets[index]
+                home = made
                 if unit != index:
                     home = await asyncio.to_thread(net.setup_slot_net, self.instance, index)
-                self._worker_ips[index] = home.sandbox_ip
-            self._opened = True
+                self.nets.worker_ips[index] = home.sandbox_ip
+            self.nets.opened = True
             await self.warm.open()
             await self.tier.open()
-            self.publish_slots()
+            self.nets.publish()
 
     async def close(self) -> None:
         await self.warm.close()
         await self.tier.close()
-        await self._await_drains()
-        self._opened = False
-
-    async def _await_drains(self) -> None:
-        tasks = list(self._drains)
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
-        self._drains.clear()
+        await self.sandboxes.await_drains()
+        self.nets.opened = False
 
     def worker_ip(self, slot: Slot) -> str:
-        """The slot's pod IP for life: its home unit's sandbox address, translated to the
-        namespace holding the slot now (``publish_slots``); every actor's address."""
-        known = self._worker_ips.get(slot.index)
-        return known if known is not None else self._net(slot).sandbox_ip
-
-    def publish_slots(self) -> None:
-        """Point each worker IP at the sandbox address of the unit holding its slot now
-        (slotaddr.py); call after every change of ``_nets``. In-process, well under 1 ms."""
-        if not self._firewall:
-            return
-        targets = {
-            self._worker_ips[index]: slot_net.sandbox_ip
-            for index, slot_net in self._nets.items()
-            if self._worker_ips.get(index, slot_net.sandbox_ip) != slot_net.sandbox_ip
-        }
-        try:
-            slotaddr.set_slot_targets(net.firewall_table(self.instance), targets)
-        except RuntimeError as exc:
-            raise RuntimeFailure(str(exc)) from None
-
-    def _net(self, slot: Slot) -> net.SlotNet:
-        if not self._opened:
-            raise RuntimeFailure("the gVisor runtime is not open (call open() first)")
-        try:
-            return self._nets[slot.index]
-        except KeyError:
-            raise RuntimeFailure(
-                f"slot {slot.index} does not exist (workers={self.config.workers})"
-            ) from None
+        """The slot's pod IP for life (``SlotNets.worker_ip``); every actor's address."""
+        return self.nets.worker_ip(slot)
 
     # -- start ---------------------------------------------------------------------------------
-    def _masks(self, template: TemplateSpec) -> tuple[list[str], list[str]]:
-        return folders.masks(self.dir, template)
-
-    def _rootfs(self, template: TemplateSpec) -> Path:
-        return folders.rootfs_of(template)
-
-    def _prepare_dir(self, actor: ActorSpec, slot: int, cid: str) -> Sandbox:
-        """The sandbox's folder: its bundle for the slot's netns, actor id and meta.json."""
-        return folders.prepare_sandbox(
-            self.dir,
-            self.sandboxes_dir / cid,
-            actor,
-            slot,
-            self._nets[slot],
-            etc_dir=self.etc_dir,
-            mask_size=self.runsc.overlay_limit,
-        )
-
-    @warm_first  # a pooled sandbox of the template's golden snapshot, when one fits (warm.py)
     async def start(
+        self,
+        actor: ActorSpec,
+        slot: Slot,
+        source: SnapshotRef | None,
+        *,
+        timeout_s: float,
+    ) -> StartedSandbox:
+        """A pooled sandbox of the template's golden snapshot when one fits (warm.py), else a
+        thaw, boot or restore; either way a foreground start, which the pool's refills wait
+        for."""
+        async with self.warm.foreground():
+            claimed = await self.warm.claim(actor, slot, source, time.monotonic() + timeout_s)
+            if claimed is not None:
+                return claimed
+            return await self._start(actor, slot, source, timeout_s=timeout_s)
+
+    async def _start(
         self,
         actor: ActorSpec,
         slot: Slot,
@@ -255,13 +209,15 @@ class GvisorRuntime:
                 f"snapshot {source.path} has no checkpoint.img: it was removed or never "
                 "completed; resume with boot=true to cold-boot instead"
             )
-        self._refuse_busy_slot(slot)
+        self.sandboxes.refuse_busy_slot(slot)
         net_ = await self._intact_net(slot)
-        cid = self._new_cid(f"{actor.atespace}-{actor.actor_id}")
+        cid = self.sandboxes.new_cid(f"{actor.atespace}-{actor.actor_id}")
         what = "restore" if source is not None else "boot"
         with self.phases.timed(f"{what}: bundle folder"):
-            sandbox = await asyncio.to_thread(self._prepare_dir, actor, slot.index, cid)
-        self._sandboxes[cid] = sandbox
+            sandbox = await asyncio.to_thread(
+                self.sandboxes.prepare, actor, slot.index, self.nets.by_slot[slot.index], cid
+            )
+        self.sandboxes.register(sandbox)
         console = sandbox.directory / "console.log"
         try:
             with self.phases.timed(f"{what}: veth address reset"):
@@ -277,16 +233,16 @@ class GvisorRuntime:
                         sandbox.directory, cid, source.path, log_path=console, timeout_s=remaining
                     )
             with self.phases.timed(f"{what}: until the agent answers"):
-                await self._wait_ready(actor.template, self.worker_ip(slot), cid, deadline)
+                await self.sandboxes.wait_ready(actor.template, self.worker_ip(slot), cid, deadline)
         except Exception as exc:  # noqa: BLE001 - the sandbox goes whatever failed
-            await self._discard(cid)
+            await self.sandboxes.discard(cid)
             detail = getattr(exc, "output", "") or ""
             raise RuntimeFailure(
                 f"gVisor {what} of {actor.key} on slot {slot.index} failed: {exc}"
                 + (f" ({detail})" if detail else "")
             ) from None
         except BaseException:
-            await asyncio.shield(self._discard(cid))
+            await asyncio.shield(self.sandboxes.discard(cid))
             raise
         log.debug("%s %s on slot %d as %s", what, actor.key, slot.index, cid)
         return StartedSandbox(
@@ -294,15 +250,15 @@ class GvisorRuntime:
         )
 
     async def _intact_net(self, slot: Slot) -> net.SlotNet:
-        unit = self.tier.unit_of(slot.index)
+        unit = self.units.unit_of(slot.index)
         rebuilt = await asyncio.to_thread(
-            net.intact_or_rebuilt, self._net(slot), self.instance, unit
+            net.intact_or_rebuilt, self.nets.current(slot), self.instance, unit
         )
         if rebuilt is not None:
             self.repaired_nets += 1
-            self._nets[slot.index] = rebuilt
-            self.publish_slots()
-        return self._nets[slot.index]
+            self.nets.by_slot[slot.index] = rebuilt
+            self.nets.publish()
+        return self.nets.by_slot[slot.index]
 
     async def _thaw(
         self, actor: ActorSpec, slot: Slot, folder: Path, deadline: float
@@ -310,41 +266,18 @@ class GvisorRuntime:
         """The frozen tier's resume, when ``folder`` names a frozen sandbox."""
         if not await asyncio.to_thread((folder / FROZEN_MARKER).is_file):
             return None
-        self._refuse_busy_slot(slot)
+        self.sandboxes.refuse_busy_slot(slot)
         return await self.tier.thaw(actor, slot, folder, deadline)
-
-    def _refuse_busy_slot(self, slot: Slot) -> None:
-        for other in list(self._sandboxes.values()):
-            pids = self.runsc.pids(other.cid) if other.slot == slot.index else None
-            if pids is not None and pid_running(pids[0], other.cid):
-                # Two sandboxes in one netns would fight over its veth: refuse loudly.
-                raise RuntimeFailure(
-                    f"slot {slot.index} still runs sandbox {other.cid} ({other.actor_key}); "
-                    "checkpoint or stop it before starting another actor there"
-                )
-
-    def _set_sandbox_slot(self, cid: str, slot: int | None) -> None:
-        """A sandbox froze off its slot (None) or thawed onto one: keep meta.json in step."""
-        sandbox = self._sandboxes.get(cid) or self._load_sandbox(cid)
-        if sandbox is not None:
-            folders.write_slot(sandbox, slot)
 
     async def park_paused(self) -> None:
         """`local down`: checkpoint every frozen sandbox into its own snapshot folder."""
         await self.tier.park_all()
 
-    async def _wait_ready(
-        self, template: TemplateSpec, address: str, cid: str, deadline: float
-    ) -> None:
-        """Until the agent in ``cid`` answers its wakeup probe (`ready.wait_ready`)."""
-        tail = functools.partial(folders.console_tail, self.sandboxes_dir / cid)
-        await wait_ready(self.runsc, template, address, cid, deadline, tail)
-
     # -- checkpoint ----------------------------------------------------------------------------
     async def checkpoint(
         self, actor: ActorSpec, handle: str, kind: SnapshotKind, dest: Path
     ) -> CheckpointResult:
-        sandbox = self._sandboxes.get(handle) or self._load_sandbox(handle)
+        sandbox = self.sandboxes.get(handle)
         pids = self.runsc.pids(handle)
         if sandbox is None or pids is None or not pid_running(pids[0], handle):
             raise RuntimeFailure(
@@ -370,7 +303,7 @@ class GvisorRuntime:
         # the slot any more.
         with self.phases.timed("park: exit wait after checkpoint"):
             await wait_pid_exit(sandbox_pid, timeout_s=10)
-        self._drain_later(handle, sandbox_pid, after="park")
+        self.sandboxes.drain_later(handle, sandbox_pid, after="park")
         files = await asyncio.to_thread(image_files, dest)
         return CheckpointResult(snapshot=SnapshotRef(kind, dest), files=files, memory_kept=True)
 
@@ -387,7 +320,7 @@ class GvisorRuntime:
                 f"checkpoint of {actor.key} failed; its sandbox still runs: {detail}",
                 sandbox_lost=False,
             )
-        await self._discard(handle)
+        await self.sandboxes.discard(handle)
         return RuntimeFailure(
             f"checkpoint of {actor.key} failed, and gVisor stopped the sandbox: {detail}",
             sandbox_lost=True,
@@ -424,40 +357,10 @@ class GvisorRuntime:
         so the image holds no connected endpoint. Clients see ECONNABORTED / a reset, as they
         would with Substrate's own checkpoint.
         """
-        net_ = self._nets.get(slot)
+        net_ = self.nets.by_slot.get(slot)
         if net_ is not None:
-            worker = self._worker_ips.get(slot, net_.sandbox_ip)
+            worker = self.nets.worker_ips.get(slot, net_.sandbox_ip)
             await slotaddr.reset_connections(worker, net_.sandbox_ip)
-
-    async def _drain(self, cid: str, pid: int, *, after: str) -> None:
-        """After a checkpoint or a kill: wait for the sandbox process to go, then delete it."""
-        with self.phases.timed(f"after {after} (background): until the zombie is reaped"):
-            for _ in range(600):  # up to 30 s for the zombie to be reaped
-                if not await asyncio.to_thread(os.path.exists, f"/proc/{pid}"):
-                    break
-                await asyncio.sleep(0.05)
-        try:
-            with self.phases.timed(f"after {after} (background): runsc state/delete, folder"):
-                await self._discard(cid, exited=True)
-        except Exception:  # noqa: BLE001 - a drain must never raise into a later start
-            log.warning("could not delete sandbox %s after its %s", cid, after, exc_info=True)
-
-    async def _discard(self, cid: str, *, exited: bool = False) -> None:
-        """Make a container gone (any state) and remove its directory. ``exited``: its sandbox
-        process is known gone, so one ``runsc delete`` usually does (destroy's state, kill,
-        state, delete cost three more runsc starts)."""
-        if not (exited and await self.runsc.delete(cid)):
-            await self.runsc.destroy(cid)
-        sandbox = self._sandboxes.pop(cid, None)
-        directory = sandbox.directory if sandbox else self.sandboxes_dir / cid
-        await asyncio.to_thread(shutil.rmtree, directory, True)
-
-    def _load_sandbox(self, cid: str) -> Sandbox | None:
-        """The sandbox ``cid`` from its meta.json, registered with the runtime."""
-        sandbox = folders.load_sandbox(self.sandboxes_dir / cid)
-        if sandbox is not None:
-            self._sandboxes[cid] = sandbox
-        return sandbox
 
     # -- other calls ---------------------------------------------------------------------------
     async def upload(
@@ -481,49 +384,21 @@ class GvisorRuntime:
 
     async def stop(self, handle: str) -> None:
         if not await self.tier.forget(handle):
-            await self.kill(handle, after="delete")
-
-    async def kill(self, cid: str, *, after: str) -> None:
-        """SIGKILL the sandbox and return once it has exited: a zombie holds no memory, socket
-        or file of its slot, so the slot is free. Its removal, which runsc refuses until the
-        host's init reaps the zombie (1-2 s under a Firecracker guest's init, where a delete
-        held the worker that long), drains in the background like a park's. A sandbox that
-        cannot be signalled or does not exit is destroyed the slow way, in the foreground; one
-        that already exited (a checkpoint ends it) only drains."""
-        pids = self.runsc.pids(cid)
-        pid = pids[0] if pids is not None else -1
-        with self.phases.timed(f"{after}: kill until the sandbox exits"):
-            if pid > 0 and await asyncio.to_thread(kill_sandbox, pid, cid):
-                exited = await wait_pid_exit(pid, timeout_s=_KILL_EXIT_S)
-            else:  # not that sandbox's live process: already exited (a zombie, or gone)?
-                exited = pid > 0 and not await asyncio.to_thread(procfs.alive, pid)
-        if not exited:
-            await self._discard(cid)
-            return
-        self._drain_later(cid, pid, after=after)
-
-    def _drain_later(self, cid: str, pid: int, *, after: str) -> None:
-        """``_drain`` in the background; close, cleanup and sweep wait for it."""
-        task = asyncio.create_task(self._drain(cid, pid, after=after))
-        self._drains.add(task)
-        task.add_done_callback(self._drains.discard)
+            await self.sandboxes.kill(handle, after="delete")
 
     async def is_alive(self, handle: str) -> bool:
-        # runsc says "running" for as long as the exited sandbox is an unreaped zombie, so ask
-        # the kernel about the sandbox process instead.
-        pids = self.runsc.pids(handle)
-        return pids is not None and pid_running(pids[0], handle)
+        return await self.sandboxes.is_alive(handle)
 
     async def adopt(
         self, actor: ActorSpec, slot: Slot, handle: str, address: str
     ) -> StartedSandbox | None:
-        return await adoption.adopt(self, actor, slot, handle, address)
+        return await adoption.adopt(self.nets, self.sandboxes, actor, slot, handle, address)
 
     async def _containers(self) -> list[ContainerState]:
-        return await self.tier.containers()
+        return await self.sandboxes.containers(self.tier.frozen)
 
     async def sweep(self, keep: Collection[str]) -> list[str]:
-        await self._await_drains()
+        await self.sandboxes.await_drains()
         described = []
         for state in await self._containers():
             if state.id in keep:
@@ -531,11 +406,11 @@ class GvisorRuntime:
             if not await self.tier.forget(state.id):
                 if state.status == "paused":  # frozen by a run whose records are gone
                     await asyncio.to_thread(cgfreeze.thaw_instance_cgroups, self.instance)
-                await self._discard(state.id)
+                await self.sandboxes.discard(state.id)
             described.append(f"sandbox {state.id} ({state.status})")
-        await self._await_drains()
-        if self.sandboxes_dir.is_dir():
-            for directory in self.sandboxes_dir.iterdir():
+        await self.sandboxes.await_drains()
+        if self.sandboxes.dir.is_dir():
+            for directory in self.sandboxes.dir.iterdir():
                 if directory.name not in keep and directory.is_dir():
                     await asyncio.to_thread(shutil.rmtree, directory, True)
         return described
@@ -543,10 +418,10 @@ class GvisorRuntime:
     async def forget_actor(self, actor: ActorSpec) -> None:
         # Per-actor files live in per-sandbox directories, removed with each sandbox; drop any
         # an interrupted run left behind for this actor.
-        if not self.sandboxes_dir.is_dir():
+        if not self.sandboxes.dir.is_dir():
             return
         live = {s.id for s in await self._containers()}
-        await asyncio.to_thread(host.remove_actor_dirs, self.sandboxes_dir, actor.key, live)
+        await asyncio.to_thread(host.remove_actor_dirs, self.sandboxes.dir, actor.key, live)
 
     async def memory_bytes(self, handle: str) -> int | None:
         pids = self.runsc.pids(handle)
@@ -560,28 +435,28 @@ class GvisorRuntime:
         removed: list[str] = []
         await self.warm.close()
         await self.tier.close()
-        await self._await_drains()
-        if not self._opened:  # `local down` after a crash: what that run froze is on disk
+        await self.sandboxes.await_drains()
+        if not self.nets.opened:  # `local down` after a crash: what that run froze is on disk
             self.tier.load()
         await self.tier.park_all()  # paused actors keep their memory, as images
         for cid in list(self.tier.frozen):
             await self.tier.forget(cid)
-        await self._await_drains()
+        await self.sandboxes.await_drains()
         # a frozen task cannot die: thaw what a crashed run left frozen, too
         await asyncio.to_thread(cgfreeze.thaw_instance_cgroups, self.instance)
         states: list[str] = []
         with contextlib.suppress(RunscError, ValueError, OSError):
             states = [s.id for s in await self._containers()]
         # Longer ids first: runsc matches ids by prefix.
-        await asyncio.gather(*(self._discard(cid) for cid in sorted(states, reverse=True)))
+        discards = (self.sandboxes.discard(cid) for cid in sorted(states, reverse=True))
+        await asyncio.gather(*discards)
         removed += [f"sandbox {cid}" for cid in states]
         removed += await asyncio.to_thread(
             hostclean.remove_instance_leftovers, self.runsc.root, self.instance, self.dir
         )
-        self._sandboxes.clear()
-        self._nets.clear()
-        self._worker_ips.clear()
-        self._opened = False
+        self.sandboxes.known.clear()
+        self.nets.clear()
+        self.nets.opened = False
         return removed
 
     async def leftovers(self) -> list[str]:

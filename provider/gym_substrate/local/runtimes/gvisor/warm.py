@@ -17,21 +17,26 @@ dropped before any frozen actor is checkpointed. The control plane says which go
 each template has (``attach``); a template deleted or given a new golden drains its pool. The
 pool is not kept across restarts: ``<runtime_dir>/warm.json`` names what it holds, and the next
 start (or ``local down``) removes those sandboxes and their namespaces.
+
+The pool gets the runtime's ``Parts`` (``sandboxes.py``) and the frozen tier, never the runtime:
+its units go into the namespace book (``UnitBook.held_by``), its bytes into the tier's budget
+(``FreezeTier.share_budget``), and it uses the tier only through its public calls. The runtime's
+``start`` asks ``claim`` first, inside ``foreground``; this module imports neither the runtime
+nor anything that imports it (issue 33).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any
 
 from gym_substrate.local.runtimes.base import (
     ActorSpec,
@@ -43,13 +48,11 @@ from gym_substrate.local.runtimes.base import (
     TemplateSpec,
     pss_bytes,
 )
-from gym_substrate.local.runtimes.gvisor import host, net
+from gym_substrate.local.runtimes.gvisor import folders, host, net
 from gym_substrate.local.runtimes.gvisor.bundle import write_actor_id, write_bundle
-from gym_substrate.local.runtimes.gvisor.freezer import FROZEN_MARKER, _Frozen
+from gym_substrate.local.runtimes.gvisor.freezer import FROZEN_MARKER, FreezeTier
 from gym_substrate.local.runtimes.gvisor.runsc import RunscError
-
-if TYPE_CHECKING:
-    from gym_substrate.local.runtimes.gvisor.runtime import GvisorRuntime
+from gym_substrate.local.runtimes.gvisor.sandboxes import Parts
 
 __all__ = [
     "DEFAULT_WARM_POOL",
@@ -57,7 +60,6 @@ __all__ = [
     "WarmPool",
     "WarmTarget",
     "parse_warm_pool",
-    "warm_first",
 ]
 
 log = logging.getLogger(__name__)
@@ -91,32 +93,6 @@ def parse_warm_pool(text: str) -> int:
 WarmTarget = tuple[TemplateSpec, Path]
 
 
-_Start = TypeVar("_Start", bound=Callable[..., Awaitable[StartedSandbox]])
-
-
-def warm_first(start: _Start) -> _Start:
-    """``GvisorRuntime.start``: a pooled sandbox when one fits, else ``start`` itself; either
-    way a foreground start, which refills wait for."""
-
-    @functools.wraps(start)
-    async def first(
-        rt: GvisorRuntime,
-        actor: ActorSpec,
-        slot: Slot,
-        source: SnapshotRef | None,
-        *,
-        timeout_s: float,
-    ) -> StartedSandbox:
-        async with rt.warm.foreground():
-            claimed = await rt.warm.claim(actor, slot, source, time.monotonic() + timeout_s)
-            if claimed is not None:
-                return claimed
-            started: StartedSandbox = await start(rt, actor, slot, source, timeout_s=timeout_s)
-            return started
-
-    return cast(_Start, first)
-
-
 @dataclass
 class _Warm:
     cid: str
@@ -132,11 +108,14 @@ class _Warm:
 
 
 class WarmPool:
-    """Fill, claim and drain the warm pool of one ``GvisorRuntime``."""
+    """Fill, claim and drain the warm pool of one gVisor runtime."""
 
-    def __init__(self, runtime: GvisorRuntime, extra: Mapping[str, str]) -> None:
+    def __init__(self, parts: Parts, extra: Mapping[str, str], tier: FreezeTier) -> None:
         self.size = parse_warm_pool(extra.get("gvisor.warm_pool", "0"))
-        self.rt = runtime
+        self.parts, self.tier = parts, tier
+        self.sandboxes, self.units = parts.sandboxes, parts.units
+        self.units.held_by(self.units_held)
+        tier.share_budget(self)
         self.entries: list[_Warm] = []
         self._filling: tuple[str, int] | None = None
         self._targets: Callable[[], Mapping[str, WarmTarget]] | None = None
@@ -160,10 +139,10 @@ class WarmPool:
 
     @property
     def dir(self) -> Path:
-        return self.rt.dir / "warm"
+        return self.parts.dir / "warm"
 
     # -- state -------------------------------------------------------------------------------
-    def units(self) -> set[int]:
+    def units_held(self) -> set[int]:
         used = {e.unit for e in self.entries}
         if self._filling is not None:
             used.add(self._filling[1])
@@ -180,7 +159,7 @@ class WarmPool:
             "entries": [e.saved() for e in self.entries],
             "filling": list(self._filling) if self._filling else None,
         }
-        path = self.rt.dir / _STATE_FILE
+        path = self.parts.dir / _STATE_FILE
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data))
         tmp.replace(path)
@@ -192,7 +171,7 @@ class WarmPool:
     # -- open / close ------------------------------------------------------------------------
     async def open(self) -> None:
         """Remove what a previous run's pool left (its sandboxes, namespaces, claims)."""
-        path = self.rt.dir / _STATE_FILE
+        path = self.parts.dir / _STATE_FILE
         try:
             data = json.loads(path.read_text())
             old = [(str(e["cid"]), int(e["unit"])) for e in data.get("entries", [])]
@@ -203,11 +182,7 @@ class WarmPool:
         except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:
             log.warning("ignoring unreadable %s: %s", path, exc)
             old = []
-        tier = self.rt.tier
-        for cid, entry in list(tier.frozen.items()):  # a claim the last run did not finish
-            if Path(entry.dest).is_relative_to(self.dir):
-                del tier.frozen[cid]
-                old.append((cid, entry.unit))
+        old += self.tier.take_pooled(self.dir)  # claims the last run did not finish
         for cid, unit in old:
             await self._destroy(cid, unit, "cgroup")
         await asyncio.to_thread(shutil.rmtree, self.dir, True)
@@ -238,7 +213,7 @@ class WarmPool:
             await self._destroy(entry.cid, entry.unit, entry.method)
         if self._drops:
             await asyncio.gather(*list(self._drops), return_exceptions=True)
-        if self.rt.dir.is_dir():
+        if self.parts.dir.is_dir():
             with contextlib.suppress(OSError):
                 self._save()
 
@@ -298,9 +273,9 @@ class WarmPool:
         """Room for one more pooled sandbox and for every slot's sandbox to freeze as well:
         frozen actors come first, so a fill without that headroom is shed again as soon as the
         running actors pause (issue 29: 14 fills dropped in 4 minutes at 200 sandboxes)."""
-        tier = self.rt.tier
+        tier = self.tier
         one = max((e.pss for e in self.entries), default=0) or tier.typical_pss()
-        headroom = self.rt.config.workers * one
+        headroom = self.units.workers * one
         return tier.frozen_bytes() + self.bytes() + one + headroom <= tier.budget
 
     async def _drain_stale(self, targets: Mapping[str, WarmTarget]) -> None:
@@ -323,7 +298,7 @@ class WarmPool:
         if entry not in self.entries:
             return
         self.entries.remove(entry)
-        self.rt.tier.releasing.add(entry.unit)  # now, not when the task first runs
+        self.units.releasing.add(entry.unit)  # now, not when the task first runs
         with contextlib.suppress(OSError):
             self._save()
         log.info("warm pool: dropping %s of %s (%s)", entry.cid, entry.template.key, why)
@@ -333,42 +308,40 @@ class WarmPool:
 
     async def _destroy(self, cid: str, unit: int | None, method: str) -> None:
         """Thaw (a frozen task cannot die), delete the sandbox, remove its namespace (unless
-        ``unit`` is None: a slot uses it now). The unit stays in the tier's ``releasing`` until
+        ``unit`` is None: a slot uses it now). The unit stays in the book's ``releasing`` until
         its namespace is gone, so nobody is handed a namespace that is about to vanish."""
-        tier = self.rt.tier
+        releasing = self.units.releasing
         if unit is not None:
-            tier.releasing.add(unit)
+            releasing.add(unit)
         try:
-            pids = self.rt.runsc.pids(cid)
+            pids = self.sandboxes.runsc.pids(cid)
             if pids is not None:
                 with contextlib.suppress(Exception):
-                    await tier._set_frozen(cid, pids[0], False, method)
+                    await self.tier.set_frozen(cid, pids[0], False, method)
             with contextlib.suppress(RunscError, OSError):
-                await self.rt._discard(cid)
+                await self.sandboxes.discard(cid)
             if unit is not None:
                 await self._release_unit(unit)
         finally:
             if unit is not None:
-                tier.releasing.discard(unit)
+                releasing.discard(unit)
         await self._notify()
 
     async def _release_unit(self, unit: int) -> None:
-        tier = self.rt.tier
-        tier.releasing.discard(unit)
-        if unit in tier.units_in_use():  # given back meanwhile (a thaw's spare): keep it
-            tier.releasing.add(unit)
+        releasing = self.units.releasing
+        releasing.discard(unit)
+        if unit in self.units.in_use():  # given back meanwhile (a thaw's spare): keep it
+            releasing.add(unit)
             return
-        tier.releasing.add(unit)
-        if unit < self.rt.config.workers:
+        releasing.add(unit)
+        if unit < self.units.workers:
             # a slot's home namespace (taken as a spare): its address is that worker's IP for
             # the backend's life, so it goes back to the spares; released, its subnet could be
             # leased by another backend while our worker-IP map still names it
-            tier.spares.append(unit)
-            with contextlib.suppress(OSError):
-                tier._save()
+            self.tier.add_spare(unit)
         else:
             try:
-                await asyncio.to_thread(net.release_slot_net, self.rt.instance, unit)
+                await asyncio.to_thread(net.release_slot_net, self.sandboxes.instance, unit)
             except Exception as exc:  # noqa: BLE001 - `local down` removes what is left
                 log.warning("warm pool: removing namespace unit %d failed: %s", unit, exc)
 
@@ -378,40 +351,29 @@ class WarmPool:
         the DNAT map sends to whatever the slot runs now, so the fill's probe would reach the
         slot's actor (or nothing) instead of the pooled sandbox. Home units stay spare for the
         next freeze, where the slot is reached by its worker IP anyway."""
-        tier = self.rt.tier
-        for unit in tier.spares:
-            if unit >= self.rt.config.workers:
-                tier.spares.remove(unit)
-                with contextlib.suppress(OSError):
-                    tier._save()
-                return unit, tier._spare_nets.pop(unit, None)
-        return self._free_unit(), None
+        spare = self.tier.take_spare(above=self.units.workers)
+        return spare if spare is not None else (self._free_unit(), None)
 
     def _free_unit(self) -> int:
-        tier = self.rt.tier
-        used = tier.units_in_use()
-        unit = UNIT_BASE
-        while unit in used:
-            unit += 1
-        return unit
+        return self.units.first_free(UNIT_BASE)
 
     async def _fill(self, target: WarmTarget) -> None:
         """Restore one sandbox of ``target``'s golden snapshot, wait for it, freeze it."""
-        rt, (spec, golden) = self.rt, target
+        sandboxes, runsc, (spec, golden) = self.sandboxes, self.sandboxes.runsc, target
         unit, known = self._take_unit()
-        cid = rt._new_cid("warm")
+        cid = sandboxes.new_cid("warm")
         self._filling = (cid, unit)
         self._save()
         method = "cgroup"
         try:
             slotnet = known
             if slotnet is None:
-                slotnet = await asyncio.to_thread(net.setup_slot_net, rt.instance, unit)
-            directory = rt.sandboxes_dir / cid
+                slotnet = await asyncio.to_thread(net.setup_slot_net, sandboxes.instance, unit)
+            directory = sandboxes.dir / cid
             await asyncio.to_thread(self._prepare, spec, slotnet, cid, directory)
             deadline = time.monotonic() + spec.probe_timeout_s + _FILL_TIMEOUT_S
             await net.reset_sandbox_addr(slotnet)
-            await rt.runsc.restore(
+            await runsc.restore(
                 directory,
                 cid,
                 golden,
@@ -419,12 +381,12 @@ class WarmPool:
                 timeout_s=_FILL_TIMEOUT_S,
             )
             self.fills += 1
-            await rt._wait_ready(spec, slotnet.sandbox_ip, cid, deadline)
-            pids = rt.runsc.pids(cid)
+            await sandboxes.wait_ready(spec, slotnet.sandbox_ip, cid, deadline)
+            pids = runsc.pids(cid)
             if pids is None:
                 raise RuntimeFailure(f"pooled sandbox {cid} is gone")
-            method = "runsc" if rt.tier._freezer(pids[0]) is None else "cgroup"
-            await rt.tier._set_frozen(cid, pids[0], True, method)
+            method = self.tier.method_for(pids[0])
+            await self.tier.set_frozen(cid, pids[0], True, method)
             roots = {p for p in pids if p > 0}
             pss = await asyncio.to_thread(lambda: pss_bytes(host.children_of(roots)))
         except BaseException:
@@ -438,21 +400,21 @@ class WarmPool:
         self._save()
         log.info("warm pool: %s ready for %s (%.0f MiB)", cid, spec.key, pss / 2**20)
         await self._notify()
-        self.rt.tier._enforce_budget()
+        self.tier.enforce_budget()
 
     def _prepare(self, spec: TemplateSpec, slotnet: net.SlotNet, cid: str, directory: Path) -> None:
         directory.mkdir(parents=True)
         run_ate = directory / "run-ate"
         write_actor_id(run_ate, "")  # nobody yet: the agent reports no actor id
-        mask_dirs, mask_files = self.rt._masks(spec)
+        mask_dirs, mask_files = self.sandboxes.masks(spec)
         write_bundle(
             directory,
-            rootfs=self.rt._rootfs(spec),
+            rootfs=folders.rootfs_of(spec),
             args=spec.command,
             env=spec.env,
             netns_path=slotnet.netns_path,
             run_ate_dir=run_ate,
-            etc_dir=self.rt.etc_dir,
+            etc_dir=self.sandboxes.etc_dir,
             mask_dirs=mask_dirs,
             mask_files=mask_files,
             binds=[(str(src), inside) for src, inside in spec.rootfs.binds],
@@ -460,7 +422,7 @@ class WarmPool:
         (directory / "meta.json").write_text(
             json.dumps({"slot": -1, "actor": "", "template": spec.key, "warm": True})
         )
-        if self.rt._load_sandbox(cid) is None:  # registers it with the runtime
+        if self.sandboxes.load(cid) is None:  # registers it
             raise RuntimeFailure(f"pooled sandbox {cid}: its meta.json cannot be read back")
 
     # -- claim -------------------------------------------------------------------------------
@@ -481,9 +443,9 @@ class WarmPool:
             if self.enabled and source is not None and source.kind is SnapshotKind.TAG:
                 self.kick()
             return None
-        rt = self.rt
-        await rt.tier.slot_ready(slot.index)
-        rt._refuse_busy_slot(slot)
+        tier = self.tier
+        await tier.slot_ready(slot.index)
+        self.sandboxes.refuse_busy_slot(slot)
         entry = self._match(actor, source)  # again: the pool may have changed meanwhile
         if entry is None:
             return None
@@ -493,17 +455,16 @@ class WarmPool:
         folder = self.dir / "claims" / entry.cid
         try:
             await asyncio.to_thread(self._hand_over, entry, actor, folder)
-            rt.tier.frozen[entry.cid] = _Frozen(
-                entry.cid, actor.key, entry.unit, str(folder), time.time(), entry.method, entry.pss
+            tier.hold_pooled(
+                entry.cid, actor.key, entry.unit, folder, entry.method, entry.pss, entry.slotnet
             )
-            rt.tier.frozen[entry.cid].slotnet = entry.slotnet
-            started = await rt.tier.thaw(actor, slot, folder, deadline)
+            started = await tier.thaw(actor, slot, folder, deadline)
             if started is None:
                 raise RuntimeFailure(f"pooled sandbox {entry.cid} was taken away")
         except (RuntimeFailure, OSError, RunscError) as exc:
             log.warning("warm pool: claiming %s for %s failed: %s", entry.cid, actor.key, exc)
-            rt.tier.frozen.pop(entry.cid, None)
-            on_slot = rt.tier.slots.get(slot.index) == entry.unit  # thawed, then failed
+            tier.frozen.pop(entry.cid, None)
+            on_slot = self.units.slots.get(slot.index) == entry.unit  # thawed, then failed
             await self._destroy(entry.cid, None if on_slot else entry.unit, entry.method)
             return None
         finally:
@@ -515,7 +476,7 @@ class WarmPool:
     def _hand_over(self, entry: _Warm, actor: ActorSpec, folder: Path) -> None:
         """The sandbox becomes ``actor``'s: its actor id (read by the agent on each request),
         its meta.json, and a frozen-tier marker for the thaw."""
-        sandbox = self.rt._sandboxes.get(entry.cid) or self.rt._load_sandbox(entry.cid)
+        sandbox = self.sandboxes.get(entry.cid)
         if sandbox is None:
             raise RuntimeFailure(f"pooled sandbox {entry.cid} has no folder")
         write_actor_id(sandbox.directory / "run-ate", actor.actor_id)
