@@ -99,14 +99,17 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _no_long_sleep_in_the_fast_lane(
-    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[None]:
-    """A `fast` test whose code really sleeps more than 50 ms at once fails (sleep_guard.py)."""
+def _no_long_sleep_in_the_fast_lane(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A `fast` test whose code really sleeps more than 50 ms at once fails (sleep_guard.py).
+
+    It patches through a MonkeyPatch of its own, not the `monkeypatch` fixture: an autouse
+    fixture that requested it would set it up before every other fixture of every test, so a
+    test's patches would be undone only after its fixtures' teardown (a backend then closed a
+    store a test had replaced)."""
     if request.node.get_closest_marker("fast") is None:
         yield
         return
-    with watch_sleeps(monkeypatch.setattr) as long:
+    with pytest.MonkeyPatch.context() as patch, watch_sleeps(patch.setattr) as long:
         yield
     if long:
         pytest.fail(

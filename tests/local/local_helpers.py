@@ -8,17 +8,20 @@ Names kept from the June helpers (callers in other suites use them): `RUNTIMES`,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
 import grpc
 import pytest
+from ci_policy import ON_CI
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
@@ -401,3 +404,19 @@ async def golden_tag(stub: Any, template: pb.ObjectRef = DEFAULT_TEMPLATE_REF) -
         if golden.HasField("golden_tag"):
             return f"{golden.golden_tag.atespace}/{golden.golden_tag.name}"
         await asyncio.sleep(0.05)
+
+
+@contextlib.contextmanager
+def tmpfs_folder(folder: Path, size: str) -> Iterator[Path]:
+    """``folder`` as a tmpfs of ``size`` (e.g. "24m"): a small disk a test can fill. Needs root
+    (CI runs as root: there a missing permission fails the test instead of skipping it)."""
+    if os.geteuid() != 0:
+        if ON_CI:
+            pytest.fail("CI runs as root: mounting a small tmpfs folder must work")
+        pytest.skip("mounting a small tmpfs folder needs root")
+    folder.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)

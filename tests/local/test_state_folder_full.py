@@ -10,19 +10,15 @@ on every error path, and DeleteActor still works, freeing what the actor wrote.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sqlite3
-import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import grpc
 import pytest
-from ci_policy import ON_CI
-from local_helpers import make_actor, ref, run_in, settle_golden, state
+from local_helpers import make_actor, ref, run_in, settle_golden, state, tmpfs_folder
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
@@ -92,8 +88,10 @@ async def test_a_started_sandbox_whose_record_cannot_be_stored_is_stopped(
     backend: LocalBackend, stub: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The sandbox started but the RUNNING record did not fit: the sandbox is stopped (none runs
-    that no record names), the actor stays RESUMING on its worker, and the next ResumeActor
-    finishes it there."""
+    that no record names), and the actor does not stay RESUMING on its worker (issue 29: no
+    actor stays in a transition once its operation ended): it is CRASHED with the reason, its
+    worker is free, the caller reads RESOURCE_EXHAUSTED naming the state folder, and once there
+    is room RevertActor and ResumeActor bring it back (its snapshots were never touched)."""
     await make_actor(stub, "b")
     assert backend.plane is not None
     store = backend.plane.state.store
@@ -101,13 +99,18 @@ async def test_a_started_sandbox_whose_record_cannot_be_stored_is_stopped(
     monkeypatch.setattr(store, "_db", _FullDatabase(real_db, only='"state": "RUNNING"'))
     code, message = await _answer(stub.ResumeActor(pb.ResumeActorRequest(actor=ref("b"))))
     assert code == C.RESOURCE_EXHAUSTED, (code, message)
+    assert str(backend.state_dir) in message, message
     assert backend.runtime is not None
     running = [x for x in await backend.runtime.leftovers() if x.startswith("process")]
     assert running == []
-    assert backend.plane.state.actors["t/b"].state == "RESUMING"
-    assert _busy(backend) == 1
+    crashed = backend.plane.state.actors["t/b"]
+    assert crashed.state == "CRASHED"
+    assert "resume failed" in crashed.crash_message
+    assert "state folder" in crashed.crash_message
+    assert _busy(backend) == 0
 
     monkeypatch.setattr(store, "_db", real_db)
+    await stub.RevertActor(pb.RevertActorRequest(actor=ref("b")))
     resumed = await stub.ResumeActor(pb.ResumeActorRequest(actor=ref("b")))
     assert state(resumed.actor) == "RUNNING"
     assert _busy(backend) == 1
@@ -131,23 +134,9 @@ async def test_a_worker_write_that_fails_takes_no_slot(
 
 
 # ---------------------------------------------------------------------- a real full folder
-@contextlib.contextmanager
-def _tmpfs(folder: Path, size: str) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        if ON_CI:
-            pytest.fail("CI runs as root: mounting a small tmpfs state folder must work")
-        pytest.skip("mounting a small tmpfs state folder needs root")
-    folder.mkdir(parents=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=True)
-    try:
-        yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=False)
-
-
 @pytest.fixture
 async def small_backend(tmp_path: Path) -> AsyncIterator[LocalBackend]:
-    with _tmpfs(tmp_path / "state", "12m") as state_dir:
+    with tmpfs_folder(tmp_path / "state", "12m") as state_dir:
         backend = LocalBackend(
             state_dir,
             runtime="process",
@@ -202,7 +191,7 @@ async def test_a_suspend_that_cannot_fit_is_refused_and_the_actor_keeps_running(
     plainly do not fit it is refused up front (RESOURCE_EXHAUSTED, MiB needed and free) and the
     actor keeps running with its files. Before, the copy started, failed with ENOSPC after the
     agent was stopped, and the actor was lost. A pause, which writes nothing, still works."""
-    with _tmpfs(tmp_path / "state", "24m") as state_dir:
+    with tmpfs_folder(tmp_path / "state", "24m") as state_dir:
         backend = LocalBackend(
             state_dir,
             runtime="process",

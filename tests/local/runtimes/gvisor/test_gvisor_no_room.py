@@ -15,15 +15,12 @@ running (or stays paused) with its file.
 
 from __future__ import annotations
 
-import contextlib
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
 import grpc
 import pytest
-from local_helpers import make_actor, ref, run_in, settle_golden, state
+from local_helpers import make_actor, ref, run_in, settle_golden, state, tmpfs_folder
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
@@ -33,16 +30,6 @@ from gym_substrate.local.snapshots import free_bytes
 pytestmark = [pytest.mark.runsc, pytest.mark.slow]
 
 MIB = 1 << 20
-
-
-@contextlib.contextmanager
-def _tmpfs(folder: Path, size: str) -> Iterator[Path]:
-    folder.mkdir(parents=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=True)
-    try:
-        yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=False)
 
 
 async def _refused(call: object) -> str:
@@ -56,7 +43,7 @@ async def _refused(call: object) -> str:
 async def test_a_park_that_cannot_fit_keeps_the_sandbox_and_its_files(
     tmp_path: Path, tier: str
 ) -> None:
-    with _tmpfs(tmp_path / "state", "160m") as state_dir:
+    with tmpfs_folder(tmp_path / "state", "160m") as state_dir:
         backend = LocalBackend(
             state_dir,
             runtime="gvisor",
