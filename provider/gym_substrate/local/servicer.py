@@ -198,7 +198,6 @@ class _Edge:
 def _behavior(plane: ControlPlane, edge: _Edge, handler: Handler, label: str) -> Behavior:
     async def behavior(data: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         started = time.perf_counter()
-        code = grpc.StatusCode.OK
 
         def elapsed() -> tuple[tuple[str, str], ...]:
             # as ateapi's interceptor, on every answer: its client reads it off errors too
@@ -210,30 +209,35 @@ def _behavior(plane: ControlPlane, edge: _Edge, handler: Handler, label: str) ->
             plane.metrics.rpc_duration.labels(label, exc.code.name).observe(0.0)
             await context.abort(exc.code, exc.message)
             raise  # unreachable: abort raises
+
+        def observe(code: grpc.StatusCode) -> None:
+            # before the answer leaves: a client that reads the metric after its call returned
+            # must find the call counted (it raced the server's `finally` under load)
+            plane.metrics.rpc_duration.labels(label, code.name).observe(
+                time.perf_counter() - started
+            )
+
         try:
             result = handler(edge.request(message))
             if inspect.isawaitable(result):
                 result = await result
         except AteapiError as exc:
-            code = exc.code
+            observe(exc.code)
             await context.abort(exc.code, exc.message, elapsed())
             raise  # unreachable: abort raises
         except asyncio.CancelledError:
-            code = grpc.StatusCode.CANCELLED
+            observe(grpc.StatusCode.CANCELLED)
             raise
         except Exception as exc:
             if isinstance(exc, grpc.aio.AbortError):
                 raise
-            code = grpc.StatusCode.INTERNAL
             log.exception("%s failed", edge.name)
+            observe(grpc.StatusCode.INTERNAL)
             await context.abort(
                 grpc.StatusCode.INTERNAL, f"internal server error: {exc}", elapsed()
             )
             raise
-        finally:
-            plane.metrics.rpc_duration.labels(label, code.name).observe(
-                time.perf_counter() - started
-            )
+        observe(grpc.StatusCode.OK)
         context.set_trailing_metadata(elapsed())
         return result
 
