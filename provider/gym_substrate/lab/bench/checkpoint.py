@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gym_substrate.lab.bench.fork import ALIVE, PREFIX_STEPS, exec_ok, run_prefix, summary
+from gym_substrate.lab.bench.fork import ALIVE, PREFIX_STEPS, exec_ok, row, run_prefix, summary
 
 __all__ = ["rows", "run_bench"]
 
@@ -177,15 +177,6 @@ def _figures(
 
 def rows(f: dict[str, Any]) -> list[dict[str, str]]:
     """The figures as table rows: measure, p50, p95, runs, and what it is compared with."""
-
-    def row(measure: str, s: dict[str, Any], note: str = "") -> dict[str, str]:
-        return {
-            "measure": measure,
-            "p50": f"{s['p50_ms']:.0f} ms",
-            "p95": f"{s['p95_ms']:.0f} ms",
-            "runs": str(s["runs"]),
-            "note": note,
-        }
 
     n, steps = f["sessions"], f["prefix_steps"]
     verdict = "met" if f["target"]["met"] else "MISSED"

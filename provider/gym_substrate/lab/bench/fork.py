@@ -25,7 +25,17 @@ from typing import Any
 
 from gym_substrate.lab.bench import BenchError
 
-__all__ = ["ALIVE", "PREFIX_STEPS", "exec_ok", "pct", "rows", "run_bench", "run_prefix", "summary"]
+__all__ = [
+    "ALIVE",
+    "PREFIX_STEPS",
+    "exec_ok",
+    "pct",
+    "row",
+    "rows",
+    "run_bench",
+    "run_prefix",
+    "summary",
+]
 
 PREFIX_STEPS = 10
 
@@ -216,18 +226,19 @@ def targets(f: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def row(measure: str, s: dict[str, Any], note: str = "") -> dict[str, str]:
+    """One table row of a summary: measure, p50, p95, runs, and what it is compared with."""
+    return {
+        "measure": measure,
+        "p50": f"{s['p50_ms']:.0f} ms",
+        "p95": f"{s['p95_ms']:.0f} ms",
+        "runs": str(s["runs"]),
+        "note": note,
+    }
+
+
 def rows(f: dict[str, Any]) -> list[dict[str, str]]:
     """The figures as table rows: measure, p50, p95, runs, and what it is compared with."""
-
-    def row(measure: str, s: dict[str, Any], note: str = "") -> dict[str, str]:
-        return {
-            "measure": measure,
-            "p50": f"{s['p50_ms']:.0f} ms",
-            "p95": f"{s['p95_ms']:.0f} ms",
-            "runs": str(s["runs"]),
-            "note": note,
-        }
-
     t = f["targets"]
     first = t["child_before_create_plus_replay"]
     verdict = "met" if first["met"] else "MISSED"
