@@ -16,14 +16,15 @@ import asyncio
 import logging
 import os
 import random
-import statistics
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from gym_substrate.lab.bench.fork import summary
 
 __all__ = ["DensityPlan", "rows", "run_density"]
 
@@ -58,17 +59,6 @@ class _Counts(logging.Handler):
         self.levels[record.levelname] += 1
         if record.levelno >= logging.ERROR and len(self.first) < 5:
             self.first.append(record.getMessage()[:300])
-
-
-def _pct(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else 0.0
-
-
-def _summary(seconds: Sequence[float]) -> dict[str, Any]:
-    ms = [s * 1e3 for s in seconds]
-    median = statistics.median(ms) if ms else 0.0
-    return {"runs": len(ms), "p50_ms": round(median, 1), "p95_ms": round(_pct(ms, 0.95), 1)}
 
 
 def _tier(backend: Any, key: str) -> str:
@@ -242,11 +232,11 @@ async def _measure(
         "load_avg_1m": round(os.getloadavg()[0], 2),
         "created": len(create_s),
         "create_per_s": round(len(create_s) / create_wall, 2) if create_wall else 0.0,
-        "create": _summary(create_s),
+        "create": summary(create_s, samples=False),
         "states_after_parking": dict(parked),
         "memory": memory,
-        "read": {tier: _summary(s) for tier, s in sorted(by_tier.items())},
-        "read_all": _summary([s for values in by_tier.values() for s in values]),
+        "read": {tier: summary(s, samples=False) for tier, s in sorted(by_tier.items())},
+        "read_all": summary([s for values in by_tier.values() for s in values], samples=False),
         "warm_pool": {"fills": warm.fills, "claims": warm.claims} if warm is not None else {},
         "repaired_namespaces": getattr(backend.runtime, "repaired_nets", 0),
         "leaks": leaks,

@@ -63,18 +63,23 @@ ALIVE = "pid=$(cat /tmp/mem.pid) && awk '/^VmRSS:/ {print $2}' /proc/$pid/status
 
 
 def pct(values: Sequence[float], q: float) -> float:
+    """The nearest-rank quantile `q` of `values` (0.0 for none: a tier nobody reached)."""
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else 0.0
 
 
-def summary(seconds: list[float]) -> dict[str, Any]:
+def summary(seconds: Sequence[float], *, samples: bool = True) -> dict[str, Any]:
+    """Runs, p50 and p95 in ms; with `samples`, every figure too (a 1,000-sandbox run leaves
+    them out of its JSON)."""
     ms = [s * 1e3 for s in seconds]
-    return {
+    out: dict[str, Any] = {
         "runs": len(ms),
-        "p50_ms": statistics.median(ms),
-        "p95_ms": pct(ms, 0.95),
-        "all_ms": [round(v, 1) for v in ms],
+        "p50_ms": round(statistics.median(ms), 1) if ms else 0.0,
+        "p95_ms": round(pct(ms, 0.95), 1),
     }
+    if samples:
+        out["all_ms"] = [round(v, 1) for v in ms]
+    return out
 
 
 async def exec_ok(provider: Any, handle: Any, command: str, *, services: bool = False) -> str:
