@@ -30,6 +30,14 @@ _DENSITY_OPTIONS = options(
         "--warm-pool", type=click.IntRange(0, 16), default=None, help="Default: local up's (1)."
     ),
     click.option(
+        "--idle-after-s",
+        type=click.FloatRange(0.01, 3600),
+        default=1.0,
+        show_default=True,
+        help="The provider's lifecycle.idle_after_s: how long a read's sandbox holds its slot "
+        "before it parks again (with --concurrency above the slots, reads wait that long for one).",
+    ),
+    click.option(
         "--runtime", type=click.Choice(["gvisor", "process"]), default="gvisor", show_default=True
     ),
     click.option(
@@ -52,6 +60,7 @@ def density(
     actors_per_worker: int,
     frozen_memory: str | None,
     warm_pool: int | None,
+    idle_after_s: float,
     runtime: str,
     rootfs: str,
     as_json: bool,
@@ -74,6 +83,7 @@ def density(
         actors_per_worker=actors_per_worker,
         frozen_memory=budget,
         warm_pool=warm_pool,
+        idle_after_s=idle_after_s,
         runtime=runtime,
         rootfs=rootfs,
     )

@@ -72,6 +72,30 @@ def _tier(backend: Any, key: str) -> str:
     return "frozen" if key in frozen else "checkpointed"
 
 
+_MOVING = frozenset({"RESUMING", "PAUSING", "SUSPENDING", "REVERTING", "DELETING"})
+
+
+async def _settled(backend: Any, timeout_s: float) -> None:
+    """Wait until no actor is moving (a pause in flight holds its slot rightly), at most
+    `timeout_s`; one still moving then shows up in the leak count, as it should."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        states = {r.state for r in backend.plane.state.actors.values()}
+        if "RUNNING" not in states and not states & _MOVING:
+            return
+        await asyncio.sleep(0.2)
+
+
+def _host_used_bytes() -> int:
+    """The host's memory in use that cannot be reclaimed (MemTotal - MemAvailable): frozen
+    sandboxes' guest memory is shmem, so it counts; page cache mostly does not."""
+    info: dict[str, int] = {}
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        key, _, value = line.partition(":")
+        info[key] = int(value.split()[0]) * 1024
+    return info["MemTotal"] - info.get("MemAvailable", info.get("MemFree", 0))
+
+
 def _disk_bytes(folder: Path) -> int:
     total = 0
     for root, _, files in os.walk(folder):
@@ -206,20 +230,17 @@ async def run_density(
 async def _measure(
     provider: Any, backend: Any, plan: DensityPlan, counts: _Counts, progress: Any
 ) -> dict[str, Any]:
+    host_before = _host_used_bytes()
     started = time.perf_counter()
     handles, create_s, create_failures = await _create_all(provider, plan, progress)
     create_wall = time.perf_counter() - started
     progress("waiting for the idle policy to park them")
     await asyncio.sleep(plan.idle_after_s * 3 + 2)
     parked = Counter(r.state for r in backend.plane.state.actors.values())
-    tier = getattr(backend.runtime, "tier", None)
-    memory = {
-        "frozen_sandboxes": len(tier.frozen) if tier is not None else 0,
-        "frozen_mib": round(tier.frozen_bytes() / 2**20, 1) if tier is not None else 0.0,
-        "evictions": tier.evictions if tier is not None else 0,
-        "state_disk_mib": round(_disk_bytes(backend.state_dir) / 2**20, 1),
-    }
+    memory = _memory_after_parking(backend, host_before, sum(parked.values()))
     by_tier, read_failures = await _read_all(provider, backend, handles, plan, progress)
+    progress("waiting for the last reads' sandboxes to park")
+    await _settled(backend, plan.idle_after_s * 3 + 30)
     leaks = _leaks(backend)
     warm = getattr(backend.runtime, "warm", None)
     progress("closing every sandbox")
@@ -247,6 +268,31 @@ async def _measure(
     }
 
 
+def _memory_after_parking(backend: Any, host_before: int, actors: int) -> dict[str, Any]:
+    """Memory and disk once every sandbox is parked: the freeze tier's own book, the host's
+    growth since before the first create, this process (backend and provider) and the state
+    folder, each also per sandbox."""
+    from gym_substrate.core.procfs import pss_bytes
+
+    tier = getattr(backend.runtime, "tier", None)
+    frozen = len(tier.frozen) if tier is not None else 0
+    frozen_b = tier.frozen_bytes() if tier is not None else 0
+    host_b = max(0, _host_used_bytes() - host_before)
+    disk_b = _disk_bytes(backend.state_dir)
+    per = max(actors, 1)
+    return {
+        "frozen_sandboxes": frozen,
+        "frozen_mib": round(frozen_b / 2**20, 1),
+        "frozen_mib_each": round(frozen_b / 2**20 / frozen, 1) if frozen else 0.0,
+        "evictions": tier.evictions if tier is not None else 0,
+        "host_growth_mib": round(host_b / 2**20, 1),
+        "host_growth_mib_per_sandbox": round(host_b / 2**20 / per, 2),
+        "backend_process_mib": round(pss_bytes([os.getpid()]) / 2**20, 1),
+        "state_disk_mib": round(disk_b / 2**20, 1),
+        "state_disk_mib_per_sandbox": round(disk_b / 2**20 / per, 2),
+    }
+
+
 def rows(f: dict[str, Any]) -> list[dict[str, str]]:
     """The table `bench density` prints."""
     out = [
@@ -261,11 +307,19 @@ def rows(f: dict[str, Any]) -> list[dict[str, str]]:
     m = f["memory"]
     out += [
         {
-            "measure": "frozen after parking",
-            "value": f"{m['frozen_sandboxes']} ({m['frozen_mib']} MiB)",
+            "measure": "frozen after parking (PSS, each)",
+            "value": f"{m['frozen_sandboxes']} ({m['frozen_mib']} MiB, {m['frozen_mib_each']})",
         },
         {"measure": "evicted to the checkpoint tier", "value": str(m["evictions"])},
-        {"measure": "state disk after parking", "value": f"{m['state_disk_mib']} MiB"},
+        {
+            "measure": "host memory grown after parking (per sandbox)",
+            "value": f"{m['host_growth_mib']} MiB ({m['host_growth_mib_per_sandbox']})",
+        },
+        {"measure": "backend + provider process (PSS)", "value": f"{m['backend_process_mib']} MiB"},
+        {
+            "measure": "state disk after parking (per sandbox)",
+            "value": f"{m['state_disk_mib']} MiB ({m['state_disk_mib_per_sandbox']})",
+        },
         {"measure": "leaks", "value": ", ".join(f"{k} {v}" for k, v in f["leaks"].items())},
         {
             "measure": "backend log",
