@@ -91,6 +91,7 @@ class StepRecord:
     resumed: bool
     return_code: int | None
     failure: str = ""
+    detail: str = ""  # what the provider said about a failure (its stderr or the error)
 
 
 @dataclass

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import random
 import time
@@ -35,6 +36,8 @@ from gym_substrate.lab.experiments._instrument import (
 )
 from gym_substrate.lab.experiments._vocab import PHASES
 from gym_substrate.lab.experiments.backend import Target, merged_kwargs
+
+log = logging.getLogger(__name__)
 
 
 def _exec_failure(
@@ -253,12 +256,14 @@ class ArmRun:
         self._take(lane)
         s0, step_started = time.monotonic(), self._now()
         code: int | None = None
+        detail = ""
         try:
             result = await self.provider.exec(
                 handle, config.workload.command(number), timeout_s=config.exec_timeout_s
             )
         except Exception as exc:
             kind, broken = _exc_kind("exec", exc), True
+            detail = str(exc)
             events = self._take(lane)
         else:
             code = result.return_code
@@ -266,6 +271,7 @@ class ArmRun:
             kind, broken = _exec_failure(
                 code, result.error_type, reverted=bool(events.reverts), revert=self.revert
             )
+            detail = str(result.stderr or "") if kind else ""
         s1 = time.monotonic()
         split = Instrument.split(events, s0, s1)
         self.steps.append(
@@ -284,9 +290,11 @@ class ArmRun:
                 resumed=split.resumed,
                 return_code=code,
                 failure=kind,
+                detail=" ".join(detail.split())[:300],
             )
         )
         if kind:
+            log.warning("%s step %d: %s: %s", record.rollout, number, kind, detail[:300])
             self.failures.append(kind)
             record.failure = record.failure or kind
         if not broken:

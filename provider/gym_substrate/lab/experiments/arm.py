@@ -162,7 +162,7 @@ def summarize(result: ArmResult, slots: int | None) -> dict[str, Any]:
 
 STEP_COLUMNS = [
     "arm", "rollout", "lane", "round", "step", "started_s", "think_s", "total_s", "wait_s",
-    "resume_s", "exec_s", "resumed", "return_code", "failure",
+    "resume_s", "exec_s", "resumed", "return_code", "failure", "detail",
 ]  # fmt: skip
 ROLLOUT_COLUMNS = [
     "arm", "rollout", "lane", "round", "started_s", "ended_s", "create_s", "create_wait_s",
