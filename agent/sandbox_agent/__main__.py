@@ -78,54 +78,22 @@ def _read_token(parser: argparse.ArgumentParser, token_file: str | None) -> str 
     return token
 
 
-def _import_runtime_without_tls() -> None:
-    """Import asyncio and aiohttp with the ssl module hidden from them.
-
-    The agent serves plain HTTP/1.1 only (Substrate's router talks HTTP/1.1 to port 80), yet
-    importing aiohttp builds two client TLS contexts, which parses the system CA bundle, and
-    asyncio maps OpenSSL's TLS library: together about 40 ms and 5 MiB on every cold start of
-    every actor. Both treat a missing ssl module as "no TLS"; it stays importable afterwards.
-    """
-    if "aiohttp" in sys.modules:
-        return
-    saved = sys.modules.get("ssl")
-    sys.modules["ssl"] = None  # type: ignore[assignment]
-    try:
-        import asyncio  # noqa: F401
-
-        import aiohttp.web  # noqa: F401
-    finally:
-        if saved is None:
-            del sys.modules["ssl"]
-        else:
-            sys.modules["ssl"] = saved
-
-
 async def serve(config: object) -> None:
     """Serve until SIGTERM/SIGINT, then kill running jobs and exit."""
     import asyncio
 
-    from aiohttp import web
-
     from ._config import AgentConfig
-    from ._serving import AgentRunner
+    from ._serving import AgentServer
     from .app import create_app
 
     assert isinstance(config, AgentConfig)
-    runner = AgentRunner(create_app(config), config)
-    await runner.setup()
-    site = web.TCPSite(runner, config.host, config.port, backlog=1024, reuse_address=True)
+    server = AgentServer(create_app(config), config)
     try:
-        await site.start()
+        host, port = await server.start(config.host, config.port)
     except OSError as exc:
-        await runner.cleanup()
+        await server.close()
         log.error("cannot listen on %s:%d: %s", config.host, config.port, exc.strerror or exc)
         raise SystemExit(1) from None
-    host, port = config.host, config.port
-    for addr in runner.addresses:
-        if isinstance(addr, tuple):
-            host, port = addr[0], addr[1]
-            break
     log.info("sandbox-agent %s listening on http://%s:%d", __version__, host, port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -135,7 +103,7 @@ async def serve(config: object) -> None:
         await stop.wait()
         log.info("signal received: killing running jobs and exiting")
     finally:
-        await runner.cleanup()
+        await server.close()
 
 
 def _clean_environment() -> None:
@@ -261,7 +229,6 @@ def main(argv: list[str] | None = None) -> None:
         )
     except ValueError as exc:
         parser.error(str(exc))
-    _import_runtime_without_tls()
     import asyncio
 
     try:

@@ -1,6 +1,6 @@
 """One error type for every expected failure, rendered as the contract's JSON error body.
 
-Handlers raise `ApiError`; a single middleware turns it (and aiohttp's own HTTP exceptions) into
+Handlers raise `ApiError`; a single middleware turns it (and the server's own `HTTPError`) into
 `{"error": {"code", "message"}}`, so no code path can leak a stack trace to a client.
 """
 
@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 
-from aiohttp import web
-
+from ._http import Response
 from ._wire import reply
 from .contract import ErrorBody, ErrorCode
 
 __all__ = ["ApiError", "body_timeout_error", "code_for_status", "error_body", "error_response"]
 
-# Statuses that aiohttp raises or answers by itself, as the contract's error codes.
+# Statuses that the server raises or answers by itself, as the contract's error codes.
 _STATUS_CODES: dict[int, ErrorCode] = {
     401: "unauthorized",
     403: "permission_denied",
@@ -50,12 +49,8 @@ def error_body(code: ErrorCode, message: str) -> bytes:
 
 def error_response(
     status: int, code: ErrorCode, message: str, headers: dict[str, str] | None = None
-) -> web.Response:
-    body = error_body(code, message)
-    resp = web.Response(status=status, body=body, content_type="application/json")
-    if headers:
-        resp.headers.update(headers)
-    return resp
+) -> Response:
+    return Response(error_body(code, message), status, "application/json", headers)
 
 
 def body_timeout_error(seconds: float) -> ApiError:

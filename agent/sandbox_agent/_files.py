@@ -23,9 +23,8 @@ import re
 import stat
 from typing import Any
 
-from aiohttp import web
-
 from ._errors import ApiError, body_timeout_error
+from ._http import Request, Response, json_response
 from ._numbers import parse_decimal
 from ._wire import reply
 from .contract import MAX_FILE_OFFSET, ErrorCode, FileStat, UploadReply
@@ -263,7 +262,7 @@ class FileHandlers:
             "with offset= and final=false, then final=true on the last one",
         )
 
-    async def put(self, request: web.Request, query: dict[str, Any]) -> web.Response:
+    async def put(self, request: Request, query: dict[str, Any]) -> Response:
         path, offset, final, mode = query["path"], query["offset"], query["final"], query["mode"]
         length = request.content_length
         if length is not None and length > self._max:
@@ -282,8 +281,8 @@ class FileHandlers:
                 del self._writers[path]
 
     async def _put_locked(
-        self, request: web.Request, path: str, offset: int, final: bool, mode: int
-    ) -> web.Response:
+        self, request: Request, path: str, offset: int, final: bool, mode: int
+    ) -> Response:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._body_timeout_s
         try:
@@ -303,7 +302,7 @@ class FileHandlers:
             while True:
                 try:
                     async with asyncio.timeout_at(deadline):
-                        chunk = await request.content.readany()
+                        chunk = await request.read_chunk()
                 except TimeoutError:
                     raise body_timeout_error(self._body_timeout_s) from None
                 if chunk:
@@ -342,9 +341,9 @@ class FileHandlers:
             raise
         finally:
             await loop.run_in_executor(None, os.close, fd)
-        return web.json_response(reply(UploadReply, {"path": path, "size": pos, "sha256": digest}))
+        return json_response(reply(UploadReply, {"path": path, "size": pos, "sha256": digest}))
 
-    async def get(self, request: web.Request, query: dict[str, Any]) -> web.StreamResponse:
+    async def get(self, request: Request, query: dict[str, Any]) -> Response:
         path = query["path"]
         loop = asyncio.get_running_loop()
         try:
@@ -372,23 +371,17 @@ class FileHandlers:
                 count = end - start + 1
                 status = 206
                 headers["Content-Range"] = f"bytes {start}-{end}/{size}"
-            resp = web.StreamResponse(status=status, headers=headers)
-            resp.content_length = count
-            await resp.prepare(request)
+            resp = await request.send_head(status, headers, count)
             if request.method != "HEAD" and count:
-                transport = request.transport
-                if transport is None:
-                    raise ConnectionResetError("client disconnected")
-                await loop.sendfile(transport, fobj, start, count)
-            await resp.write_eof()
+                await request.sendfile(fobj, start, count)
             return resp
         finally:
             fobj.close()
 
-    async def stat(self, request: web.Request, query: dict[str, Any]) -> web.Response:
+    async def stat(self, request: Request, query: dict[str, Any]) -> Response:
         path = query["path"]
         try:
             info = await asyncio.get_running_loop().run_in_executor(None, _stat, path)
         except OSError as exc:
             raise _os_error(exc, path) from None
-        return web.json_response(info)
+        return json_response(info)

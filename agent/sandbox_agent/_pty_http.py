@@ -7,10 +7,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiohttp import web
-
 from ._config import AgentConfig
 from ._errors import ApiError, body_timeout_error
+from ._http import Request, Response, json_response
 from ._pty import PtyManager, PtySession
 from ._requests import parse_pty_request, parse_resize, parse_signal
 from ._wire import reply
@@ -28,42 +27,42 @@ class PtyHandlers:
         self,
         manager: PtyManager,
         config: AgentConfig,
-        read_json: Callable[[web.Request], Awaitable[Any]],
+        read_json: Callable[[Request], Awaitable[Any]],
     ) -> None:
         self._pty = manager
         self._config = config
         self._read_json = read_json
 
-    def _session(self, request: web.Request) -> PtySession:
+    def _session(self, request: Request) -> PtySession:
         return self._pty.get(request.match_info["session_id"])
 
     @staticmethod
-    def _answer(session: PtySession) -> web.Response:
-        return web.json_response(session.to_json())
+    def _answer(session: PtySession) -> Response:
+        return json_response(session.to_json())
 
-    async def create(self, request: web.Request, query: dict[str, Any]) -> web.Response:
+    async def create(self, request: Request, query: dict[str, Any]) -> Response:
         session_id, spec = parse_pty_request(await self._read_json(request))
         log.debug("pty %s: %r", session_id, spec.command)
         return self._answer(await self._pty.create(session_id, spec))
 
-    async def get(self, request: web.Request, query: dict[str, Any]) -> web.Response:
+    async def get(self, request: Request, query: dict[str, Any]) -> Response:
         session = self._session(request)
         await self._pty.wait(session, query["wait"])
         return self._answer(session)
 
-    async def delete(self, request: web.Request, query: dict[str, Any]) -> web.Response:
+    async def delete(self, request: Request, query: dict[str, Any]) -> Response:
         session = self._session(request)
         await self._pty.close(session)
         return self._answer(session)
 
-    async def output(self, request: web.Request, query: dict[str, Any]) -> web.Response:
+    async def output(self, request: Request, query: dict[str, Any]) -> Response:
         session = self._session(request)
         read = self._pty.read(
             session, query["stream"], query["offset"], query["wait"], query["max_bytes"]
         )
-        return web.json_response(await read)
+        return json_response(await read)
 
-    async def input(self, request: web.Request, query: dict[str, Any]) -> web.Response:
+    async def input(self, request: Request, query: dict[str, Any]) -> Response:
         offset = query["offset"]
         session = self._session(request)
         length = request.content_length
@@ -79,7 +78,7 @@ class PtyHandlers:
         received = 0
         try:
             async with asyncio.timeout(self._config.body_timeout_s):
-                while chunk := await request.content.readany():
+                while chunk := await request.read_chunk():
                     received += len(chunk)
                     if received > MAX_PTY_INPUT_BYTES:
                         raise too_large
@@ -87,7 +86,7 @@ class PtyHandlers:
         except TimeoutError:
             raise body_timeout_error(self._config.body_timeout_s) from None
         session.write_input(offset, b"".join(chunks), MAX_PTY_INPUT_BYTES)
-        return web.json_response(
+        return json_response(
             reply(
                 PtyInputReply,
                 {
@@ -98,13 +97,13 @@ class PtyHandlers:
             )
         )
 
-    async def resize(self, request: web.Request, query: dict[str, Any]) -> web.Response:
+    async def resize(self, request: Request, query: dict[str, Any]) -> Response:
         rows, cols = parse_resize(await self._read_json(request))
         session = self._session(request)
         self._pty.resize(session, rows, cols)
         return self._answer(session)
 
-    async def signal(self, request: web.Request, query: dict[str, Any]) -> web.Response:
+    async def signal(self, request: Request, query: dict[str, Any]) -> Response:
         name = parse_signal(await self._read_json(request))
         session = self._session(request)
         self._pty.signal(session, name)

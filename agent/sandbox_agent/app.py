@@ -1,6 +1,6 @@
 """The HTTP surface of the agent (contract v1), built by `create_app(config)` with no globals.
 
-One middleware does all cross-cutting work in a single pass, because it runs on every request
+`App.handle` does all cross-cutting work in a single pass, because it runs on every request
 and the agent's per-exec overhead budget is a fraction of a millisecond: the access log line,
 restore detection, bearer-token auth, the actor-id guard, and turning every failure into the
 contract's JSON error body (never a stack trace).
@@ -13,40 +13,29 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
-
-from aiohttp import web
 
 from . import __version__
 from ._config import ACTOR_ID_ENV, AgentConfig
 from ._errors import ApiError, body_timeout_error, code_for_status, error_response
 from ._files import FileHandlers
+from ._http import HTTPError, Request, Response, json_response
 from ._identity import Identity, read_actor_id
 from ._jobs import AnyJob, JobManager
-from ._openapi import openapi_document
 from ._pty import PtyManager
 from ._pty_http import PtyHandlers
 from ._requests import parse_exec_request
-from ._routes import add_routes
+from ._routes import Router
 from ._wire import reply
 from .contract import ACTOR_ID_HEADER, Readiness
 
-__all__ = ["create_app", "JOBS_KEY", "CONFIG_KEY", "PTY_KEY"]
+__all__ = ["App", "create_app"]
 
 log = logging.getLogger("sandbox_agent")
 access_log = logging.getLogger("sandbox_agent.access")
 
-CONFIG_KEY = web.AppKey("config", AgentConfig)
-JOBS_KEY = web.AppKey("jobs", JobManager)
-PTY_KEY = web.AppKey("pty", PtyManager)
-IDENTITY_KEY = web.AppKey("identity", Identity)
 
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def _http_exception_response(exc: web.HTTPException) -> web.StreamResponse:
+def _http_error_response(exc: HTTPError) -> Response:
     status = exc.status
     code = code_for_status(status)
     headers: dict[str, str] = {}
@@ -62,16 +51,19 @@ def _http_exception_response(exc: web.HTTPException) -> web.StreamResponse:
             "move large inputs with PUT /v1/files and read them from the command"
         )
     else:
-        message = exc.reason or "request failed"
+        message = exc.message or "request failed"
     return error_response(status, code, message, headers)
 
 
-def _job_response(job: AnyJob, status: int) -> web.Response:
-    return web.Response(body=job.body(), status=status, content_type="application/json")
+def _job_response(job: AnyJob, status: int) -> Response:
+    return Response(job.body(), status)
 
 
-class _Agent:
-    """The handlers and the middleware of one app, over its job table and PTY sessions."""
+class App:
+    """The handlers of one agent, over its job table and PTY sessions, and `handle`, which every
+    request goes through."""
+
+    router: Router
 
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
@@ -80,7 +72,7 @@ class _Agent:
         self.identity = Identity(config.restore_jump_s)
         self.files = FileHandlers(config.max_upload_bytes, config.body_timeout_s)
         self._token = config.token.encode() if config.token else None
-        self._doc_body = json.dumps(openapi_document(), indent=2).encode()
+        self._doc_body: bytes | None = None
 
     async def current_actor_id(self) -> str | None:
         """Read the actor id now (off the loop) and let restore detection see it."""
@@ -90,17 +82,21 @@ class _Agent:
         self.identity.observe_actor_id(actor_id)
         return actor_id
 
-    @web.middleware
-    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def handle(self, request: Request) -> Response:
         start = time.perf_counter()
-        resp: web.StreamResponse | None = None
+        resp: Response | None = None
         try:
-            await self._admit(request)
+            try:
+                handler = self.router.resolve(request)
+            except HTTPError as exc:
+                await self._admit(request, routed=False)
+                raise exc from None
+            await self._admit(request, routed=True)
             resp = await handler(request)
         except ApiError as exc:
             resp = error_response(exc.status, exc.code, exc.message, exc.headers)
-        except web.HTTPException as exc:
-            resp = _http_exception_response(exc)
+        except HTTPError as exc:
+            resp = _http_error_response(exc)
         except asyncio.CancelledError:
             raise
         except (ConnectionResetError, BrokenPipeError):
@@ -120,7 +116,7 @@ class _Agent:
         )
         return resp
 
-    async def _admit(self, request: web.Request) -> None:
+    async def _admit(self, request: Request, routed: bool) -> None:
         """Restore detection, the bearer token and the actor-id guard, before any handler."""
         self.identity.check_clock()
         token = self._token
@@ -138,7 +134,7 @@ class _Agent:
                 )
         claimed = request.headers.get(ACTOR_ID_HEADER)
         # An unknown path or method runs nothing: it gets its 404/405, whatever the actor.
-        if claimed is not None and request.match_info.http_exception is None:
+        if claimed is not None and routed:
             actual = await self.current_actor_id()
             if actual is not None and claimed != actual:
                 raise ApiError(
@@ -148,7 +144,7 @@ class _Agent:
                     "not executed (stale address?)",
                 )
 
-    async def readyz(self, request: web.Request, query: dict[str, Any]) -> web.Response:
+    async def readyz(self, request: Request, query: dict[str, Any]) -> Response:
         actor_id = await self.current_actor_id()
         values = {
             "status": "ok",
@@ -157,16 +153,20 @@ class _Agent:
             "boot_id": self.identity.boot_id,
             "uptime_s": round(self.identity.uptime_s, 3),
         }
-        return web.json_response(reply(Readiness, values))
+        return json_response(reply(Readiness, values))
 
-    async def openapi(self, request: web.Request, query: dict[str, Any]) -> web.Response:
-        return web.Response(body=self._doc_body, content_type="application/json")
+    async def openapi(self, request: Request, query: dict[str, Any]) -> Response:
+        if self._doc_body is None:
+            from ._openapi import openapi_document  # only for this rare request: saves memory
 
-    async def read_json(self, request: web.Request) -> Any:
+            self._doc_body = json.dumps(openapi_document(), indent=2).encode()
+        return Response(self._doc_body)
+
+    async def read_json(self, request: Request) -> Any:
         timeout = self.config.body_timeout_s
         try:
             async with asyncio.timeout(timeout):
-                body = await request.read()
+                body = await request.read(self.config.max_json_bytes)
         except TimeoutError:
             raise body_timeout_error(timeout) from None
         if not body:
@@ -179,14 +179,14 @@ class _Agent:
             msg = "the body is not a usable JSON object: arrays or objects nested too deeply"
             raise ApiError(400, "bad_request", msg) from None
 
-    async def exec_start(self, request: web.Request, query: dict[str, Any]) -> web.Response:
+    async def exec_start(self, request: Request, query: dict[str, Any]) -> Response:
         job_id, spec = parse_exec_request(await self.read_json(request))
         log.debug("exec %s: %r", job_id, spec.argv)
         job = await self.jobs.submit(job_id, spec)
         await self.jobs.wait(job, query["wait"])
         return _job_response(job, 200 if job.finished else 202)
 
-    def _job_or_404(self, request: web.Request) -> AnyJob:
+    def _job_or_404(self, request: Request) -> AnyJob:
         job_id = request.match_info["job_id"]
         job = self.jobs.get(job_id)
         if job is None:
@@ -197,43 +197,36 @@ class _Agent:
             )
         return job
 
-    async def exec_get(self, request: web.Request, query: dict[str, Any]) -> web.Response:
+    async def exec_get(self, request: Request, query: dict[str, Any]) -> Response:
         job = self._job_or_404(request)
         await self.jobs.wait(job, query["wait"])
         return _job_response(job, 200)
 
-    async def exec_delete(self, request: web.Request, query: dict[str, Any]) -> web.Response:
+    async def exec_delete(self, request: Request, query: dict[str, Any]) -> Response:
         job = await self.jobs.kill(self._job_or_404(request))
         return _job_response(job, 200)
 
-    async def on_startup(self, app: web.Application) -> None:
+    async def startup(self) -> None:
         if self.config.reap_orphans:
             self.jobs.reap_orphans()
         await self.current_actor_id()
 
-    async def on_shutdown(self, app: web.Application) -> None:
+    async def shutdown(self) -> None:
         await asyncio.gather(self.jobs.shutdown(), self.ptys.shutdown())
 
 
-def create_app(config: AgentConfig | None = None) -> web.Application:
-    """Build the agent's aiohttp application for `config` (defaults: the contract's values)."""
-    config = config or AgentConfig()
-    agent = _Agent(config)
-    app = web.Application(middlewares=[agent.middleware], client_max_size=config.max_json_bytes)
-    app[CONFIG_KEY] = config
-    app[JOBS_KEY] = agent.jobs
-    app[IDENTITY_KEY] = agent.identity
-    app[PTY_KEY] = agent.ptys
-    files = agent.files
-    pty = PtyHandlers(agent.ptys, config, agent.read_json)
-    add_routes(
-        app.router,
+def create_app(config: AgentConfig | None = None) -> App:
+    """Build the agent's application for `config` (defaults: the contract's values)."""
+    app = App(config or AgentConfig())
+    files = app.files
+    pty = PtyHandlers(app.ptys, app.config, app.read_json)
+    app.router = Router(
         {
-            "readyz": agent.readyz,
-            "openapi": agent.openapi,
-            "execStart": agent.exec_start,
-            "execGet": agent.exec_get,
-            "execKill": agent.exec_delete,
+            "readyz": app.readyz,
+            "openapi": app.openapi,
+            "execStart": app.exec_start,
+            "execGet": app.exec_get,
+            "execKill": app.exec_delete,
             "filePut": files.put,
             "fileGet": files.get,
             "fileHead": files.get,
@@ -245,8 +238,6 @@ def create_app(config: AgentConfig | None = None) -> web.Application:
             "ptyInput": pty.input,
             "ptyResize": pty.resize,
             "ptySignal": pty.signal,
-        },
+        }
     )
-    app.on_startup.append(agent.on_startup)
-    app.on_shutdown.append(agent.on_shutdown)
     return app

@@ -15,11 +15,10 @@ from urllib.parse import quote
 
 import jsonschema
 import pytest
-from aiohttp import web
 
 from sandbox_agent._config import AgentConfig
 from sandbox_agent._jobs import ExecSpec, JobManager
-from sandbox_agent._serving import AgentRunner
+from sandbox_agent._serving import AgentServer
 from sandbox_agent.app import create_app
 from sandbox_agent.contract import MAX_FILE_OFFSET, MAX_UID
 
@@ -346,14 +345,12 @@ def test_http_parser_errors_are_json(agent: Any, check_schema: Any, raw: bytes) 
 async def _serving(**timeouts: float) -> AsyncIterator[int]:
     """The agent in this event loop, as `serve()` runs it, with small timeouts; yields the port."""
     config = AgentConfig(host="127.0.0.1", port=0, **timeouts)
-    runner = AgentRunner(create_app(config), config)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    server = AgentServer(create_app(config), config)
+    _, port = await server.start("127.0.0.1", 0)
     try:
-        yield runner.addresses[0][1]
+        yield port
     finally:
-        await runner.cleanup()
+        await server.close()
 
 
 async def _read_until_closed(reader: asyncio.StreamReader, limit_s: float) -> tuple[bytes, float]:

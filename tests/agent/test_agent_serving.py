@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
 from job_pids import wait_for_pid, wait_gone
 
 from sandbox_agent import __version__
 from sandbox_agent._config import AgentConfig
 from sandbox_agent._identity import Identity
 from sandbox_agent._openapi import openapi_document
-from sandbox_agent.app import create_app
+from sandbox_agent._serving import AgentServer
+from sandbox_agent.app import App, create_app
 from sandbox_agent.contract import MAX_TIMEOUT_S
 
 OPENAPI_FILE = Path(__file__).resolve().parents[2] / "agent" / "openapi.json"
@@ -276,16 +276,10 @@ def test_openapi_file_matches_code_and_server(agent: Any, openapi: dict[str, Any
 
 def test_openapi_paths_match_routes(openapi: dict[str, Any]) -> None:
     app = create_app(AgentConfig())
-    routes: set[tuple[str, str]] = set()
-    for resource in app.router.resources():
-        info = resource.get_info()
-        path = info.get("path") or info.get("formatter")
-        for route in resource:
-            routes.add((str(path), route.method.lower()))
+    routes = {(path, method.lower()) for method, path in app.router.routes()}
     documented = {(path, method) for path, ops in openapi["paths"].items() for method in ops}
-    # aiohttp adds HEAD to every GET route; only /v1/files documents it as meaningful.
-    served = {(p.replace("{job_id}", "{job_id}"), m) for p, m in routes}
-    served -= {(p, "head") for p, m in routes if m == "head" and p != "/v1/files"}
+    # Every GET route also answers HEAD; only /v1/files documents it as meaningful.
+    served = routes - {(p, "head") for p, m in routes if m == "head" and p != "/v1/files"}
     assert served == documented
 
 
@@ -320,10 +314,8 @@ def test_contract_doc_mentions_every_path(openapi: dict[str, Any]) -> None:
 
 async def test_app_factory_has_no_shared_state() -> None:
     one, two = create_app(AgentConfig()), create_app(AgentConfig())
-    assert isinstance(one, web.Application)
-    from sandbox_agent.app import JOBS_KEY
-
-    assert one[JOBS_KEY] is not two[JOBS_KEY]
+    assert isinstance(one, App)
+    assert one.jobs is not two.jobs
 
 
 async def test_connections_use_tcp_nodelay() -> None:
@@ -332,21 +324,18 @@ async def test_connections_use_tcp_nodelay() -> None:
 
     import aiohttp
 
-    runner = web.AppRunner(create_app(AgentConfig()), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    config = AgentConfig()
+    server = AgentServer(create_app(config), config)
+    _, port = await server.start("127.0.0.1", 0)
     try:
-        port = runner.addresses[0][1]
         async with aiohttp.ClientSession() as session:
             async with session.get(f"http://127.0.0.1:{port}/readyz") as resp:
                 assert resp.status == 200
-            assert runner.server is not None
-            conns = list(runner.server.connections)
+            conns = list(server.connections)
             assert conns
-            for handler in conns:
-                assert handler.transport is not None
-                sock = handler.transport.get_extra_info("socket")
+            for conn in conns:
+                assert conn.transport is not None
+                sock = conn.transport.get_extra_info("socket")
                 assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
     finally:
-        await runner.cleanup()
+        await server.close()

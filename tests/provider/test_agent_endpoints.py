@@ -19,7 +19,6 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestServer
 
 from gym_substrate.nemo.agent_client import (
     AgentClient,
@@ -30,6 +29,7 @@ from gym_substrate.nemo.agent_client import (
 from gym_substrate.nemo.errors import AgentProtocolError, AgentResponseError
 from sandbox_agent._config import AgentConfig
 from sandbox_agent._openapi import openapi_document
+from sandbox_agent._serving import AgentServer
 from sandbox_agent.app import create_app
 from sandbox_agent.endpoints import (
     ENDPOINTS,
@@ -44,19 +44,13 @@ ACTOR = "a1"
 
 
 def _served_routes() -> set[tuple[str, str]]:
-    app = create_app(AgentConfig())
-    routes: set[tuple[str, str]] = set()
-    for resource in app.router.resources():
-        info = resource.get_info()
-        path = str(info.get("path") or info.get("formatter"))
-        routes.update((route.method, path) for route in resource)
-    return routes
+    return create_app(AgentConfig()).router.routes()
 
 
 def test_the_server_registers_exactly_the_tables_routes() -> None:
     table = {(e.method, e.path) for e in ENDPOINTS}
     declared_heads = {path for method, path in table if method == "HEAD"}
-    # aiohttp answers HEAD on every GET path; the table declares it only where it means something
+    # the agent answers HEAD on every GET path; the table declares it only where it means something
     implicit = {("HEAD", p) for m, p in table if m == "GET" and p not in declared_heads}
     assert _served_routes() == table | implicit
 
@@ -97,12 +91,13 @@ async def real_agent(tmp_path: Path) -> AsyncIterator[tuple[AgentClient, Recordi
     """The agent's own app on loopback, and a client whose every request is recorded."""
     actor_file = tmp_path / "actor-id"
     actor_file.write_text(ACTOR)
-    server = TestServer(create_app(AgentConfig(actor_id_file=str(actor_file))))
-    await server.start_server()
+    config = AgentConfig(actor_id_file=str(actor_file))
+    server = AgentServer(create_app(config), config)
+    host, port = await server.start("127.0.0.1", 0)
     try:
         async with aiohttp.ClientSession() as session:
             recording = Recording(AiohttpTransport(session))
-            router = str(server.make_url("")).rstrip("/")
+            router = f"http://{host}:{port}"
             yield AgentClient(recording, router, ACTOR, "ns"), recording
     finally:
         await server.close()
