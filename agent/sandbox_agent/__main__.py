@@ -78,6 +78,26 @@ def _read_token(parser: argparse.ArgumentParser, token_file: str | None) -> str 
     return token
 
 
+def _import_asyncio_without_tls() -> None:
+    """Import asyncio with the ssl module hidden from it.
+
+    The agent serves plain HTTP/1.1 only (Substrate's router talks HTTP/1.1 to port 80), yet
+    asyncio imports ssl, which maps OpenSSL's TLS library: megabytes on every cold start of
+    every actor. asyncio treats a missing ssl module as "no TLS"; ssl stays importable after.
+    """
+    if "asyncio" in sys.modules:
+        return
+    saved = sys.modules.get("ssl")
+    sys.modules["ssl"] = None  # type: ignore[assignment]
+    try:
+        import asyncio  # noqa: F401
+    finally:
+        if saved is None:
+            del sys.modules["ssl"]
+        else:
+            sys.modules["ssl"] = saved
+
+
 async def serve(config: object) -> None:
     """Serve until SIGTERM/SIGINT, then kill running jobs and exit."""
     import asyncio
@@ -229,6 +249,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     except ValueError as exc:
         parser.error(str(exc))
+    _import_asyncio_without_tls()
     import asyncio
 
     try:
