@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 
 __all__ = ["Identity", "read_actor_id"]
 
@@ -35,6 +34,14 @@ def read_actor_id(path: str, env_name: str) -> str | None:
     return value or None
 
 
+def _uuid4_hex() -> str:
+    """A random (version 4) UUID's hex, without the uuid module (it loads more than it is worth)."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = raw[6] & 0x0F | 0x40
+    raw[8] = raw[8] & 0x3F | 0x80
+    return raw.hex()
+
+
 class Identity:
     """Boot id plus restore detection; cheap enough to check on every request."""
 
@@ -48,7 +55,7 @@ class Identity:
         self.new_boot()
 
     def new_boot(self) -> None:
-        self.boot_id = uuid.UUID(bytes=os.urandom(16), version=4).hex
+        self.boot_id = _uuid4_hex()
         self._boot_mono = time.monotonic()
         self._offset = time.time() - self._boot_mono
 

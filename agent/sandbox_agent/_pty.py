@@ -28,7 +28,6 @@ import collections
 import contextlib
 import logging
 import os
-import secrets
 import signal
 import subprocess
 import time
@@ -375,7 +374,7 @@ class PtyManager:
             env[b"TERM"] = _DEFAULT_TERM.encode()
         # No await from here on: check, insert and spawn are one step on the loop.
         if session_id is None:
-            session_id = secrets.token_hex(12)
+            session_id = os.urandom(12).hex()
         elif existing := self._existing(session_id, spec):
             return existing
         if self._closing:

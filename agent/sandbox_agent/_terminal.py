@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import shutil
 import struct
 import subprocess
 import termios
@@ -39,6 +38,8 @@ def _take_terminal() -> None:
 
 def interactive_shell(path: str) -> str:
     """bash when the sandbox has it (on PATH), else /bin/sh (blocking: run it in a thread)."""
+    import shutil  # here: shutil is only for PTY sessions, and it is not small
+
     return shutil.which("bash", path=path) or "/bin/sh"
 
 

@@ -13,7 +13,7 @@ import hmac
 import json
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from ._config import ACTOR_ID_ENV, AgentConfig
@@ -22,12 +22,14 @@ from ._files import FileHandlers
 from ._http import HTTPError, Request, Response, json_response
 from ._identity import Identity, read_actor_id
 from ._jobs import AnyJob, JobManager
-from ._pty import PtyManager
-from ._pty_http import PtyHandlers
 from ._requests import parse_exec_request
-from ._routes import Router
+from ._routes import EndpointHandler, Router
 from ._wire import reply
 from .contract import ACTOR_ID_HEADER, Readiness
+
+if TYPE_CHECKING:
+    from ._pty import PtyManager
+    from ._pty_http import PtyHandlers
 
 __all__ = ["App", "create_app"]
 
@@ -68,7 +70,8 @@ class App:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
         self.jobs = JobManager(config)
-        self.ptys = PtyManager(config, self.jobs.children)
+        self._ptys: PtyManager | None = None
+        self._pty_handlers: PtyHandlers | None = None
         self.identity = Identity(config.restore_jump_s)
         self.files = FileHandlers(config.max_upload_bytes, config.body_timeout_s)
         self._token = config.token.encode() if config.token else None
@@ -212,14 +215,40 @@ class App:
         await self.current_actor_id()
 
     async def shutdown(self) -> None:
-        await asyncio.gather(self.jobs.shutdown(), self.ptys.shutdown())
+        if self._ptys is None:
+            await self.jobs.shutdown()
+        else:
+            await asyncio.gather(self.jobs.shutdown(), self._ptys.shutdown())
+
+    @property
+    def ptys(self) -> PtyManager:
+        """The PTY sessions, made (and their modules imported) on the first PTY request: most
+        sandboxes never open one, and the modules cost memory in every sandbox."""
+        if self._ptys is None:
+            from ._pty import PtyManager
+
+            self._ptys = PtyManager(self.config, self.jobs.children)
+        return self._ptys
+
+    def pty_handler(self, name: str) -> EndpointHandler:
+        """The /v1/pty handler `name` of `PtyHandlers`, bound on its first request."""
+
+        async def handle(request: Request, query: dict[str, Any]) -> Response:
+            if self._pty_handlers is None:
+                from ._pty_http import PtyHandlers
+
+                self._pty_handlers = PtyHandlers(self.ptys, self.config, self.read_json)
+            handler: EndpointHandler = getattr(self._pty_handlers, name)
+            return await handler(request, query)
+
+        return handle
 
 
 def create_app(config: AgentConfig | None = None) -> App:
     """Build the agent's application for `config` (defaults: the contract's values)."""
     app = App(config or AgentConfig())
     files = app.files
-    pty = PtyHandlers(app.ptys, app.config, app.read_json)
+    pty = app.pty_handler
     app.router = Router(
         {
             "readyz": app.readyz,
@@ -231,13 +260,13 @@ def create_app(config: AgentConfig | None = None) -> App:
             "fileGet": files.get,
             "fileHead": files.get,
             "stat": files.stat,
-            "ptyCreate": pty.create,
-            "ptyGet": pty.get,
-            "ptyClose": pty.delete,
-            "ptyOutput": pty.output,
-            "ptyInput": pty.input,
-            "ptyResize": pty.resize,
-            "ptySignal": pty.signal,
+            "ptyCreate": pty("create"),
+            "ptyGet": pty("get"),
+            "ptyClose": pty("delete"),
+            "ptyOutput": pty("output"),
+            "ptyInput": pty("input"),
+            "ptyResize": pty("resize"),
+            "ptySignal": pty("signal"),
         }
     )
     return app
