@@ -552,7 +552,7 @@ PTY_SIGNAL: Final = Endpoint(
 )
 
 # Every endpoint, in the order the OpenAPI document lists them. Every GET path also answers HEAD
-# (aiohttp's rule); only /v1/files declares it, where it means something.
+# (the server's rule, _routes.py); only /v1/files declares it, where it means something.
 ENDPOINTS: Final = (
     READYZ,
     OPENAPI,
