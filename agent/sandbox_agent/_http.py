@@ -144,6 +144,8 @@ def parse_head(data: bytes) -> Head:
         if line[:1] in (b" ", b"\t"):
             raise HTTPError(400, "folded header lines are not accepted")
         _header(line, headers)
+    if version == b"HTTP/1.1" and "host" not in headers:
+        raise HTTPError(400, "missing Host header (HTTP/1.1 requires one)")
     text = target.decode("utf-8", "surrogateescape")
     return Head(method.decode("ascii"), text, version[-1] - 48, headers)
 
@@ -159,10 +161,17 @@ class Source(Protocol):
     def send(self, data: bytes) -> None: ...
 
 
-class _Body:
-    """A request body of a known length (Content-Length), or until the chunked encoding ends."""
+def _malformed_body(message: str) -> HTTPError:
+    return HTTPError(400, f"malformed HTTP request: {message}")
 
-    __slots__ = ("_src", "remaining", "_chunked", "_trailer", "_continue")
+
+class _Body:
+    """A request body of a known length (Content-Length), or until the chunked encoding ends.
+
+    After a framing error (`broken`) the connection cannot find the next request: it is closed.
+    """
+
+    __slots__ = ("_src", "remaining", "_chunked", "_trailer", "_continue", "broken")
 
     def __init__(self, src: Source, length: int | None, expect_continue: bool) -> None:
         self._src = src
@@ -170,6 +179,7 @@ class _Body:
         self.remaining = 0 if length is None else length  # of the body or of the current chunk
         self._trailer = False
         self._continue = expect_continue and (self._chunked or length != 0)
+        self.broken = False
 
     @property
     def done(self) -> bool:
@@ -180,8 +190,14 @@ class _Body:
         if self._continue:
             self._continue = False
             self._src.send(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if self.broken:
+            raise _malformed_body("the body's chunked encoding was broken")
         if self._chunked and self.remaining == 0:
-            await self._next_chunk()
+            try:
+                await self._next_chunk()
+            except HTTPError:
+                self.broken = True
+                raise
         if self.remaining == 0:
             return b""
         buf = self._src.buffer
@@ -200,7 +216,7 @@ class _Body:
         buf = self._src.buffer
         while (end := buf.find(b"\r\n")) < 0:
             if len(buf) > MAX_LINE:
-                raise HTTPError(400, "chunk size line too long")
+                raise _malformed_body("chunk size line too long")
             await self._src.more()
         line = bytes(buf[:end])
         del buf[: end + 2]
@@ -209,10 +225,10 @@ class _Body:
     async def _next_chunk(self) -> None:
         """Read up to the next chunk's data (and past the end of the previous one)."""
         if self._trailer and await self._line():
-            raise HTTPError(400, "chunk data longer than its size")
+            raise _malformed_body("chunk data longer than its size")
         size_text = (await self._line()).partition(b";")[0].strip(b" \t")
         if not size_text or len(size_text) > 16 or not re.fullmatch(rb"[0-9A-Fa-f]+", size_text):
-            raise HTTPError(400, "invalid chunk size")
+            raise _malformed_body(f"invalid chunk size {size_text[:20].decode('latin-1')!r}")
         size = int(size_text, 16)
         self._trailer = True
         if size == 0:
@@ -264,6 +280,10 @@ class Request:
     @property
     def body_done(self) -> bool:
         return self._body.done
+
+    @property
+    def body_broken(self) -> bool:
+        return self._body.broken
 
     async def read_chunk(self) -> bytes:
         """The next piece of the body as it arrives; b"" at its end."""

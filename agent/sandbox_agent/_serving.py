@@ -163,7 +163,7 @@ class _Connection(asyncio.Protocol):
             resp = await self._server.handler(request)
             keep = await self._respond(request, resp)
             if keep and not request.body_done:
-                keep = resp.status != 408 and await self._linger(request)
+                keep = await self._linger(request)
             return keep and not self._server.closing
         finally:
             self.busy = False
@@ -212,7 +212,7 @@ class _Connection(asyncio.Protocol):
         keep = _connection_header(request) != "close" and not resp.close
         if request.head_sent:
             return keep and resp.status != 408
-        if resp.status == 408:  # the client stalled mid-body: close, do not linger for the rest
+        if resp.status == 408 or request.body_broken:  # stalled or unframeable body: close
             keep = False
         connection = "keep-alive" if keep and request.version == 0 else None
         head = render_head(resp.status, resp.headers, len(resp.body), connection or _close(keep))

@@ -35,7 +35,9 @@ def exchange(data):
 def probe():
     for _ in range(500):
         try:
-            ready = exchange(b"GET /readyz HTTP/1.1\\r\\nConnection: close\\r\\n\\r\\n")
+            ready = exchange(
+                b"GET /readyz HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n"
+            )
             break
         except OSError:
             time.sleep(0.02)
