@@ -21,11 +21,12 @@ import pytest
 from control_fakes import Clock, FakeRuntime, create_actor, start_plane, stop_plane
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
+from gym_substrate.core.states import TRANSITIONAL_STATES
 from gym_substrate.local.control import parking as parking_module
 from gym_substrate.local.control.plane import ControlPlane
 from gym_substrate.local.control.records import CRASHED, PAUSED, RESUMING, RUNNING, SUSPENDED
 from gym_substrate.local.control.resume import Resume
-from gym_substrate.local.control.transitions import ORPHAN_GRACE_S, TRANSITIONAL
+from gym_substrate.local.control.transitions import ORPHAN_GRACE_S
 from gym_substrate.local.errors import AteapiError
 
 REF = pb.ObjectRef(atespace="t", name="a")
@@ -37,7 +38,7 @@ class Unexpected(Exception):
 
 def _settled(plane: ControlPlane, runtime: FakeRuntime, key: str = "t/a") -> str:
     record = plane.state.actors[key]
-    assert record.state not in TRANSITIONAL, record
+    assert record.state not in TRANSITIONAL_STATES, record
     holders = {s: k for w in plane.pool.all() for s, k in plane.pool.holders(w).items()}
     running = record.state == RUNNING
     assert (key in holders.values()) == running, (record.state, holders)

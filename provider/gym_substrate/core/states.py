@@ -22,6 +22,7 @@ __all__ = [
     "STARTING_STATES",
     "STATES",
     "SUSPENDED",
+    "TRANSITIONAL_STATES",
     "SUSPENDING",
     "UNKNOWN",
     "state_name",
@@ -48,6 +49,8 @@ HOLDING_STATES = frozenset({RESUMING, RUNNING, PAUSING, SUSPENDING})
 PARKED_STATES = frozenset({PAUSING, PAUSED, SUSPENDING, SUSPENDED})
 # On the way (back) to RUNNING: a resume, or a revert after a crash that a resume follows.
 STARTING_STATES = frozenset({RESUMING, REVERTING})
+# Moving: each belongs to one operation under way (a DELETING actor is on its way out).
+TRANSITIONAL_STATES = frozenset({RESUMING, PAUSING, SUSPENDING, REVERTING, DELETING})
 
 
 def state_name(value: int) -> str:

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from gym_substrate.core.states import RUNNING, TRANSITIONAL_STATES
 from gym_substrate.lab.bench.fork import summary
 
 __all__ = ["DensityPlan", "rows", "run_density"]
@@ -72,16 +73,13 @@ def _tier(backend: Any, key: str) -> str:
     return "frozen" if key in frozen else "checkpointed"
 
 
-_MOVING = frozenset({"RESUMING", "PAUSING", "SUSPENDING", "REVERTING", "DELETING"})
-
-
 async def _settled(backend: Any, timeout_s: float) -> None:
     """Wait until no actor is moving (a pause in flight holds its slot rightly), at most
     `timeout_s`; one still moving then shows up in the leak count, as it should."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         states = {r.state for r in backend.plane.state.actors.values()}
-        if "RUNNING" not in states and not states & _MOVING:
+        if RUNNING not in states and not states & TRANSITIONAL_STATES:
             return
         await asyncio.sleep(0.2)
 

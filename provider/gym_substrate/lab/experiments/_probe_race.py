@@ -16,11 +16,9 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gym_substrate.core.states import TRANSITIONAL_STATES
 from gym_substrate.lab.experiments._errors import ExperimentError
 from gym_substrate.lab.experiments._probe_sandbox import run_checked
-
-# On the way somewhere: a DELETING actor is on its way out (GetActor then says NOT_FOUND).
-_MOVING = ("RESUMING", "PAUSING", "SUSPENDING", "REVERTING", "DELETING")
 
 
 async def _settle(provider: Any, atespace: str, actor_id: str, limit_s: float) -> str:
@@ -35,7 +33,7 @@ async def _settle(provider: Any, atespace: str, actor_id: str, limit_s: float) -
             name = actor_state(await provider.control.get_actor(atespace, actor_id))
         except ActorNotFoundError:
             return "DELETED"
-        if name not in _MOVING:
+        if name not in TRANSITIONAL_STATES:
             return name
         await asyncio.sleep(0.05)
     return f"STUCK {name}"

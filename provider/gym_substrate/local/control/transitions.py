@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from gym_substrate.core.states import TRANSITIONAL_STATES
 from gym_substrate.local.control.records import (
     DELETING,
     PAUSING,
@@ -39,11 +40,10 @@ if TYPE_CHECKING:
     from gym_substrate.local.control.state import State
     from gym_substrate.local.metrics import Metrics
 
-__all__ = ["ORPHAN_GRACE_S", "TRANSITIONAL", "Orphans", "guard"]
+__all__ = ["ORPHAN_GRACE_S", "Orphans", "guard"]
 
 log = logging.getLogger(__name__)
 
-TRANSITIONAL = frozenset({RESUMING, PAUSING, SUSPENDING, REVERTING, DELETING})
 ORPHAN_GRACE_S = 30.0
 _OPERATION = {
     RESUMING: "resume",
@@ -61,7 +61,7 @@ async def guard(state: State, crashes: Crashes, key: str, operation: str) -> Asy
         yield
     except Exception as exc:
         record = state.actors.get(key)
-        if record is None or record.state not in TRANSITIONAL:
+        if record is None or record.state not in TRANSITIONAL_STATES:
             raise
         reason = f"{type(exc).__name__}: {exc}"
         log.error("actor %s: %s failed in %s: %s", key, operation, record.state, reason)
@@ -102,7 +102,7 @@ class Orphans:
         orphaned = {
             key
             for key, record in self.state.actors.items()
-            if record.state in TRANSITIONAL and not self.locks.busy(key)
+            if record.state in TRANSITIONAL_STATES and not self.locks.busy(key)
         }
         self._seen = {key: self._seen.get(key, now) for key in orphaned}
         repaired = []
@@ -116,7 +116,7 @@ class Orphans:
         try:
             async with self.locks.lock(key):
                 record = self.state.actors.get(key)
-                if record is None or record.state not in TRANSITIONAL:
+                if record is None or record.state not in TRANSITIONAL_STATES:
                     return False
                 state = record.state
                 log.error(
