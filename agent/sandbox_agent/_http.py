@@ -18,6 +18,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, BinaryIO, Protocol
 
 __all__ = [
+    "MAX_HEADERS",
+    "MAX_LINE",
     "Headers",
     "HTTPError",
     "Request",
@@ -34,6 +36,7 @@ MAX_HEADERS = 128
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _PERCENT = re.compile(rb"%([0-9A-Fa-f]{2})")
+_HEX = re.compile(rb"[0-9A-Fa-f]+")
 _PHRASES = {
     100: "Continue",
     200: "OK",
@@ -227,7 +230,7 @@ class _Body:
         if self._trailer and await self._line():
             raise _malformed_body("chunk data longer than its size")
         size_text = (await self._line()).partition(b";")[0].strip(b" \t")
-        if not size_text or len(size_text) > 16 or not re.fullmatch(rb"[0-9A-Fa-f]+", size_text):
+        if not size_text or len(size_text) > 16 or not _HEX.fullmatch(size_text):
             raise _malformed_body(f"invalid chunk size {size_text[:20].decode('latin-1')!r}")
         size = int(size_text, 16)
         self._trailer = True
@@ -273,9 +276,7 @@ class Request:
         self.query = parse_query(query) if query else {}
         self.content_length, chunked = _framing(head)
         expect = self.headers.get("expect", "").lower() == "100-continue" and head.version == 1
-        self._body = (
-            _Body(src, None, expect) if chunked else _Body(src, self.content_length or 0, expect)
-        )
+        self._body = _Body(src, None if chunked else self.content_length or 0, expect)
 
     @property
     def body_done(self) -> bool:

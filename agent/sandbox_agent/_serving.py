@@ -24,7 +24,7 @@ from typing import Any, BinaryIO
 
 from ._config import AgentConfig
 from ._errors import code_for_status, error_body, error_response
-from ._http import HTTPError, Request, Response, parse_head, render_head
+from ._http import MAX_HEADERS, MAX_LINE, HTTPError, Request, Response, parse_head, render_head
 
 __all__ = ["AgentServer"]
 
@@ -32,7 +32,8 @@ log = logging.getLogger("sandbox_agent")
 access_log = logging.getLogger("sandbox_agent.access")
 
 _HIGH_WATER = 2 << 20  # stop reading from a client that sends faster than the handler takes
-_MAX_HEAD = 8192 * 130  # request line and 128 headers at their limits
+_LINE_CRLF = MAX_LINE + 2  # a line at its limit, with its CRLF
+_MAX_HEAD = _LINE_CRLF * (MAX_HEADERS + 2)  # the request line and every header at their limits
 _LINGER_S = 10.0  # how long an unread body is drained before the connection is given up
 _SHUTDOWN_S = 3.0  # how long requests in flight may finish at shutdown
 _MAX_MESSAGE = 300
@@ -187,8 +188,10 @@ class _Connection(asyncio.Protocol):
                 self._malformed(400, reason)
                 return None
             last_line = len(buf) - buf.rfind(b"\n") - 1
-            if last_line > 8192:
-                self._malformed(400, "request line or header line too long: at most 8190 bytes")
+            if last_line > _LINE_CRLF:
+                self._malformed(
+                    400, f"request line or header line too long: at most {MAX_LINE} bytes"
+                )
                 return None
             if not await self._wait(deadline):
                 if self._eof:
