@@ -34,7 +34,8 @@ def test_bench_checkpoint_reports_export_and_restore_against_replays() -> None:
         assert 0 < s["p50_ms"] <= s["p95_ms"] <= max(s["all_ms"]) + 0.1, key
     assert max(f["restore"]["all_ms"]) <= f["restore_total"]["p50_ms"] + 0.1
     both = f["export_total"]["p50_ms"] + f["restore_total"]["p50_ms"]
-    assert f["checkpoint_total"]["p50_ms"] == pytest.approx(both)
+    # each figure is rounded to 0.1 ms on its own, so the sum may differ by one such step
+    assert f["checkpoint_total"]["p50_ms"] == pytest.approx(both, abs=0.11)
     target = f["target"]
     assert target["met"] == (f["restore_total"]["p50_ms"] < f["replay_total"]["p50_ms"])
     table = rows(f)
