@@ -56,7 +56,9 @@ from gym_substrate.local.runtimes.gvisor.frozen import (
     claimed_cid,
     committed,
     default_frozen_memory,
+    evicted,
     folder_of,
+    has_image,
     load_state,
     mark_lost,
     parse_frozen_memory,
@@ -197,9 +199,19 @@ class FreezeTier:
                 )
                 log.info("re-adopted frozen sandbox %s of %s", cid, entry.actor)
                 continue
-            lost.append(entry)
             del self.frozen[cid]
             self.units.spares.append(entry.unit)
+            if evicted(folder_of(entry)):
+                # the kill landed after an eviction's checkpoint and before its book write:
+                # the pause lives on in the image
+                log.info(
+                    "frozen sandbox %s of %s was checkpointed before the backend stopped: "
+                    "its next resume restores the image",
+                    cid,
+                    entry.actor,
+                )
+                continue
+            lost.append(entry)
         for entry in lost:
             log.warning(
                 "frozen sandbox %s of %s is gone: that pause is lost", entry.cid, entry.actor
@@ -326,7 +338,7 @@ class FreezeTier:
             return None
         entry = self.frozen.get(cid)
         if entry is None:
-            if (folder / "checkpoint.img").is_file():
+            if has_image(folder):
                 return None
             raise RuntimeFailure(f"frozen sandbox {cid} of {actor.key} is gone")
         async with entry.lock:

@@ -33,6 +33,8 @@ __all__ = [
     "committed",
     "default_frozen_memory",
     "folder_of",
+    "evicted",
+    "has_image",
     "load_state",
     "mark_lost",
     "parse_frozen_memory",
@@ -146,6 +148,18 @@ def mark_lost(entry: Frozen, why: str) -> None:
         (folder_of(entry) / FROZEN_MARKER).write_text(
             json.dumps({"sandbox": entry.cid, "actor": entry.actor, "lost": why})
         )
+
+
+def has_image(folder: Path) -> bool:
+    """True when ``folder`` holds a checkpoint image (runsc's `checkpoint.img`)."""
+    return (folder / "checkpoint.img").is_file()
+
+
+def evicted(folder: Path) -> bool:
+    """True when a frozen sandbox's eviction finished its image in ``folder``: the eviction
+    removes the folder's frozen marker only once `runsc checkpoint` has returned, so an image
+    beside the marker may be one a kill cut short (its restore panics), and is not trusted."""
+    return has_image(folder) and not (folder / FROZEN_MARKER).exists()
 
 
 def folder_of(entry: Frozen) -> Path:
