@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 from dataclasses import dataclass
@@ -120,7 +121,7 @@ def start(request: UpRequest) -> None:
         _up_detached(request)
         return
     logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=_log_level(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
         asyncio.run(_foreground(request))
@@ -229,6 +230,17 @@ def _print_up(info: dict[str, Any]) -> None:
     console.print(provider_config_yaml(config), markup=False, highlight=False, soft_wrap=True)
     console.print("or, with configs/substrate.yaml:")
     console.print(provider_config_env(config), markup=False, highlight=False, soft_wrap=True)
+
+
+def _log_level() -> int:
+    """INFO, or `GYM_SUBSTRATE_LOG_LEVEL` (DEBUG shows every start, thaw and eviction)."""
+    name = os.environ.get("GYM_SUBSTRATE_LOG_LEVEL", "INFO").upper()
+    level = logging.getLevelName(name)
+    if not isinstance(level, int):
+        raise fail(
+            f"GYM_SUBSTRATE_LOG_LEVEL={name!r} is no log level: use DEBUG, INFO, WARNING or ERROR"
+        )
+    return level
 
 
 def capacity_line(info: dict[str, Any]) -> str:
