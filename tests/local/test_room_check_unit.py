@@ -83,3 +83,28 @@ def test_a_budget_eviction_that_cannot_fit_keeps_the_sandbox_frozen(tmp_path: Pa
     entry.pss = 2**62
     assert asyncio.run(tier.evict("c1", reason="over budget", room_first=True)) is None
     assert "c1" in tier.frozen  # untouched: runsc (None here) was never called
+
+
+def test_evictions_at_once_leave_each_other_the_room_they_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by `bench soak` with 24 MiB left on the state disk: several budget evictions each
+    saw room for one image, wrote at once, and runsc ended the sandboxes whose checkpoint ran
+    out of space (gVisor kills a sandbox whose save fails), so their actors were CRASHED. An
+    eviction under way now holds the room its image needs until it is written."""
+    from gym_substrate.local.runtimes.gvisor import freezer, frozen
+    from gym_substrate.local.runtimes.gvisor.slots import UnitBook
+
+    parts: Any = SimpleNamespace(
+        compression="none", runsc=None, sandboxes=None, nets=None, units=UnitBook(1)
+    )
+    tier = freezer.FreezeTier(parts, {"gvisor.pause_tier": "freeze"})
+    entry = frozen.Frozen(
+        cid="c1", actor="gym/a", unit=0, dest=str(tmp_path), frozen_at=0.0, method="cgroup"
+    )
+    entry.pss = 30 * 2**20
+    one_image = freezer.image_bytes(entry.pss, "none")
+    monkeypatch.setattr(freezer, "free_bytes", lambda folder: one_image + 2**20)
+    assert asyncio.run(tier._room_for(entry, tmp_path / "image")) is True
+    tier._reserved = one_image  # another eviction is writing its image
+    assert asyncio.run(tier._room_for(entry, tmp_path / "image")) is False

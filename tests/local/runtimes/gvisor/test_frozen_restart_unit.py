@@ -5,8 +5,10 @@ eviction of a frozen sandbox had written its checkpoint image (`checkpointed fro
 ms` logged) when the backend was SIGKILLed before its book (`frozen.json`) dropped the entry.
 The restart found the sandbox gone (a checkpoint ends it) and declared "that pause is lost":
 the actor was CRASHED although its image was complete in its snapshot folder. Now a frozen
-sandbox that is gone while its folder holds the finished image (the eviction removes the
-frozen marker once `runsc checkpoint` has returned) goes on from the image. One with no image,
+sandbox that is gone while its folder holds the finished image (`runsc checkpoint` exited 0:
+the shell around it writes a done file, even when the backend is dead by then; or the
+eviction went on to remove the frozen marker) goes on from the image; a restart first waits
+for the checkpoints the killed backend left running. One with no image,
 or with an image beside the marker (a checkpoint the kill cut short: restoring such an image
 made the sentry panic in the same soak), is still reported lost, never passed off as a pause.
 """
@@ -66,17 +68,51 @@ def _tier(runtime_dir: Path, snapshots: dict[str, Path]) -> FreezeTier:
 def test_a_frozen_sandbox_checkpointed_before_the_kill_resumes_from_its_image(
     tmp_path: Path,
 ) -> None:
-    folders = {name: tmp_path / f"snap-{name}" for name in ("evicted", "cut-short", "no-image")}
+    names = ("evicted", "checkpoint-done", "cut-short", "no-image")
+    folders = {name: tmp_path / f"snap-{name}" for name in names}
     tier = _tier(tmp_path / "runtime", {f"c-{name}": f for name, f in folders.items()})
     (folders["evicted"] / "checkpoint.img").write_bytes(b"image")
     (folders["evicted"] / frozen.FROZEN_MARKER).unlink()  # what a finished eviction does
+    # runsc exited 0 (its shell wrote the done file) but the kill came before the marker went
+    (folders["checkpoint-done"] / "checkpoint.img").write_bytes(b"image")
+    (folders["checkpoint-done"] / frozen.EVICTED_MARKER).write_bytes(b"")
     (folders["cut-short"] / "checkpoint.img").write_bytes(b"ima")
     asyncio.run(tier.open())
     assert tier.frozen == {}  # none is frozen any more: every unit is spare again
-    assert sorted(tier.units.spares) == [1, 2, 3]
-    # the evicted one: no loss recorded, and its resume restores the image
+    assert sorted(tier.units.spares) == [1, 2, 3, 4]
+    # the evicted ones: no loss recorded, and a resume restores the image
     assert frozen.claimed_cid(folders["evicted"]) is None
+    assert frozen.claimed_cid(folders["checkpoint-done"]) == "c-checkpoint-done"
+    actor: Any = SimpleNamespace(key="gym/c-checkpoint-done")
+    thaw = tier.thaw(actor, SimpleNamespace(index=0), folders["checkpoint-done"], 0.0)
+    assert asyncio.run(thaw) is None  # None: restore the image instead
     # the others: reported lost, which their resume turns into CRASHED saying why
     for name in ("cut-short", "no-image"):
         with pytest.raises(Exception, match="its frozen sandbox was gone when the backend"):
             frozen.claimed_cid(folders[name])
+
+
+def test_a_restart_sees_which_checkpoints_the_killed_backend_left_running() -> None:
+    import subprocess
+
+    from gym_substrate.local.runtimes.gvisor._proc import checkpoints_running
+
+    argv = ["sleep 30", "/usr/bin/runsc", "--root=/x", "checkpoint", "--image-path=/y", "c-busy"]
+    writer = subprocess.Popen(["sh", "-c", *argv])  # its cmdline is what runsc's would be
+    try:
+        assert checkpoints_running({"c-busy", "c-idle"}) == {"c-busy"}
+    finally:
+        writer.kill()
+        writer.wait()
+    assert checkpoints_running({"c-busy"}) == set()
+
+
+def test_a_failed_runsc_command_says_what_panicked() -> None:
+    """The CRASHED message of a failed restore quoted only the tail of the sentry's Go stack;
+    the `panic:` line that says why comes first now."""
+    from gym_substrate.local.runtimes.gvisor._proc import tail
+
+    stack = ["starting", "panic: restore: file not found", *[f"\tframe {i}" for i in range(20)]]
+    said = tail("\n".join(stack), 3)
+    assert said == "panic: restore: file not found | ... | \tframe 17 | \tframe 18 | \tframe 19"
+    assert tail("a\nb\nc", 2) == "b | c"

@@ -48,7 +48,13 @@ class CommandError(Exception):
 
 
 def tail(text: str, lines: int = 6) -> str:
-    kept = [line for line in text.strip().splitlines() if line.strip()][-lines:]
+    """The last ``lines`` lines, after the first `panic:` or `fatal error:` line when there is
+    one before them (a Go stack's tail alone never says what failed)."""
+    every = [line for line in text.strip().splitlines() if line.strip()]
+    kept = every[-lines:]
+    cause = next((line for line in every if line.startswith(("panic:", "fatal error:"))), None)
+    if cause is not None and cause not in kept:
+        kept = [cause, "...", *kept]
     return " | ".join(kept)
 
 
@@ -123,6 +129,24 @@ async def run_command(
             result,
         )
     return result
+
+
+def checkpoints_running(cids: set[str]) -> set[str]:
+    """Which of ``cids`` a `runsc checkpoint` is still writing (the evictions of a backend that
+    was killed run on: each runs in its own session)."""
+    wanted = {cid.encode() for cid in cids}
+    busy: set[str] = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
+                argv = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if b"checkpoint" in argv and any(a.endswith(b"runsc") for a in argv):
+            busy.update(c.decode() for c in wanted.intersection(argv))
+    return busy
 
 
 def pid_running(pid: int, cid: str | None = None) -> bool:

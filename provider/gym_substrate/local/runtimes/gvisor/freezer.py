@@ -15,10 +15,9 @@ image (SuspendActor of a PAUSED actor, hence tags and forks; ``local down``) che
 frozen sandbox first.
 
 Network namespaces ("units") are numbered: slot i starts on unit i; units >= workers are made
-as sandboxes freeze. Which unit each slot uses, the frozen sandboxes and the spare units are
-kept in ``<runtime_dir>/frozen.json``, so a control plane that restarts (even after SIGKILL)
-re-adopts its frozen sandboxes; one that died meanwhile is recorded as lost in its folder
-(``frozen.py`` holds that record).
+as sandboxes freeze. The units and the frozen sandboxes are kept in ``<runtime_dir>/frozen.json``:
+a restart (even after SIGKILL) re-adopts the frozen sandboxes, or resumes from the image of an
+eviction the kill cut off, or records the sandbox lost in its folder (``frozen.py``).
 
 The tier gets the runtime's ``Parts`` (``sandboxes.py``: the sandbox registry, the slots'
 namespaces, the namespace book), never the runtime, and the warm pool joins its budget through
@@ -47,8 +46,9 @@ from gym_substrate.local.runtimes.base import (
     StartedSandbox,
 )
 from gym_substrate.local.runtimes.gvisor import cgfreeze, host, net, slotaddr
-from gym_substrate.local.runtimes.gvisor._proc import run_command
+from gym_substrate.local.runtimes.gvisor._proc import checkpoints_running, run_command
 from gym_substrate.local.runtimes.gvisor.frozen import (
+    EVICTED_MARKER,
     FROZEN_MARKER,
     GUESS_PSS,
     STATE_FILE,
@@ -62,6 +62,7 @@ from gym_substrate.local.runtimes.gvisor.frozen import (
     load_state,
     mark_lost,
     parse_frozen_memory,
+    remove_image,
     save_state,
 )
 from gym_substrate.local.runtimes.gvisor.runsc import RunscError, image_bytes
@@ -125,6 +126,7 @@ class FreezeTier:
         self._refills: dict[int, asyncio.Task[net.SlotNet]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self.evictions = 0
+        self._reserved = 0  # bytes of images being written by evictions now
 
     def share_budget(self, other: BudgetShare) -> None:
         """``other`` (the warm pool) lives in the frozen-memory budget too, and goes first."""
@@ -190,10 +192,16 @@ class FreezeTier:
         self.frozen = load_state(self.state_path, self.units)
 
     async def open(self) -> None:
-        """Re-adopt what a previous control plane froze (also after it was SIGKILLed)."""
+        """Re-adopt what a previous control plane froze (also after it was SIGKILLed): its
+        evictions cut short by the kill are waited for first, and one that finished its image
+        leaves a pause that goes on from that image."""
+        await self._orphaned_checkpoints_done()
         lost = []
         for cid, entry in list(self.frozen.items()):
-            if await self.sandboxes.is_alive(cid) and self.sandboxes.load(cid) is not None:
+            finished = evicted(folder_of(entry))
+            if not finished and (
+                await self.sandboxes.is_alive(cid) and self.sandboxes.load(cid) is not None
+            ):
                 entry.slotnet = await asyncio.to_thread(
                     net.setup_slot_net, self.nets.instance, entry.unit
                 )
@@ -201,9 +209,7 @@ class FreezeTier:
                 continue
             del self.frozen[cid]
             self.units.spares.append(entry.unit)
-            if evicted(folder_of(entry)):
-                # the kill landed after an eviction's checkpoint and before its book write:
-                # the pause lives on in the image
+            if finished:
                 log.info(
                     "frozen sandbox %s of %s was checkpointed before the backend stopped: "
                     "its next resume restores the image",
@@ -219,6 +225,16 @@ class FreezeTier:
             mark_lost(entry, "its frozen sandbox was gone when the backend restarted")
         self._save()
         self.enforce_budget()
+
+    async def _orphaned_checkpoints_done(self) -> None:
+        """Wait (bounded) for the `runsc checkpoint`s a killed backend left writing."""
+        deadline = time.monotonic() + _CHECKPOINT_TIMEOUT_S
+        while self.frozen and time.monotonic() < deadline:
+            busy = await asyncio.to_thread(checkpoints_running, set(self.frozen))
+            if not busy:
+                return
+            log.info("waiting for %d checkpoint(s) the previous backend started", len(busy))
+            await asyncio.sleep(0.2)
 
     async def close(self) -> None:
         tasks = list(self._tasks)
@@ -439,24 +455,18 @@ class FreezeTier:
             if room_first and not await self._room_for(entry, target):
                 return None
             started = time.perf_counter()
-            pids = self.runsc.pids(cid)
+            needed = image_bytes(entry.pss or GUESS_PSS, self.parts.compression)
+            self._reserved += needed  # what concurrent evictions' room checks must leave
             try:
-                if pids is None or not await self.sandboxes.is_alive(cid):
-                    raise RuntimeFailure("the frozen sandbox died")
-                await self.set_frozen(cid, pids[0], False, entry.method)
-                if entry.slotnet is not None:
-                    await slotaddr.reset_connections(entry.slotnet.sandbox_ip)
-                await asyncio.to_thread(target.mkdir, parents=True, exist_ok=True)
-                await self.runsc.checkpoint(
-                    cid, target, compression=self.parts.compression, timeout_s=_CHECKPOINT_TIMEOUT_S
-                )
-            except (cgfreeze.FreezeError, OSError, RunscError, RuntimeFailure) as exc:
-                log.warning("checkpointing frozen %s of %s failed: %s", cid, entry.actor, exc)
-                mark_lost(entry, f"checkpointing it ({reason}) failed: {exc}")
-                await self._end(entry)
-                raise RuntimeFailure(f"checkpointing frozen {entry.actor} failed: {exc}") from None
-            with contextlib.suppress(OSError):
-                await asyncio.to_thread((folder_of(entry) / FROZEN_MARKER).unlink)
+                failure = await self._checkpoint(entry, target)
+            finally:
+                self._reserved -= needed
+            if failure:
+                await self._failed(entry, target, reason, failure, keep_quiet=room_first)
+                return None
+            for done in (folder_of(entry) / FROZEN_MARKER, target / EVICTED_MARKER):
+                with contextlib.suppress(OSError):
+                    await asyncio.to_thread(done.unlink)
             self.evictions += 1
             log.info(
                 "checkpointed frozen %s (%s) in %.0f ms",
@@ -467,10 +477,67 @@ class FreezeTier:
             await self._end(entry)
         return target
 
+    async def _checkpoint(self, entry: Frozen, target: Path) -> str:
+        """Thaw and checkpoint ``entry`` into ``target``; what failed ("" when nothing)."""
+        cid = entry.cid
+        pids = self.runsc.pids(cid)
+        try:
+            if pids is None or not await self.sandboxes.is_alive(cid):
+                raise RuntimeFailure("the frozen sandbox died")
+            await self.set_frozen(cid, pids[0], False, entry.method)
+            if entry.slotnet is not None:
+                await slotaddr.reset_connections(entry.slotnet.sandbox_ip)
+            await asyncio.to_thread(target.mkdir, parents=True, exist_ok=True)
+            await self.runsc.checkpoint(
+                cid,
+                target,
+                compression=self.parts.compression,
+                timeout_s=_CHECKPOINT_TIMEOUT_S,
+                done_file=target / EVICTED_MARKER,
+            )
+        except (cgfreeze.FreezeError, OSError, RunscError, RuntimeFailure) as exc:
+            return str(exc) or type(exc).__name__
+        return ""
+
+    async def _failed(
+        self, entry: Frozen, target: Path, reason: str, failure: str, *, keep_quiet: bool
+    ) -> None:
+        """After a failed checkpoint: a sandbox that still lives is frozen again with the
+        half-written image removed, and nothing is lost (a budget eviction returns quietly, an
+        asked-for one raises saying so); one that died with it is reported lost."""
+        if await self._freeze_again(entry):
+            await asyncio.to_thread(remove_image, target)
+            log.warning(
+                "checkpointing frozen %s (%s) failed, it stays frozen and loses nothing: %s",
+                entry.actor,
+                reason,
+                failure,
+            )
+            if keep_quiet:
+                return
+            raise RuntimeFailure(
+                f"checkpointing frozen {entry.actor} failed: {failure}; it stays frozen, nothing "
+                "is lost"
+            )
+        log.warning("checkpointing frozen %s of %s failed: %s", entry.cid, entry.actor, failure)
+        mark_lost(entry, f"checkpointing it ({reason}) failed: {failure}")
+        await self._end(entry)
+        raise RuntimeFailure(f"checkpointing frozen {entry.actor} failed: {failure}")
+
+    async def _freeze_again(self, entry: Frozen) -> bool:
+        pids = self.runsc.pids(entry.cid)
+        if pids is None or not await self.sandboxes.is_alive(entry.cid):
+            return False
+        try:
+            await self.set_frozen(entry.cid, pids[0], True, entry.method)
+        except (cgfreeze.FreezeError, OSError, RunscError, RuntimeFailure):
+            return False
+        return True
+
     async def _room_for(self, entry: Frozen, target: Path) -> bool:
         needed = image_bytes(entry.pss or GUESS_PSS, self.parts.compression)
         folder = existing_parent(target)
-        free = await asyncio.to_thread(free_bytes, folder)
+        free = await asyncio.to_thread(free_bytes, folder) - self._reserved
         if free >= needed:
             return True
         log.warning(

@@ -25,6 +25,7 @@ from gym_substrate.local.runtimes.sizes import bytes_of
 from gym_substrate.local.snapshots import PARTIAL_SUFFIX
 
 __all__ = [
+    "EVICTED_MARKER",
     "FROZEN_MARKER",
     "GUESS_PSS",
     "STATE_FILE",
@@ -38,12 +39,14 @@ __all__ = [
     "load_state",
     "mark_lost",
     "parse_frozen_memory",
+    "remove_image",
     "save_state",
 ]
 
 log = logging.getLogger(__name__)
 
 FROZEN_MARKER = "frozen.json"  # one of base.RETAINED_MARKERS
+EVICTED_MARKER = "evicted"  # written once an eviction's `runsc checkpoint` exited 0
 STATE_FILE = "frozen.json"  # in the runtime's folder
 GUESS_PSS = 128 * 1024 * 1024  # until a frozen sandbox is measured
 
@@ -155,11 +158,21 @@ def has_image(folder: Path) -> bool:
     return (folder / "checkpoint.img").is_file()
 
 
+def remove_image(folder: Path) -> None:
+    """Remove the image files (`*.img`) a failed checkpoint left in ``folder``, nothing else."""
+    for path in folder.glob("*.img"):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
 def evicted(folder: Path) -> bool:
-    """True when a frozen sandbox's eviction finished its image in ``folder``: the eviction
-    removes the folder's frozen marker only once `runsc checkpoint` has returned, so an image
-    beside the marker may be one a kill cut short (its restore panics), and is not trusted."""
-    return has_image(folder) and not (folder / FROZEN_MARKER).exists()
+    """True when a frozen sandbox's eviction finished its image in ``folder``: `runsc
+    checkpoint` exited 0 (its shell wrote EVICTED_MARKER, also when the backend was killed
+    meanwhile), or the eviction went on to remove the frozen marker. Any other image beside
+    the frozen marker may be one cut short (restoring one made the sentry panic): not trusted."""
+    if not has_image(folder):
+        return False
+    return (folder / EVICTED_MARKER).exists() or not (folder / FROZEN_MARKER).exists()
 
 
 def folder_of(entry: Frozen) -> Path:

@@ -195,8 +195,17 @@ class Runsc:
         await self._call(self._masked(args, limit), timeout_s=timeout_s, log_path=log_path)
 
     async def checkpoint(
-        self, cid: str, image: Path, *, compression: str = "none", timeout_s: float
+        self,
+        cid: str,
+        image: Path,
+        *,
+        compression: str = "none",
+        timeout_s: float,
+        done_file: Path | None = None,
     ) -> None:
+        """``done_file`` is created once runsc has exited 0, by a shell that outlives a killed
+        backend (the command runs in its own session): a restart can tell a finished image
+        from one cut short."""
         args = [
             *self._base(),
             "checkpoint",
@@ -204,6 +213,8 @@ class Runsc:
             f"--compression={compression}",
             cid,
         ]
+        if done_file is not None:
+            args = ["sh", "-c", 'd=$1; shift; "$@" && : > "$d"', "sh", str(done_file), *args]
         await self._call(args, timeout_s=timeout_s)
         if self.bundle_root is not None:  # the image restores only on the medium it was saved on
             self._mark(image, self._marked_limit(self.bundle_root / cid))
