@@ -38,6 +38,10 @@ from gym_substrate.cli._output import Column, console, emit, emit_json, fail, pr
             "gym_substrate.cli.bench_density:density",
             "Many parked sandboxes on one machine, each read back in random order.",
         ),
+        "soak": (
+            "gym_substrate.cli.bench_soak:soak",
+            "Parked sandboxes, backend kills and a nearly full state disk: no silent loss.",
+        ),
         "checkpoint": (
             "gym_substrate.cli.bench_checkpoint:checkpoint",
             "NeMo Gym session checkpoints: export and restore of 16 sessions against replays.",
