@@ -36,8 +36,14 @@ class GoneSandboxes:
     async def is_alive(self, cid: str) -> bool:
         return False
 
+    def __init__(self) -> None:
+        self.ended: list[str] = []
+
     def load(self, cid: str) -> None:
         return None
+
+    async def kill(self, cid: str, *, after: str) -> None:
+        self.ended.append(cid)
 
 
 def _tier(runtime_dir: Path, snapshots: dict[str, Path]) -> FreezeTier:
@@ -80,7 +86,8 @@ def test_a_frozen_sandbox_checkpointed_before_the_kill_resumes_from_its_image(
     asyncio.run(tier.open())
     assert tier.frozen == {}  # none is frozen any more: every unit is spare again
     assert sorted(tier.units.spares) == [1, 2, 3, 4]
-    # the evicted ones: no loss recorded, and a resume restores the image
+    # the evicted ones: their stopped sandboxes removed, no loss recorded, a resume restores
+    assert sorted(tier.sandboxes.ended) == ["c-checkpoint-done", "c-evicted"]
     assert frozen.claimed_cid(folders["evicted"]) is None
     assert frozen.claimed_cid(folders["checkpoint-done"]) == "c-checkpoint-done"
     actor: Any = SimpleNamespace(key="gym/c-checkpoint-done")

@@ -48,11 +48,12 @@ class CommandError(Exception):
 
 
 def tail(text: str, lines: int = 6) -> str:
-    """The last ``lines`` lines, after the first `panic:` or `fatal error:` line when there is
-    one before them (a Go stack's tail alone never says what failed)."""
+    """The last ``lines`` lines, after the first line naming a panic or a fatal error when
+    there is one before them (a Go stack's tail alone never says what failed; urpc returns a
+    handler's panic as an error with the stack inside)."""
     every = [line for line in text.strip().splitlines() if line.strip()]
     kept = every[-lines:]
-    cause = next((line for line in every if line.startswith(("panic:", "fatal error:"))), None)
+    cause = next((line for line in every if "panic" in line or "fatal error" in line), None)
     if cause is not None and cause not in kept:
         kept = [cause, "...", *kept]
     return " | ".join(kept)

@@ -207,16 +207,13 @@ class FreezeTier:
                 )
                 log.info("re-adopted frozen sandbox %s of %s", cid, entry.actor)
                 continue
+            if finished:
+                await self._end(entry)  # the stopped sandbox goes, as after any eviction
+                why = "was checkpointed before the backend stopped: its resume restores that"
+                log.info("frozen sandbox %s of %s %s", cid, entry.actor, why)
+                continue
             del self.frozen[cid]
             self.units.spares.append(entry.unit)
-            if finished:
-                log.info(
-                    "frozen sandbox %s of %s was checkpointed before the backend stopped: "
-                    "its next resume restores the image",
-                    cid,
-                    entry.actor,
-                )
-                continue
             lost.append(entry)
         for entry in lost:
             log.warning(
