@@ -180,3 +180,39 @@ async def test_without_reflection_the_configured_era_decides(servers: list[EraSe
 def test_an_unknown_era_in_the_config_names_the_key_and_the_eras() -> None:
     with pytest.raises(ConfigError, match=r"connection\.api_era.*'v9'.*v0\.3, v0\.4, current"):
         ConnectionConfig(api="127.0.0.1:1", router="http://127.0.0.1:1", api_era="v9")
+
+
+async def test_descriptors_that_cannot_be_read_are_refused_before_any_call(
+    servers: list[EraServer],
+) -> None:
+    """A server whose reflection answers with bytes that are no FileDescriptorProto: the era
+    cannot be known, so the provider refuses in one error instead of a raw DecodeError."""
+    from grpc_reflection.v1alpha import reflection_pb2
+
+    server = EraServer(CURRENT, reflect=False)
+    servers.append(server)
+
+    async def garbled(requests: Any, context: Any) -> AsyncIterator[Any]:
+        async for _ in requests:
+            reply = reflection_pb2.ServerReflectionResponse()
+            reply.file_descriptor_response.file_descriptor_proto.append(b"\x0a\xff\xff\xff")
+            yield reply
+
+    handler = grpc.stream_stream_rpc_method_handler(
+        garbled,
+        request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString,
+    )
+    service = grpc.method_handlers_generic_handler(
+        "grpc.reflection.v1alpha.ServerReflection", {"ServerReflectionInfo": handler}
+    )
+    server.server.add_generic_rpc_handlers((service,))
+    await server.server.start()
+    with pytest.raises(UnsupportedServerError) as raised:
+        await server.client().get_tag("gym", "t")
+    message = str(raised.value)
+    assert message.startswith(
+        f"ateapi at {server.address} answered reflection with descriptors that cannot be read"
+    )
+    assert "check that connection.api is ateapi's address" in message
+    assert server.calls == []

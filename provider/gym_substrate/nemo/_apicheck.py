@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 import grpc
 import grpc.aio
+from google.protobuf.message import DecodeError
 
 from gym_substrate.ateapi import ateapi_pb2 as pb
 from gym_substrate.ateapi import ateapi_pb2_grpc as pb_grpc
@@ -179,6 +180,12 @@ async def check_server(
         if _code(exc) in _TRANSIENT:
             raise translate_grpc_error(exc, method) from exc
         reflected = None  # UNIMPLEMENTED (no reflection), or reflection refused us
+    except DecodeError as exc:
+        raise UnsupportedServerError(
+            f"ateapi at {api} answered reflection with descriptors that cannot be read ({exc}), "
+            "so its era is unknown and nothing was sent. Fix: check that connection.api is "
+            "ateapi's address, and report the server's version"
+        ) from None
     if reflected is not None:
         if _JUNE_ONLY_SERVICE in reflected.services:
             raise _refusal(api, f"it serves {_JUNE_ONLY_SERVICE}")
