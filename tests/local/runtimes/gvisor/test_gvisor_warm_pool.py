@@ -250,7 +250,10 @@ async def test_the_pool_stays_in_the_frozen_memory_budget_and_yields_to_paused_a
     assert tier.frozen_bytes() + warm.bytes() <= tier.budget
     assert tier.evictions == 0
     assert len(tier.frozen) == 1
-    assert len(warm.entries) >= pooled - 1  # the claim's one, refilled or not; nothing shed
+    # the claim's one, refilled or not; nothing shed (what was measured, should it fail again:
+    # it failed once on a loaded machine, 8 against 10 pooled, and passes when it is not)
+    measured = {"frozen": tier.frozen_bytes(), "pool": [e.pss for e in warm.entries], "one": one}
+    assert len(warm.entries) >= pooled - 1, measured
     await stub.ResumeActor(pb.ResumeActorRequest(actor=ref("frozen")))
     assert (await _readyz(http, backend, "frozen"))["actor_id"] == "frozen"
     await stub.DeleteActor(pb.DeleteActorRequest(actor=ref("frozen"), any_state=True))
