@@ -13,13 +13,16 @@ from pathlib import Path
 import gym_substrate
 
 PACKAGE_DIR = Path(gym_substrate.__file__).parent
+REPO = PACKAGE_DIR.parent.parent
+# the other products beside the package: the sandbox agent and the Pulumi program
+AGENT_DIR, INFRA_DIR = REPO / "agent" / "sandbox_agent", REPO / "infra"
 
 
-def module_names() -> dict[str, Path]:
-    """Every module of the package by dotted name (packages by their own name)."""
+def module_names(root: Path = PACKAGE_DIR, top: str = "gym_substrate") -> dict[str, Path]:
+    """Every module under ``root`` by dotted name under ``top`` (packages by their own name)."""
     names = {}
-    for path in PACKAGE_DIR.rglob("*.py"):
-        parts = ("gym_substrate", *path.relative_to(PACKAGE_DIR).with_suffix("").parts)
+    for path in root.rglob("*.py"):
+        parts = (top, *path.relative_to(root).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts = parts[:-1]
         names[".".join(parts)] = path
@@ -67,9 +70,11 @@ def imports(module: str, path: Path, modules: set[str], *, type_checking: bool =
     return {name for name in found if name != module}
 
 
-def graph(*, type_checking: bool = False) -> dict[str, set[str]]:
+def graph(
+    *, type_checking: bool = False, root: Path = PACKAGE_DIR, top: str = "gym_substrate"
+) -> dict[str, set[str]]:
     """Each of our modules -> the modules it imports (ours and third-party, by top name)."""
-    modules = module_names()
+    modules = module_names(root, top)
     known = set(modules)
     return {
         name: imports(name, path, known, type_checking=type_checking)

@@ -9,10 +9,12 @@ import still ties two products together, and two modules into a circle.
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from import_graph import cycles, graph, imports, module_names
+from import_graph import AGENT_DIR, INFRA_DIR, cycles, graph, imports, module_names
 
 # product -> the top-level packages that make it up
 PRODUCTS: dict[str, tuple[str, ...]] = {
@@ -185,3 +187,39 @@ def test_the_public_names_are_written_once_and_all_resolve() -> None:
         value = getattr(gym_substrate, name)
         if isinstance(value, type):
             assert value.__module__ == "gym_substrate", name
+
+
+def _outside(edges: dict[str, set[str]], allowed: Callable[[str], bool]) -> list[str]:
+    return [
+        f"{m} imports {t}" for m, ts in sorted(edges.items()) for t in sorted(ts) if not allowed(t)
+    ]
+
+
+def test_the_agent_has_no_circle_and_needs_only_the_standard_library() -> None:
+    """The sandbox agent runs inside every sandbox, on any image's Python: nothing of ours
+    beside itself, nothing from PyPI; and its modules form no circle."""
+    edges = graph(type_checking=True, root=AGENT_DIR, top="sandbox_agent")
+    assert len(edges) >= 20  # the whole agent was read
+    assert cycles(edges) == []
+
+    def allowed(target: str) -> bool:
+        top = target.split(".")[0]
+        return top == "sandbox_agent" or top in sys.stdlib_module_names
+
+    assert _outside(edges, allowed) == []
+
+
+def test_the_pulumi_program_uses_the_stack_product_only() -> None:
+    """`infra/` is the stack product's Pulumi entry point: it imports the stack's public
+    modules (and core), never the provider, the local backend or a private module."""
+    edges = graph(type_checking=True, root=INFRA_DIR, top="infra")
+    assert "infra.__main__" in edges
+    assert cycles(edges) == []
+
+    def allowed(target: str) -> bool:
+        top = target.split(".")[0]
+        if top == "gym_substrate":
+            return product_of(target) in ("stack", "core") and not is_private(target)
+        return top in ("infra", "pulumi") or top in sys.stdlib_module_names
+
+    assert _outside(edges, allowed) == []
