@@ -253,3 +253,32 @@ def test_other_first_contact_failures_name_their_key(details: str, key: str, fin
     hint = grpc_hint(_CONN, details)
     assert (hint.key, hint.final) == (key, final)
     assert key in hint.text
+
+
+@pytest.mark.fast
+async def test_the_first_contact_wait_runs_on_the_injected_clock() -> None:
+    """A backend still starting is looked for again until connection.connect_timeout_s, with
+    growing pauses; those pauses are the pacer's, so this takes no real time (issue 33: the
+    provider's waits on an injected clock)."""
+    from gym_substrate.nemo.control_client import ControlClient, create_channel
+
+    from .fakes import FakePace
+
+    port = _free_port()  # nothing listens there
+    conn = ConnectionConfig(
+        api=f"127.0.0.1:{port}",
+        router="http://127.0.0.1:9",
+        tls={"plaintext": True},  # type: ignore[arg-type]
+        connect_timeout_s=5,
+    )
+    pace = FakePace()
+    channel = create_channel(conn)
+    try:
+        with pytest.raises(ConnectionConfigError) as raised:
+            await ControlClient(channel, conn, pace.pacer).get_tag("gym", "t")
+    finally:
+        await channel.close(None)
+    assert "(for 5.0 s)" in str(raised.value)
+    assert raised.value.key == "connection.api"
+    assert pace.sleeps[:5] == [0.05, 0.1, 0.2, 0.4, 0.5]  # doubling up to 0.5 s
+    assert sum(pace.sleeps) == pytest.approx(5.0)

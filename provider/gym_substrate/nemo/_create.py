@@ -13,7 +13,6 @@ includes the template: GetActorTemplate says whether it exists and whether its g
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Literal
 
@@ -215,7 +214,7 @@ async def check_template(
     """
     if template in known:
         return
-    started = time.monotonic()
+    started = policy.pacer.clock()
 
     async def look() -> None:
         found = await control.get_actor_template(template)
@@ -231,7 +230,7 @@ async def check_template(
     try:
         await wait_for_capacity(
             look,
-            policy.with_deadline(max(0.001, deadline - time.monotonic())),
+            policy.with_deadline(max(0.001, deadline - policy.pacer.clock())),
             call="GetActorTemplate",
             what=f"GetActorTemplate {template}",
             predicate=lambda exc: is_transient_control(exc) or isinstance(exc, _GoldenPending),
@@ -246,7 +245,7 @@ async def check_template(
         if isinstance(exc.cause, _GoldenPending):
             raise SubstrateCreateError(
                 f"ActorTemplate {template} ({source}) is not ready: its golden snapshot was "
-                f"still being built {time.monotonic() - started:.1f} s later, at the create "
+                f"still being built {policy.pacer.clock() - started:.1f} s later, at the create "
                 "deadline (create.ready_timeout_s)"
             ) from exc
         raise
@@ -299,7 +298,7 @@ async def create_actor(
 
     await wait_for_capacity(
         attempt,
-        policy.with_deadline(max(0.001, deadline - time.monotonic())),
+        policy.with_deadline(max(0.001, deadline - policy.pacer.clock())),
         call="CreateActor",
         what=f"CreateActor {actor.actor_id}",
         on_error=_gym_telemetry.create_retried,

@@ -188,7 +188,7 @@ class ManagedActor:
             self.schedule_idle()
 
     def _ready_deadline(self) -> float:
-        return time.monotonic() + self.services.ready_timeout_s
+        return self.services.retry.pacer.clock() + self.services.ready_timeout_s
 
     async def call_agent(
         self,
@@ -224,7 +224,7 @@ class ManagedActor:
             lambda: request(self.services.agent(self.actor)),
             lambda exc: is_router_glitch(exc) or is_lost_worker(exc),
             HTTP_RETRY.paced(self.services.retry.pacer).with_deadline(
-                max(0.001, end - time.monotonic())
+                max(0.001, end - self.services.retry.pacer.clock())
             ),
             what=what,
             on_error=on_error,
@@ -253,7 +253,9 @@ class ManagedActor:
 
         answer = await wait_in_line(
             attempt,
-            self.services.retry.with_deadline(max(0.001, deadline - time.monotonic())),
+            self.services.retry.with_deadline(
+                max(0.001, deadline - self.services.retry.pacer.clock())
+            ),
             queue_for(control, "ResumeActor"),
             call="ResumeActor",
             what=f"ResumeActor {actor.actor_id}",
@@ -268,7 +270,7 @@ class ManagedActor:
         agent = self.services.agent(actor)
         unmoved = lost_worker and not answer.resumed
         if unmoved:
-            deadline = min(deadline, time.monotonic() + _DEAD_WORKLOAD_GRACE_S)
+            deadline = min(deadline, self.services.retry.pacer.clock() + _DEAD_WORKLOAD_GRACE_S)
         # Right after a resume the router may still answer 503 or reset: wait those out.
         try:
             ready = await retry_target(
@@ -278,7 +280,7 @@ class ManagedActor:
                     initial=0.02,
                     maximum=0.5,
                     multiplier=2.0,
-                    deadline=max(0.001, deadline - time.monotonic()),
+                    deadline=max(0.001, deadline - self.services.retry.pacer.clock()),
                     pacer=self.services.retry.pacer,
                 ),
                 what=f"GET /readyz on {actor.actor_id}",
@@ -392,7 +394,9 @@ class ManagedActor:
         reverted = await retry_target(
             revert,
             is_transient_control,
-            self.services.retry.with_deadline(max(0.001, deadline - time.monotonic())),
+            self.services.retry.with_deadline(
+                max(0.001, deadline - self.services.retry.pacer.clock())
+            ),
             what=f"RevertActor {actor.actor_id}",
         )
         self._publish(status=actor_state(reverted), pod_ip="")

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, TypeVar
 
@@ -35,6 +34,7 @@ from gym_substrate.ateapi.eras import CURRENT
 from gym_substrate.core.states import state_name
 from gym_substrate.nemo._apicheck import check_server
 from gym_substrate.nemo._connhints import grpc_hint, not_connected
+from gym_substrate.nemo._retry import REAL_PACE, Pacer
 from gym_substrate.nemo.config import ConnectionConfig
 from gym_substrate.nemo.errors import (
     ConfigError,
@@ -202,8 +202,11 @@ def _template_ref(template: str) -> pb.ObjectRef:
 class ControlClient:
     """Typed ateapi calls with translated errors; owns nothing (the channel is shared)."""
 
-    def __init__(self, channel: grpc.aio.Channel, conn: ConnectionConfig) -> None:
+    def __init__(
+        self, channel: grpc.aio.Channel, conn: ConnectionConfig, pacer: Pacer = REAL_PACE
+    ) -> None:
         self._channel = channel
+        self._pacer = pacer  # the clock and sleep of the first-contact wait
         self._stub: Any = pb_grpc.ControlStub(channel)  # type: ignore[no-untyped-call]
         self._conn = conn
         self._checked = False
@@ -251,7 +254,7 @@ class ControlClient:
 
     async def _call(self, method: str, request: Any) -> Any:
         """One call; before the server ever answered, a failure to connect is diagnosed."""
-        started = time.monotonic()
+        started = self._pacer.clock()
         sleep, longest = _FIRST_CONTACT_SLEEP
         while True:
             try:
@@ -263,13 +266,13 @@ class ControlClient:
                         self._reached = True  # the server answered (even if with an error)
                     raise
                 hint = grpc_hint(self._conn, exc.details)
-                waited = time.monotonic() - started
+                waited = self._pacer.clock() - started
                 if hint.final or waited >= self._conn.connect_timeout_s:
                     after = "" if hint.final else f" (for {waited:.1f} s)"
                     raise ConnectionConfigError(f"{exc}{after}; {hint.text}", key=hint.key) from exc
                 # a backend still starting: look again until connection.connect_timeout_s
                 left = self._conn.connect_timeout_s - waited
-                await asyncio.sleep(min(sleep, left))
+                await self._pacer.sleep(min(sleep, left))
                 sleep = min(sleep * 2, longest)
 
     async def _once(self, method: str, request: Any) -> Any:

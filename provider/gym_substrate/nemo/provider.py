@@ -249,7 +249,7 @@ class SubstrateProvider(SnapshotMethods, PtyMethods, _capabilities.ComposeCapabi
         wanted = _create.snapshot_wanted(spec, snapshot)
         atespace = options.atespace or self.connection.atespace
         ready_timeout = float(spec.ready_timeout_s or self.create_config.ready_timeout_s)
-        deadline = started + ready_timeout
+        deadline = self._retry.pacer.clock() + ready_timeout  # the retries' clock
         res = self._resources()  # fail fast (ProviderClosedError) before anything is allocated
         try:
             origin = None if wanted is None else await self._snapshot_source(wanted, atespace)
