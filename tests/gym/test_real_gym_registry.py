@@ -19,6 +19,7 @@ STEPS = [
     "resolved_provider_works",
     "yaml_defaults_construct",
     "unknown_key_rejected",
+    "create_retry_telemetry",
 ]
 
 

@@ -117,6 +117,39 @@ def unknown_key() -> str:
     raise AssertionError("an unknown key was accepted")
 
 
+def create_retry_telemetry() -> str:
+    """Our report of a retried create goes through Gym 0.7.0's own recorder: off while Gym's
+    `sandbox` span group is (as it is without nemo-lens), on it counts
+    `gym.sandbox.create_retry_total` with the provider attribute, through Gym's own code."""
+    from nemo_gym.telemetry import _fallbacks, gym_metrics
+
+    from gym_substrate.nemo import _gym_telemetry
+
+    counted: list[tuple[str, int, dict]] = []
+
+    class Meter:
+        def create_counter(self, name: str, unit: str = "", description: str = "") -> object:
+            class Counter:
+                def add(self, amount: int, attributes: dict) -> None:
+                    counted.append((name, amount, dict(attributes)))
+
+            return Counter()
+
+    saved = (gym_metrics._meter, _fallbacks.is_span_group_enabled)
+    gym_metrics._meter = lambda: Meter()
+    try:
+        _gym_telemetry.create_retried()
+        gate = saved[1]("sandbox")
+        check(counted == [] or gate, f"recorded with Gym's sandbox group off: {counted}")
+        _fallbacks.is_span_group_enabled = lambda group: True
+        _gym_telemetry.create_retried(RuntimeError("capacity"))
+    finally:
+        gym_metrics._meter, _fallbacks.is_span_group_enabled = saved
+    want = ("gym.sandbox.create_retry_total", 1, {"nemo.gym.sandbox.provider": "substrate"})
+    check(counted[-1:] == [want], f"Gym's counter saw {counted}")
+    return f"gate off by default: {not gate}; counted {counted[-1]}"
+
+
 steps.run("entry_point", entry_point)
 steps.run("registry_lookup", registry_lookup)
 steps.run("gym_types", gym_types)
@@ -124,4 +157,5 @@ resolved = steps.run("resolve_config", resolve)
 steps.run("resolved_provider_works", lambda: works(resolved) if resolved else 1 / 0)
 steps.run("yaml_defaults_construct", env_defaults)
 steps.run("unknown_key_rejected", unknown_key)
+steps.run("create_retry_telemetry", create_retry_telemetry)
 steps.finish()
