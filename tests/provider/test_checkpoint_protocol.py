@@ -119,4 +119,4 @@ async def test_the_checkpoint_protocol_round_trip_on_the_process_runtime(
 @pytest.mark.runsc
 async def test_the_checkpoint_protocol_keeps_a_process_memory_on_gvisor(tmp_path: Path) -> None:
     async with make_stack(tmp_path, workers=4, runtime="gvisor") as stack:
-        await _round_trip(stack, 8, memory=True)
+        await _round_trip(stack, 16, memory=True)  # 16 sessions at parallelism 16, 4 slots
