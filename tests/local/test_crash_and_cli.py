@@ -631,3 +631,32 @@ def test_down_spares_a_backend_that_is_still_starting(tmp_path: Path) -> None:
         if sandbox.poll() is None:
             sandbox.kill()
             sandbox.wait()
+
+
+def test_two_backends_side_by_side_with_free_chosen_ports(tmp_path: Path) -> None:
+    """Issue 29: `local up --api-port 0 --router-port 0` still bound the admin listener to
+    47090, so a second backend on the machine failed to start. With the other two free-chosen
+    the admin port is too: both run at once, each printing its own admin address."""
+    folders = [tmp_path / "one", tmp_path / "two"]
+    ports = ["--api-port", "0", "--router-port", "0"]
+    try:
+        admins = []
+        for folder in folders:
+            result = _cli(
+                "up", "--daemon", "--runtime", "process", "--rootfs", "host", "--workers", "1",
+                *ports, "--state-dir", str(folder),
+            )  # fmt: skip
+            assert result.exit_code == 0, result.output
+            info = read_backend_info(folder)
+            assert info is not None
+            assert f"{info['admin']}/metrics" in result.output  # printed
+            admins.append(info["admin"])
+        assert len(set(admins)) == 2
+        assert not any(a.endswith(":47090") for a in admins)
+        for folder in folders:
+            status = _cli("status", "--json", "--state-dir", str(folder))
+            assert status.exit_code == 0, status.output
+            assert json.loads(status.output)["running"] is True
+    finally:
+        for folder in folders:
+            _cli("down", "--state-dir", str(folder))
