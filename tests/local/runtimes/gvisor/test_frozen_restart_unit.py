@@ -123,3 +123,29 @@ def test_a_failed_runsc_command_says_what_panicked() -> None:
     said = tail("\n".join(stack), 3)
     assert said == "panic: restore: file not found | ... | \tframe 17 | \tframe 18 | \tframe 19"
     assert tail("a\nb\nc", 2) == "b | c"
+
+
+def test_the_book_is_written_on_the_event_loop_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench density at 200 sandboxes: a pause failed with `No such file or directory:
+    frozen.tmp -> frozen.json`, because measuring a frozen sandbox wrote the book from a worker
+    thread while the loop wrote it too (one rename took the other's temporary file)."""
+    import threading
+
+    from gym_substrate.local.runtimes.gvisor import freezer, host
+
+    tier = _tier(tmp_path / "runtime", {"c1": tmp_path / "snap"})
+    tier.frozen = frozen.load_state(tier.state_path, tier.units)
+    tier.runsc = SimpleNamespace(pids=lambda cid: [4242])
+    writers: list[int] = []
+    monkeypatch.setattr(freezer, "save_state", lambda *a: writers.append(threading.get_ident()))
+    monkeypatch.setattr(host, "held_bytes", lambda roots: 30 << 20)
+
+    async def measure() -> int:
+        await tier._measure(tier.frozen["c1"])
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(measure())
+    assert tier.frozen["c1"].pss == 30 << 20
+    assert writers == [loop_thread]

@@ -313,8 +313,9 @@ class FreezeTier:
         if pids is not None:
             roots = {p for p in pids if p > 0}
             entry.pss = await asyncio.to_thread(host.held_bytes, roots)
-            with contextlib.suppress(OSError):
-                await asyncio.to_thread(self._save)
+            # on the loop, as every other write of the book: one in a thread raced them for
+            # frozen.tmp, and a pause failed with ENOENT on its rename (bench density, 200)
+            self._save_quietly()
         self.enforce_budget()
 
     def frozen_bytes(self) -> int:
