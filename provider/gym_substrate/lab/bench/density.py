@@ -41,7 +41,7 @@ class DensityPlan:
     workers: int = 2
     actors_per_worker: int = 2
     frozen_memory: int | None = None  # bytes; None: local up's default (a quarter of free)
-    warm_pool: int | None = None  # None: local up's default (1)
+    warm_pool: int | None = None  # None: local up's default (`option("warm_pool").cli_default`)
     idle_after_s: float = 1.0
     runtime: str = "gvisor"
     rootfs: str = "debian"
@@ -188,6 +188,7 @@ def _leaks(backend: Any) -> dict[str, int]:
 
 def _backend(plan: DensityPlan, state: Path) -> Any:
     from gym_substrate.local.backend import LocalBackend
+    from gym_substrate.local.option_table import option
 
     return LocalBackend(
         state,
@@ -198,7 +199,8 @@ def _backend(plan: DensityPlan, state: Path) -> Any:
         allow_host_rootfs=plan.rootfs == "host",
         pause_tier="freeze" if plan.runtime == "gvisor" else None,
         frozen_memory=plan.frozen_memory,
-        warm_pool=plan.warm_pool,
+        # local up's default (1), not LocalBackend's (0): the shape is a user's `local up`
+        warm_pool=option("warm_pool").cli_default if plan.warm_pool is None else plan.warm_pool,
     )
 
 
@@ -256,7 +258,11 @@ async def _measure(
         "memory": memory,
         "read": {tier: summary(s, samples=False) for tier, s in sorted(by_tier.items())},
         "read_all": summary([s for values in by_tier.values() for s in values], samples=False),
-        "warm_pool": {"fills": warm.fills, "claims": warm.claims} if warm is not None else {},
+        "warm_pool": (
+            {"fills": warm.fills, "claims": warm.claims, "dropped": warm.dropped}
+            if warm is not None
+            else {}
+        ),
         "repaired_namespaces": getattr(backend.runtime, "repaired_nets", 0),
         "leaks": leaks,
         "backend_log": dict(counts.levels),
@@ -320,12 +326,19 @@ def rows(f: dict[str, Any]) -> list[dict[str, str]]:
         },
         {"measure": "leaks", "value": ", ".join(f"{k} {v}" for k, v in f["leaks"].items())},
         {
+            "measure": "warm pool fills / claims / dropped",
+            "value": " / ".join(str(f["warm_pool"].get(k, "-")) for k in _POOL),
+        },
+        {
             "measure": "backend log",
             "value": ", ".join(f"{k} {v}" for k, v in f["backend_log"].items()) or "clean",
         },
         {"measure": "failures", "value": str(f["failures"])},
     ]
     return out
+
+
+_POOL = ("fills", "claims", "dropped")
 
 
 def _ms(s: dict[str, Any]) -> str:

@@ -108,6 +108,7 @@ class _Daemon:
 
     def __init__(self, folder: Path, plan: SoakPlan) -> None:
         from gym_substrate.local.backend_options import check_options
+        from gym_substrate.local.option_table import option
 
         self.folder = folder
         self.options = check_options(
@@ -120,6 +121,7 @@ class _Daemon:
             default_rootfs=plan.rootfs,
             pause_tier="freeze" if plan.runtime == "gvisor" else "checkpoint",
             frozen_memory=plan.frozen_memory,
+            warm_pool=option("warm_pool").cli_default,  # local up's, as a user runs it
         )
         self.proc: subprocess.Popen[bytes] | None = None
         self.info: dict[str, Any] = {}

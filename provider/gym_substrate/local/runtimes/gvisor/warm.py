@@ -129,6 +129,7 @@ class WarmPool:
         self.paused = False  # True: claims are refused (the bench's "without" half)
         self.fills = 0  # runsc restores the pool made
         self.claims = 0  # actors started from the pool
+        self.dropped = 0  # pooled sandboxes given up (the budget, a new golden, closing)
         self.failures = 0  # refills failed in a row (0 after one succeeds)
         self.last_error = ""  # why the last refill failed, while failures > 0
         self.changed = asyncio.Condition()
@@ -298,6 +299,7 @@ class WarmPool:
         if entry not in self.entries:
             return
         self.entries.remove(entry)
+        self.dropped += 1
         self.units.releasing.add(entry.unit)  # now, not when the task first runs
         with contextlib.suppress(OSError):
             self._save()
