@@ -123,6 +123,10 @@ async def test_the_process_runtime_keeps_files_not_memory_and_says_so(
         # v0.3/v0.4 report a content scope, FULL, not what it holds: UNKNOWN, no promise
         said = ("ROOTFS", False) if era == CURRENT else ("UNKNOWN", False)
         assert (snap.fidelity, snap.keeps_memory) == said
+        # and the capability answer says so too, once a call has read the server's era
+        memory = [c for c in provider.snapshot_capabilities().captures if "memory" in c]
+        assert len(memory) == 1
+        assert ("does not say whether it did" in memory[0]) == (era != CURRENT), memory
         child = await provider.create(SandboxSpec(provider_options={"from_snapshot": snap.ref}))
         assert (await provider.exec(child, "cat /tmp/file")).stdout == "kept\n"
         assert child.raw.snapshot == "gym/files-only"

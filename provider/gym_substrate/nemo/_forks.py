@@ -41,10 +41,10 @@ from gym_substrate.nemo.errors import (
     SubstrateError,
 )
 from gym_substrate.nemo.snapshot import (
-    CAPABILITIES,
     SandboxSnapshot,
     SnapshotCapabilities,
     SnapshotScope,
+    capabilities_for,
     parse_snapshot,
 )
 from gym_substrate.nemo.snapshot import tag_name as snapshot_tag
@@ -108,6 +108,7 @@ class SnapshotMethods:
         _retry: RetryPolicy
         _record: LedgerRecorder
         _ptys: dict[tuple[str, str], weakref.WeakSet[SubstratePtySession]]
+        _lease: _shared.Lease
 
         def _resources(self) -> _shared.SharedResources: ...
         def _managed(self, handle: SandboxHandle) -> ManagedActor: ...
@@ -126,8 +127,10 @@ class SnapshotMethods:
     # ------------------------------------------------------------------ capability
 
     def snapshot_capabilities(self) -> SnapshotCapabilities:
-        """What a snapshot here captures and leaves out (no I/O; NeMo Gym #3275's report)."""
-        return CAPABILITIES
+        """What a snapshot here captures and leaves out (no I/O; NeMo Gym #3275's report), as
+        far as the server's era is known from an earlier call."""
+        res = self._lease.resources
+        return capabilities_for(getattr(res.control, "era", "") if res is not None else "")
 
     def validate_snapshots(self) -> None:
         """Gym's `validate_...()` convention: returns when snapshots can work (they can on every

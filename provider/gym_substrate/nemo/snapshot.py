@@ -18,7 +18,7 @@ import hashlib
 import re
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol, runtime_checkable
 
 from gym_substrate.core.names import is_dns_label, parse_ref
@@ -26,6 +26,7 @@ from gym_substrate.nemo.types import SandboxHandle
 
 __all__ = [
     "CAPABILITIES",
+    "capabilities_for",
     "SandboxSnapshot",
     "SnapshotCapabilities",
     "SnapshotScope",
@@ -132,6 +133,25 @@ CAPABILITIES = SnapshotCapabilities(
         "snapshot() for one and restore with provider_options['snapshot_id']"
     ),
 )
+
+
+# what a release era cannot say about a snapshot: its FULL scope reads as fidelity UNKNOWN
+_RELEASE_MEMORY = (
+    "running processes and their memory, where the runtime keeps them; a release-era server "
+    "(v0.3, v0.4) does not say whether it did, so each snapshot's fidelity reads UNKNOWN and "
+    "keeps_memory False: only a restore shows it"
+)
+
+
+def capabilities_for(era: str) -> SnapshotCapabilities:
+    """`CAPABILITIES`, as far as a server of ``era`` lets the provider know (issue 30: where
+    an era cannot do something, the capability answer says so); "" means not asked yet."""
+    if era not in ("v0.3", "v0.4"):
+        return CAPABILITIES
+    captures = tuple(
+        _RELEASE_MEMORY if c.startswith("running processes") else c for c in CAPABILITIES.captures
+    )
+    return replace(CAPABILITIES, captures=captures, notes=f"{CAPABILITIES.notes}; server era {era}")
 
 
 @runtime_checkable
