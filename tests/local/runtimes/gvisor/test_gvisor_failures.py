@@ -138,12 +138,19 @@ async def test_a_thaw_whose_probe_fails_frees_the_slot(
 async def test_an_eviction_that_fails_loses_only_that_pause_and_no_namespace(
     runtime: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A checkpoint that ends the sandbox as it fails (gVisor's way with a save that runs out
+    of space) loses that pause, reported, and nothing else."""
     started = await _start_works(runtime, tmp_path, 0, "evicted")
     actor = ActorSpec("default", "evicted", counter_template(tmp_path / "snaps", marker=False))
     paused = await runtime.checkpoint(actor, started.handle, SnapshotKind.LOCAL, tmp_path / "p")
     (entry,) = runtime.tier.frozen.values()
+
+    async def save_fails_and_ends_it(cid: str, *args: Any, **kwargs: Any) -> None:
+        await runtime.sandboxes.kill(cid, after="a failed save")  # until it has exited
+        raise RunscError("no space left")
+
     with monkeypatch.context() as patch:
-        patch.setattr(runtime.runsc, "checkpoint", _fail(RunscError("no space left")))
+        patch.setattr(runtime.runsc, "checkpoint", save_fails_and_ends_it)
         with pytest.raises(RuntimeFailure, match="checkpointing frozen"):
             await runtime.tier.evict(entry.cid, reason="a test")
     assert runtime.tier.frozen == {}
@@ -155,3 +162,24 @@ async def test_an_eviction_that_fails_loses_only_that_pause_and_no_namespace(
     for slot in (0, 1):  # the spare goes to the next freeze; both slots still start
         again = await _start_works(runtime, tmp_path, slot, f"next{slot}")
         await runtime.stop(again.handle)
+
+
+async def test_an_eviction_that_fails_with_the_sandbox_alive_keeps_it_frozen(
+    runtime: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint that fails before it touched the sandbox (runsc refused, a thaw failed):
+    the sandbox is frozen again and its pause goes on, memory and all."""
+    started = await _start_works(runtime, tmp_path, 0, "kept")
+    actor = ActorSpec("default", "kept", counter_template(tmp_path / "snaps", marker=False))
+    paused = await runtime.checkpoint(actor, started.handle, SnapshotKind.LOCAL, tmp_path / "p")
+    (entry,) = runtime.tier.frozen.values()
+    with monkeypatch.context() as patch:
+        patch.setattr(runtime.runsc, "checkpoint", _fail(RunscError("refused")))
+        with pytest.raises(RuntimeFailure, match="it stays frozen, nothing is lost"):
+            await runtime.tier.evict(entry.cid, reason="a test")
+    assert list(runtime.tier.frozen) == [entry.cid]
+    resumed = await runtime.start(actor, Slot(0), paused.snapshot, timeout_s=30)
+    assert resumed.handle == entry.cid  # thawed, the same sandbox
+    assert (await asyncio.to_thread(get, resumed.address, "/state"))["actor_id"] == "kept"
+    await runtime.stop(resumed.handle)
+    await _slot_is_clean(runtime, 0)

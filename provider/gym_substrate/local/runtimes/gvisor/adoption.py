@@ -40,6 +40,8 @@ async def adopt(
     sandbox = sandboxes.get(handle)
     if sandbox is None or sandbox.slot != slot.index or not await sandboxes.is_alive(handle):
         return None
+    if await sandboxes.thaw(handle):  # frozen by a pause the killed backend never recorded
+        log.warning("adopting %s for %s: it was frozen; thawed", handle, actor.key)
     if unrecorded:  # its resume may have ended before the wakeup probe answered
         deadline = time.monotonic() + actor.template.probe_timeout_s
         try:

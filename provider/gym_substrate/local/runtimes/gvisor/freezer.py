@@ -34,7 +34,7 @@ import logging
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from gym_substrate.local.runtimes.base import (
     ActorSpec,
@@ -52,7 +52,9 @@ from gym_substrate.local.runtimes.gvisor.frozen import (
     FROZEN_MARKER,
     GUESS_PSS,
     STATE_FILE,
+    BudgetShare,
     Frozen,
+    NothingShares,
     claimed_cid,
     committed,
     default_frozen_memory,
@@ -86,23 +88,6 @@ _CHECKPOINT_TIMEOUT_S = 60.0
 _PARK_AT_ONCE = 4  # checkpoints at `local down`: enough to overlap I/O, few enough for 2 CPUs
 
 
-class BudgetShare(Protocol):
-    """What else lives in the frozen-memory budget (the warm pool): its bytes, and dropping
-    some of them (the bytes freed)."""
-
-    def bytes(self) -> int: ...
-
-    def shed(self, over: int) -> int: ...
-
-
-class _NothingShares:
-    def bytes(self) -> int:
-        return 0
-
-    def shed(self, over: int) -> int:
-        return 0
-
-
 class FreezeTier:
     """Freeze, thaw, evict and re-adopt frozen sandboxes of one gVisor runtime."""
 
@@ -122,7 +107,7 @@ class FreezeTier:
         self.nets, self.units = parts.nets, parts.units
         self.frozen: dict[str, Frozen] = {}
         self.units.held_by(lambda: [e.unit for e in self.frozen.values()])
-        self.sharing: BudgetShare = _NothingShares()
+        self.sharing: BudgetShare = NothingShares()
         self._refills: dict[int, asyncio.Task[net.SlotNet]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self.evictions = 0
@@ -323,8 +308,9 @@ class FreezeTier:
         return sum(e.pss or guess for e in self.frozen.values())
 
     def typical_pss(self) -> int:
-        """The largest measured frozen sandbox, or the guess until one is measured."""
-        return max((e.pss for e in self.frozen.values()), default=0) or GUESS_PSS
+        """The largest measured frozen (else pooled) sandbox, or the guess until one is."""
+        measured = max((e.pss for e in self.frozen.values()), default=0)
+        return measured or self.sharing.largest() or GUESS_PSS
 
     def enforce_budget(self) -> None:
         over = self.frozen_bytes() + self.sharing.bytes() - self.budget

@@ -16,7 +16,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from gym_substrate.local.runtimes.base import RuntimeFailure
 from gym_substrate.local.runtimes.gvisor import net
@@ -25,6 +25,8 @@ from gym_substrate.local.runtimes.sizes import bytes_of
 from gym_substrate.local.snapshots import PARTIAL_SUFFIX
 
 __all__ = [
+    "BudgetShare",
+    "NothingShares",
     "EVICTED_MARKER",
     "FROZEN_MARKER",
     "GUESS_PSS",
@@ -192,3 +194,27 @@ async def committed(entry: Frozen, timeout_s: float = 10.0) -> None:
         if await asyncio.to_thread(final.is_dir):
             return
         await asyncio.sleep(0.01)
+
+
+class BudgetShare(Protocol):
+    """What else lives in the frozen-memory budget (the warm pool): its bytes, its largest
+    measured sandbox (0: none), and dropping some of them (the bytes freed)."""
+
+    def bytes(self) -> int: ...
+
+    def largest(self) -> int: ...
+
+    def shed(self, over: int) -> int: ...
+
+
+class NothingShares:
+    """No warm pool: nothing else in the budget."""
+
+    def bytes(self) -> int:
+        return 0
+
+    def largest(self) -> int:
+        return 0
+
+    def shed(self, over: int) -> int:
+        return 0

@@ -141,12 +141,29 @@ class Sandboxes:
         tail = functools.partial(folders.console_tail, self.dir / cid)
         await wait_ready(self.runsc, template, address, cid, deadline, tail)
 
+    async def thaw(self, cid: str) -> bool:
+        """Thaw ``cid``'s cgroup if it is frozen (a backend killed between a freeze and the
+        book's write leaves one frozen that nothing knows: runsc says "running"); True if it
+        was. Read from runsc's state file and the cgroup, never `runsc state`."""
+        pids = self.runsc.pids(cid)
+        freezer = cgfreeze.find_freezer(pids[0]) if pids else None
+        if freezer is None:
+            return False
+        try:
+            if not freezer.frozen():
+                return False
+            await asyncio.to_thread(freezer.thaw)
+        except (OSError, cgfreeze.FreezeError):
+            return False
+        return True
+
     # -- ending ------------------------------------------------------------------------------
     async def discard(self, cid: str, *, exited: bool = False) -> None:
         """Make a container gone (any state) and remove its directory. ``exited``: its sandbox
         process is known gone, so one ``runsc delete`` usually does (destroy's state, kill,
         state, delete cost three more runsc starts)."""
         if not (exited and await self.runsc.delete(cid)):
+            await self.thaw(cid)  # `runsc state` and kill wait forever on a frozen sentry
             await self.runsc.destroy(cid)
         sandbox = self.known.pop(cid, None)
         directory = sandbox.directory if sandbox else self.dir / cid
@@ -161,6 +178,7 @@ class Sandboxes:
         that already exited (a checkpoint ends it) only drains."""
         pids = self.runsc.pids(cid)
         pid = pids[0] if pids is not None else -1
+        await self.thaw(cid)
         with self.phases.timed(f"{after}: kill until the sandbox exits"):
             if pid > 0 and await asyncio.to_thread(kill_sandbox, pid, cid):
                 exited = await wait_pid_exit(pid, timeout_s=_KILL_EXIT_S)

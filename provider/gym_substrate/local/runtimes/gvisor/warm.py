@@ -152,6 +152,9 @@ class WarmPool:
     def bytes(self) -> int:
         return sum(e.pss or _GUESS_PSS for e in self.entries)
 
+    def largest(self) -> int:
+        return max((e.pss for e in self.entries), default=0)
+
     def count(self, template_key: str) -> int:
         return sum(1 for e in self.entries if e.template.key == template_key)
 
