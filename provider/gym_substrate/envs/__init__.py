@@ -8,7 +8,17 @@ Gymnasium versions call; registering twice does nothing.
 
 from __future__ import annotations
 
-from gym_substrate.envs._episode import EnvSnapshot
+try:
+    import gymnasium  # noqa: F401 - checked first, so its absence says which extra to install
+except ModuleNotFoundError as exc:
+    raise ModuleNotFoundError(
+        "gym_substrate.envs needs Gymnasium, which is in the `gym` extra: install "
+        "gym-substrate[gym] (e.g. `uv add 'gym-substrate[gym]'` or `pip install "
+        "'gym-substrate[gym]'`)",
+        name=exc.name,
+    ) from exc
+
+from gym_substrate.envs._episode import EnvSnapshot  # noqa: E402 - after the check above
 from gym_substrate.envs.env import ENV_ID, SandboxEnv, build_observation
 from gym_substrate.envs.rewards import (
     ExitCodeReward,

@@ -1,10 +1,10 @@
 """The control-plane client: one `grpc.aio` channel per (event loop, connection), typed calls.
 
-Every ateapi call goes through `ControlClient._call`, the only place a `grpc.RpcError` is caught
-and translated (see `_errors`); the first call on a client checks once that the server speaks
-the current API (`_apicheck`). The bearer token is attached per call, not baked into channel
-credentials, so a rotated token file is picked up on the next RPC and plaintext channels (the
-local backend) work the same way as TLS ones.
+Every ateapi call goes through `ControlClient._call`, where a `grpc.RpcError` is caught and
+translated (`errors.translate_grpc_error`; the server check the first call runs, `_apicheck`,
+translates its own reflection and probe calls the same way). The bearer token is attached per
+call, not baked into channel credentials, so a rotated token file is picked up on the next RPC
+and plaintext channels (the local backend) work the same way as TLS ones.
 
 Until the server has answered once, an UNAVAILABLE is diagnosed (`_connhints`): a TLS/plaintext
 mismatch or an HTTP/1 server on the API address is a `ConnectionConfigError` at once, naming the

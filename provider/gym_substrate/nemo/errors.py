@@ -1,8 +1,9 @@
 """One exception tree for the provider, and the two places foreign errors are translated.
 
 Callers catch at whatever level they care about; grpc and aiohttp errors never escape this package
-raw. `translate_grpc_error` (used only by `control_client.ControlClient`) and
-`translate_http_errors` (used only by `agent_client.AgentClient`) are the single crossing points;
+raw. `translate_grpc_error` (used by `control_client.ControlClient` and by the server check
+its first call runs, `_apicheck`) and `translate_http_errors` (used only by
+`agent_client.AgentClient`) are the single crossing points;
 both chain the original with `raise ... from exc`. The two roots live in
 `gym_substrate.core.errors`, shared by all products.
 
