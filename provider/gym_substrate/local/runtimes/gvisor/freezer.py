@@ -289,9 +289,12 @@ class FreezeTier:
         )
 
     def _spawn(self, coro: Any) -> None:
+        """A background eviction or measurement: its failure is logged where it happens (a
+        lost pause is also marked in its folder), so the task's exception is only collected."""
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
     async def _measure(self, entry: Frozen) -> None:
         pids = self.runsc.pids(entry.cid)
