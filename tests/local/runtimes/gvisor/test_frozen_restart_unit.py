@@ -104,9 +104,12 @@ def test_a_restart_sees_which_checkpoints_the_killed_backend_left_running() -> N
 
     from gym_substrate.local.runtimes.gvisor._proc import checkpoints_running
 
-    argv = ["sleep 30", "/usr/bin/runsc", "--root=/x", "checkpoint", "--image-path=/y", "c-busy"]
-    writer = subprocess.Popen(["sh", "-c", *argv])  # its cmdline is what runsc's would be
+    script = "echo started; sleep 30"  # `started` once the shell runs: its cmdline is set
+    argv = [script, "/usr/bin/runsc", "--root=/x", "checkpoint", "--image-path=/y", "c-busy"]
+    writer = subprocess.Popen(["sh", "-c", *argv], stdout=subprocess.PIPE, text=True)
     try:
+        assert writer.stdout is not None
+        assert writer.stdout.readline() == "started\n"  # not before: a fork not yet exec'd
         assert checkpoints_running({"c-busy", "c-idle"}) == {"c-busy"}
     finally:
         writer.kill()
