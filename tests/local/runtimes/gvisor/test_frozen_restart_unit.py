@@ -104,9 +104,13 @@ def test_a_restart_sees_which_checkpoints_the_killed_backend_left_running() -> N
 
     from gym_substrate.local.runtimes.gvisor._proc import checkpoints_running
 
-    script = "echo started; sleep 30"  # `started` once the shell runs: its cmdline is set
+    # `started` once the shell runs; then it waits in a builtin: no child process that would
+    # carry the shell's command line between its fork and its exec
+    script = "echo started; read line"
     argv = [script, "/usr/bin/runsc", "--root=/x", "checkpoint", "--image-path=/y", "c-busy"]
-    writer = subprocess.Popen(["sh", "-c", *argv], stdout=subprocess.PIPE, text=True)
+    writer = subprocess.Popen(
+        ["sh", "-c", *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert writer.stdout is not None
         assert writer.stdout.readline() == "started\n"  # not before: a fork not yet exec'd
