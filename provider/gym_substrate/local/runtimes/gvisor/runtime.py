@@ -51,6 +51,7 @@ from gym_substrate.local.runtimes.gvisor import (
 from gym_substrate.local.runtimes.gvisor._proc import pid_running, wait_pid_exit
 from gym_substrate.local.runtimes.gvisor.folders import image_files, move_tree
 from gym_substrate.local.runtimes.gvisor.freezer import FROZEN_MARKER, FreezeTier
+from gym_substrate.local.runtimes.gvisor.frozen import has_image
 from gym_substrate.local.runtimes.gvisor.phases import Phases
 from gym_substrate.local.runtimes.gvisor.ready import http_status
 from gym_substrate.local.runtimes.gvisor.runsc import ContainerState, Runsc, RunscError, image_bytes
@@ -204,7 +205,7 @@ class GvisorRuntime:
     async def _start_sandbox(
         self, actor: ActorSpec, slot: Slot, source: SnapshotRef | None, deadline: float
     ) -> StartedSandbox:
-        if source is not None and not (source.path / "checkpoint.img").is_file():
+        if source is not None and not has_image(source.path):
             raise RuntimeFailure(
                 f"snapshot {source.path} has no checkpoint.img: it was removed or never "
                 "completed; resume with boot=true to cold-boot instead"
@@ -372,7 +373,7 @@ class GvisorRuntime:
         if await asyncio.to_thread((local.path / FROZEN_MARKER).is_file):
             cid = self.tier.claims(local.path)
             if cid is None or await self.tier.evict(cid, reason="suspend", dest=dest) is None:
-                if not (local.path / "checkpoint.img").is_file():
+                if not has_image(local.path):
                     raise RuntimeFailure(f"the frozen sandbox of {actor.key} is gone")
                 await asyncio.to_thread(move_tree, local.path, dest)
         else:

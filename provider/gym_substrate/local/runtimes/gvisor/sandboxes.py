@@ -146,7 +146,10 @@ class Sandboxes:
         book's write leaves one frozen that nothing knows: runsc says "running"); True if it
         was. Read from runsc's state file and the cgroup, never `runsc state`."""
         pids = self.runsc.pids(cid)
-        freezer = cgfreeze.find_freezer(pids[0]) if pids else None
+        return await self._thaw_pid(pids[0] if pids else -1)
+
+    async def _thaw_pid(self, pid: int) -> bool:
+        freezer = cgfreeze.find_freezer(pid) if pid > 0 else None
         if freezer is None:
             return False
         try:
@@ -178,7 +181,7 @@ class Sandboxes:
         that already exited (a checkpoint ends it) only drains."""
         pids = self.runsc.pids(cid)
         pid = pids[0] if pids is not None else -1
-        await self.thaw(cid)
+        await self._thaw_pid(pid)  # read the state file once, not again through thaw()
         with self.phases.timed(f"{after}: kill until the sandbox exits"):
             if pid > 0 and await asyncio.to_thread(kill_sandbox, pid, cid):
                 exited = await wait_pid_exit(pid, timeout_s=_KILL_EXIT_S)
